@@ -1,0 +1,115 @@
+"""Table definitions (SQLAlchemy Core). The Alembic migrations in harness/migrations create them.
+
+Times are seconds since the epoch (double). Trace, audit and transition tables are append-only,
+enforced by triggers that the migration installs on every supported database.
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+
+metadata = sa.MetaData()
+
+ID = sa.String(64)
+STATE = sa.String(32)
+
+runs = sa.Table(
+    "runs",
+    metadata,
+    sa.Column("run_id", ID, primary_key=True),
+    sa.Column("tenant_id", sa.String(128), nullable=False),
+    sa.Column("user_id", sa.String(128), nullable=False),
+    sa.Column("session_id", sa.String(128), nullable=False),
+    sa.Column("state", STATE, nullable=False),
+    sa.Column("close_reason", sa.String(32)),
+    sa.Column("version", sa.Integer, nullable=False),
+    sa.Column("retry_of", ID),
+    sa.Column("parent_run_id", ID),
+    sa.Column("idempotency_key", sa.String(200)),
+    sa.Column("created_at", sa.Double, nullable=False),
+    sa.Column("last_state_change_at", sa.Double, nullable=False),
+    sa.Column("deadline_at", sa.Double),
+    sa.Column("lease_owner", sa.String(128)),
+    sa.Column("lease_epoch", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("lease_expires_at", sa.Double),
+    sa.Column("stall_count", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("request", sa.Text, nullable=False),
+    sa.Column("context", sa.Text),
+    sa.Column("result", sa.Text),
+    sa.UniqueConstraint("tenant_id", "idempotency_key", name="uq_runs_idempotency"),
+    sa.Index("ix_runs_state_changed", "state", "last_state_change_at"),
+    sa.Index("ix_runs_tenant_created", "tenant_id", "created_at"),
+)
+
+jobs = sa.Table(
+    "jobs",
+    metadata,
+    sa.Column("job_id", ID, primary_key=True),
+    sa.Column("status", sa.String(16), nullable=False),
+    sa.Column("run_state_snapshot", STATE, nullable=False),
+    sa.Column("updated_at", sa.Double, nullable=False),
+)
+
+transitions = sa.Table(
+    "transitions",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("run_id", ID, nullable=False),
+    sa.Column("seq", sa.Integer, nullable=False),
+    sa.Column("from_state", STATE),
+    sa.Column("to_state", STATE, nullable=False),
+    sa.Column("actor", sa.String(128), nullable=False),
+    sa.Column("reason", sa.Text, nullable=False),
+    sa.Column("forced_by", sa.String(64)),
+    sa.Column("at", sa.Double, nullable=False),
+    sa.UniqueConstraint("run_id", "seq", name="uq_transitions_run_seq"),
+)
+
+audit_events = sa.Table(
+    "audit_events",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("event_id", ID, nullable=False, unique=True),
+    sa.Column("run_id", ID),
+    sa.Column("event", sa.String(64), nullable=False),
+    sa.Column("actor", sa.String(128), nullable=False),
+    sa.Column("detail", sa.Text, nullable=False),
+    sa.Column("at", sa.Double, nullable=False),
+    sa.Index("ix_audit_events_event", "event"),
+    sa.Index("ix_audit_events_run", "run_id"),
+)
+
+outbox = sa.Table(
+    "outbox",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("record_id", ID, nullable=False, unique=True),
+    sa.Column("run_id", ID),
+    sa.Column("kind", sa.String(32), nullable=False),
+    sa.Column("payload", sa.Text, nullable=False),
+    sa.Column("created_at", sa.Double, nullable=False),
+)
+
+trace_records = sa.Table(
+    "trace_records",
+    metadata,
+    sa.Column("seq", sa.BigInteger, primary_key=True, autoincrement=False),
+    sa.Column("record_id", ID, nullable=False, unique=True),
+    sa.Column("run_id", ID),
+    sa.Column("kind", sa.String(32), nullable=False),
+    sa.Column("payload", sa.Text, nullable=False),
+    sa.Column("prev_hash", sa.String(64), nullable=False, unique=True),
+    sa.Column("hash", sa.String(64), nullable=False, unique=True),
+    sa.Index("ix_trace_records_run", "run_id"),
+)
+
+chain_head = sa.Table(
+    "chain_head",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("seq", sa.BigInteger, nullable=False),
+    sa.Column("hash", sa.String(64), nullable=False),
+)
+
+#: tables that only ever receive INSERTs; triggers refuse UPDATE and DELETE
+APPEND_ONLY = ("transitions", "audit_events", "trace_records")

@@ -1,0 +1,537 @@
+"""The SQL store: the single write path for Run.state (SPEC K4) and the outbox-fed hash chain (A3, A4).
+
+Every state change is one database transaction that compare-and-sets runs.state and writes the
+transition row, the audit events, the legacy Job.status projection and the outbox records together.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import sqlalchemy as sa
+
+from harness.adapters.sql import schema as t
+from harness.adapters.sql.database import create_engine, migrate, resolve_url
+from harness.audit.chain import GENESIS_HASH, canonical_json, record_hash
+from harness.clock import SystemClock
+from harness.errors import InvalidTransitionError, StoreError, UnknownRunError
+from harness.kernel import (
+    RunState,
+    audit_events_for,
+    close_reason_on_entry,
+    is_legal,
+    job_status,
+)
+from harness.kernel.events import ILLEGAL_TRANSITION, LOST_RACE
+from harness.kernel.states import CloseReason
+from harness.ports import Clock
+
+_UNSET: Any = object()
+
+
+@dataclass(frozen=True, slots=True)
+class TraceRecordIn:
+    """A record to append to the trace: written to the outbox, chained when drained."""
+
+    kind: str
+    payload: dict[str, Any]
+    run_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class NewRun:
+    """What the store needs to create a Run."""
+
+    tenant_id: str
+    user_id: str
+    session_id: str
+    request: dict[str, Any]
+    idempotency_key: str | None = None
+    retry_of: str | None = None
+    parent_run_id: str | None = None
+    deadline_at: float | None = None
+    run_id: str = field(default_factory=lambda: str(uuid.uuid4()))
+
+
+@dataclass(frozen=True, slots=True)
+class RunRecord:
+    """A Run as stored."""
+
+    run_id: str
+    tenant_id: str
+    user_id: str
+    session_id: str
+    state: RunState
+    close_reason: CloseReason | None
+    version: int
+    retry_of: str | None
+    parent_run_id: str | None
+    idempotency_key: str | None
+    created_at: float
+    last_state_change_at: float
+    deadline_at: float | None
+    lease_owner: str | None
+    lease_epoch: int
+    stall_count: int
+    request: dict[str, Any]
+    context: dict[str, Any] | None
+    result: dict[str, Any] | None
+
+
+@dataclass(frozen=True, slots=True)
+class TransitionResult:
+    """What a call to transition() did. `applied` is False when another writer got there first."""
+
+    run_id: str
+    source: RunState
+    target: RunState
+    applied: bool
+    actual: RunState
+    seq: int | None = None
+    fenced: bool = False
+
+    @property
+    def lost_race(self) -> bool:
+        """True when the compare-and-set found the Run no longer in `source` (or under another lease)."""
+        return not self.applied
+
+
+@dataclass(frozen=True, slots=True)
+class TransitionRow:
+    """One stored state change."""
+
+    seq: int
+    from_state: RunState | None
+    to_state: RunState
+    actor: str
+    reason: str
+    forced_by: str | None
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class AuditEvent:
+    """One AuditLog event."""
+
+    event_id: str
+    run_id: str | None
+    event: str
+    actor: str
+    detail: dict[str, Any]
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class StoredTraceRecord:
+    """One chained trace record, exactly as stored."""
+
+    seq: int
+    record_id: str
+    run_id: str | None
+    kind: str
+    payload: str
+    prev_hash: str
+    hash: str
+
+    def data(self) -> dict[str, Any]:
+        """The payload, parsed."""
+        parsed: dict[str, Any] = json.loads(self.payload)
+        return parsed
+
+
+def _run_from_row(row: sa.Row[Any]) -> RunRecord:
+    m = row._mapping
+    return RunRecord(
+        run_id=m["run_id"],
+        tenant_id=m["tenant_id"],
+        user_id=m["user_id"],
+        session_id=m["session_id"],
+        state=RunState(m["state"]),
+        close_reason=CloseReason(m["close_reason"]) if m["close_reason"] else None,
+        version=m["version"],
+        retry_of=m["retry_of"],
+        parent_run_id=m["parent_run_id"],
+        idempotency_key=m["idempotency_key"],
+        created_at=m["created_at"],
+        last_state_change_at=m["last_state_change_at"],
+        deadline_at=m["deadline_at"],
+        lease_owner=m["lease_owner"],
+        lease_epoch=m["lease_epoch"],
+        stall_count=m["stall_count"],
+        request=json.loads(m["request"]),
+        context=json.loads(m["context"]) if m["context"] else None,
+        result=json.loads(m["result"]) if m["result"] else None,
+    )
+
+
+class SqlStore:
+    """Runs, transitions, audit events and the trace, on SQLite, PostgreSQL or MySQL/MariaDB."""
+
+    def __init__(self, engine: sa.Engine, clock: Clock | None = None) -> None:
+        self.engine = engine
+        self.clock: Clock = clock or SystemClock()
+        self._locks_rows = engine.dialect.name != "sqlite"  # SQLite serializes with BEGIN IMMEDIATE
+
+    @classmethod
+    def open(cls, db: str | None = None, clock: Clock | None = None, *, migrate_schema: bool = True) -> SqlStore:
+        """Open (and on first use create) the database named by `db`, HARNESS_DATABASE_URL or the default."""
+        engine = create_engine(resolve_url(db))
+        if migrate_schema:
+            migrate(engine)
+        return cls(engine, clock)
+
+    def close(self) -> None:
+        """Release every pooled connection."""
+        self.engine.dispose()
+
+    # ------------------------------------------------------------------ creating Runs
+
+    def create_run(self, new: NewRun) -> tuple[RunRecord, bool]:
+        """Create a Run in CREATED, durably, and return it; with an idempotency key already used by the
+        tenant, return the existing Run instead (second value False)."""
+        if new.idempotency_key is not None:
+            existing = self.find_by_idempotency_key(new.tenant_id, new.idempotency_key)
+            if existing is not None:
+                return existing, False
+        now = self.clock.now()
+        try:
+            with self.engine.begin() as conn:
+                conn.execute(
+                    t.runs.insert().values(
+                        run_id=new.run_id,
+                        tenant_id=new.tenant_id,
+                        user_id=new.user_id,
+                        session_id=new.session_id,
+                        state=RunState.CREATED.value,
+                        close_reason=None,
+                        version=0,
+                        retry_of=new.retry_of,
+                        parent_run_id=new.parent_run_id,
+                        idempotency_key=new.idempotency_key,
+                        created_at=now,
+                        last_state_change_at=now,
+                        deadline_at=new.deadline_at,
+                        lease_epoch=0,
+                        stall_count=0,
+                        request=canonical_json(new.request),
+                    )
+                )
+                self._write_change(conn, new.run_id, 0, None, RunState.CREATED, "run_manager", "run created", None,
+                                   now, (), extra_audit={"tenant_id": new.tenant_id, "user_id": new.user_id,
+                                                         "retry_of": new.retry_of})
+        except sa.exc.IntegrityError:
+            if new.idempotency_key is not None:
+                existing = self.find_by_idempotency_key(new.tenant_id, new.idempotency_key)
+                if existing is not None:
+                    return existing, False
+            raise
+        return self.get_run(new.run_id), True
+
+    def find_by_idempotency_key(self, tenant_id: str, key: str) -> RunRecord | None:
+        """The tenant's Run created with this idempotency key, if any."""
+        with self.engine.connect() as conn:
+            row = conn.execute(
+                sa.select(t.runs).where(t.runs.c.tenant_id == tenant_id, t.runs.c.idempotency_key == key)
+            ).first()
+        return _run_from_row(row) if row else None
+
+    # ------------------------------------------------------------------ the one write path
+
+    def transition(
+        self,
+        run_id: str,
+        source: RunState,
+        target: RunState,
+        *,
+        actor: str,
+        reason: str,
+        forced_by: str | None = None,
+        lease_epoch: int | None = None,
+        records: Sequence[TraceRecordIn] = (),
+        context: dict[str, Any] | None = _UNSET,
+        result: dict[str, Any] | None = _UNSET,
+    ) -> TransitionResult:
+        """Compare-and-set Run.state from `source` to `target` (SPEC K4).
+
+        Illegal pairs raise InvalidTransitionError after auditing the attempt. When the Run is no
+        longer in `source` (or `lease_epoch` no longer matches, K5b) nothing changes, the attempted
+        decision is audited, and the result says the race was lost.
+        """
+        source, target = RunState(source), RunState(target)
+        if not is_legal(source, target):
+            self._audit_illegal(run_id, source, target, actor, reason)
+            raise InvalidTransitionError(run_id, source.value, target.value)
+        now = self.clock.now()
+        with self.engine.begin() as conn:
+            query = sa.select(t.runs.c.state, t.runs.c.close_reason, t.runs.c.version, t.runs.c.lease_epoch).where(
+                t.runs.c.run_id == run_id
+            )
+            row = conn.execute(query.with_for_update() if self._locks_rows else query).first()
+            if row is None:
+                raise UnknownRunError(run_id)
+            actual = RunState(row.state)
+            fenced = lease_epoch is not None and row.lease_epoch != lease_epoch
+            if actual != source or fenced:
+                self._audit(conn, run_id, LOST_RACE, actor, now, {
+                    "attempted_from": source.value, "attempted_to": target.value, "actual": actual.value,
+                    "reason": reason, "fenced": fenced, "forced_by": forced_by,
+                })
+                return TransitionResult(run_id, source, target, False, actual, fenced=fenced)
+            prior = CloseReason(row.close_reason) if row.close_reason else None
+            new_reason = close_reason_on_entry(source, target, prior)
+            seq = row.version + 1
+            values: dict[str, Any] = {
+                "state": target.value,
+                "close_reason": new_reason.value if new_reason else None,
+                "version": seq,
+                "last_state_change_at": now,
+            }
+            if context is not _UNSET:
+                values["context"] = canonical_json(context) if context is not None else None
+            if result is not _UNSET:
+                values["result"] = canonical_json(result) if result is not None else None
+            updated = conn.execute(
+                t.runs.update()
+                .where(t.runs.c.run_id == run_id, t.runs.c.state == source.value, t.runs.c.version == row.version)
+                .values(**values)
+            )
+            if updated.rowcount != 1:
+                self._audit(conn, run_id, LOST_RACE, actor, now, {
+                    "attempted_from": source.value, "attempted_to": target.value, "actual": "changed concurrently",
+                    "reason": reason, "fenced": False, "forced_by": forced_by,
+                })
+                return TransitionResult(run_id, source, target, False, actual)
+            self._write_change(conn, run_id, seq, source, target, actor, reason, forced_by, now, records)
+        return TransitionResult(run_id, source, target, True, target, seq=seq)
+
+    def _write_change(
+        self,
+        conn: sa.Connection,
+        run_id: str,
+        seq: int,
+        source: RunState | None,
+        target: RunState,
+        actor: str,
+        reason: str,
+        forced_by: str | None,
+        now: float,
+        records: Sequence[TraceRecordIn],
+        extra_audit: dict[str, Any] | None = None,
+    ) -> None:
+        """Everything a state change writes besides runs.state, in the caller's transaction."""
+        conn.execute(
+            t.transitions.insert().values(
+                run_id=run_id, seq=seq, from_state=source.value if source else None, to_state=target.value,
+                actor=actor, reason=reason, forced_by=forced_by, at=now,
+            )
+        )
+        projection = {"status": job_status(target).value, "run_state_snapshot": target.value, "updated_at": now}
+        if source is None:
+            conn.execute(t.jobs.insert().values(job_id=run_id, **projection))
+        else:
+            conn.execute(t.jobs.update().where(t.jobs.c.job_id == run_id).values(**projection))
+        outbox = [TraceRecordIn("transition", {
+            "run_id": run_id, "seq": seq, "from": source.value if source else None, "to": target.value,
+            "actor": actor, "reason": reason, "forced_by": forced_by, "at": now,
+        }, run_id)]
+        for event in audit_events_for(source, target):
+            detail = {"from": source.value if source else None, "to": target.value, "reason": reason,
+                      "forced_by": forced_by, **(extra_audit or {})}
+            outbox.append(self._audit_row(conn, run_id, event, actor, now, detail))
+        outbox.extend(records)
+        self._enqueue(conn, outbox, now)
+
+    def _audit_row(
+        self, conn: sa.Connection, run_id: str | None, event: str, actor: str, now: float, detail: dict[str, Any]
+    ) -> TraceRecordIn:
+        event_id = str(uuid.uuid4())
+        conn.execute(
+            t.audit_events.insert().values(
+                event_id=event_id, run_id=run_id, event=event, actor=actor, detail=canonical_json(detail), at=now
+            )
+        )
+        return TraceRecordIn("audit", {"event_id": event_id, "event": event, "actor": actor, "detail": detail,
+                                       "at": now}, run_id)
+
+    def _audit(
+        self, conn: sa.Connection, run_id: str | None, event: str, actor: str, now: float, detail: dict[str, Any]
+    ) -> None:
+        self._enqueue(conn, [self._audit_row(conn, run_id, event, actor, now, detail)], now)
+
+    def _audit_illegal(self, run_id: str, source: RunState, target: RunState, actor: str, reason: str) -> None:
+        with self.engine.begin() as conn:
+            exists = conn.execute(sa.select(t.runs.c.run_id).where(t.runs.c.run_id == run_id)).first()
+            self._audit(conn, run_id if exists else None, ILLEGAL_TRANSITION, actor, self.clock.now(), {
+                "attempted_from": source.value, "attempted_to": target.value, "reason": reason,
+                "run_id": run_id, "known_run": exists is not None,
+            })
+
+    def audit(self, run_id: str | None, event: str, actor: str, detail: dict[str, Any]) -> None:
+        """Append one AuditLog event (and its trace record) in its own transaction."""
+        with self.engine.begin() as conn:
+            self._audit(conn, run_id, event, actor, self.clock.now(), detail)
+
+    # ------------------------------------------------------------------ the trace: outbox and chain
+
+    def _enqueue(self, conn: sa.Connection, records: Iterable[TraceRecordIn], now: float) -> None:
+        rows = [
+            {"record_id": str(uuid.uuid4()), "run_id": r.run_id, "kind": r.kind,
+             "payload": canonical_json(r.payload), "created_at": now}
+            for r in records
+        ]
+        if rows:
+            conn.execute(t.outbox.insert(), rows)
+
+    def record(self, records: Sequence[TraceRecordIn]) -> None:
+        """Append trace records through the outbox, in their own transaction."""
+        with self.engine.begin() as conn:
+            self._enqueue(conn, records, self.clock.now())
+
+    def drain(self, batch_size: int = 500) -> int:
+        """Move up to `batch_size` outbox records into the hash chain; returns how many were chained.
+
+        Idempotent: a record already in the chain (redelivery) is dropped from the outbox, not chained
+        twice. Drainers exclude each other through the chain head (row lock, or SQLite's write lock),
+        and trace_records.prev_hash is UNIQUE, so concurrent drainers can never fork the chain.
+        """
+        with self.engine.begin() as conn:
+            head_query = sa.select(t.chain_head.c.seq, t.chain_head.c.hash).where(t.chain_head.c.id == 1)
+            head = conn.execute(head_query.with_for_update() if self._locks_rows else head_query).one()
+            pending = conn.execute(
+                sa.select(t.outbox.c.id, t.outbox.c.record_id, t.outbox.c.run_id, t.outbox.c.kind, t.outbox.c.payload)
+                .order_by(t.outbox.c.id)
+                .limit(batch_size)
+            ).all()
+            if not pending:
+                return 0
+            seen = set(
+                conn.execute(
+                    sa.select(t.trace_records.c.record_id).where(
+                        t.trace_records.c.record_id.in_([p.record_id for p in pending])
+                    )
+                ).scalars()
+            )
+            seq, prev = head.seq, head.hash
+            rows = []
+            for p in pending:
+                if p.record_id in seen:
+                    continue
+                seq += 1
+                digest = record_hash(seq, p.record_id, p.run_id, p.kind, prev, p.payload)
+                rows.append({"seq": seq, "record_id": p.record_id, "run_id": p.run_id, "kind": p.kind,
+                             "payload": p.payload, "prev_hash": prev, "hash": digest})
+                prev = digest
+            if rows:
+                conn.execute(t.trace_records.insert(), rows)
+                conn.execute(t.chain_head.update().where(t.chain_head.c.id == 1).values(seq=seq, hash=prev))
+            conn.execute(t.outbox.delete().where(t.outbox.c.id.in_([p.id for p in pending])))
+        return len(rows)
+
+    def drain_all(self, batch_size: int = 500) -> int:
+        """Drain until the outbox is empty; returns how many records were chained."""
+        total = 0
+        while True:
+            with self.engine.connect() as conn:
+                if conn.execute(sa.select(t.outbox.c.id).limit(1)).first() is None:
+                    return total
+            total += self.drain(batch_size)
+
+    def outbox_backlog(self) -> int:
+        """How many records wait in the outbox to be chained."""
+        with self.engine.connect() as conn:
+            return int(conn.execute(sa.select(sa.func.count()).select_from(t.outbox)).scalar_one())
+
+    def chain_head(self) -> tuple[int, str]:
+        """(seq, hash) of the newest chained record, as the chain head table says."""
+        with self.engine.connect() as conn:
+            row = conn.execute(sa.select(t.chain_head.c.seq, t.chain_head.c.hash).where(t.chain_head.c.id == 1)).one()
+        return int(row.seq), str(row.hash)
+
+    def iter_trace(self, start_seq: int = 1, batch: int = 5000) -> Iterator[StoredTraceRecord]:
+        """Every chained record from `start_seq`, in chain order, streamed in batches."""
+        after = start_seq - 1
+        while True:
+            with self.engine.connect() as conn:
+                rows = conn.execute(
+                    sa.select(t.trace_records).where(t.trace_records.c.seq > after)
+                    .order_by(t.trace_records.c.seq).limit(batch)
+                ).all()
+            if not rows:
+                return
+            for r in rows:
+                yield StoredTraceRecord(r.seq, r.record_id, r.run_id, r.kind, r.payload, r.prev_hash, r.hash)
+            after = rows[-1].seq
+
+    def trace_of(self, run_id: str) -> list[StoredTraceRecord]:
+        """A Run's chained records, in chain order."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                sa.select(t.trace_records).where(t.trace_records.c.run_id == run_id).order_by(t.trace_records.c.seq)
+            ).all()
+        return [StoredTraceRecord(r.seq, r.record_id, r.run_id, r.kind, r.payload, r.prev_hash, r.hash) for r in rows]
+
+    # ------------------------------------------------------------------ reads
+
+    def get_run(self, run_id: str) -> RunRecord:
+        """The Run with this id; UnknownRunError when there is none."""
+        with self.engine.connect() as conn:
+            row = conn.execute(sa.select(t.runs).where(t.runs.c.run_id == run_id)).first()
+        if row is None:
+            raise UnknownRunError(run_id)
+        return _run_from_row(row)
+
+    def list_runs(self, *, tenant_id: str | None = None, limit: int = 50) -> list[RunRecord]:
+        """The newest Runs first."""
+        query = sa.select(t.runs).order_by(t.runs.c.created_at.desc()).limit(limit)
+        if tenant_id is not None:
+            query = query.where(t.runs.c.tenant_id == tenant_id)
+        with self.engine.connect() as conn:
+            return [_run_from_row(r) for r in conn.execute(query)]
+
+    def transitions_of(self, run_id: str) -> list[TransitionRow]:
+        """A Run's state changes in order, CREATED first."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                sa.select(t.transitions).where(t.transitions.c.run_id == run_id).order_by(t.transitions.c.seq)
+            ).all()
+        return [
+            TransitionRow(r.seq, RunState(r.from_state) if r.from_state else None, RunState(r.to_state), r.actor,
+                          r.reason, r.forced_by, r.at)
+            for r in rows
+        ]
+
+    def audit_events(self, *, run_id: str | None = None, event: str | None = None) -> list[AuditEvent]:
+        """AuditLog events, oldest first, optionally for one Run or one event name."""
+        query = sa.select(t.audit_events).order_by(t.audit_events.c.id)
+        if run_id is not None:
+            query = query.where(t.audit_events.c.run_id == run_id)
+        if event is not None:
+            query = query.where(t.audit_events.c.event == event)
+        with self.engine.connect() as conn:
+            return [AuditEvent(r.event_id, r.run_id, r.event, r.actor, json.loads(r.detail), r.at)
+                    for r in conn.execute(query)]
+
+    def legacy_job(self, run_id: str) -> tuple[str, str]:
+        """(status, run_state_snapshot) of the legacy job row; for legacy consumers and checks only."""
+        with self.engine.connect() as conn:
+            row = conn.execute(
+                sa.select(t.jobs.c.status, t.jobs.c.run_state_snapshot).where(t.jobs.c.job_id == run_id)
+            ).first()
+        if row is None:
+            raise UnknownRunError(run_id)
+        return str(row.status), str(row.run_state_snapshot)
+
+    def save_context(self, run_id: str, context: dict[str, Any]) -> None:
+        """Persist the RunContext (not Run.state) of a Run, e.g. a step's recorded result (SPEC T6)."""
+        with self.engine.begin() as conn:
+            conn.execute(t.runs.update().where(t.runs.c.run_id == run_id).values(context=canonical_json(context)))
+
+    def raise_if_corrupt(self) -> None:
+        """Raise StoreError when the chain head table is missing its row (a damaged database)."""
+        with self.engine.connect() as conn:
+            if conn.execute(sa.select(t.chain_head.c.id)).first() is None:
+                raise StoreError("chain_head row is missing: the database was damaged")

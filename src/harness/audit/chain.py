@@ -1,0 +1,37 @@
+"""The hash chain over trace records (SPEC A3). Pure functions over canonical bytes.
+
+A record's canonical bytes are the compact JSON array
+``[seq, record_id, run_id, kind, prev_hash, payload]`` (payload is the stored text, verbatim),
+UTF-8 encoded. Its hash is SHA-256 over those bytes, so each record commits to its predecessor.
+The same bytes are the leaf data of the Merkle tree (harness.audit.merkle).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+GENESIS_HASH = "0" * 64
+
+
+def canonical_json(value: Any) -> str:
+    """The one serialisation used wherever a hash is taken: sorted keys, no spaces, UTF-8."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def record_bytes(seq: int, record_id: str, run_id: str | None, kind: str, prev_hash: str, payload: str) -> bytes:
+    """The canonical bytes of one trace record."""
+    return json.dumps(
+        [seq, record_id, run_id or "", kind, prev_hash, payload], separators=(",", ":"), ensure_ascii=False
+    ).encode("utf-8")
+
+
+def record_hash(seq: int, record_id: str, run_id: str | None, kind: str, prev_hash: str, payload: str) -> str:
+    """SHA-256 (hex) of a record's canonical bytes."""
+    return hashlib.sha256(record_bytes(seq, record_id, run_id, kind, prev_hash, payload)).hexdigest()
+
+
+def content_hash(value: Any) -> str:
+    """Hash of any JSON value, used to reference inputs and outputs by hash (SPEC A1)."""
+    return hashlib.sha256(canonical_json(value).encode("utf-8")).hexdigest()

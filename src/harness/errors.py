@@ -1,0 +1,90 @@
+"""The exception tree. Every error the library raises derives from HarnessError.
+
+    HarnessError
+    ├── BadInputError                 the caller's input is wrong (CLI exit 2, HTTP 4xx)
+    │   ├── InvalidRequestError       a malformed RunRequest or argument
+    │   ├── UnknownRunError           no Run with that id
+    │   ├── ManifestError             a skill manifest that cannot be loaded
+    │   └── PolicyConfigError         a policy file that cannot be loaded
+    ├── InvalidTransitionError        (from, to) is not in the transition table
+    ├── StoreError                    the database failed or holds something it should not
+    │   └── FencedError               this worker's lease on the Run was taken over (K5b)
+    └── PipelineError                 a pipeline step failed; carries the state it leads to
+        ├── PlanError                 the model's plan is invalid
+        ├── ContextError              the context could not be assembled (budget, isolation, filter)
+        └── SkillError                a skill failed
+
+Signals that are not errors (approval needed) live with the gatekeeper, apart from this tree.
+"""
+
+from __future__ import annotations
+
+
+class HarnessError(Exception):
+    """Root of every error harness-kernel raises."""
+
+
+class BadInputError(HarnessError):
+    """Input from a caller, a file or a model is wrong; the message names the problem."""
+
+
+class InvalidRequestError(BadInputError):
+    """A malformed request or argument."""
+
+
+class UnknownRunError(BadInputError):
+    """No Run has this id."""
+
+    def __init__(self, run_id: str) -> None:
+        super().__init__(f"no run with id {run_id!r}")
+        self.run_id = run_id
+
+
+class ManifestError(BadInputError):
+    """A skill manifest is broken; the message names the file and field."""
+
+
+class PolicyConfigError(BadInputError):
+    """A policy file is broken; the message names the file and field."""
+
+
+class InvalidTransitionError(HarnessError):
+    """The requested (from, to) pair is not in the transition table (SPEC K2)."""
+
+    def __init__(self, run_id: str, source: str, target: str) -> None:
+        super().__init__(f"illegal transition {source} -> {target} for run {run_id}")
+        self.run_id = run_id
+        self.source = source
+        self.target = target
+
+
+class StoreError(HarnessError):
+    """The store failed, or holds data that breaks an invariant."""
+
+
+class FencedError(StoreError):
+    """This worker no longer holds the Run's lease; it must make no further write or side effect."""
+
+
+class PipelineError(HarnessError):
+    """A pipeline step failed in a way the Run manager maps to an explicit state."""
+
+    code = "pipeline_error"
+
+
+class PlanError(PipelineError):
+    """The plan from the model is not valid."""
+
+    code = "invalid_plan"
+
+
+class ContextError(PipelineError):
+    """The context could not be assembled."""
+
+    code = "context_error"
+
+
+class SkillError(PipelineError):
+    """A skill call failed."""
+
+    code = "skill_failed"

@@ -1,0 +1,37 @@
+"""The pure RunState kernel: states, the transition table and closing rules. No I/O."""
+
+from harness.kernel.events import FINAL_EVENT, audit_events_for
+from harness.kernel.projection import JobStatus, job_status
+from harness.kernel.states import FINAL, NON_FINAL, TRANSIENT, CloseReason, Phase, RunState, is_final
+from harness.kernel.transitions import (
+    LEGAL,
+    TABLE,
+    Edge,
+    automatic_next,
+    close_reason_on_entry,
+    final_state_for,
+    is_legal,
+    targets_from,
+)
+
+__all__ = [
+    "FINAL",
+    "FINAL_EVENT",
+    "LEGAL",
+    "NON_FINAL",
+    "TABLE",
+    "TRANSIENT",
+    "CloseReason",
+    "Edge",
+    "JobStatus",
+    "Phase",
+    "RunState",
+    "audit_events_for",
+    "automatic_next",
+    "close_reason_on_entry",
+    "final_state_for",
+    "is_final",
+    "is_legal",
+    "job_status",
+    "targets_from",
+]

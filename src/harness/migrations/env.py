@@ -1,0 +1,23 @@
+"""Alembic environment: runs migrations on the connection harness hands it (or the configured URL)."""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from alembic import context
+
+config = context.config
+connection = config.attributes.get("connection")
+
+
+def _run(conn: sa.Connection) -> None:
+    context.configure(connection=conn, target_metadata=None, render_as_batch=True)
+    with context.begin_transaction():
+        context.run_migrations()
+
+
+if connection is not None:
+    _run(connection)
+else:
+    engine = sa.create_engine(config.get_main_option("sqlalchemy.url") or "")
+    with engine.connect() as conn:
+        _run(conn)

@@ -1,0 +1,101 @@
+"""The state machine service: the store's compare-and-set plus the kernel's automatic funnel (SPEC K3).
+
+Components call `transition()`; when a Run lands in a transient state or in TRACING, the machine
+moves it on by itself — transient → TRACING → the final state its close reason names — writing the
+RunTrace and running the closing hooks inside the TRACING → final transaction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from harness.adapters.sql.store import _UNSET, RunRecord, SqlStore, TraceRecordIn, TransitionResult
+from harness.audit.chain import content_hash
+from harness.kernel import TRANSIENT, RunState, automatic_next
+
+#: called while a Run closes, with the Run (in TRACING) and the final state it is moving to; returns
+#: extra trace records to write in the closing transaction (e.g. memory write-back on SUCCEEDED, C5)
+ClosingHook = Callable[[RunRecord, RunState], Sequence[TraceRecordIn]]
+
+
+class StateMachine:
+    """Drives Runs through the transition table; the only way components change Run.state."""
+
+    def __init__(self, store: SqlStore, *, drain_on_close: bool = True) -> None:
+        self.store = store
+        self.drain_on_close = drain_on_close
+        self._closing_hooks: list[ClosingHook] = []
+
+    def on_close(self, hook: ClosingHook) -> None:
+        """Register a hook that runs in TRACING, just before the final state."""
+        self._closing_hooks.append(hook)
+
+    def transition(
+        self,
+        run_id: str,
+        source: RunState,
+        target: RunState,
+        *,
+        actor: str,
+        reason: str,
+        forced_by: str | None = None,
+        lease_epoch: int | None = None,
+        records: Sequence[TraceRecordIn] = (),
+        context: dict[str, Any] | None = _UNSET,
+        result: dict[str, Any] | None = _UNSET,
+    ) -> TransitionResult:
+        """Move the Run source→target, then on through the funnel if target is transient or TRACING."""
+        outcome = self.store.transition(
+            run_id, source, target, actor=actor, reason=reason, forced_by=forced_by, lease_epoch=lease_epoch,
+            records=records, context=context, result=result,
+        )
+        if outcome.applied and (target in TRANSIENT or target == RunState.TRACING):
+            self.advance(run_id, target, forced_by=forced_by, lease_epoch=lease_epoch)
+        return outcome
+
+    def advance(
+        self, run_id: str, state: RunState, *, forced_by: str | None = None, lease_epoch: int | None = None
+    ) -> RunState:
+        """Carry a Run from a transient state or TRACING to its final state; returns where it stopped.
+
+        Stops early, without error, when another writer moved the Run first.
+        """
+        while state in TRANSIENT or state == RunState.TRACING:
+            run = self.store.get_run(run_id)
+            if run.state != state:
+                return run.state
+            target = automatic_next(state, run.close_reason)
+            assert target is not None
+            records: list[TraceRecordIn] = []
+            if state == RunState.TRACING:
+                records.append(self._run_trace(run, target))
+                for hook in self._closing_hooks:
+                    records.extend(hook(run, target))
+            reason = "funnel into TRACING" if target == RunState.TRACING else f"closed: {run.close_reason}"
+            outcome = self.store.transition(
+                run_id, state, target, actor="kernel", reason=reason, forced_by=forced_by,
+                lease_epoch=lease_epoch, records=records,
+            )
+            if not outcome.applied:
+                return outcome.actual
+            state = target
+        if self.drain_on_close:
+            self.store.drain_all()
+        return state
+
+    def _run_trace(self, run: RunRecord, final: RunState) -> TraceRecordIn:
+        """The RunTrace main record (SPEC A1): final state, transition sequence, total cost, trace_hash."""
+        path = [
+            {"seq": r.seq, "from": r.from_state, "to": r.to_state, "at": r.at}
+            for r in self.store.transitions_of(run.run_id)
+        ]
+        path.append({"seq": run.version + 1, "from": RunState.TRACING.value, "to": final.value, "at": None})
+        cost = (run.context or {}).get("cost", {})
+        return TraceRecordIn("run", {
+            "run_id": run.run_id, "tenant_id": run.tenant_id, "user_id": run.user_id,
+            "session_id": run.session_id, "final_state": final.value,
+            "close_reason": run.close_reason.value if run.close_reason else None,
+            "transitions": [p["to"] for p in path], "total_cost": cost, "retry_of": run.retry_of,
+            "trace_hash": content_hash(path),
+        }, run.run_id)
