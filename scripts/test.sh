@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Install harness-kernel with its test extras into the active Python and run the whole test suite.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python -m pip install --quiet -e ".[test]"
+bash scripts/services.sh
+python -m pytest -q -n 2 "$@"

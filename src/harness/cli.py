@@ -1,0 +1,81 @@
+"""The `harness` command line: a thin shell over the library (SPEC U1)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from harness.cli_audit import audit_app
+from harness.cli_support import DbOption, JsonOption, cli_errors, emit, open_store
+
+app = typer.Typer(
+    help="harness-kernel: governed, auditable, recoverable AI-agent Runs.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+runs_app = typer.Typer(help="Inspect Runs.", no_args_is_help=True)
+app.add_typer(runs_app, name="runs")
+app.add_typer(audit_app, name="audit")
+
+
+def _ts(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    return dt.datetime.fromtimestamp(seconds, dt.UTC).isoformat(timespec="milliseconds")
+
+
+@runs_app.command("show")
+@cli_errors
+def runs_show(
+    run_id: Annotated[str, typer.Argument(help="The Run's id.")],
+    db: DbOption = None,
+    json_: JsonOption = False,
+) -> None:
+    """Show a Run: state, the path of transitions with timestamps, and the legacy job status."""
+    store = open_store(db)
+    run = store.get_run(run_id)
+    path = store.transitions_of(run_id)
+    status, snapshot = store.legacy_job(run_id)
+    doc = {
+        "run_id": run.run_id,
+        "state": run.state.value,
+        "close_reason": run.close_reason.value if run.close_reason else None,
+        "tenant_id": run.tenant_id,
+        "user_id": run.user_id,
+        "session_id": run.session_id,
+        "retry_of": run.retry_of,
+        "created_at": _ts(run.created_at),
+        "last_state_change_at": _ts(run.last_state_change_at),
+        "path": [t.to_state.value for t in path],
+        "transitions": [
+            {"seq": t.seq, "from": t.from_state.value if t.from_state else None, "to": t.to_state.value,
+             "at": _ts(t.at), "actor": t.actor, "reason": t.reason, "forced_by": t.forced_by}
+            for t in path
+        ],
+        "legacy_job": {"status": status, "run_state_snapshot": snapshot},
+        "result": run.result,
+    }
+    if json_:
+        emit(doc)
+        return
+    console = Console()
+    console.print(f"[bold]Run {run.run_id}[/]  state [bold]{run.state.value}[/]  legacy status {status}")
+    table = Table("#", "from", "to", "at", "by", "reason")
+    for t in path:
+        table.add_row(str(t.seq), t.from_state.value if t.from_state else "", t.to_state.value, _ts(t.at),
+                      t.actor, t.reason)
+    console.print(table)
+
+
+def main() -> None:
+    """Entry point of the `harness` script."""
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,63 @@
+"""What every CLI command shares: the --db option, JSON output and the exit-code contract (SPEC U1).
+
+Exit codes: 0 success; 1 a check failed; 2 bad usage or bad input, reason on stderr, never a traceback.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from collections.abc import Callable
+from typing import Annotated, Any, NoReturn, ParamSpec, TypeVar
+
+import typer
+
+from harness.adapters.sql.store import SqlStore
+from harness.errors import BadInputError, HarnessError, InvalidTransitionError
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+EXIT_OK = 0
+EXIT_CHECK_FAILED = 1
+EXIT_BAD_INPUT = 2
+
+DbOption = Annotated[
+    str | None,
+    typer.Option("--db", envvar="HARNESS_DATABASE_URL", help="Database URL or SQLite file path.", show_envvar=True),
+]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
+
+
+def open_store(db: str | None) -> SqlStore:
+    """The store named by --db / HARNESS_DATABASE_URL, created on first use."""
+    return SqlStore.open(db)
+
+
+def emit(document: Any) -> None:
+    """Print one JSON document on stdout."""
+    sys.stdout.write(json.dumps(document, indent=2, sort_keys=True, default=str) + "\n")
+
+
+def fail(message: str, code: int = EXIT_BAD_INPUT) -> NoReturn:
+    """Print the reason on stderr and exit with `code`."""
+    sys.stderr.write(f"error: {message}\n")
+    raise typer.Exit(code)
+
+
+def cli_errors(fn: Callable[P, R]) -> Callable[P, R]:
+    """Turn library errors into the U1 contract: a clear message on stderr and exit 2, no traceback."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return fn(*args, **kwargs)
+        except (BadInputError, InvalidTransitionError) as exc:
+            fail(str(exc))
+        except HarnessError as exc:
+            fail(f"{type(exc).__name__}: {exc}")
+        except OSError as exc:
+            fail(f"{exc.strerror or exc}: {exc.filename or ''}".rstrip(": "))
+
+    return wrapper
