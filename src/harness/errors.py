@@ -9,6 +9,7 @@
     ├── InvalidTransitionError        (from, to) is not in the transition table
     ├── StoreError                    the database failed or holds something it should not
     │   └── FencedError               this worker's lease on the Run was taken over (K5b)
+    ├── ProviderError                 an LLM provider call failed (retryable or not, SPEC T3)
     └── PipelineError                 a pipeline step failed; carries the state it leads to
         ├── PlanError                 the model's plan is invalid
         ├── ContextError              the context could not be assembled (budget, isolation, filter)
@@ -88,3 +89,14 @@ class SkillError(PipelineError):
     """A skill call failed."""
 
     code = "skill_failed"
+
+
+class ProviderError(HarnessError):
+    """An LLM provider call failed. `retryable` follows SPEC T3: network, 5xx and 429 are retried;
+    4xx, auth, billing and context-length errors fail at once."""
+
+    def __init__(self, message: str, *, kind: str, retryable: bool, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.retryable = retryable
+        self.retry_after = retry_after

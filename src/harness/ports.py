@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from harness.adapters.llm.types import LLMRequest, LLMResponse
+    from harness.pipeline.contracts import RunResult
 
 
 class Clock(Protocol):
@@ -10,4 +14,22 @@ class Clock(Protocol):
 
     def now(self) -> float:
         """Seconds since the epoch."""
+        ...
+
+
+class LLMProvider(Protocol):
+    """A language model behind one interface (SPEC P3); errors are harness ProviderErrors."""
+
+    name: str
+
+    def complete(self, request: LLMRequest) -> LLMResponse:
+        """Answer one request."""
+        ...
+
+
+class ResultSink(Protocol):
+    """Where a Run's result goes when it is final or waits for a human (SPEC P4)."""
+
+    def deliver(self, result: RunResult) -> None:
+        """Hand the result to the caller."""
         ...

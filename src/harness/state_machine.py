@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import sqlalchemy as sa
+
 from harness.adapters.sql.store import _UNSET, RunRecord, SqlStore, TraceRecordIn, TransitionResult
 from harness.audit.chain import content_hash
 from harness.kernel import TRANSIENT, RunState, automatic_next
@@ -44,11 +46,12 @@ class StateMachine:
         records: Sequence[TraceRecordIn] = (),
         context: dict[str, Any] | None = _UNSET,
         result: dict[str, Any] | None = _UNSET,
+        also: Callable[[sa.Connection], None] | None = None,
     ) -> TransitionResult:
         """Move the Run source→target, then on through the funnel if target is transient or TRACING."""
         outcome = self.store.transition(
             run_id, source, target, actor=actor, reason=reason, forced_by=forced_by, lease_epoch=lease_epoch,
-            records=records, context=context, result=result,
+            records=records, context=context, result=result, also=also,
         )
         if outcome.applied and (target in TRANSIENT or target == RunState.TRACING):
             self.advance(run_id, target, forced_by=forced_by, lease_epoch=lease_epoch)

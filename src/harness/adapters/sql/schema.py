@@ -112,4 +112,54 @@ chain_head = sa.Table(
 )
 
 #: tables that only ever receive INSERTs; triggers refuse UPDATE and DELETE
-APPEND_ONLY = ("transitions", "audit_events", "trace_records")
+APPEND_ONLY = ("transitions", "audit_events", "trace_records", "costs", "hitl_decisions")
+
+costs = sa.Table(
+    "costs",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("run_id", ID, nullable=False),
+    sa.Column("tenant_id", sa.String(128), nullable=False),
+    sa.Column("user_id", sa.String(128), nullable=False),
+    sa.Column("source", sa.String(64), nullable=False),
+    sa.Column("input_tokens", sa.Integer, nullable=False),
+    sa.Column("output_tokens", sa.Integer, nullable=False),
+    sa.Column("usd", sa.Double, nullable=False),
+    sa.Column("at", sa.Double, nullable=False),
+)
+
+hitl_requests = sa.Table(
+    "hitl_requests",
+    metadata,
+    sa.Column("request_id", ID, primary_key=True),
+    sa.Column("run_id", ID, nullable=False),
+    sa.Column("tenant_id", sa.String(128), nullable=False),
+    sa.Column("requester", sa.String(128), nullable=False),
+    sa.Column("level", sa.String(4), nullable=False),
+    sa.Column("required_approvals", sa.Integer, nullable=False),
+    sa.Column("approver_roles", sa.Text, nullable=False),
+    sa.Column("actions", sa.Text, nullable=False),
+    sa.Column("actions_hash", sa.String(64), nullable=False),
+    sa.Column("status", sa.String(16), nullable=False),
+    sa.Column("created_at", sa.Double, nullable=False),
+    sa.Column("deadline_at", sa.Double, nullable=False),
+    sa.Column("decided_at", sa.Double),
+    sa.Column("escalated_from", ID),
+)
+
+hitl_decisions = sa.Table(
+    "hitl_decisions",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("decision_id", ID, nullable=False, unique=True),
+    sa.Column("request_id", ID, nullable=False),
+    sa.Column("run_id", ID, nullable=False),
+    sa.Column("approver", sa.String(256), nullable=False),
+    sa.Column("decision", sa.String(16), nullable=False),
+    sa.Column("actions_hash", sa.String(64), nullable=False),
+    sa.Column("break_glass", sa.Boolean, nullable=False),
+    sa.Column("reason", sa.Text, nullable=False),
+    sa.Column("outcome", sa.String(16), nullable=False),
+    sa.Column("refusal", sa.Text),
+    sa.Column("at", sa.Double, nullable=False),
+)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -254,8 +254,12 @@ class SqlStore:
         records: Sequence[TraceRecordIn] = (),
         context: dict[str, Any] | None = _UNSET,
         result: dict[str, Any] | None = _UNSET,
+        also: Callable[[sa.Connection], None] | None = None,
     ) -> TransitionResult:
         """Compare-and-set Run.state from `source` to `target` (SPEC K4).
+
+        `also` runs inside the same transaction once the compare-and-set has succeeded, for writes
+        that must commit with the state change or not at all (e.g. opening an approval request).
 
         Illegal pairs raise InvalidTransitionError after auditing the attempt. When the Run is no
         longer in `source` (or `lease_epoch` no longer matches, K5b) nothing changes, the attempted
@@ -306,6 +310,8 @@ class SqlStore:
                 })
                 return TransitionResult(run_id, source, target, False, actual)
             self._write_change(conn, run_id, seq, source, target, actor, reason, forced_by, now, records)
+            if also is not None:
+                also(conn)
         return TransitionResult(run_id, source, target, True, target, seq=seq)
 
     def _write_change(
@@ -343,7 +349,7 @@ class SqlStore:
                       "forced_by": forced_by, **(extra_audit or {})}
             outbox.append(self._audit_row(conn, run_id, event, actor, now, detail))
         outbox.extend(records)
-        self._enqueue(conn, outbox, now)
+        self.enqueue(conn, outbox, now)
 
     def _audit_row(
         self, conn: sa.Connection, run_id: str | None, event: str, actor: str, now: float, detail: dict[str, Any]
@@ -360,7 +366,7 @@ class SqlStore:
     def _audit(
         self, conn: sa.Connection, run_id: str | None, event: str, actor: str, now: float, detail: dict[str, Any]
     ) -> None:
-        self._enqueue(conn, [self._audit_row(conn, run_id, event, actor, now, detail)], now)
+        self.enqueue(conn, [self._audit_row(conn, run_id, event, actor, now, detail)], now)
 
     def _audit_illegal(self, run_id: str, source: RunState, target: RunState, actor: str, reason: str) -> None:
         with self.engine.begin() as conn:
@@ -370,6 +376,11 @@ class SqlStore:
                 "run_id": run_id, "known_run": exists is not None,
             })
 
+    def write_audit(self, conn: sa.Connection, run_id: str | None, event: str, actor: str,
+                    detail: dict[str, Any]) -> None:
+        """Append one AuditLog event (and its trace record) inside the caller's transaction."""
+        self._audit(conn, run_id, event, actor, self.clock.now(), detail)
+
     def audit(self, run_id: str | None, event: str, actor: str, detail: dict[str, Any]) -> None:
         """Append one AuditLog event (and its trace record) in its own transaction."""
         with self.engine.begin() as conn:
@@ -377,7 +388,8 @@ class SqlStore:
 
     # ------------------------------------------------------------------ the trace: outbox and chain
 
-    def _enqueue(self, conn: sa.Connection, records: Iterable[TraceRecordIn], now: float) -> None:
+    def enqueue(self, conn: sa.Connection, records: Iterable[TraceRecordIn], now: float) -> None:
+        """Write trace records to the outbox inside the caller's transaction."""
         rows = [
             {"record_id": str(uuid.uuid4()), "run_id": r.run_id, "kind": r.kind,
              "payload": canonical_json(r.payload), "created_at": now}
@@ -389,7 +401,7 @@ class SqlStore:
     def record(self, records: Sequence[TraceRecordIn]) -> None:
         """Append trace records through the outbox, in their own transaction."""
         with self.engine.begin() as conn:
-            self._enqueue(conn, records, self.clock.now())
+            self.enqueue(conn, records, self.clock.now())
 
     def drain(self, batch_size: int = 500) -> int:
         """Move up to `batch_size` outbox records into the hash chain; returns how many were chained.
@@ -525,10 +537,12 @@ class SqlStore:
             raise UnknownRunError(run_id)
         return str(row.status), str(row.run_state_snapshot)
 
-    def save_context(self, run_id: str, context: dict[str, Any]) -> None:
-        """Persist the RunContext (not Run.state) of a Run, e.g. a step's recorded result (SPEC T6)."""
+    def save_context(self, run_id: str, context: dict[str, Any], records: Sequence[TraceRecordIn] = ()) -> None:
+        """Persist the RunContext (never Run.state) with trace records, in one transaction — e.g. a
+        step's result and its ToolTrace before the next step starts (SPEC T6)."""
         with self.engine.begin() as conn:
             conn.execute(t.runs.update().where(t.runs.c.run_id == run_id).values(context=canonical_json(context)))
+            self.enqueue(conn, records, self.clock.now())
 
     def raise_if_corrupt(self) -> None:
         """Raise StoreError when the chain head table is missing its row (a damaged database)."""

@@ -10,6 +10,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
+from harness.adapters.sql.triggers import append_only_ddl
+
 revision = "0001_kernel"
 down_revision = None
 branch_labels = None
@@ -112,35 +114,8 @@ def upgrade() -> None:
 
 def _install_append_only(table: str) -> None:
     """Refuse UPDATE and DELETE on `table` inside the database itself (SPEC A2)."""
-    dialect = op.get_bind().dialect.name
-    message = f"{table} is append-only"
-    if dialect == "sqlite":
-        for verb in ("UPDATE", "DELETE"):
-            op.execute(
-                f"CREATE TRIGGER {table}_no_{verb.lower()} BEFORE {verb} ON {table} "
-                f"BEGIN SELECT RAISE(ABORT, '{message}'); END"
-            )
-    elif dialect == "postgresql":
-        op.execute(
-            f"CREATE OR REPLACE FUNCTION {table}_append_only() RETURNS trigger AS $$ "
-            f"BEGIN RAISE EXCEPTION '{message}'; END; $$ LANGUAGE plpgsql"
-        )
-        op.execute(
-            f"CREATE TRIGGER {table}_no_change BEFORE UPDATE OR DELETE ON {table} "
-            f"FOR EACH ROW EXECUTE FUNCTION {table}_append_only()"
-        )
-        op.execute(
-            f"CREATE TRIGGER {table}_no_truncate BEFORE TRUNCATE ON {table} "
-            f"FOR EACH STATEMENT EXECUTE FUNCTION {table}_append_only()"
-        )
-    elif dialect in ("mysql", "mariadb"):
-        for verb in ("UPDATE", "DELETE"):
-            op.execute(
-                f"CREATE TRIGGER {table}_no_{verb.lower()} BEFORE {verb} ON {table} "
-                f"FOR EACH ROW SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = '{message}'"
-            )
-    else:
-        raise NotImplementedError(f"no append-only triggers for dialect {dialect}")
+    for statement in append_only_ddl(op.get_bind().dialect.name, table):
+        op.execute(statement)
 
 
 def downgrade() -> None:

@@ -1,0 +1,62 @@
+"""What goes to an LLM provider and what comes back, independent of any vendor's wire format."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from harness.pipeline.contracts import Message
+
+
+class ToolSpec(BaseModel):
+    """A tool the model may call: name, description and JSON Schema of its arguments."""
+
+    model_config = ConfigDict(frozen=True)
+    name: str
+    description: str = ""
+    parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
+
+
+class LLMRequest(BaseModel):
+    """One completion request."""
+
+    model_config = ConfigDict(frozen=True)
+    purpose: Literal["plan", "tool"] = "plan"
+    system: str = ""
+    messages: tuple[Message, ...]
+    tools: tuple[ToolSpec, ...] = ()
+    model: str | None = None
+    temperature: float = 0.0
+    max_tokens: int = 2_048
+    stream: bool = False
+
+
+class Usage(BaseModel):
+    """Tokens used by one call and what they cost."""
+
+    model_config = ConfigDict(frozen=True)
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost_usd: float = 0.0
+
+
+class ToolCallOut(BaseModel):
+    """A tool call the model asked for."""
+
+    model_config = ConfigDict(frozen=True)
+    id: str
+    name: str
+    arguments: dict[str, Any]
+
+
+class LLMResponse(BaseModel):
+    """A completion: text content and/or tool calls, with usage."""
+
+    model_config = ConfigDict(frozen=True)
+    content: str = ""
+    tool_calls: tuple[ToolCallOut, ...] = ()
+    model: str
+    provider: str
+    finish_reason: str = "stop"
+    usage: Usage = Usage()

@@ -1,0 +1,216 @@
+"""Typed contracts between the six pipeline components (SPEC P1-P4, seed 004 ch. 3).
+
+Every model forbids unknown fields, so a malformed request or plan fails with a message naming the
+field instead of being half-understood.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+IDENT = r"^[A-Za-z0-9][A-Za-z0-9_.:@\-]{0,127}$"
+Ident = Annotated[str, Field(pattern=IDENT)]
+STEP_ID = r"^[A-Za-z][A-Za-z0-9_\-]{0,63}$"
+SKILL_ID = r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)*$"
+
+
+class Contract(BaseModel):
+    """Base of every contract: strict about unknown fields, immutable once built."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Message(Contract):
+    """One turn of conversation history."""
+
+    role: Literal["user", "assistant", "system", "tool"]
+    content: str = Field(max_length=100_000)
+
+
+class CallerIdentity(Contract):
+    """Who asks: tenant, user and roles. The gatekeeper's principal."""
+
+    tenant_id: Ident
+    user_id: Ident
+    roles: tuple[Annotated[str, Field(pattern=IDENT)], ...] = ()
+
+
+class RunRequest(Contract):
+    """What a caller submits to create a Run (step ①)."""
+
+    task: str = Field(min_length=1, max_length=20_000)
+    tenant_id: Ident = "default"
+    user_id: Ident = "anonymous"
+    session_id: Ident = "default"
+    roles: tuple[Annotated[str, Field(pattern=IDENT)], ...] = ("support_agent",)
+    history: tuple[Message, ...] = ()
+    token_budget: int = Field(default=8_000, ge=256, le=2_000_000)
+    idempotency_key: Annotated[str, Field(min_length=1, max_length=200)] | None = None
+    retry_of: str | None = Field(default=None, max_length=64)
+    metadata: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("task")
+    @classmethod
+    def _task_not_blank(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("task must not be blank")
+        return value
+
+    @property
+    def caller(self) -> CallerIdentity:
+        """The caller's identity."""
+        return CallerIdentity(tenant_id=self.tenant_id, user_id=self.user_id, roles=self.roles)
+
+
+class AssembledContext(Contract):
+    """What the plan orchestrator receives from the context assembler (step ②)."""
+
+    system_prompt: str
+    history: tuple[Message, ...]
+    user_input: str
+    memory: tuple[str, ...] = ()
+    tokens_used: int
+    token_budget: int
+    filtered_secrets: int = 0
+
+    @property
+    def budget_left(self) -> int:
+        """Tokens still available for the model's answer and tool schemas."""
+        return self.token_budget - self.tokens_used
+
+
+class Ref(Contract):
+    """A reference to an earlier step's output: `{"$ref": "order.total"}` (P2)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    ref: str = Field(alias="$ref", pattern=r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)*$")
+
+
+class ToolCall(Contract):
+    """One call of a skill with its (possibly referencing) arguments."""
+
+    skill: Annotated[str, Field(pattern=SKILL_ID)]
+    arguments: dict[str, Any] = Field(default_factory=dict)
+
+
+class PlanStep(Contract):
+    """One step of a plan: its goal, its tool call, what it depends on and where its output goes."""
+
+    id: Annotated[str, Field(pattern=STEP_ID)]
+    goal: str = Field(default="", max_length=2_000)
+    tool_call: ToolCall
+    depends_on: tuple[str, ...] = ()
+    output_key: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
+
+
+class BudgetEstimate(Contract):
+    """The model's estimate of what the plan will cost."""
+
+    tokens: int = Field(default=0, ge=0)
+    cost_usd: float = Field(default=0.0, ge=0)
+
+
+class Plan(Contract):
+    """The model's plan (step ④): steps with tool calls, a dependency DAG, output keys and a budget."""
+
+    steps: tuple[PlanStep, ...] = Field(min_length=1, max_length=64)
+    answer_template: str = Field(default="", max_length=10_000)
+    budget_estimate: BudgetEstimate = BudgetEstimate()
+    requires_authorization: bool = False
+
+    @model_validator(mode="after")
+    def _unique_ids_and_keys(self) -> Plan:
+        ids = [s.id for s in self.steps]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"step ids must be unique, got {ids}")
+        keys = [s.output_key for s in self.steps]
+        if len(set(keys)) != len(keys):
+            raise ValueError(f"output keys must be unique, got {keys}")
+        return self
+
+
+def refs_in(value: Any) -> list[str]:
+    """Every `$ref` path inside an argument value."""
+    if isinstance(value, dict):
+        if set(value) == {"$ref"} and isinstance(value["$ref"], str):
+            return [value["$ref"]]
+        return [r for v in value.values() for r in refs_in(v)]
+    if isinstance(value, list):
+        return [r for v in value for r in refs_in(v)]
+    return []
+
+
+class Verdict(Contract):
+    """One rule's verdict on a plan or a call (a PolicyTrace)."""
+
+    rule_id: str
+    family: Literal["structural", "permission", "budget", "guardrail", "risk"]
+    decision: Literal["pass", "reject", "await_hitl"]
+    reason: str
+    step_id: str | None = None
+    level: Literal["L1", "L2", "L3", "L4"] | None = None
+
+
+class PolicyDecision(Contract):
+    """The gatekeeper's unified decision (step ⑤): pass, reject or await_hitl, with every verdict."""
+
+    decision: Literal["pass", "reject", "await_hitl"]
+    verdicts: tuple[Verdict, ...]
+    level: Literal["L1", "L2", "L3", "L4"] = "L1"
+
+    @property
+    def rejecting(self) -> tuple[Verdict, ...]:
+        """The verdicts that rejected."""
+        return tuple(v for v in self.verdicts if v.decision == "reject")
+
+
+class StepOutcome(Contract):
+    """The recorded result of one executed plan step (T6: recorded before the next step starts)."""
+
+    step_id: str
+    output_key: str
+    status: Literal["ok", "error"]
+    output: Any = None
+    error: str | None = None
+    attempts: int = 1
+    duration_ms: float = 0.0
+
+
+class RunResult(Contract):
+    """What the ResultSink delivers to the caller (P4): answer, artifacts, trace id, final state."""
+
+    run_id: str
+    state: str
+    answer: str | None = None
+    artifacts: dict[str, Any] = Field(default_factory=dict)
+    trace_id: str
+    error: str | None = None
+    approval_request_id: str | None = None
+    path: tuple[str, ...] = ()
+
+
+_TEMPLATE = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z0-9_]+)*)\}")
+
+
+def lookup_path(outputs: dict[str, Any], path: str) -> Any:
+    """Resolve `key.field.sub` in step outputs; KeyError names the missing part."""
+    head, *rest = path.split(".")
+    if head not in outputs:
+        raise KeyError(f"no output named {head!r}")
+    value = outputs[head]
+    for part in rest:
+        if isinstance(value, dict) and part in value:
+            value = value[part]
+        elif isinstance(value, list) and part.isdigit() and int(part) < len(value):
+            value = value[int(part)]
+        else:
+            raise KeyError(f"{path!r}: no field {part!r}")
+    return value
+
+
+def render_template(template: str, outputs: dict[str, Any]) -> str:
+    """Fill `{key.field}` placeholders from step outputs."""
+    return _TEMPLATE.sub(lambda m: str(lookup_path(outputs, m.group(1))), template)

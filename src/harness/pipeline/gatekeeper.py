@@ -1,0 +1,167 @@
+"""Gatekeeper (step ⑤ and ⑦, seed 004 §3.4): the policy engine's unified decision on a plan.
+
+Four rule families (SPEC G1) each give verdicts: structural (every call names a known skill and its
+literal arguments fit the schema), permission (Cedar), budget (recorded cost plus the plan's
+estimate against per-Run, per-user and per-tenant caps) and guardrail (argument rules); then risk
+routing (G2) gives each call its approval level. Any reject rejects; otherwise the highest level
+decides: L1 passes, L2-L4 wait for a human (G3). Every verdict becomes a PolicyTrace.
+
+At execution time `check_call` re-applies the guardrails to the now-concrete arguments, so a value
+that was a `$ref` at planning is still checked before the side effect happens.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+
+from harness.adapters.sql.ledger import CostLedger
+from harness.pipeline.contracts import CallerIdentity, Plan, PlanStep, PolicyDecision, Verdict, refs_in
+from harness.pipeline.trace_recorder import PolicyTrace
+from harness.policy.cedar import CedarPermissions
+from harness.policy.config import Level, PolicyFile, load_policy_file
+from harness.policy.guardrails import UNKNOWN, argument_value, matches
+from harness.policy.risk import highest, level_for
+from harness.skills import Skill, SkillRegistry
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """A decision and the PolicyTraces that explain it."""
+
+    decision: PolicyDecision
+    traces: tuple[PolicyTrace, ...]
+
+
+class PolicyEngine:
+    """Evaluates plans and calls against a policy file and its Cedar permissions."""
+
+    def __init__(self, policy: PolicyFile, permissions: CedarPermissions, registry: SkillRegistry,
+                 ledger: CostLedger | None = None) -> None:
+        self.policy = policy
+        self.permissions = permissions
+        self.registry = registry
+        self.ledger = ledger
+
+    @classmethod
+    def from_file(cls, path: Path, registry: SkillRegistry, ledger: CostLedger | None = None) -> PolicyEngine:
+        """Load a policy file and the Cedar file it names."""
+        policy = load_policy_file(path)
+        cedar = CedarPermissions.from_file((path.parent / policy.permissions.cedar).resolve())
+        return cls(policy, cedar, registry, ledger)
+
+    def may_call(self, caller: CallerIdentity, skill: Skill) -> bool:
+        """Whether the caller may see and call this skill at all (used to filter the skill list, T2)."""
+        allowed, _ = self.permissions.is_permitted(caller, skill, {})
+        return allowed
+
+    def evaluate(self, plan: Plan, caller: CallerIdentity, run_id: str) -> Evaluation:
+        """The unified decision on a plan, with every rule's verdict."""
+        started = time.perf_counter()
+        verdicts: list[Verdict] = []
+        levels: list[Level] = []
+        for step in plan.steps:
+            skill = self.registry.get(step.tool_call.skill)
+            structural = self._structural(step, skill)
+            verdicts.append(structural)
+            if skill is None or structural.decision == "reject":
+                continue
+            verdicts.append(self._permission(step, skill, caller))
+            guard_verdicts = self._guardrails(step, step.tool_call.arguments)
+            verdicts.extend(guard_verdicts)
+            level = level_for(skill.manifest.risk)
+            levels.append(level)
+            levels.extend(v.level for v in guard_verdicts if v.level is not None)
+            verdicts.append(Verdict(rule_id="risk.routing", family="risk", step_id=step.id, level=level,
+                                    decision="pass" if level == "L1" else "await_hitl",
+                                    reason=f"{skill.manifest.risk.access} in {skill.manifest.risk.space} space, "
+                                           f"{skill.manifest.risk.impact} impact -> {level}"))
+        verdicts.extend(self._budgets(plan, caller, run_id))
+        top = highest(levels)
+        if any(v.decision == "reject" for v in verdicts):
+            decision = "reject"
+        elif top != "L1":
+            decision = "await_hitl"
+        else:
+            decision = "pass"
+        elapsed_us = (time.perf_counter() - started) * 1e6 / max(len(verdicts), 1)
+        traces = tuple(
+            PolicyTrace(run_id=run_id, rule_id=v.rule_id, family=v.family, decision=v.decision, reason=v.reason,
+                        step_id=v.step_id, level=v.level, duration_us=round(elapsed_us, 1))
+            for v in verdicts
+        )
+        return Evaluation(PolicyDecision(decision=decision, verdicts=tuple(verdicts), level=top), traces)
+
+    def check_call(self, step: PlanStep, arguments: dict[str, Any]) -> Verdict | None:
+        """Re-apply the guardrails to concrete arguments at execution time; the rejecting verdict, if any."""
+        for verdict in self._guardrails(step, arguments):
+            if verdict.decision == "reject":
+                return verdict
+        return None
+
+    def _structural(self, step: PlanStep, skill: Skill | None) -> Verdict:
+        if skill is None:
+            return Verdict(rule_id="structural.known_skill", family="structural", decision="reject", step_id=step.id,
+                           reason=f"step {step.id} calls unknown skill {step.tool_call.skill!r}")
+        literal = {k: v for k, v in step.tool_call.arguments.items() if not refs_in(v)}
+        schema = dict(skill.manifest.input_schema)
+        schema.pop("required", None)  # referenced arguments are checked once they are known
+        try:
+            jsonschema.Draft202012Validator(schema).validate(literal)
+        except jsonschema.ValidationError as exc:
+            return Verdict(rule_id="structural.arguments", family="structural", decision="reject", step_id=step.id,
+                           reason=f"step {step.id}: arguments do not fit {skill.id}'s schema: {exc.message}")
+        return Verdict(rule_id="structural.arguments", family="structural", decision="pass", step_id=step.id,
+                       reason=f"step {step.id}: {skill.id} {skill.manifest.version} arguments fit the schema")
+
+    def _permission(self, step: PlanStep, skill: Skill, caller: CallerIdentity) -> Verdict:
+        literal = {k: v for k, v in step.tool_call.arguments.items() if not refs_in(v)}
+        allowed, why = self.permissions.is_permitted(caller, skill, literal)
+        who = f"{caller.tenant_id}/{caller.user_id} (roles: {', '.join(caller.roles) or 'none'})"
+        return Verdict(rule_id="permission.cedar", family="permission", step_id=step.id,
+                       decision="pass" if allowed else "reject",
+                       reason=f"{who} {'may' if allowed else 'may not'} call {skill.id} [{why}]")
+
+    def _guardrails(self, step: PlanStep, arguments: dict[str, Any]) -> list[Verdict]:
+        out = []
+        for rule in self.policy.guardrails:
+            if rule.skill != step.tool_call.skill:
+                continue
+            value = argument_value(arguments, rule.argument)
+            rule_id = f"guardrail.{rule.id}"
+            if value is UNKNOWN:
+                out.append(Verdict(rule_id=rule_id, family="guardrail", decision="await_hitl", step_id=step.id,
+                                   level=rule.level or "L3",
+                                   reason=f"{rule.argument} is only known at execution; a human must approve "
+                                          "and the rule is re-checked before the call"))
+            elif matches(rule, value):
+                decision = "reject" if rule.verdict == "reject" else "await_hitl"
+                out.append(Verdict(rule_id=rule_id, family="guardrail", decision=decision, step_id=step.id,
+                                   level=rule.level, reason=rule.reason or f"{rule.argument} {rule.op} {rule.value}"))
+            else:
+                out.append(Verdict(rule_id=rule_id, family="guardrail", decision="pass", step_id=step.id,
+                                   reason=f"{rule.argument}={value!r} is within the rule"))
+        return out
+
+    def _budgets(self, plan: Plan, caller: CallerIdentity, run_id: str) -> list[Verdict]:
+        caps = self.policy.budgets
+        estimate = plan.budget_estimate.cost_usd
+        scopes: list[tuple[str, float | None, dict[str, str]]] = [
+            ("run", caps.per_run_usd, {"run_id": run_id}),
+            ("user", caps.per_user_usd, {"user_id": caller.user_id}),
+            ("tenant", caps.per_tenant_usd, {}),
+        ]
+        out = []
+        for scope, cap, narrow in scopes:
+            if cap is None:
+                continue
+            spent = self.ledger.spent(tenant_id=caller.tenant_id, **narrow) if self.ledger else 0.0
+            over = spent + estimate > cap
+            out.append(Verdict(rule_id=f"budget.per_{scope}", family="budget", decision="reject" if over else "pass",
+                               reason=f"{scope} spent {spent:.4f} + plan estimate {estimate:.4f} "
+                                      f"{'exceeds' if over else 'within'} cap {cap:.2f} USD"))
+        return out

@@ -1,0 +1,395 @@
+"""Run manager (step ①, seed 004 §3.1): owns a Run's lifecycle from request to ResultSink.
+
+`create_run` validates the request, makes the Run durable in CREATED, then `drive` carries it through
+the pipeline until it is final or parks in AWAITING_HITL. Every step writes its StepTrace inside the
+transition that ends it. A Run parked for approval holds nothing in memory: `decide` persists the
+decision and `drive` resumes from the persisted RunContext, skipping completed steps (G6, T6).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from pydantic import ValidationError
+
+from harness.adapters.sql.ledger import CostLedger
+from harness.adapters.sql.store import NewRun, RunRecord, SqlStore, TraceRecordIn
+from harness.errors import ContextError, InvalidRequestError, PlanError, ProviderError
+from harness.kernel import FINAL, RunState
+from harness.pipeline.context_assembler import ContextAssembler
+from harness.pipeline.contracts import (
+    AssembledContext,
+    CallerIdentity,
+    Plan,
+    PlanStep,
+    RunRequest,
+    RunResult,
+    render_template,
+)
+from harness.pipeline.gatekeeper import PolicyEngine
+from harness.pipeline.plan_orchestrator import PlanOrchestrator, StepRun, resolve
+from harness.pipeline.tool_controller import ToolController
+from harness.pipeline.trace_recorder import (
+    CostTrace,
+    HITLTrace,
+    ToolTrace,
+    TraceModel,
+    error_trace,
+    step_trace,
+)
+from harness.policy.hitl import Decision, HitlDesk, plan_actions
+from harness.ports import ResultSink
+from harness.state_machine import StateMachine
+
+S = RunState
+MANAGER = "run_manager"
+
+
+def parse_request(raw: RunRequest | dict[str, Any]) -> RunRequest:
+    """A RunRequest, or InvalidRequestError naming the offending field."""
+    if isinstance(raw, RunRequest):
+        return raw
+    try:
+        return RunRequest.model_validate(raw)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err["loc"]) or "(request)"
+        raise InvalidRequestError(f"invalid run request: {where}: {err['msg']}") from exc
+
+
+def _records(*models: TraceModel) -> list[TraceRecordIn]:
+    return [m.to_record() for m in models]
+
+
+class RunManager:
+    """Creates Runs and drives them through the eight steps."""
+
+    def __init__(self, *, store: SqlStore, machine: StateMachine, assembler: ContextAssembler,
+                 orchestrator: PlanOrchestrator, policy: PolicyEngine, tools: ToolController, hitl: HitlDesk,
+                 ledger: CostLedger, sink: ResultSink | None = None, execution_limit_s: float = 600.0) -> None:
+        self.store = store
+        self.machine = machine
+        self.assembler = assembler
+        self.orchestrator = orchestrator
+        self.policy = policy
+        self.tools = tools
+        self.hitl = hitl
+        self.ledger = ledger
+        self.sink = sink
+        self.execution_limit_s = execution_limit_s
+        self._context_lock = threading.Lock()
+
+    # ------------------------------------------------------------------ entry points
+
+    def submit(self, raw: RunRequest | dict[str, Any]) -> tuple[RunRecord, bool]:
+        """Validate and durably create a Run in CREATED (step ①); (run, created) — an idempotency key
+        already used by the tenant returns the existing Run with created False."""
+        request = parse_request(raw)
+        if request.retry_of is not None:
+            self.store.get_run(request.retry_of)  # a retry must name a Run that exists
+        return self.store.create_run(NewRun(
+            tenant_id=request.tenant_id, user_id=request.user_id, session_id=request.session_id,
+            request=request.model_dump(mode="json"), idempotency_key=request.idempotency_key,
+            retry_of=request.retry_of,
+        ))
+
+    def create_run(self, raw: RunRequest | dict[str, Any]) -> RunResult:
+        """Submit and drive a Run until it is final or waits for a human."""
+        run, created = self.submit(raw)
+        return self.drive(run.run_id) if created else self.result(run.run_id)
+
+    def drive(self, run_id: str) -> RunResult:
+        """Carry the Run forward from wherever it is; returns its result when it stops."""
+        run = self.store.get_run(run_id)
+        request = RunRequest.model_validate(run.request)
+        if run.state == S.CREATED:
+            self._advance(run, S.CREATED, S.PREPARING, "request accepted",
+                          _records(step_trace(run_id, 1, run.request, {"run_id": run_id}, 0.0)))
+            run = self._prepare(self.store.get_run(run_id), request)
+        if run.state == S.PLANNING:
+            run = self._plan(run, request)
+        if run.state == S.POLICY_CHECK:
+            run = self._policy(run, request)
+        if run.state == S.EXECUTING:
+            run = self._execute(run, request)
+        result = self.result(run_id)
+        if self.sink is not None and (result.state in {s.value for s in FINAL} or result.approval_request_id):
+            self.sink.deliver(result)
+        return result
+
+    def result(self, run_id: str) -> RunResult:
+        """What the caller gets for a Run, in whatever state it is."""
+        run = self.store.get_run(run_id)
+        stored = run.result or {}
+        pending = [r for r in self.hitl.for_run(run_id) if r.status == "pending"]
+        return RunResult(
+            run_id=run_id, state=run.state.value, answer=stored.get("answer"),
+            artifacts=stored.get("artifacts", {}), trace_id=run_id, error=stored.get("error"),
+            approval_request_id=pending[-1].request_id if pending and run.state == S.AWAITING_HITL else None,
+            path=tuple(t.to_state.value for t in self.store.transitions_of(run_id)),
+        )
+
+    def cancel(self, run_id: str, *, by: str, reason: str = "cancelled by the user") -> RunResult:
+        """Cancel a Run that has not finished; a Run already final is left as it is."""
+        run = self.store.get_run(run_id)
+        if run.state in FINAL or run.state in (S.TRACING, S.REJECTED, S.FAILED, S.TIMEOUT, S.CANCELLED):
+            return self.result(run_id)
+        if run.state == S.CREATED:
+            self._advance(run, S.CREATED, S.PREPARING, "request accepted")
+            run = self.store.get_run(run_id)
+        outcome = self.machine.transition(run_id, run.state, S.CANCELLED, actor=by, reason=reason)
+        if outcome.applied:
+            for request in self.hitl.for_run(run_id):
+                if request.status == "pending":
+                    self.hitl.close(request.request_id, "cancelled")
+        return self.result(run_id)
+
+    def decide(self, request_id: str, approver: CallerIdentity, decision: str, *, approved_hash: str | None = None,
+               break_glass: bool = False, reason: str = "", resume: bool = True) -> tuple[Decision, RunResult]:
+        """Record a human decision (persisted first, G4), then drive the Run accordingly."""
+        if decision not in ("approve", "reject"):
+            raise InvalidRequestError(f"decision must be approve or reject, not {decision!r}")
+        verdict = self.hitl.decide(request_id, approver, decision,  # type: ignore[arg-type]
+                                   approved_hash=approved_hash, break_glass=break_glass, reason=reason)
+        run_id = verdict.request.run_id
+        who = f"{approver.tenant_id}/{approver.user_id}"
+        if verdict.effect == "approved":
+            step = step_trace(run_id, 7, {"request_id": request_id}, {"approved_by": who}, 0.0)
+            outcome = self.machine.transition(run_id, S.AWAITING_HITL, S.EXECUTING, actor=who,
+                                              reason=f"approved ({verdict.request.level})" +
+                                                     (" by break-glass" if break_glass else ""),
+                                              records=_records(step))
+            if outcome.applied and resume:
+                return verdict, self.drive(run_id)
+        elif verdict.effect == "rejected":
+            self.machine.transition(run_id, S.AWAITING_HITL, S.REJECTED, actor=who,
+                                    reason=f"rejected by an approver: {reason or 'no reason given'}",
+                                    result={"error": f"rejected by {who}: {reason or 'no reason given'}"})
+        return verdict, self.result(run_id)
+
+    def expire_approvals(self) -> list[str]:
+        """Apply every due approval timeout (default-deny, G3); L3 may escalate to L4 by config."""
+        handled = []
+        now = self.store.clock.now()
+        for request in self.hitl.due(now):
+            if request.level == "L3" and self.hitl.settings.l3_timeout_action == "escalate":
+                if not self.hitl.close(request.request_id, "escalated"):
+                    continue
+                escalated = self.hitl.new_request(request.run_id, request.tenant_id, request.requester, "L4",
+                                                  request.actions)
+                with self.store.engine.begin() as conn:
+                    self.hitl.insert(conn, escalated, escalated_from=request.request_id)
+                    self.store.enqueue(conn, [HITLTrace(
+                        run_id=request.run_id, request_id=escalated.request_id, event="escalated", level="L4",
+                        actions_hash=request.actions_hash, waited_s=round(now - request.created_at, 3),
+                        timeout_action="escalate", reason=f"L3 request {request.request_id} timed out").to_record()],
+                        now)
+            elif self.hitl.close(request.request_id, "timed_out"):
+                trace = HITLTrace(run_id=request.run_id, request_id=request.request_id, event="timeout",
+                                  level=request.level, actions_hash=request.actions_hash,
+                                  waited_s=round(now - request.created_at, 3), timeout_action="reject",
+                                  reason="no decision before the deadline: default-deny")
+                self.machine.transition(request.run_id, S.AWAITING_HITL, S.TIMEOUT, actor="gatekeeper",
+                                        reason="approval timed out (default-deny)", records=_records(trace),
+                                        result={"error": "approval timed out: default-deny"})
+            handled.append(request.request_id)
+        return handled
+
+    # ------------------------------------------------------------------ steps
+
+    def _advance(self, run: RunRecord, source: RunState, target: RunState, reason: str,
+                 records: list[TraceRecordIn] | None = None, **kwargs: Any) -> bool:
+        outcome = self.machine.transition(run.run_id, source, target, actor=MANAGER, reason=reason,
+                                          records=records or [], **kwargs)
+        return outcome.applied
+
+    def _fail(self, run: RunRecord, source: RunState, step: int, code: str, exc: BaseException | str,
+              target: RunState = S.FAILED, inputs: Any = None) -> RunRecord:
+        message = str(exc)
+        records = _records(step_trace(run.run_id, step, inputs, {"error": message}, 0.0, "error", message),
+                           error_trace(run.run_id, step, code, exc))
+        self._advance(run, source, target, f"{code}: {message}", records, result={"error": f"{code}: {message}"})
+        return self.store.get_run(run.run_id)
+
+    def _prepare(self, run: RunRecord, request: RunRequest) -> RunRecord:
+        if run.state != S.PREPARING:
+            return run
+        started = time.perf_counter()
+        caller = request.caller
+        try:
+            skills = self.tools.visible_skills(caller, self.policy.may_call)
+            specs = self.tools.tool_specs(skills)
+            assembled = self.assembler.assemble(request, specs)
+        except ContextError as exc:
+            return self._fail(run, S.PREPARING, 2, exc.code, exc, inputs=run.request)
+        elapsed = (time.perf_counter() - started) * 1000
+        context = {
+            "caller": caller.model_dump(mode="json"),
+            "manifests": {s.id: {"version": s.manifest.version, "hash": s.manifest_hash} for s in skills},
+            "visible_skills": [s.id for s in skills],
+            "context": assembled.model_dump(mode="json"),
+            "steps": {},
+            "cost": {"input_tokens": 0, "output_tokens": 0, "usd": 0.0},
+        }
+        records = _records(
+            step_trace(run.run_id, 2, run.request, context["context"], elapsed),
+            step_trace(run.run_id, 3, caller.model_dump(mode="json"), context["manifests"], 0.0),
+        )
+        self._advance(run, S.PREPARING, S.PLANNING, "context assembled, skills loaded", records, context=context)
+        return self.store.get_run(run.run_id)
+
+    def _plan(self, run: RunRecord, request: RunRequest) -> RunRecord:
+        context = dict(run.context or {})
+        assembled = AssembledContext.model_validate(context["context"])
+        specs = self.tools.tool_specs([s for s in (self.tools.registry.get(i) for i in context["visible_skills"])
+                                       if s is not None])
+        started = time.perf_counter()
+        try:
+            outcome = self.orchestrator.plan(assembled, specs)
+        except PlanError as exc:
+            return self._fail(run, S.PLANNING, 4, exc.code, exc, inputs=request.task)
+        except ProviderError as exc:
+            target = S.TIMEOUT if exc.kind == "timeout" else S.FAILED
+            return self._fail(run, S.PLANNING, 4, f"llm_{exc.kind}", exc, target=target, inputs=request.task)
+        elapsed = (time.perf_counter() - started) * 1000
+        usage = outcome.response.usage
+        self.ledger.record(CostTrace(run_id=run.run_id, source=f"llm:{outcome.response.provider}:plan",
+                                     input_tokens=usage.input_tokens, output_tokens=usage.output_tokens,
+                                     usd=usage.cost_usd, tenant_id=run.tenant_id, user_id=run.user_id))
+        context["plan"] = outcome.plan.model_dump(mode="json", by_alias=True)
+        context["flattened"] = outcome.flattened
+        context["cost"] = {"input_tokens": usage.input_tokens, "output_tokens": usage.output_tokens,
+                           "usd": usage.cost_usd}
+        detail = f"flattened to listed order: {outcome.dag_problem}" if outcome.flattened else ""
+        records = _records(step_trace(run.run_id, 4, assembled.model_dump(mode="json"), context["plan"], elapsed,
+                                      detail=detail))
+        if outcome.flattened:
+            self.store.audit(run.run_id, "plan_flattened", "plan_orchestrator", {"problem": outcome.dag_problem})
+        self._advance(run, S.PLANNING, S.POLICY_CHECK, f"plan with {len(outcome.plan.steps)} steps", records,
+                      context=context)
+        return self.store.get_run(run.run_id)
+
+    def _policy(self, run: RunRecord, request: RunRequest) -> RunRecord:
+        context = dict(run.context or {})
+        plan = Plan.model_validate(context["plan"])
+        caller = request.caller
+        started = time.perf_counter()
+        evaluation = self.policy.evaluate(plan, caller, run.run_id)
+        decision = evaluation.decision
+        elapsed = (time.perf_counter() - started) * 1000
+        context["policy"] = {"decision": decision.decision, "level": decision.level}
+        records = [t.to_record() for t in evaluation.traces]
+        records += _records(step_trace(run.run_id, 5, context["plan"], decision.model_dump(mode="json"), elapsed))
+        if decision.decision == "reject":
+            reasons = "; ".join(f"{v.rule_id}: {v.reason}" for v in decision.rejecting)
+            self._advance(run, S.POLICY_CHECK, S.REJECTED, f"policy rejected: {reasons}", records,
+                          context=context, result={"error": f"rejected by policy: {reasons}"})
+        elif decision.decision == "await_hitl":
+            if self.hitl.pending_count(caller.tenant_id, caller.user_id) >= self.hitl.settings.max_pending_per_requester:
+                reason = (f"hitl.rate_limit: {caller.user_id} already has "
+                          f"{self.hitl.settings.max_pending_per_requester} approval requests waiting")
+                self._advance(run, S.POLICY_CHECK, S.REJECTED, reason, records, context=context,
+                              result={"error": f"rejected by policy: {reason}"})
+                return self.store.get_run(run.run_id)
+            req = self.hitl.new_request(run.run_id, caller.tenant_id, caller.user_id, decision.level,
+                                        plan_actions(plan))
+            context["approval"] = {"request_id": req.request_id, "actions_hash": req.actions_hash,
+                                   "level": req.level}
+            records += _records(HITLTrace(run_id=run.run_id, request_id=req.request_id, event="requested",
+                                          level=req.level, actions_hash=req.actions_hash,
+                                          reason=f"{req.required_approvals} approval(s) by {req.deadline_at:.0f}"))
+            self._advance(run, S.POLICY_CHECK, S.AWAITING_HITL, f"needs {decision.level} approval", records,
+                          context=context, also=lambda conn: self.hitl.insert(conn, req))
+        else:
+            self._advance(run, S.POLICY_CHECK, S.EXECUTING, "every call passed policy at L1", records,
+                          context=context)
+        return self.store.get_run(run.run_id)
+
+    def _execute(self, run: RunRecord, request: RunRequest) -> RunRecord:
+        context = dict(run.context or {})
+        plan = Plan.model_validate(context["plan"])
+        approved = self._approved_actions(run.run_id, context)
+        outputs = {o["output_key"]: o["output"] for o in context.get("steps", {}).values() if o["status"] == "ok"}
+        deadline = time.monotonic() + self.execution_limit_s
+        started = time.perf_counter()
+
+        def run_step(step: PlanStep, available: dict[str, Any]) -> StepRun:
+            return self._run_step(run, request, step, available, approved, deadline)
+
+        report = self.orchestrator.execute(plan, bool(context.get("flattened")), outputs, run_step)
+        elapsed = (time.perf_counter() - started) * 1000
+        if report.failure is not None:
+            failure = report.failure
+            if failure.error_code == "superseded":
+                return self.store.get_run(run.run_id)
+            target = S.TIMEOUT if failure.error_code in ("timeout", "run_time_limit") else S.FAILED
+            return self._fail(self.store.get_run(run.run_id), S.EXECUTING, 6, failure.error_code or "step_failed",
+                              f"step {failure.step_id}: {failure.error}", target=target, inputs=context["plan"])
+        try:
+            answer = render_template(plan.answer_template, outputs) if plan.answer_template else None
+        except KeyError as exc:
+            return self._fail(run, S.EXECUTING, 6, "answer_template", f"answer template: {exc}")
+        result = {"answer": answer, "artifacts": outputs}
+        records = _records(step_trace(run.run_id, 6, context["plan"], outputs, elapsed),
+                           step_trace(run.run_id, 8, {"run_id": run.run_id}, result, 0.0))
+        self._advance(run, S.EXECUTING, S.TRACING, "every step succeeded", records, result=result)
+        return self.store.get_run(run.run_id)
+
+    def _approved_actions(self, run_id: str, context: dict[str, Any]) -> set[tuple[str, str]] | None:
+        """The (step, skill) pairs a human approved for this Run, or None when no approval was needed."""
+        approval = context.get("approval")
+        if approval is None:
+            return None
+        request = self.hitl.get(approval["request_id"])
+        if request.status != "approved":
+            return set()
+        return {(a["step_id"], a["skill"]) for a in request.actions}
+
+    def _run_step(self, run: RunRecord, request: RunRequest, step: PlanStep, available: dict[str, Any],
+                  approved: set[tuple[str, str]] | None, deadline: float) -> StepRun:
+        def fail(code: str, message: str) -> StepRun:
+            return StepRun(step.id, step.output_key, False, error=message, error_code=code)
+
+        if self.store.get_run(run.run_id).state != S.EXECUTING:
+            return fail("superseded", "the Run left EXECUTING (cancelled or swept)")
+        if time.monotonic() > deadline:
+            return fail("run_time_limit", f"the Run's execution limit of {self.execution_limit_s:.0f}s passed")
+        skill = self.tools.registry.get(step.tool_call.skill)
+        if skill is None or (approved is not None and (step.id, skill.id) not in approved):
+            return self._refuse(run, step, "not_approved", "the call is not in the approved plan (G7)")
+        pinned = (run.context or {}).get("manifests", {}).get(skill.id, {}).get("hash")
+        if pinned != skill.manifest_hash:
+            return self._refuse(run, step, "manifest_changed",
+                                f"{skill.id}'s manifest changed since the Run started (T1)")
+        try:
+            arguments = resolve(step.tool_call.arguments, available)
+        except KeyError as exc:
+            return fail("unresolved_reference", str(exc))
+        blocked = self.policy.check_call(step, arguments)
+        if blocked is not None:
+            return self._refuse(run, step, "policy_refused", f"{blocked.rule_id}: {blocked.reason}")
+        call = self.tools.call(skill, arguments, run_id=run.run_id, step_id=step.id, output_key=step.output_key,
+                               caller=request.caller)
+        self._record_step(run.run_id, call.outcome.model_dump(mode="json"), [call.trace] + (
+            [error_trace(run.run_id, 6, call.trace.error_code or "error", call.exception, call.outcome.attempts - 1)]
+            if call.exception is not None else []))
+        if call.exception is not None:
+            return StepRun(step.id, step.output_key, False, error=call.outcome.error, error_code=call.trace.error_code)
+        return StepRun(step.id, step.output_key, True, output=call.outcome.output)
+
+    def _refuse(self, run: RunRecord, step: PlanStep, code: str, message: str) -> StepRun:
+        trace = ToolTrace(run_id=run.run_id, step_id=step.id, skill_id=step.tool_call.skill, skill_version="-",
+                          manifest_hash="-", idempotency_key=f"{run.run_id}:{step.id}", arguments_hash="-",
+                          result_hash=None, attempts=0, duration_ms=0.0, status="refused", error_code=code)
+        self.store.record(_records(trace, error_trace(run.run_id, 6, code, message)))
+        return StepRun(step.id, step.output_key, False, error=message, error_code=code)
+
+    def _record_step(self, run_id: str, outcome: dict[str, Any], traces: list[TraceModel]) -> None:
+        """Persist a step's result with its traces before any dependent step starts (T6)."""
+        with self._context_lock:
+            run = self.store.get_run(run_id)
+            context = dict(run.context or {})
+            context.setdefault("steps", {})[outcome["step_id"]] = outcome
+            self.store.save_context(run_id, context, [t.to_record() for t in traces])

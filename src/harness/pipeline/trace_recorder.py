@@ -1,0 +1,151 @@
+"""Trace recorder (step ⑧, seed 004 §3.6): the typed trace records of SPEC A1.
+
+Records are built here and written through the store's outbox — inside the transition they belong
+to where there is one, so a state change and its trace are committed together (A4). The outbox is
+drained into the hash chain in batches; see SqlStore.drain.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import traceback
+from collections.abc import Sequence
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from harness.adapters.sql.store import SqlStore, TraceRecordIn
+from harness.audit.chain import content_hash
+
+STEP_NAMES = {
+    1: "create_run", 2: "assemble_context", 3: "load_skills", 4: "plan",
+    5: "policy", 6: "tools", 7: "hitl", 8: "trace",
+}
+
+
+class TraceModel(BaseModel):
+    """Base of the trace record kinds; `kind` names the record family."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    kind: str
+    run_id: str
+
+    def to_record(self) -> TraceRecordIn:
+        """This record, ready for the outbox."""
+        return TraceRecordIn(self.kind, self.model_dump(mode="json", exclude={"kind"}), self.run_id)
+
+
+class StepTrace(TraceModel):
+    """One pipeline step: number, input/output hashes, duration and status."""
+
+    kind: Literal["step"] = "step"
+    step: int
+    name: str
+    input_hash: str
+    output_hash: str
+    duration_ms: float
+    status: Literal["ok", "error", "skipped"]
+    detail: str = ""
+
+
+class ToolTrace(TraceModel):
+    """One tool call: skill, version, manifest hash, argument/result hashes, attempts, error code."""
+
+    kind: Literal["tool"] = "tool"
+    step_id: str
+    skill_id: str
+    skill_version: str
+    manifest_hash: str
+    call_kind: Literal["local", "sandbox", "llm", "agent"] = "local"
+    idempotency_key: str
+    arguments_hash: str
+    result_hash: str | None
+    attempts: int
+    duration_ms: float
+    status: Literal["ok", "error", "refused"]
+    error_code: str | None = None
+    fallback_from: str | None = None
+
+
+class PolicyTrace(TraceModel):
+    """One rule's verdict."""
+
+    kind: Literal["policy"] = "policy"
+    rule_id: str
+    family: str
+    decision: str
+    reason: str
+    step_id: str | None = None
+    level: str | None = None
+    duration_us: float = 0.0
+
+
+class HITLTrace(TraceModel):
+    """A human decision, a timeout or an escalation."""
+
+    kind: Literal["hitl"] = "hitl"
+    request_id: str
+    event: Literal["requested", "approve", "reject", "timeout", "escalated", "refused", "cancelled"]
+    level: str
+    approver: str | None = None
+    actions_hash: str
+    waited_s: float = 0.0
+    timeout_action: str | None = None
+    break_glass: bool = False
+    reason: str = ""
+
+
+class CostTrace(TraceModel):
+    """Tokens, calls and money spent, attributed to a scope."""
+
+    kind: Literal["cost"] = "cost"
+    source: str
+    input_tokens: int = 0
+    output_tokens: int = 0
+    usd: float = 0.0
+    tenant_id: str
+    user_id: str
+
+
+class ErrorTrace(TraceModel):
+    """A normalised error: code, message, stack hash and retry history."""
+
+    kind: Literal["error"] = "error"
+    step: int
+    error_code: str
+    message: str
+    stack_hash: str | None = None
+    retries: int = 0
+
+
+def error_trace(run_id: str, step: int, code: str, exc: BaseException | str, retries: int = 0) -> ErrorTrace:
+    """An ErrorTrace for an exception (its stack hashed, so equal failures group) or a message."""
+    if isinstance(exc, BaseException):
+        stack = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        return ErrorTrace(run_id=run_id, step=step, error_code=code, message=str(exc) or type(exc).__name__,
+                          stack_hash=hashlib.sha256(stack.encode()).hexdigest(), retries=retries)
+    return ErrorTrace(run_id=run_id, step=step, error_code=code, message=exc, retries=retries)
+
+
+def step_trace(run_id: str, step: int, inputs: Any, outputs: Any, duration_ms: float,
+               status: Literal["ok", "error", "skipped"] = "ok", detail: str = "") -> StepTrace:
+    """A StepTrace with inputs and outputs referenced by hash."""
+    return StepTrace(run_id=run_id, step=step, name=STEP_NAMES[step], input_hash=content_hash(inputs),
+                     output_hash=content_hash(outputs), duration_ms=round(duration_ms, 3), status=status,
+                     detail=detail)
+
+
+class TraceRecorder:
+    """Writes trace records outside a transition and drains the outbox into the chain."""
+
+    def __init__(self, store: SqlStore) -> None:
+        self.store = store
+
+    def write(self, records: Sequence[TraceModel]) -> None:
+        """Append records through the outbox in one transaction."""
+        if records:
+            self.store.record([r.to_record() for r in records])
+
+    def flush(self) -> int:
+        """Chain everything waiting in the outbox; returns the number chained."""
+        return self.store.drain_all()

@@ -1,0 +1,1 @@
+"""The policy engine's rule families (SPEC G1): permission (Cedar), budget, guardrail, risk routing."""

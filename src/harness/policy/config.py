@@ -1,0 +1,88 @@
+"""The declarative policy file (structural, budget and guardrail rules; HITL settings)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from harness.errors import PolicyConfigError
+
+Level = Literal["L1", "L2", "L3", "L4"]
+LEVEL_RANK: dict[str, int] = {"L1": 1, "L2": 2, "L3": 3, "L4": 4}
+
+
+class Strict(BaseModel):
+    """Unknown keys in a policy file are errors, not silently ignored."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Permissions(Strict):
+    """Where the Cedar permission policies live, relative to the policy file."""
+
+    cedar: str
+
+
+class Budgets(Strict):
+    """Cost caps in USD against recorded cost (SPEC G1)."""
+
+    per_run_usd: float | None = Field(default=None, gt=0)
+    per_user_usd: float | None = Field(default=None, gt=0)
+    per_tenant_usd: float | None = Field(default=None, gt=0)
+
+
+class Guardrail(Strict):
+    """Block or escalate a call when one of its arguments matches."""
+
+    id: str = Field(pattern=r"^[a-z][a-z0-9_]*$")
+    skill: str
+    argument: str
+    op: Literal["gt", "ge", "lt", "le", "eq", "ne", "matches", "contains"]
+    value: Any
+    verdict: Literal["reject", "escalate"]
+    level: Level | None = None
+    reason: str = ""
+
+    @model_validator(mode="after")
+    def _escalation_has_level(self) -> Guardrail:
+        if self.verdict == "escalate" and self.level is None:
+            raise ValueError(f"guardrail {self.id!r} escalates but names no level")
+        return self
+
+
+class Hitl(Strict):
+    """Human approval settings (SPEC G2-G4)."""
+
+    timeout_s: float = Field(default=86_400, gt=0)
+    l3_timeout_action: Literal["escalate", "reject"] = "reject"
+    approvers: dict[Level, list[str]] = Field(default_factory=dict)
+    max_pending_per_requester: int = Field(default=20, ge=1)
+
+
+class PolicyFile(Strict):
+    """The whole policy file."""
+
+    version: Literal[1]
+    permissions: Permissions
+    budgets: Budgets = Budgets()
+    guardrails: list[Guardrail] = Field(default_factory=list)
+    hitl: Hitl = Hitl()
+
+
+def load_policy_file(path: Path) -> PolicyFile:
+    """Read and validate a policy file; errors name the file and the field."""
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise PolicyConfigError(f"{path}: cannot read: {exc.strerror}") from exc
+    except yaml.YAMLError as exc:
+        raise PolicyConfigError(f"{path}: not valid YAML: {exc}") from exc
+    try:
+        return PolicyFile.model_validate(raw)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        raise PolicyConfigError(f"{path}: {where}: {err['msg']}") from exc
