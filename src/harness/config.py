@@ -18,6 +18,7 @@ from harness.adapters.sql.ledger import CostLedger
 from harness.adapters.sql.store import SqlStore
 from harness.errors import InvalidRequestError
 from harness.examples.support import EXAMPLE_DIR
+from harness.identity import IdentityDirectory
 from harness.pipeline.context_assembler import ContextAssembler
 from harness.pipeline.gatekeeper import PolicyEngine
 from harness.pipeline.plan_orchestrator import PlanOrchestrator
@@ -39,6 +40,7 @@ class Settings(BaseModel):
     policy_file: Path = EXAMPLE_DIR / "policy.yaml"
     llm: Literal["scripted"] = "scripted"
     llm_rules: Path = EXAMPLE_DIR / "llm_rules.yaml"
+    identities_file: Path = EXAMPLE_DIR / "identities.yaml"
     data_dir: Path = Path("harness-data")
     execution_limit_s: float = Field(default=600.0, gt=0)
 
@@ -51,6 +53,7 @@ class Settings(BaseModel):
             values["skills_dirs"] = tuple(Path(p) for p in env["HARNESS_SKILLS_DIRS"].split(os.pathsep) if p)
         for key, name in (("policy_file", "HARNESS_POLICY_FILE"), ("llm_rules", "HARNESS_LLM_RULES"),
                           ("data_dir", "HARNESS_DATA_DIR"), ("llm", "HARNESS_LLM"),
+                          ("identities_file", "HARNESS_IDENTITIES"),
                           ("execution_limit_s", "HARNESS_EXECUTION_LIMIT_S")):
             if env.get(name):
                 values[key] = env[name]
@@ -74,6 +77,7 @@ class Runtime:
     tools: ToolController
     recorder: TraceRecorder
     runs: RunManager
+    identities: IdentityDirectory
 
     def close(self) -> None:
         """Release threads and connections."""
@@ -98,4 +102,5 @@ def build_runtime(settings: Settings | None = None, *, clock: Clock | None = Non
         store=store, machine=machine, assembler=ContextAssembler(), orchestrator=PlanOrchestrator(provider, registry),
         policy=policy, tools=tools, hitl=hitl, ledger=ledger, sink=sink, execution_limit_s=settings.execution_limit_s,
     )
-    return Runtime(settings, store, machine, registry, policy, hitl, tools, TraceRecorder(store), runs)
+    identities = IdentityDirectory.from_file(settings.identities_file)
+    return Runtime(settings, store, machine, registry, policy, hitl, tools, TraceRecorder(store), runs, identities)

@@ -19,6 +19,8 @@ from harness.kernel import TRANSIENT, RunState, automatic_next
 #: called while a Run closes, with the Run (in TRACING) and the final state it is moving to; returns
 #: extra trace records to write in the closing transaction (e.g. memory write-back on SUCCEEDED, C5)
 ClosingHook = Callable[[RunRecord, RunState], Sequence[TraceRecordIn]]
+#: told of every applied state change, after it committed: (run_id, source, target)
+Listener = Callable[[str, RunState, RunState], None]
 
 
 class StateMachine:
@@ -28,6 +30,15 @@ class StateMachine:
         self.store = store
         self.drain_on_close = drain_on_close
         self._closing_hooks: list[ClosingHook] = []
+        self._listeners: list[Listener] = []
+
+    def subscribe(self, listener: Listener) -> None:
+        """Be told of every state change this machine applies (live views, metrics, SSE)."""
+        self._listeners.append(listener)
+
+    def _notify(self, run_id: str, source: RunState, target: RunState) -> None:
+        for listener in self._listeners:
+            listener(run_id, source, target)
 
     def on_close(self, hook: ClosingHook) -> None:
         """Register a hook that runs in TRACING, just before the final state."""
@@ -53,6 +64,8 @@ class StateMachine:
             run_id, source, target, actor=actor, reason=reason, forced_by=forced_by, lease_epoch=lease_epoch,
             records=records, context=context, result=result, also=also,
         )
+        if outcome.applied:
+            self._notify(run_id, source, target)
         if outcome.applied and (target in TRANSIENT or target == RunState.TRACING):
             self.advance(run_id, target, forced_by=forced_by, lease_epoch=lease_epoch)
         return outcome
@@ -82,6 +95,7 @@ class StateMachine:
             )
             if not outcome.applied:
                 return outcome.actual
+            self._notify(run_id, state, target)
             state = target
         if self.drain_on_close:
             self.store.drain_all()

@@ -1,0 +1,240 @@
+"""`harness run`, `trace`, `cancel`, `approve`, `reject`, `approvals`: Runs as operators drive them (SPEC U1)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.tree import Tree
+
+from harness.cli_support import DbOption, JsonOption, emit, fail
+from harness.config import Runtime, Settings, build_runtime
+from harness.kernel import FINAL, RunState
+from harness.pipeline.contracts import RunResult
+
+Tenant = Annotated[str, typer.Option("--tenant", help="Tenant of the caller.")]
+User = Annotated[str, typer.Option("--user", help="User id of the caller.")]
+Session = Annotated[str, typer.Option("--session", help="Conversation session id.")]
+
+_STEP_ORDER = ("step", "policy", "hitl", "tool", "cost", "error")
+
+
+def runtime(db: str | None) -> Runtime:
+    """The composition root for a CLI command."""
+    return build_runtime(Settings.from_env(db=db))
+
+
+def result_document(rt: Runtime, result: RunResult) -> dict[str, Any]:
+    """The JSON a command prints for a Run's result."""
+    doc = result.model_dump(mode="json")
+    doc["path"] = list(result.path)
+    doc["legacy_status"] = rt.store.legacy_job(result.run_id)[0]
+    return doc
+
+
+def print_result(result: RunResult) -> None:
+    """Human-readable result."""
+    console = Console()
+    colour = {"SUCCEEDED": "green", "AWAITING_HITL": "yellow"}.get(result.state, "red")
+    console.print(f"[bold]run[/] {result.run_id}  [bold {colour}]{result.state}[/]")
+    console.print("  path: " + " → ".join(result.path))
+    if result.answer:
+        console.print(f"  answer: {result.answer}")
+    if result.error:
+        console.print(f"  reason: {result.error}")
+    if result.approval_request_id:
+        console.print(f"  waiting for approval: request [bold]{result.approval_request_id}[/]")
+        console.print(f"  decide with: harness approve {result.approval_request_id} --as <identity>")
+
+
+def run(
+    task: Annotated[str, typer.Argument(help="What the agent should do.")],
+    tenant: Tenant = "default",
+    user: User = "alice",
+    session: Session = "default",
+    role: Annotated[list[str] | None, typer.Option("--role", help="Caller roles (default: from the identity directory).")] = None,
+    idempotency_key: Annotated[str | None, typer.Option("--idempotency-key", help="Repeat-safe submit key.")] = None,
+    wait: Annotated[bool, typer.Option("--wait", help="If the Run waits for approval, keep waiting for the decision.")] = False,
+    timeout: Annotated[float, typer.Option("--timeout", help="With --wait: give up waiting after this many seconds.")] = 3600.0,
+    db: DbOption = None,
+    json_: JsonOption = False,
+) -> None:
+    """Run a task in-process until it is final or waits for a human; show the state path live."""
+    rt = runtime(db)
+    known = rt.identities.find(tenant, user)
+    roles = tuple(role) if role else (known.roles if known else ("support_agent",))
+    if not json_:
+        rt.machine.subscribe(lambda run_id, source, target: typer.echo(f"  {source.value:>13} → {target.value}"))
+    request = {"task": task, "tenant_id": tenant, "user_id": user, "session_id": session, "roles": list(roles),
+               "idempotency_key": idempotency_key}
+    result = rt.runs.create_run(request)
+    if wait and result.state == RunState.AWAITING_HITL.value:
+        result = wait_for_decision(rt, result.run_id, timeout)
+    if json_:
+        emit(result_document(rt, result))
+    else:
+        print_result(result)
+
+
+def wait_for_decision(rt: Runtime, run_id: str, timeout: float) -> RunResult:
+    """Poll until the Run leaves AWAITING_HITL and settles; approval timeouts are applied meanwhile."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        rt.runs.expire_approvals()
+        run = rt.store.get_run(run_id)
+        if run.state in FINAL:
+            break
+        time.sleep(0.5)
+    return rt.runs.result(run_id)
+
+
+def trace(run_id: Annotated[str, typer.Argument(help="The Run's id.")], db: DbOption = None,
+          json_: JsonOption = False) -> None:
+    """Print a Run's trace as a tree: transitions, steps, policy verdicts, approvals, tool calls, costs."""
+    rt = runtime(db)
+    run = rt.store.get_run(run_id)
+    rt.store.drain_all()
+    records = [{"seq": r.seq, "kind": r.kind, "hash": r.hash, **r.data()} for r in rt.store.trace_of(run_id)]
+    if json_:
+        emit({"run_id": run_id, "state": run.state.value, "records": records})
+        return
+    Console().print(trace_tree(run_id, run.state.value, records))
+
+
+def trace_tree(run_id: str, state: str, records: list[dict[str, Any]]) -> Tree:
+    """The trace grouped as a tree under the Run."""
+    root = Tree(f"[bold]Run {run_id}[/] [{state}]")
+    path = root.add("transitions")
+    for r in (r for r in records if r["kind"] == "transition"):
+        path.add(f"{r['from'] or '∅'} → {r['to']}  [dim]{r['actor']}: {r['reason']}[/]")
+    steps = root.add("steps")
+    for r in records:
+        kind = r["kind"]
+        if kind == "step":
+            steps.add(f"{r['step']} {r['name']}: {r['status']} ({r['duration_ms']} ms) {r.get('detail', '')}")
+        elif kind == "policy":
+            steps.add(f"  policy {r['rule_id']}: {r['decision']} — {r['reason']}")
+        elif kind == "tool":
+            steps.add(f"  tool {r['step_id']} {r['skill_id']}@{r['skill_version']}: {r['status']} "
+                      f"attempts={r['attempts']} {r.get('error_code') or ''}")
+        elif kind == "hitl":
+            bg = " [break-glass]" if r.get("break_glass") else ""
+            steps.add(f"  hitl {r['event']} {r['level']} {r.get('approver') or ''}{bg} {r.get('reason', '')}")
+        elif kind == "cost":
+            steps.add(f"  cost {r['source']}: {r['input_tokens']}+{r['output_tokens']} tokens, {r['usd']} USD")
+        elif kind == "error":
+            steps.add(f"  [red]error {r['error_code']}[/]: {r['message']}")
+    audit = root.add("audit")
+    for r in (r for r in records if r["kind"] == "audit"):
+        audit.add(f"{r['event']} by {r['actor']}")
+    for r in (r for r in records if r["kind"] == "run"):
+        root.add(f"RunTrace: {r['final_state']} ({r['close_reason']}) trace_hash={r['trace_hash'][:16]}…")
+    return root
+
+
+def cancel(run_id: Annotated[str, typer.Argument(help="The Run's id.")],
+           as_: Annotated[str, typer.Option("--as", help="Who cancels (tenant/user).")] = "operator",
+           reason: Annotated[str, typer.Option("--reason")] = "cancelled by the user",
+           db: DbOption = None, json_: JsonOption = False) -> None:
+    """Cancel a Run that has not finished."""
+    rt = runtime(db)
+    who = rt.identities.resolve(as_)
+    run = rt.store.get_run(run_id)
+    if run.tenant_id != who.tenant_id:
+        fail(f"no run with id {run_id!r} in tenant {who.tenant_id}")
+    result = rt.runs.cancel(run_id, by=f"{who.tenant_id}/{who.user_id}", reason=reason)
+    emit(result_document(rt, result)) if json_ else print_result(result)
+
+
+def decide(decision: str, request_id: str, as_: str, reason: str, break_glass: bool, db: str | None,
+           json_: bool) -> None:
+    """approve / reject: judge and persist the decision, then drive the Run in this process."""
+    rt = runtime(db)
+    approver = rt.identities.resolve(as_)
+    verdict, result = rt.runs.decide(request_id, approver, decision, break_glass=break_glass, reason=reason)
+    doc = {"request_id": request_id, "decision": decision, "accepted": verdict.accepted, "effect": verdict.effect,
+           "refusal": verdict.refusal, "approvals": verdict.approvals,
+           "required_approvals": verdict.request.required_approvals, "run": result_document(rt, result)}
+    if json_:
+        emit(doc)
+    elif verdict.accepted:
+        typer.echo(f"{decision} accepted ({verdict.effect}; {verdict.approvals}/"
+                   f"{verdict.request.required_approvals} approvals)")
+        print_result(result)
+    else:
+        typer.echo(f"{decision} refused: {verdict.refusal}", err=True)
+    if not verdict.accepted:
+        raise typer.Exit(1)
+
+
+AsOption = Annotated[str, typer.Option("--as", help="The approver's identity (tenant/user).")]
+ReasonOption = Annotated[str, typer.Option("--reason", help="Why.")]
+BreakGlass = Annotated[bool, typer.Option("--break-glass", help="Privileged: complete the approval now (traced).")]
+
+
+def approve(request_id: Annotated[str, typer.Argument()], as_: AsOption, reason: ReasonOption = "",
+            break_glass: BreakGlass = False, db: DbOption = None, json_: JsonOption = False) -> None:
+    """Approve a pending request (exit 1 when the decision is refused)."""
+    decide("approve", request_id, as_, reason, break_glass, db, json_)
+
+
+def reject(request_id: Annotated[str, typer.Argument()], as_: AsOption, reason: ReasonOption = "",
+           db: DbOption = None, json_: JsonOption = False) -> None:
+    """Reject a pending request; any reject is final."""
+    decide("reject", request_id, as_, reason, False, db, json_)
+
+
+def approvals(tenant: Annotated[str | None, typer.Option("--tenant")] = None, db: DbOption = None,
+              json_: JsonOption = False) -> None:
+    """List approval requests that are waiting."""
+    rt = runtime(db)
+    rt.runs.expire_approvals()
+    pending = rt.hitl.pending(tenant)
+    docs = [{"request_id": r.request_id, "run_id": r.run_id, "tenant_id": r.tenant_id, "requester": r.requester,
+             "level": r.level, "required_approvals": r.required_approvals, "approver_roles": list(r.approver_roles),
+             "deadline_at": r.deadline_at, "actions": r.actions, "actions_hash": r.actions_hash} for r in pending]
+    if json_:
+        emit({"pending": docs})
+        return
+    if not docs:
+        typer.echo("no approval requests are waiting")
+    for d in docs:
+        typer.echo(f"{d['request_id']}  {d['level']}  run {d['run_id']}  by {d['tenant_id']}/{d['requester']}")
+        for action in d["actions"]:
+            typer.echo(f"    {action['step_id']}: {action['skill']} {json.dumps(action['arguments'])}")
+
+
+def demo(db: DbOption = None, json_: JsonOption = False) -> None:
+    """Run the bundled support example: a success, a human approval, a policy rejection and two failures."""
+    rt = runtime(db or str(Path("harness-demo.db")))
+    scenarios = [
+        ("success", "Where is order A-1001?", "alice"),
+        ("approval (L2, self-confirm)", "Refund 42.50 EUR for order A-1001", "alice"),
+        ("policy rejection", "Refund 900 EUR for order A-1002", "alice"),
+        ("skill failure", "Where is order A-9999?", "alice"),
+        ("invalid plan from the model", "Write me a poem about refunds", "alice"),
+    ]
+    out = []
+    for label, task, user in scenarios:
+        result = rt.runs.create_run({"task": task, "user_id": user, "roles": ["support_agent"]})
+        if result.approval_request_id:
+            approver = rt.identities.resolve(user)
+            if not json_:
+                print_result(result)
+                typer.echo(f"  → {user} confirms the refund: harness approve {result.approval_request_id} --as {user}")
+            _, result = rt.runs.decide(result.approval_request_id, approver, "approve", reason="demo")
+        out.append({"scenario": label, "task": task, **result_document(rt, result)})
+        if not json_:
+            typer.echo(f"\n== {label}: {task!r}")
+            print_result(result)
+    if json_:
+        emit({"runs": out})
+    else:
+        typer.echo("\nInspect any Run with: harness runs show <run_id> / harness trace <run_id>"
+                   f" (--db {rt.settings.db or 'harness-demo.db'}); verify the chain with: harness audit verify")
+    sys.stdout.flush()
