@@ -9,7 +9,10 @@ import pytest
 
 from harness.adapters.sql.store import SqlStore
 from harness.clock import FakeClock
+from harness.config import Runtime, Settings, build_runtime
 from harness.state_machine import StateMachine
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
 
 @pytest.fixture
@@ -36,3 +39,33 @@ def store(db_path: Path, clock: FakeClock) -> Iterator[SqlStore]:
 def machine(store: SqlStore) -> StateMachine:
     """The state machine over the test store."""
     return StateMachine(store)
+
+
+@pytest.fixture
+def call_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """File where the test skills log every invocation (a countable side effect)."""
+    path = tmp_path / "calls.jsonl"
+    path.touch()
+    monkeypatch.setenv("HARNESS_TEST_CALL_LOG", str(path))
+    return path
+
+
+@pytest.fixture
+def test_runtime(tmp_path: Path, clock: FakeClock, call_log: Path) -> Iterator[Runtime]:
+    """A runtime over the test skills, rules, policy and identities (tests/fixtures) on the fake clock."""
+    settings = Settings(db=str(tmp_path / "rt.db"), skills_dirs=(FIXTURES / "skills",),
+                        policy_file=FIXTURES / "policy.yaml", llm_rules=FIXTURES / "llm_rules.yaml",
+                        identities_file=FIXTURES / "identities.yaml", data_dir=tmp_path / "data")
+    rt = build_runtime(settings, clock=clock)
+    yield rt
+    rt.close()
+
+
+@pytest.fixture
+def support_runtime(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Runtime]:
+    """A runtime over the bundled support example, with its ledger in the test folder."""
+    monkeypatch.setenv("HARNESS_EXAMPLE_LEDGER", str(tmp_path / "ledger.jsonl"))
+    settings = Settings(db=str(tmp_path / "support.db"), data_dir=tmp_path / "data")
+    rt = build_runtime(settings)
+    yield rt
+    rt.close()

@@ -132,7 +132,7 @@ class PlanOrchestrator:
         )
         response: LLMResponse | None = None
         for attempt in Retrying(stop=stop_after_attempt(self.max_attempts),
-                                wait=wait_exponential_jitter(initial=0.05, max=2.0),
+                                wait=wait_exponential_jitter(multiplier=0.05, max=2.0, jitter=0.05),
                                 retry=retry_if_exception(_provider_retryable), reraise=True):
             with attempt:
                 response = self.provider.complete(request)

@@ -111,7 +111,8 @@ class ToolController:
             skill.validate_arguments(arguments)
             for attempt in Retrying(
                 stop=stop_after_attempt(policy.max_attempts),
-                wait=wait_exponential_jitter(initial=policy.backoff_s, max=policy.max_backoff_s),
+                wait=wait_exponential_jitter(multiplier=policy.backoff_s, max=policy.max_backoff_s,
+                                            jitter=policy.backoff_s),
                 retry=retry_if_exception(is_retryable),
                 before=count_attempt,
                 reraise=True,

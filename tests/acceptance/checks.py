@@ -1,0 +1,25 @@
+"""Assertions shared by the acceptance tests: path, trace kinds, chain and reconcile clean."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from harness.config import Runtime
+
+
+def trace_kinds(rt: Runtime, run_id: str) -> Counter[str]:
+    """How many records of each kind the Run has in the chain (after draining)."""
+    rt.store.drain_all()
+    return Counter(r.kind for r in rt.store.trace_of(run_id))
+
+
+def assert_audit_clean(rt: Runtime) -> None:
+    """`audit verify` and `audit reconcile` both find nothing wrong."""
+    from harness.audit.reconcile import reconcile
+    from harness.audit.verify import verify_chain
+
+    rt.store.drain_all()
+    chain = verify_chain(rt.store)
+    assert chain.ok, chain
+    report = reconcile(rt.store)
+    assert report.ok, report
