@@ -14,7 +14,7 @@ import sqlalchemy as sa
 
 from harness.adapters.sql.store import _UNSET, RunRecord, SqlStore, TraceRecordIn, TransitionResult
 from harness.audit.chain import content_hash
-from harness.kernel import TRANSIENT, RunState, automatic_next
+from harness.kernel import TRANSIENT, CloseReason, RunState, automatic_next
 
 #: called while a Run closes, with the Run (in TRACING) and the final state it is moving to; returns
 #: extra trace records to write in the closing transaction (e.g. memory write-back on SUCCEEDED, C5)
@@ -67,36 +67,44 @@ class StateMachine:
         if outcome.applied:
             self._notify(run_id, source, target)
         if outcome.applied and (target in TRANSIENT or target == RunState.TRACING):
-            self.advance(run_id, target, forced_by=forced_by, lease_epoch=lease_epoch)
+            self.advance(run_id, target, reason=outcome.close_reason, forced_by=forced_by, lease_epoch=lease_epoch)
         return outcome
 
     def advance(
-        self, run_id: str, state: RunState, *, forced_by: str | None = None, lease_epoch: int | None = None
+        self,
+        run_id: str,
+        state: RunState,
+        *,
+        reason: CloseReason | None = None,
+        forced_by: str | None = None,
+        lease_epoch: int | None = None,
     ) -> RunState:
         """Carry a Run from a transient state or TRACING to its final state; returns where it stopped.
 
         Stops early, without error, when another writer moved the Run first.
         """
         while state in TRANSIENT or state == RunState.TRACING:
-            run = self.store.get_run(run_id)
-            if run.state != state:
-                return run.state
-            target = automatic_next(state, run.close_reason)
-            assert target is not None
             records: list[TraceRecordIn] = []
+            if reason is None or state == RunState.TRACING:
+                run = self.store.get_run(run_id)
+                if run.state != state:
+                    return run.state
+                reason = run.close_reason
+            target = automatic_next(state, reason)
+            assert target is not None
             if state == RunState.TRACING:
                 records.append(self._run_trace(run, target))
                 for hook in self._closing_hooks:
                     records.extend(hook(run, target))
-            reason = "funnel into TRACING" if target == RunState.TRACING else f"closed: {run.close_reason}"
+            why = "funnel into TRACING" if target == RunState.TRACING else f"closed: {reason}"
             outcome = self.store.transition(
-                run_id, state, target, actor="kernel", reason=reason, forced_by=forced_by,
+                run_id, state, target, actor="kernel", reason=why, forced_by=forced_by,
                 lease_epoch=lease_epoch, records=records,
             )
             if not outcome.applied:
                 return outcome.actual
             self._notify(run_id, state, target)
-            state = target
+            state, reason = target, outcome.close_reason
         if self.drain_on_close:
             self.store.drain_all()
         return state

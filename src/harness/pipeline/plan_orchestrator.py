@@ -137,7 +137,11 @@ class PlanOrchestrator:
             with attempt:
                 response = self.provider.complete(request)
         assert response is not None
-        plan = self.parse(response.content, {t.name for t in tools})
+        try:
+            plan = self.parse(response.content, {t.name for t in tools})
+        except PlanError as exc:
+            exc.response = response  # the tokens were spent even though the plan is unusable
+            raise
         problem = dag_problem(plan)
         return PlanOutcome(plan, problem is not None, problem, response)
 

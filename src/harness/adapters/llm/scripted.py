@@ -68,12 +68,21 @@ class Rule(BaseModel):
             raise ValueError(f"rule {self.name!r} needs exactly one of plan, reply, error (got {given or 'none'})")
 
 
+class Pricing(BaseModel):
+    """What the scripted model charges, so budgets can be exercised offline."""
+
+    model_config = ConfigDict(extra="forbid")
+    input_per_1k_usd: float = Field(default=0.0, ge=0)
+    output_per_1k_usd: float = Field(default=0.0, ge=0)
+
+
 class RulesFile(BaseModel):
     """The whole rules file."""
 
     model_config = ConfigDict(extra="forbid")
     rules: list[Rule] = Field(default_factory=list)
     fallback: Rule | None = None
+    pricing: Pricing = Pricing()
 
     @field_validator("fallback", mode="before")
     @classmethod
@@ -143,7 +152,11 @@ class ScriptedProvider:
                                 retryable=_RETRYABLE.get(kind, False))
         content = rule.reply if rule.reply is not None else json.dumps(_substitute(rule.plan, groups))
         prompt_text = request.system + "".join(m.content for m in request.messages)
-        usage = Usage(input_tokens=estimate_tokens(prompt_text), output_tokens=estimate_tokens(content))
+        tokens_in, tokens_out = estimate_tokens(prompt_text), estimate_tokens(content)
+        price = self.rules.pricing
+        usage = Usage(input_tokens=tokens_in, output_tokens=tokens_out,
+                      cost_usd=round((tokens_in * price.input_per_1k_usd + tokens_out * price.output_per_1k_usd) / 1000,
+                                     8))
         return LLMResponse(content=content, model=f"scripted:{rule.name}", provider=self.name, usage=usage)
 
     def _match(self, prompt: str, purpose: str) -> tuple[Rule, dict[str, str]]:

@@ -15,6 +15,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from harness.adapters.sql import schema as t
+from harness.adapters.sql import statements as q
 from harness.adapters.sql.database import create_engine, migrate, resolve_url
 from harness.audit.chain import GENESIS_HASH, canonical_json, record_hash
 from harness.clock import SystemClock
@@ -93,6 +94,7 @@ class TransitionResult:
     actual: RunState
     seq: int | None = None
     fenced: bool = False
+    close_reason: CloseReason | None = None
 
     @property
     def lost_race(self) -> bool:
@@ -201,24 +203,25 @@ class SqlStore:
         try:
             with self.engine.begin() as conn:
                 conn.execute(
-                    t.runs.insert().values(
-                        run_id=new.run_id,
-                        tenant_id=new.tenant_id,
-                        user_id=new.user_id,
-                        session_id=new.session_id,
-                        state=RunState.CREATED.value,
-                        close_reason=None,
-                        version=0,
-                        retry_of=new.retry_of,
-                        parent_run_id=new.parent_run_id,
-                        idempotency_key=new.idempotency_key,
-                        created_at=now,
-                        last_state_change_at=now,
-                        deadline_at=new.deadline_at,
-                        lease_epoch=0,
-                        stall_count=0,
-                        request=canonical_json(new.request),
-                    )
+                    q.RUN_INSERT,
+                    {
+                        "run_id": new.run_id,
+                        "tenant_id": new.tenant_id,
+                        "user_id": new.user_id,
+                        "session_id": new.session_id,
+                        "state": RunState.CREATED.value,
+                        "close_reason": None,
+                        "version": 0,
+                        "retry_of": new.retry_of,
+                        "parent_run_id": new.parent_run_id,
+                        "idempotency_key": new.idempotency_key,
+                        "created_at": now,
+                        "last_state_change_at": now,
+                        "deadline_at": new.deadline_at,
+                        "lease_epoch": 0,
+                        "stall_count": 0,
+                        "request": canonical_json(new.request),
+                    },
                 )
                 self._write_change(conn, new.run_id, 0, None, RunState.CREATED, "run_manager", "run created", None,
                                    now, (), extra_audit={"tenant_id": new.tenant_id, "user_id": new.user_id,
@@ -271,10 +274,8 @@ class SqlStore:
             raise InvalidTransitionError(run_id, source.value, target.value)
         now = self.clock.now()
         with self.engine.begin() as conn:
-            query = sa.select(t.runs.c.state, t.runs.c.close_reason, t.runs.c.version, t.runs.c.lease_epoch).where(
-                t.runs.c.run_id == run_id
-            )
-            row = conn.execute(query.with_for_update() if self._locks_rows else query).first()
+            row = conn.execute(q.RUN_FOR_CAS_LOCKED if self._locks_rows else q.RUN_FOR_CAS,
+                               {"p_run_id": run_id}).first()
             if row is None:
                 raise UnknownRunError(run_id)
             actual = RunState(row.state)
@@ -289,6 +290,9 @@ class SqlStore:
             new_reason = close_reason_on_entry(source, target, prior)
             seq = row.version + 1
             values: dict[str, Any] = {
+                "p_run_id": run_id,
+                "p_state": source.value,
+                "p_version": row.version,
                 "state": target.value,
                 "close_reason": new_reason.value if new_reason else None,
                 "version": seq,
@@ -298,11 +302,7 @@ class SqlStore:
                 values["context"] = canonical_json(context) if context is not None else None
             if result is not _UNSET:
                 values["result"] = canonical_json(result) if result is not None else None
-            updated = conn.execute(
-                t.runs.update()
-                .where(t.runs.c.run_id == run_id, t.runs.c.state == source.value, t.runs.c.version == row.version)
-                .values(**values)
-            )
+            updated = conn.execute(q.run_cas_update(context is not _UNSET, result is not _UNSET), values)
             if updated.rowcount != 1:
                 self._audit(conn, run_id, LOST_RACE, actor, now, {
                     "attempted_from": source.value, "attempted_to": target.value, "actual": "changed concurrently",
@@ -312,7 +312,7 @@ class SqlStore:
             self._write_change(conn, run_id, seq, source, target, actor, reason, forced_by, now, records)
             if also is not None:
                 also(conn)
-        return TransitionResult(run_id, source, target, True, target, seq=seq)
+        return TransitionResult(run_id, source, target, True, target, seq=seq, close_reason=new_reason)
 
     def _write_change(
         self,
@@ -329,17 +329,15 @@ class SqlStore:
         extra_audit: dict[str, Any] | None = None,
     ) -> None:
         """Everything a state change writes besides runs.state, in the caller's transaction."""
-        conn.execute(
-            t.transitions.insert().values(
-                run_id=run_id, seq=seq, from_state=source.value if source else None, to_state=target.value,
-                actor=actor, reason=reason, forced_by=forced_by, at=now,
-            )
-        )
+        conn.execute(q.TRANSITION_INSERT, {
+            "run_id": run_id, "seq": seq, "from_state": source.value if source else None, "to_state": target.value,
+            "actor": actor, "reason": reason, "forced_by": forced_by, "at": now,
+        })
         projection = {"status": job_status(target).value, "run_state_snapshot": target.value, "updated_at": now}
         if source is None:
-            conn.execute(t.jobs.insert().values(job_id=run_id, **projection))
+            conn.execute(q.JOB_INSERT, {"job_id": run_id, **projection})
         else:
-            conn.execute(t.jobs.update().where(t.jobs.c.job_id == run_id).values(**projection))
+            conn.execute(q.JOB_UPDATE, {"p_job_id": run_id, **projection})
         outbox = [TraceRecordIn("transition", {
             "run_id": run_id, "seq": seq, "from": source.value if source else None, "to": target.value,
             "actor": actor, "reason": reason, "forced_by": forced_by, "at": now,
@@ -355,11 +353,8 @@ class SqlStore:
         self, conn: sa.Connection, run_id: str | None, event: str, actor: str, now: float, detail: dict[str, Any]
     ) -> TraceRecordIn:
         event_id = str(uuid.uuid4())
-        conn.execute(
-            t.audit_events.insert().values(
-                event_id=event_id, run_id=run_id, event=event, actor=actor, detail=canonical_json(detail), at=now
-            )
-        )
+        conn.execute(q.AUDIT_INSERT, {"event_id": event_id, "run_id": run_id, "event": event, "actor": actor,
+                                      "detail": canonical_json(detail), "at": now})
         return TraceRecordIn("audit", {"event_id": event_id, "event": event, "actor": actor, "detail": detail,
                                        "at": now}, run_id)
 
@@ -396,14 +391,14 @@ class SqlStore:
             for r in records
         ]
         if rows:
-            conn.execute(t.outbox.insert(), rows)
+            conn.execute(q.OUTBOX_INSERT, rows)
 
     def record(self, records: Sequence[TraceRecordIn]) -> None:
         """Append trace records through the outbox, in their own transaction."""
         with self.engine.begin() as conn:
             self.enqueue(conn, records, self.clock.now())
 
-    def drain(self, batch_size: int = 500) -> int:
+    def _drain_once(self, batch_size: int) -> tuple[int, int]:
         """Move up to `batch_size` outbox records into the hash chain; returns how many were chained.
 
         Idempotent: a record already in the chain (redelivery) is dropped from the outbox, not chained
@@ -411,22 +406,11 @@ class SqlStore:
         and trace_records.prev_hash is UNIQUE, so concurrent drainers can never fork the chain.
         """
         with self.engine.begin() as conn:
-            head_query = sa.select(t.chain_head.c.seq, t.chain_head.c.hash).where(t.chain_head.c.id == 1)
-            head = conn.execute(head_query.with_for_update() if self._locks_rows else head_query).one()
-            pending = conn.execute(
-                sa.select(t.outbox.c.id, t.outbox.c.record_id, t.outbox.c.run_id, t.outbox.c.kind, t.outbox.c.payload)
-                .order_by(t.outbox.c.id)
-                .limit(batch_size)
-            ).all()
+            head = conn.execute(q.HEAD_LOCKED if self._locks_rows else q.HEAD).one()
+            pending = conn.execute(q.OUTBOX_BATCH, {"p_limit": batch_size}).all()
             if not pending:
-                return 0
-            seen = set(
-                conn.execute(
-                    sa.select(t.trace_records.c.record_id).where(
-                        t.trace_records.c.record_id.in_([p.record_id for p in pending])
-                    )
-                ).scalars()
-            )
+                return 0, 0
+            seen = set(conn.execute(q.CHAINED_IDS, {"p_ids": [p.record_id for p in pending]}).scalars())
             seq, prev = head.seq, head.hash
             rows = []
             for p in pending:
@@ -438,19 +422,23 @@ class SqlStore:
                              "payload": p.payload, "prev_hash": prev, "hash": digest})
                 prev = digest
             if rows:
-                conn.execute(t.trace_records.insert(), rows)
-                conn.execute(t.chain_head.update().where(t.chain_head.c.id == 1).values(seq=seq, hash=prev))
-            conn.execute(t.outbox.delete().where(t.outbox.c.id.in_([p.id for p in pending])))
-        return len(rows)
+                conn.execute(q.TRACE_INSERT, rows)
+                conn.execute(q.HEAD_UPDATE, {"seq": seq, "hash": prev})
+            conn.execute(q.OUTBOX_DELETE, {"p_ids": [p.id for p in pending]})
+        return len(rows), len(pending)
+
+    def drain(self, batch_size: int = 500) -> int:
+        """Chain one batch of outbox records; returns how many were chained (see _drain_once)."""
+        return self._drain_once(batch_size)[0]
 
     def drain_all(self, batch_size: int = 500) -> int:
         """Drain until the outbox is empty; returns how many records were chained."""
         total = 0
         while True:
-            with self.engine.connect() as conn:
-                if conn.execute(sa.select(t.outbox.c.id).limit(1)).first() is None:
-                    return total
-            total += self.drain(batch_size)
+            chained, processed = self._drain_once(batch_size)
+            total += chained
+            if processed < batch_size:
+                return total
 
     def outbox_backlog(self) -> int:
         """How many records wait in the outbox to be chained."""
@@ -491,7 +479,7 @@ class SqlStore:
     def get_run(self, run_id: str) -> RunRecord:
         """The Run with this id; UnknownRunError when there is none."""
         with self.engine.connect() as conn:
-            row = conn.execute(sa.select(t.runs).where(t.runs.c.run_id == run_id)).first()
+            row = conn.execute(q.RUN_BY_ID, {"p_run_id": run_id}).first()
         if row is None:
             raise UnknownRunError(run_id)
         return _run_from_row(row)
@@ -507,9 +495,7 @@ class SqlStore:
     def transitions_of(self, run_id: str) -> list[TransitionRow]:
         """A Run's state changes in order, CREATED first."""
         with self.engine.connect() as conn:
-            rows = conn.execute(
-                sa.select(t.transitions).where(t.transitions.c.run_id == run_id).order_by(t.transitions.c.seq)
-            ).all()
+            rows = conn.execute(q.TRANSITIONS_OF, {"p_run_id": run_id}).all()
         return [
             TransitionRow(r.seq, RunState(r.from_state) if r.from_state else None, RunState(r.to_state), r.actor,
                           r.reason, r.forced_by, r.at)
@@ -541,7 +527,7 @@ class SqlStore:
         """Persist the RunContext (never Run.state) with trace records, in one transaction — e.g. a
         step's result and its ToolTrace before the next step starts (SPEC T6)."""
         with self.engine.begin() as conn:
-            conn.execute(t.runs.update().where(t.runs.c.run_id == run_id).values(context=canonical_json(context)))
+            conn.execute(q.CONTEXT_UPDATE, {"p_run_id": run_id, "context": canonical_json(context)})
             self.enqueue(conn, records, self.clock.now())
 
     def raise_if_corrupt(self) -> None:

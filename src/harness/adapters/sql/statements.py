@@ -1,0 +1,71 @@
+"""Statements built once, executed with parameters: the hot path never rebuilds SQL (issue 9 profile).
+
+Building `update().where().values()` on every call cost more than executing it; these are compiled
+once per dialect and cached by SQLAlchemy.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+
+import sqlalchemy as sa
+
+from harness.adapters.sql import schema as t
+
+b = sa.bindparam
+
+RUN_BY_ID = sa.select(t.runs).where(t.runs.c.run_id == b("p_run_id"))
+RUN_FOR_CAS = sa.select(t.runs.c.state, t.runs.c.close_reason, t.runs.c.version, t.runs.c.lease_epoch).where(
+    t.runs.c.run_id == b("p_run_id")
+)
+RUN_FOR_CAS_LOCKED = RUN_FOR_CAS.with_for_update()
+RUN_INSERT = t.runs.insert()
+TRANSITION_INSERT = t.transitions.insert()
+TRANSITIONS_OF = sa.select(t.transitions).where(t.transitions.c.run_id == b("p_run_id")).order_by(t.transitions.c.seq)
+JOB_INSERT = t.jobs.insert()
+JOB_UPDATE = (
+    t.jobs.update()
+    .where(t.jobs.c.job_id == b("p_job_id"))
+    .values(status=b("status"), run_state_snapshot=b("run_state_snapshot"), updated_at=b("updated_at"))
+)
+AUDIT_INSERT = t.audit_events.insert()
+OUTBOX_INSERT = t.outbox.insert()
+CONTEXT_UPDATE = t.runs.update().where(t.runs.c.run_id == b("p_run_id")).values(context=b("context"))
+HEAD = sa.select(t.chain_head.c.seq, t.chain_head.c.hash).where(t.chain_head.c.id == 1)
+HEAD_LOCKED = HEAD.with_for_update()
+HEAD_UPDATE = t.chain_head.update().where(t.chain_head.c.id == 1).values(seq=b("seq"), hash=b("hash"))
+OUTBOX_BATCH = (
+    sa.select(t.outbox.c.id, t.outbox.c.record_id, t.outbox.c.run_id, t.outbox.c.kind, t.outbox.c.payload)
+    .order_by(t.outbox.c.id)
+    .limit(b("p_limit"))
+)
+OUTBOX_ANY = sa.select(t.outbox.c.id).limit(1)
+TRACE_INSERT = t.trace_records.insert()
+CHAINED_IDS = sa.select(t.trace_records.c.record_id).where(
+    t.trace_records.c.record_id.in_(b("p_ids", expanding=True))
+)
+OUTBOX_DELETE = t.outbox.delete().where(t.outbox.c.id.in_(b("p_ids", expanding=True)))
+
+
+@cache
+def run_cas_update(with_context: bool, with_result: bool) -> sa.Update:
+    """UPDATE runs … WHERE run_id, state and version match: the compare-and-set of SPEC K4."""
+    values = {
+        "state": b("state"),
+        "close_reason": b("close_reason"),
+        "version": b("version"),
+        "last_state_change_at": b("last_state_change_at"),
+    }
+    if with_context:
+        values["context"] = b("context")
+    if with_result:
+        values["result"] = b("result")
+    return (
+        t.runs.update()
+        .where(
+            t.runs.c.run_id == b("p_run_id"),
+            t.runs.c.state == b("p_state"),
+            t.runs.c.version == b("p_version"),
+        )
+        .values(**values)
+    )
