@@ -54,6 +54,7 @@ class StateMachine:
         reason: str,
         forced_by: str | None = None,
         lease_epoch: int | None = None,
+        expected_version: int | None = None,
         records: Sequence[TraceRecordIn] = (),
         context: dict[str, Any] | None = _UNSET,
         result: dict[str, Any] | None = _UNSET,
@@ -62,7 +63,7 @@ class StateMachine:
         """Move the Run source→target, then on through the funnel if target is transient or TRACING."""
         outcome = self.store.transition(
             run_id, source, target, actor=actor, reason=reason, forced_by=forced_by, lease_epoch=lease_epoch,
-            records=records, context=context, result=result, also=also,
+            expected_version=expected_version, records=records, context=context, result=result, also=also,
         )
         if outcome.applied:
             self._notify(run_id, source, target)

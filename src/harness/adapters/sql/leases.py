@@ -1,0 +1,98 @@
+"""Leases with epochs (SPEC K5b): which worker drives a Run, proven before every write and side effect.
+
+A worker acquires a Run's lease (bumping its epoch) only when nobody holds it or the holder's lease
+has expired; it heartbeats during long steps; every transition it makes carries its epoch, so the
+compare-and-set refuses a worker whose lease was taken over (it was paused, swept or declared dead).
+Taking over an expired lease counts a stall; a Run that stalls too often is failed, not retried forever.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import sqlalchemy as sa
+
+from harness.adapters.sql import schema as t
+from harness.adapters.sql.store import SqlStore
+
+b = sa.bindparam
+
+_ACQUIRE = (
+    t.runs.update()
+    .where(
+        t.runs.c.run_id == b("p_run_id"),
+        sa.or_(t.runs.c.lease_owner.is_(None), t.runs.c.lease_expires_at < b("p_now"), t.runs.c.lease_owner == b("owner")),
+    )
+    .values(
+        lease_owner=b("owner"),
+        lease_epoch=t.runs.c.lease_epoch + 1,
+        lease_expires_at=b("expires"),
+        stall_count=t.runs.c.stall_count + sa.case((t.runs.c.lease_owner.is_(None), 0),
+                                                     (t.runs.c.lease_owner == b("owner"), 0), else_=1),
+    )
+)
+_HEARTBEAT = (
+    t.runs.update()
+    .where(t.runs.c.run_id == b("p_run_id"), t.runs.c.lease_epoch == b("p_epoch"), t.runs.c.lease_owner == b("owner"))
+    .values(lease_expires_at=b("expires"))
+)
+_RELEASE = (
+    t.runs.update()
+    .where(t.runs.c.run_id == b("p_run_id"), t.runs.c.lease_epoch == b("p_epoch"), t.runs.c.lease_owner == b("owner"))
+    .values(lease_owner=None, lease_expires_at=None)
+)
+_READ = sa.select(t.runs.c.lease_owner, t.runs.c.lease_epoch, t.runs.c.lease_expires_at, t.runs.c.stall_count).where(
+    t.runs.c.run_id == b("p_run_id")
+)
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A worker's hold on a Run: who, which epoch, until when, and how many stalls preceded it."""
+
+    run_id: str
+    owner: str
+    epoch: int
+    expires_at: float
+    stalls: int
+
+
+class Leases:
+    """Acquire, heartbeat, check and release Run leases."""
+
+    def __init__(self, store: SqlStore, ttl_s: float = 60.0) -> None:
+        self.store = store
+        self.ttl_s = ttl_s
+
+    def acquire(self, run_id: str, owner: str) -> Lease | None:
+        """Take the Run's lease if it is free or expired (a takeover counts a stall); None if held."""
+        now = self.store.clock.now()
+        with self.store.engine.begin() as conn:
+            moved = conn.execute(_ACQUIRE, {"p_run_id": run_id, "p_now": now, "owner": owner,
+                                            "expires": now + self.ttl_s}).rowcount
+            if moved != 1:
+                return None
+            row = conn.execute(_READ, {"p_run_id": run_id}).one()
+        return Lease(run_id, owner, int(row.lease_epoch), float(row.lease_expires_at), int(row.stall_count))
+
+    def heartbeat(self, lease: Lease) -> Lease | None:
+        """Extend the lease; None when it was taken over (the holder must stop at once)."""
+        now = self.store.clock.now()
+        with self.store.engine.begin() as conn:
+            moved = conn.execute(_HEARTBEAT, {"p_run_id": lease.run_id, "p_epoch": lease.epoch, "owner": lease.owner,
+                                              "expires": now + self.ttl_s}).rowcount
+        if moved != 1:
+            return None
+        return Lease(lease.run_id, lease.owner, lease.epoch, now + self.ttl_s, lease.stalls)
+
+    def holds(self, lease: Lease) -> bool:
+        """Whether this lease is still the Run's current one and unexpired (checked before side effects)."""
+        with self.store.engine.connect() as conn:
+            row = conn.execute(_READ, {"p_run_id": lease.run_id}).first()
+        return (row is not None and row.lease_owner == lease.owner and row.lease_epoch == lease.epoch
+                and row.lease_expires_at is not None and row.lease_expires_at > self.store.clock.now())
+
+    def release(self, lease: Lease) -> None:
+        """Give the lease up (when the Run is final or parked)."""
+        with self.store.engine.begin() as conn:
+            conn.execute(_RELEASE, {"p_run_id": lease.run_id, "p_epoch": lease.epoch, "owner": lease.owner})

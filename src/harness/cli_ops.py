@@ -1,0 +1,42 @@
+"""`harness sweep`: the zombie sweeper as a command (SPEC S1, U1)."""
+
+from __future__ import annotations
+
+import threading
+from typing import Annotated
+
+import typer
+
+from harness.cli_runs import runtime
+from harness.cli_support import DbOption, JsonOption, emit
+from harness.kernel.thresholds import SWEEP_INTERVAL_S
+from harness.sweeper import SweepReport, ZombieSweeper
+
+
+def _doc(report: SweepReport) -> dict[str, object]:
+    return {"detected": report.detected, "recovered": report.recovered, "lost": report.lost,
+            "healthy": report.healthy, "approvals_expired": report.approvals_expired}
+
+
+def sweep(
+    once: Annotated[bool, typer.Option("--once/--forever", help="One pass, or keep sweeping.")] = True,
+    interval: Annotated[float, typer.Option("--interval", help="Seconds between passes.")] = SWEEP_INTERVAL_S,
+    db: DbOption = None,
+    json_: JsonOption = False,
+) -> None:
+    """Find Runs stuck past their state's threshold and close them; expire overdue approvals."""
+    rt = runtime(db)
+    sweeper = ZombieSweeper(rt.store, rt.machine, expire_approvals=rt.runs.expire_approvals)
+    if not once:
+        typer.echo(f"sweeping every {interval:g}s; Ctrl-C to stop", err=True)
+        try:
+            sweeper.run_forever(interval, threading.Event())
+        except KeyboardInterrupt:
+            return
+    report = sweeper.sweep_once()
+    if json_:
+        emit(_doc(report))
+    else:
+        typer.echo(f"detected {len(report.detected)}, recovered {len(report.recovered)}, lost to another writer "
+                   f"{len(report.lost)}, healthy (heartbeating) {len(report.healthy)}, approvals expired "
+                   f"{len(report.approvals_expired)}")
