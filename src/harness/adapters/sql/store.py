@@ -254,6 +254,7 @@ class SqlStore:
         reason: str,
         forced_by: str | None = None,
         lease_epoch: int | None = None,
+        expected_version: int | None = None,
         records: Sequence[TraceRecordIn] = (),
         context: dict[str, Any] | None = _UNSET,
         result: dict[str, Any] | None = _UNSET,
@@ -265,8 +266,9 @@ class SqlStore:
         that must commit with the state change or not at all (e.g. opening an approval request).
 
         Illegal pairs raise InvalidTransitionError after auditing the attempt. When the Run is no
-        longer in `source` (or `lease_epoch` no longer matches, K5b) nothing changes, the attempted
-        decision is audited, and the result says the race was lost.
+        longer in `source` (or `lease_epoch` no longer matches, K5b, or the Run changed since the caller
+        read it at `expected_version` — the ABA case of a Run that left `source` and came back) nothing
+        changes, the attempted decision is audited, and the result says the race was lost.
         """
         source, target = RunState(source), RunState(target)
         if not is_legal(source, target):
@@ -280,10 +282,11 @@ class SqlStore:
                 raise UnknownRunError(run_id)
             actual = RunState(row.state)
             fenced = lease_epoch is not None and row.lease_epoch != lease_epoch
-            if actual != source or fenced:
+            stale = expected_version is not None and row.version != expected_version
+            if actual != source or fenced or stale:
                 self._audit(conn, run_id, LOST_RACE, actor, now, {
                     "attempted_from": source.value, "attempted_to": target.value, "actual": actual.value,
-                    "reason": reason, "fenced": fenced, "forced_by": forced_by,
+                    "reason": reason, "fenced": fenced, "stale": stale, "forced_by": forced_by,
                 })
                 return TransitionResult(run_id, source, target, False, actual, fenced=fenced)
             prior = CloseReason(row.close_reason) if row.close_reason else None
