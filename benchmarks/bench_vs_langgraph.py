@@ -1,0 +1,316 @@
+"""harness-kernel side by side with LangGraph and a plain-sqlite3 floor, in one run (issue 9).
+
+    python benchmarks/bench_vs_langgraph.py --runs 300            # full table
+    python benchmarks/bench_vs_langgraph.py --runs 5 --json        # smoke
+
+Contenders, each in its own fresh process (so peak memory and bytes on disk are its own), each doing
+the same work: a Run shaped like the bundled example — prepare, plan, policy, three tool calls
+(the example's own skill functions), finish:
+
+- harness:        the real pipeline on a SQLite file (scripted LLM, Cedar policy, every transition
+                  persisted with its audit, projection and hash-chained trace records);
+- harness-hitl:   the same with one human approval (park in AWAITING_HITL, decide, resume);
+- langgraph:      the same graph in LangGraph with its durable SqliteSaver checkpointer;
+- langgraph-hitl: the same with one `interrupt()` and resume;
+- floor:          plain sqlite3 doing harness's inserts for a Run, one commit per transition,
+                  with the chain's SHA-256 per record — the cost of the persistence alone.
+
+Reported: per-Run median and p99 wall time, Runs/s, bytes on disk per Run, peak RSS, and ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import resource
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+CONTENDERS = ("harness", "harness-hitl", "langgraph", "langgraph-hitl", "floor")
+
+
+# ---------------------------------------------------------------------------- contenders (child side)
+
+def _harness(runs: int, folder: Path, hitl: bool) -> list[float]:
+    from harness.config import Settings, build_runtime
+    from harness.examples.support import EXAMPLE_DIR
+
+    os.environ["HARNESS_EXAMPLE_LEDGER"] = str(folder / "ledger.jsonl")
+    rt = build_runtime(Settings(db=str(folder / "bench.db"), llm_rules=HERE / "fixtures" / "bench_rules.yaml",
+                                data_dir=folder / "data", identities_file=EXAMPLE_DIR / "identities.yaml"))
+    alice = rt.identities.resolve("alice")
+    task = "bench-hitl A-1001" if hitl else "bench A-1001"
+    times = []
+    for i in range(runs):
+        started = time.perf_counter()
+        result = rt.runs.create_run({"task": task, "user_id": f"user{i}", "roles": ["support_agent"]})
+        if hitl:
+            approver = alice.model_copy(update={"user_id": f"user{i}"})
+            _, result = rt.runs.decide(result.approval_request_id or "", approver, "approve")
+        times.append(time.perf_counter() - started)
+        assert result.state == "SUCCEEDED", result
+    rt.close()
+    return times
+
+
+def _langgraph(runs: int, folder: Path, hitl: bool) -> list[float]:
+    from typing import TypedDict
+
+    from langgraph.checkpoint.sqlite import SqliteSaver
+    from langgraph.graph import END, START, StateGraph
+    from langgraph.types import Command, interrupt
+
+    sys.path.insert(0, str(Path(__import__("harness.examples.support", fromlist=["x"]).EXAMPLE_DIR) / "skills"))
+    import support_skills as skills  # the example's own skill functions: the same work
+    from harness.skills import SkillContext
+
+    os.environ["HARNESS_EXAMPLE_LEDGER"] = str(folder / "ledger.jsonl")
+
+    class State(TypedDict, total=False):
+        task: str
+        plan: list[str]
+        outputs: dict[str, Any]
+        answer: str
+
+    def ctx(step: str, thread: str) -> SkillContext:
+        return SkillContext(run_id=thread, step_id=step, idempotency_key=f"{thread}:{step}", tenant_id="default",
+                            user_id="alice", workdir=folder)
+
+    def prepare(state: State) -> State:
+        return {"outputs": {}}
+
+    def plan(state: State) -> State:
+        return {"plan": ["lookup", "second", "third"]}
+
+    def policy(state: State) -> State:
+        return {}
+
+    def approval(state: State) -> State:
+        interrupt({"actions": state["plan"]})
+        return {}
+
+    def lookup(state: State) -> State:
+        return {"outputs": {**state["outputs"], "order": skills.lookup_order({"order_id": "A-1001"},
+                                                                             ctx("lookup", state["task"]))}}
+
+    def second(state: State) -> State:
+        out = state["outputs"]
+        if hitl:
+            value = skills.draft_refund({"order": out["order"], "amount": 10}, ctx("draft", state["task"]))
+            return {"outputs": {**out, "refund": value}}
+        value = skills.lookup_customer({"customer_id": out["order"]["customer_id"]}, ctx("customer", state["task"]))
+        return {"outputs": {**out, "customer": value}}
+
+    def third(state: State) -> State:
+        out = state["outputs"]
+        if hitl:
+            value = skills.issue_refund({"order_id": "A-1001", "amount": 10}, ctx("issue", state["task"]))
+        else:
+            value = skills.add_note({"order_id": "A-1001", "text": "status asked"}, ctx("note", state["task"]))
+        return {"outputs": {**out, "third": value}}
+
+    def finish(state: State) -> State:
+        return {"answer": "done"}
+
+    graph = StateGraph(State)
+    order = [("prepare", prepare), ("plan", plan), ("policy", policy)]
+    order += [("approval", approval)] if hitl else []
+    order += [("lookup", lookup), ("second", second), ("third", third), ("finish", finish)]
+    for name, fn in order:
+        graph.add_node(name, fn)
+    names = [START, *(n for n, _ in order), END]
+    for a, b in zip(names, names[1:], strict=False):
+        graph.add_edge(a, b)
+    conn = sqlite3.connect(folder / "langgraph.db", check_same_thread=False)
+    app = graph.compile(checkpointer=SqliteSaver(conn))
+    times = []
+    for _ in range(runs):
+        thread = str(uuid.uuid4())
+        config = {"configurable": {"thread_id": thread}}
+        started = time.perf_counter()
+        result = app.invoke({"task": thread}, config)
+        if hitl:
+            result = app.invoke(Command(resume={"approved": True}), config)
+        times.append(time.perf_counter() - started)
+        assert result["answer"] == "done"
+    conn.close()
+    return times
+
+
+def _floor(runs: int, folder: Path, records_per_run: int, transitions_per_run: int) -> list[float]:
+    """Plain sqlite3: the same tables' inserts per Run, one commit per transition, SHA-256 per record."""
+    conn = sqlite3.connect(folder / "floor.db", isolation_level=None)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=NORMAL")
+    conn.executescript("""
+        CREATE TABLE runs (run_id TEXT PRIMARY KEY, state TEXT, version INT, request TEXT, context TEXT);
+        CREATE TABLE jobs (job_id TEXT PRIMARY KEY, status TEXT, snapshot TEXT);
+        CREATE TABLE transitions (id INTEGER PRIMARY KEY, run_id TEXT, seq INT, from_state TEXT, to_state TEXT, at REAL);
+        CREATE TABLE outbox (id INTEGER PRIMARY KEY, record_id TEXT UNIQUE, run_id TEXT, kind TEXT, payload TEXT);
+        CREATE TABLE trace (seq INTEGER PRIMARY KEY, record_id TEXT UNIQUE, run_id TEXT, payload TEXT,
+                            prev_hash TEXT UNIQUE, hash TEXT UNIQUE);
+    """)
+    per_commit = max(1, records_per_run // transitions_per_run)
+    payload = json.dumps({"k": "x" * 200})
+    prev, seq, times = "0" * 64, 0, []
+    for _ in range(runs):
+        started = time.perf_counter()
+        run_id = str(uuid.uuid4())
+        conn.execute("BEGIN IMMEDIATE")
+        conn.execute("INSERT INTO runs VALUES (?, 'CREATED', 0, ?, NULL)", (run_id, payload))
+        conn.execute("INSERT INTO jobs VALUES (?, 'pending', 'CREATED')", (run_id,))
+        conn.execute("COMMIT")
+        for n in range(transitions_per_run):
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute("UPDATE runs SET state = ?, version = ?, context = ? WHERE run_id = ? AND version = ?",
+                         (f"S{n}", n + 1, payload, run_id, n))
+            conn.execute("INSERT INTO transitions (run_id, seq, from_state, to_state, at) VALUES (?, ?, ?, ?, ?)",
+                         (run_id, n + 1, f"S{n - 1}", f"S{n}", time.time()))
+            conn.execute("UPDATE jobs SET status = 'running', snapshot = ? WHERE job_id = ?", (f"S{n}", run_id))
+            conn.executemany("INSERT INTO outbox (record_id, run_id, kind, payload) VALUES (?, ?, 'r', ?)",
+                             [(str(uuid.uuid4()), run_id, payload) for _ in range(per_commit)])
+            conn.execute("COMMIT")
+        conn.execute("BEGIN IMMEDIATE")
+        rows = conn.execute("SELECT id, record_id, run_id, payload FROM outbox ORDER BY id").fetchall()
+        chained = []
+        for _, record_id, rid, body in rows:
+            seq += 1
+            digest = hashlib.sha256(json.dumps([seq, record_id, rid, "r", prev, body]).encode()).hexdigest()
+            chained.append((seq, record_id, rid, body, prev, digest))
+            prev = digest
+        conn.executemany("INSERT INTO trace VALUES (?, ?, ?, ?, ?, ?)", chained)
+        conn.execute("DELETE FROM outbox")
+        conn.execute("COMMIT")
+        times.append(time.perf_counter() - started)
+    conn.close()
+    return times
+
+
+def _folder_bytes(folder: Path, suffixes: tuple[str, ...]) -> int:
+    return sum(p.stat().st_size for p in folder.iterdir() if p.is_file() and p.name.endswith(suffixes))
+
+
+def child(contender: str, runs: int, folder: Path, shape: dict[str, int]) -> dict[str, Any]:
+    """Run one contender in this (fresh) process and report its numbers."""
+    if contender.startswith("harness"):
+        times = _harness(runs, folder, contender.endswith("hitl"))
+        db = ("bench.db", "bench.db-wal")
+    elif contender.startswith("langgraph"):
+        times = _langgraph(runs, folder, contender.endswith("hitl"))
+        db = ("langgraph.db", "langgraph.db-wal")
+    else:
+        times = _floor(runs, folder, shape["records"], shape["transitions"])
+        db = ("floor.db", "floor.db-wal")
+    for name in db:
+        if name.endswith(".db") and (folder / name).exists():
+            with sqlite3.connect(folder / name) as conn:
+                conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    return {"times": times, "bytes": _folder_bytes(folder, db), "peak_rss_kb": _peak_rss_kb()}
+
+
+def _peak_rss_kb() -> int:
+    """This process's peak resident set (VmHWM). Not ru_maxrss: Linux carries that across exec, so a
+    child would report its parent's peak."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
+# ---------------------------------------------------------------------------- parent side
+
+def harness_shape() -> dict[str, int]:
+    """Trace records and transitions of one example-shaped harness Run (the floor does as many)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        from harness.config import Settings, build_runtime
+
+        os.environ["HARNESS_EXAMPLE_LEDGER"] = str(Path(tmp) / "ledger.jsonl")
+        rt = build_runtime(Settings(db=str(Path(tmp) / "s.db"), llm_rules=HERE / "fixtures" / "bench_rules.yaml",
+                                    data_dir=Path(tmp) / "data"))
+        result = rt.runs.create_run({"task": "bench A-1001", "user_id": "alice"})
+        rt.store.drain_all()
+        shape = {"records": len(rt.store.trace_of(result.run_id)),
+                 "transitions": len(rt.store.transitions_of(result.run_id))}
+        rt.close()
+    return shape
+
+
+def summarise(times: list[float]) -> dict[str, float]:
+    """Median and p99 in ms, and Runs per second."""
+    ordered = sorted(times)
+    p99 = ordered[min(len(ordered) - 1, int(round(0.99 * (len(ordered) - 1))))]
+    return {"median_ms": statistics.median(ordered) * 1000, "p99_ms": p99 * 1000,
+            "runs_per_s": len(ordered) / sum(ordered)}
+
+
+def measure(runs: int, contenders: tuple[str, ...]) -> dict[str, Any]:
+    """Every contender in its own process, the same number of Runs each."""
+    shape = harness_shape()
+    out: dict[str, Any] = {"runs": runs, "shape": shape, "results": {}}
+    for contender in contenders:
+        with tempfile.TemporaryDirectory() as tmp:
+            proc = subprocess.run(
+                [sys.executable, __file__, "--child", contender, "--runs", str(runs), "--dir", tmp,
+                 "--shape", json.dumps(shape)],
+                capture_output=True, text=True, check=False)
+            if proc.returncode != 0:
+                out["results"][contender] = {"error": proc.stderr.strip().splitlines()[-1:]}
+                continue
+            raw = json.loads(proc.stdout.strip().splitlines()[-1])
+            out["results"][contender] = {**summarise(raw["times"]), "bytes_per_run": raw["bytes"] / runs,
+                                         "peak_rss_mb": raw["peak_rss_kb"] / 1024}
+    res = out["results"]
+    for ours, theirs in (("harness", "langgraph"), ("harness-hitl", "langgraph-hitl"), ("harness", "floor")):
+        if "median_ms" in res.get(ours, {}) and "median_ms" in res.get(theirs, {}):
+            out.setdefault("ratios", {})[f"{ours}/{theirs}"] = {
+                k: res[ours][k] / res[theirs][k] for k in ("median_ms", "p99_ms", "runs_per_s", "bytes_per_run",
+                                                           "peak_rss_mb") if res[theirs][k]}
+    return out
+
+
+def table(report: dict[str, Any]) -> str:
+    """The results as a Markdown table."""
+    lines = ["| contender | median ms | p99 ms | Runs/s | bytes/Run | peak RSS MB |", "|---|---|---|---|---|---|"]
+    for name, r in report["results"].items():
+        if "error" in r:
+            lines.append(f"| {name} | error: {r['error']} | | | | |")
+            continue
+        lines.append(f"| {name} | {r['median_ms']:.2f} | {r['p99_ms']:.2f} | {r['runs_per_s']:.1f} | "
+                     f"{r['bytes_per_run']:.0f} | {r['peak_rss_mb']:.1f} |")
+    lines += ["", "| ratio | median | p99 | Runs/s | bytes/Run | peak RSS |", "|---|---|---|---|---|---|"]
+    for name, r in report.get("ratios", {}).items():
+        lines.append(f"| {name} | " + " | ".join(f"{r.get(k, float('nan')):.2f}" for k in
+                                                  ("median_ms", "p99_ms", "runs_per_s", "bytes_per_run",
+                                                   "peak_rss_mb")) + " |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    """Command line."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=200)
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--only", nargs="*", choices=CONTENDERS, default=list(CONTENDERS))
+    parser.add_argument("--child", choices=CONTENDERS, help=argparse.SUPPRESS)
+    parser.add_argument("--dir", help=argparse.SUPPRESS)
+    parser.add_argument("--shape", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(child(args.child, args.runs, Path(args.dir), json.loads(args.shape))))
+        return
+    report = measure(args.runs, tuple(args.only))
+    print(json.dumps(report, indent=2) if args.json else table(report))
+
+
+if __name__ == "__main__":
+    main()
