@@ -11,6 +11,7 @@ import sys
 from collections.abc import Callable
 from typing import Annotated, Any, NoReturn, ParamSpec, TypeVar
 
+import sqlalchemy.exc
 import typer
 
 from harness.adapters.sql.store import SqlStore
@@ -59,5 +60,7 @@ def cli_errors(fn: Callable[P, R]) -> Callable[P, R]:
             fail(f"{type(exc).__name__}: {exc}")
         except OSError as exc:
             fail(f"{exc.strerror or exc}: {exc.filename or ''}".rstrip(": "))
+        except sqlalchemy.exc.SQLAlchemyError as exc:
+            fail(f"database error: {exc.__class__.__name__}: {str(exc).splitlines()[0]}")
 
     return wrapper

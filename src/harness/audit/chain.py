@@ -13,6 +13,7 @@ import json
 from typing import Any
 
 GENESIS_HASH = "0" * 64
+_RECORD_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
 
 
 def canonical_json(value: Any) -> str:
@@ -22,9 +23,7 @@ def canonical_json(value: Any) -> str:
 
 def record_bytes(seq: int, record_id: str, run_id: str | None, kind: str, prev_hash: str, payload: str) -> bytes:
     """The canonical bytes of one trace record."""
-    return json.dumps(
-        [seq, record_id, run_id or "", kind, prev_hash, payload], separators=(",", ":"), ensure_ascii=False
-    ).encode("utf-8")
+    return _RECORD_ENCODER.encode([seq, record_id, run_id or "", kind, prev_hash, payload]).encode("utf-8")
 
 
 def record_hash(seq: int, record_id: str, run_id: str | None, kind: str, prev_hash: str, payload: str) -> str:

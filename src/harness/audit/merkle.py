@@ -98,8 +98,8 @@ class MerkleTree:
         self.size += 1
         level, count = 0, self.size
         while count & 1 == 0:
-            buf = self._levels[level]
-            node = node_hash(bytes(buf[-2 * HASH_SIZE : -HASH_SIZE]), bytes(buf[-HASH_SIZE:]))
+            # the last two hashes of the level, already adjacent: left || right
+            node = hashlib.sha256(NODE_PREFIX + self._levels[level][-2 * HASH_SIZE :]).digest()
             if len(self._levels) == level + 1:
                 self._levels.append(bytearray())
             self._levels[level + 1] += node

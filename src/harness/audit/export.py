@@ -1,0 +1,67 @@
+"""Export a Run's trace records with RFC 9162 inclusion proofs against a checkpoint (SPEC A3b).
+
+The export carries every field needed to recompute each record's canonical bytes, so the standalone
+verifier (harness.audit.standalone) checks it with the checkpoint and the public key alone. Records
+chained after the checkpoint cannot be proven against it: they are listed under ``not_covered`` and
+``complete`` is false. The documented flow is ``harness audit checkpoint`` then ``harness audit export``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sqlalchemy as sa
+
+from harness.adapters.sql import schema as t
+from harness.adapters.sql.store import SqlStore, StoredTraceRecord
+from harness.audit.checkpoint import Checkpoint, TamperedHistoryError, build_tree
+from harness.audit.standalone import EXPORT_FORMAT
+
+
+def _record_doc(rec: StoredTraceRecord) -> dict[str, Any]:
+    return {
+        "seq": rec.seq,
+        "record_id": rec.record_id,
+        "run_id": rec.run_id,
+        "kind": rec.kind,
+        "prev_hash": rec.prev_hash,
+        "payload": rec.payload,
+        "hash": rec.hash,
+    }
+
+
+def _pending_in_outbox(store: SqlStore, run_id: str) -> int:
+    with store.engine.connect() as conn:
+        query = sa.select(sa.func.count()).select_from(t.outbox).where(t.outbox.c.run_id == run_id)
+        return int(conn.execute(query).scalar_one())
+
+
+def export_run(store: SqlStore, run_id: str, checkpoint: Checkpoint) -> dict[str, Any]:
+    """Every trace record of the Run, each with its inclusion proof in the checkpoint's tree.
+
+    Raises UnknownRunError for an unknown Run, and TamperedHistoryError when the database no longer
+    matches the checkpoint (the proofs would not verify, and the export would be misleading).
+    """
+    store.get_run(run_id)
+    records = store.trace_of(run_id)
+    size = checkpoint.tree_size
+    tree = build_tree(store, size, checkpoint.chain_head_hash)
+    if tree.root().hex() != checkpoint.root_hash:
+        raise TamperedHistoryError(f"the first {size} records differ from {checkpoint.path.name}")
+    covered, later = [], []
+    for rec in records:
+        if rec.seq > size:
+            later.append(_record_doc(rec))
+            continue
+        proof = [p.hex() for p in tree.inclusion_proof(rec.seq - 1)]
+        covered.append({**_record_doc(rec), "leaf_index": rec.seq - 1, "inclusion_proof": proof})
+    pending = _pending_in_outbox(store, run_id)
+    return {
+        "format": EXPORT_FORMAT,
+        "run_id": run_id,
+        "checkpoint": checkpoint.summary(),
+        "records": covered,
+        "not_covered": later,
+        "pending_in_outbox": pending,
+        "complete": not later and pending == 0,
+    }

@@ -1,0 +1,185 @@
+"""`harness audit reconcile` (SPEC K8, K6): the runs table agrees with the audit log and transitions.
+
+For each final state, count(runs in it) == count(its FINAL_EVENT audit events). Per Run: its state is
+the last transition's target, the legacy job row mirrors it, it has at most one final transition and
+its transition seqs run 0, 1, 2, … without a hole, and a final Run has exactly one final event.
+
+Every check is one set-based query (GROUP BY / joins), never a loop over Runs, so it scales to a
+million Runs; each lists at most `limit` offenders and counts them all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import sqlalchemy as sa
+
+from harness.adapters.sql import schema as t
+from harness.adapters.sql.store import SqlStore
+from harness.kernel import FINAL, FINAL_EVENT
+from harness.kernel.projection import PROJECTION
+
+_FINAL_STATES = sorted(s.value for s in FINAL)
+_FINAL_EVENTS = sorted(FINAL_EVENT.values())
+_STATE_OF_EVENT = {event: state.value for state, event in FINAL_EVENT.items()}
+
+
+@dataclass(frozen=True, slots=True)
+class FinalCount:
+    """K8 for one final state."""
+
+    state: str
+    event: str
+    runs: int
+    events: int
+
+    @property
+    def ok(self) -> bool:
+        """True when the counts agree."""
+        return self.runs == self.events
+
+
+@dataclass(frozen=True, slots=True)
+class Mismatch:
+    """One Run (or event) that breaks a per-Run check."""
+
+    check: str
+    run_id: str | None
+    detail: str
+
+
+@dataclass
+class ReconcileReport:
+    """The outcome of reconcile(); `ok` is False on any mismatch."""
+
+    finals: list[FinalCount] = field(default_factory=list)
+    mismatches: list[Mismatch] = field(default_factory=list)
+    counts: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        """True when every count agrees and no per-Run check found anything."""
+        return all(f.ok for f in self.finals) and not any(self.counts.values())
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready document."""
+        return {
+            "ok": self.ok,
+            "finals": [{**asdict(f), "ok": f.ok} for f in self.finals],
+            "counts": self.counts,
+            "mismatches": [asdict(m) for m in self.mismatches],
+        }
+
+
+def _final_counts(conn: sa.Connection) -> list[FinalCount]:
+    runs = {str(state): int(n) for state, n in conn.execute(
+        sa.select(t.runs.c.state, sa.func.count())
+        .where(t.runs.c.state.in_(_FINAL_STATES))
+        .group_by(t.runs.c.state)
+    )}
+    events = {str(event): int(n) for event, n in conn.execute(
+        sa.select(t.audit_events.c.event, sa.func.count())
+        .where(t.audit_events.c.event.in_(_FINAL_EVENTS))
+        .group_by(t.audit_events.c.event)
+    )}
+    return [FinalCount(s.value, e, runs.get(s.value, 0), events.get(e, 0)) for s, e in FINAL_EVENT.items()]
+
+
+def _per_run_transitions() -> sa.Subquery:
+    tr = t.transitions
+    return (
+        sa.select(tr.c.run_id, sa.func.min(tr.c.seq).label("first"), sa.func.max(tr.c.seq).label("last"),
+                  sa.func.count().label("n"))
+        .group_by(tr.c.run_id)
+        .subquery("g")
+    )
+
+
+def _state_vs_last_transition() -> sa.Select[Any]:
+    g, last, r = _per_run_transitions(), t.transitions.alias("last_t"), t.runs
+    return (
+        sa.select(r.c.run_id, r.c.state, last.c.to_state)
+        .outerjoin(g, g.c.run_id == r.c.run_id)
+        .outerjoin(last, sa.and_(last.c.run_id == r.c.run_id, last.c.seq == g.c.last))
+        .where(sa.or_(last.c.to_state.is_(None), last.c.to_state != r.c.state))
+    )
+
+
+def _seq_gaps() -> sa.Select[Any]:
+    g = _per_run_transitions()
+    gap = sa.or_(g.c.first != 0, g.c.n != g.c.last + 1)
+    return sa.select(g.c.run_id, g.c.first, g.c.last, g.c.n).where(gap)
+
+
+def _legacy_projection() -> sa.Select[Any]:
+    r, j = t.runs, t.jobs
+    expected = sa.case({s.value: p.value for s, p in PROJECTION.items()}, value=r.c.state)
+    return (
+        sa.select(r.c.run_id, r.c.state, j.c.status, j.c.run_state_snapshot)
+        .outerjoin(j, j.c.job_id == r.c.run_id)
+        .where(sa.or_(j.c.job_id.is_(None), j.c.status != expected, j.c.run_state_snapshot != r.c.state))
+    )
+
+
+def _double_final() -> sa.Select[Any]:
+    tr = t.transitions
+    return (
+        sa.select(tr.c.run_id, sa.func.count())
+        .where(tr.c.to_state.in_(_FINAL_STATES))
+        .group_by(tr.c.run_id)
+        .having(sa.func.count() > 1)
+    )
+
+
+def _final_event_per_run() -> sa.Select[Any]:
+    r, a = t.runs, t.audit_events
+    wanted = sa.case({s.value: e for s, e in FINAL_EVENT.items()}, value=r.c.state)
+    return (
+        sa.select(r.c.run_id, r.c.state, sa.func.count(a.c.id))
+        .outerjoin(a, sa.and_(a.c.run_id == r.c.run_id, a.c.event == wanted))
+        .where(r.c.state.in_(_FINAL_STATES))
+        .group_by(r.c.run_id, r.c.state)
+        .having(sa.func.count(a.c.id) != 1)
+    )
+
+
+def _orphan_final_events() -> sa.Select[Any]:
+    r, a = t.runs, t.audit_events
+    expected = sa.case(_STATE_OF_EVENT, value=a.c.event)
+    return (
+        sa.select(a.c.run_id, a.c.event, r.c.state)
+        .outerjoin(r, r.c.run_id == a.c.run_id)
+        .where(a.c.event.in_(_FINAL_EVENTS), sa.or_(r.c.run_id.is_(None), r.c.state != expected))
+    )
+
+
+#: each check: the query listing offenders (run_id first) and how to say what is wrong with one row
+CHECKS: dict[str, tuple[Callable[[], sa.Select[Any]], Callable[[tuple[Any, ...]], str]]] = {
+    "state_vs_last_transition": (
+        _state_vs_last_transition, lambda r: f"state {r[0]} but last transition to {r[1] or '(none)'}"),
+    "transition_seq_gap": (
+        _seq_gaps, lambda r: f"{r[2]} transitions with seqs {r[0]}..{r[1]}, not 0..{r[2] - 1}"),
+    "legacy_projection": (
+        _legacy_projection, lambda r: f"state {r[0]} but legacy job {r[1] or '(missing)'}/{r[2] or '-'}"),
+    "double_final": (_double_final, lambda r: f"{r[0]} transitions into a final state"),
+    "final_event_per_run": (_final_event_per_run, lambda r: f"state {r[0]} with {r[1]} final events, not 1"),
+    "orphan_final_event": (
+        _orphan_final_events, lambda r: f"{r[0]} event but run state {r[1] or '(no such run)'}"),
+}
+
+
+def reconcile(store: SqlStore, *, limit: int = 20) -> ReconcileReport:
+    """Run every check; list at most `limit` offenders per check, count them all."""
+    report = ReconcileReport()
+    with store.engine.connect() as conn:
+        report.finals = _final_counts(conn)
+        for name, (build, describe) in CHECKS.items():
+            query = build()
+            total = conn.execute(sa.select(sa.func.count()).select_from(query.subquery())).scalar_one()
+            report.counts[name] = int(total)
+            if total:
+                for row in conn.execute(query.limit(limit)):
+                    report.mismatches.append(Mismatch(name, row[0], describe(tuple(row[1:]))))
+    return report

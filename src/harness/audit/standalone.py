@@ -1,0 +1,344 @@
+"""The standalone verifier (SPEC A3b): checks exports and checkpoints with no database access.
+
+It imports only the standard library, `cryptography`, harness.audit.merkle and harness.audit.chain, so
+an auditor can run it with a copy of the export, the checkpoints and the public key, and nothing else.
+It is also the authority on the two document formats (the checkpoint publisher imports them from here):
+
+- checkpoint (``harness-checkpoint/1``): a signed tree head ``{tree_size, root_hash, timestamp,
+  chain_head_hash, key_id}`` with an Ed25519 signature over ``signed_message(head)``, plus an unsigned
+  ``previous`` block carrying the consistency proof from the checkpoint published before it;
+- export (``harness-export/1``): a Run's records with their inclusion proofs against one checkpoint.
+
+Console script ``harness-verify``: exit 0 valid, 1 invalid, 2 bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import binascii
+import hashlib
+import itertools
+import json
+import sys
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+from harness.audit import merkle
+from harness.audit.chain import canonical_json, record_bytes, record_hash
+
+CHECKPOINT_FORMAT = "harness-checkpoint/1"
+EXPORT_FORMAT = "harness-export/1"
+PUBLIC_KEY_FILE = "public-key.pem"
+HEAD_FIELDS = ("tree_size", "root_hash", "timestamp", "chain_head_hash", "key_id")
+RECORD_FIELDS = ("seq", "record_id", "run_id", "kind", "prev_hash", "payload", "hash")
+
+
+class FormatError(ValueError):
+    """A checkpoint, export, proof or key document is malformed; the message names the field."""
+
+
+# ---------------------------------------------------------------------- documents
+
+
+def _hex32(value: Any, what: str) -> bytes:
+    if not isinstance(value, str) or len(value) != 2 * merkle.HASH_SIZE:
+        raise FormatError(f"{what} must be a {2 * merkle.HASH_SIZE}-character hex string")
+    try:
+        return bytes.fromhex(value)
+    except ValueError:
+        raise FormatError(f"{what} is not hexadecimal") from None
+
+
+def _count(value: Any, what: str) -> int:
+    # bool is an int subclass; a tree size of `true` is a malformed document, not 1
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise FormatError(f"{what} must be a non-negative integer")
+    return value
+
+
+def hex_proof(value: Any, what: str) -> list[bytes]:
+    """A proof given as a list of hex hashes, decoded."""
+    if not isinstance(value, list):
+        raise FormatError(f"{what} must be a list of hex hashes")
+    return [_hex32(p, f"{what}[{i}]") for i, p in enumerate(value)]
+
+
+def check_checkpoint(doc: Any) -> dict[str, Any]:
+    """Validate a checkpoint document's shape (not its signature); returns it."""
+    if not isinstance(doc, dict):
+        raise FormatError("a checkpoint must be a JSON object")
+    if doc.get("format") != CHECKPOINT_FORMAT:
+        raise FormatError(f"checkpoint format must be {CHECKPOINT_FORMAT!r}, not {doc.get('format')!r}")
+    missing = [f for f in (*HEAD_FIELDS, "signature") if f not in doc]
+    if missing:
+        raise FormatError(f"checkpoint lacks {', '.join(missing)}")
+    _count(doc["tree_size"], "tree_size")
+    _hex32(doc["root_hash"], "root_hash")
+    _hex32(doc["chain_head_hash"], "chain_head_hash")
+    if not isinstance(doc["timestamp"], int | float) or isinstance(doc["timestamp"], bool):
+        raise FormatError("timestamp must be a number")
+    if not isinstance(doc["key_id"], str) or not isinstance(doc["signature"], str):
+        raise FormatError("key_id and signature must be strings")
+    previous = doc.get("previous")
+    if previous is not None:
+        if not isinstance(previous, dict):
+            raise FormatError("previous must be an object or null")
+        _count(previous.get("tree_size"), "previous.tree_size")
+        _hex32(previous.get("root_hash"), "previous.root_hash")
+        hex_proof(previous.get("consistency_proof"), "previous.consistency_proof")
+    return doc
+
+
+def signed_message(head: dict[str, Any]) -> bytes:
+    """The exact bytes a checkpoint's signature covers: the format tag and the canonical tree head."""
+    fields = {name: head[name] for name in HEAD_FIELDS}
+    return (CHECKPOINT_FORMAT + "\n" + canonical_json(fields)).encode("utf-8")
+
+
+def key_id_of(public_key: Ed25519PublicKey) -> str:
+    """A stable name for a key: SHA-256 (hex) of its raw 32 public bytes."""
+    raw = public_key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    return hashlib.sha256(raw).hexdigest()
+
+
+def load_public_key(pem: bytes) -> Ed25519PublicKey:
+    """An Ed25519 public key from PEM."""
+    try:
+        key = serialization.load_pem_public_key(pem)
+    except ValueError as exc:
+        raise FormatError(f"not a PEM public key: {exc}") from None
+    if not isinstance(key, Ed25519PublicKey):
+        raise FormatError("the public key is not an Ed25519 key")
+    return key
+
+
+def signature_problem(checkpoint: dict[str, Any], public_key: Ed25519PublicKey) -> str | None:
+    """Why the checkpoint's signature does not hold under `public_key`, or None when it does."""
+    if checkpoint["key_id"] != key_id_of(public_key):
+        return f"checkpoint was signed by key {checkpoint['key_id'][:16]}…, not by the given public key"
+    try:
+        signature = base64.b64decode(checkpoint["signature"], validate=True)
+        public_key.verify(signature, signed_message(checkpoint))
+    except (InvalidSignature, binascii.Error, ValueError):
+        return "checkpoint signature is invalid (the tree head or the signature was altered)"
+    return None
+
+
+# ---------------------------------------------------------------------- results
+
+
+@dataclass
+class VerifyResult:
+    """The outcome of a standalone check: `failures` first-to-last, empty when valid."""
+
+    what: str
+    checked: int = 0
+    failures: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """True when nothing failed."""
+        return not self.failures
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready document."""
+        return {"ok": self.ok, **asdict(self)}
+
+
+def _check_record(rec: Any, i: int, run_id: str, size: int, root: bytes) -> str | None:
+    """Why exported record #i is not proven in the tree (size, root), or None."""
+    if not isinstance(rec, dict) or any(f not in rec for f in RECORD_FIELDS):
+        return f"record #{i} lacks one of {', '.join(RECORD_FIELDS)}"
+    seq = _count(rec["seq"], f"records[{i}].seq")
+    name = f"record seq {seq} ({rec['record_id']})"
+    if rec["run_id"] != run_id:
+        return f"{name} belongs to run {rec['run_id']!r}, not {run_id!r}"
+    fields = (seq, rec["record_id"], rec["run_id"], rec["kind"], rec["prev_hash"], rec["payload"])
+    if record_hash(*fields) != rec["hash"]:
+        return f"{name}: content does not match its chain hash (edited)"
+    if rec.get("leaf_index", seq - 1) != seq - 1:
+        return f"{name}: leaf_index {rec.get('leaf_index')} is not seq - 1"
+    if seq > size:
+        return f"{name} is beyond the checkpoint's tree size {size}"
+    proof = hex_proof(rec.get("inclusion_proof"), f"records[{i}].inclusion_proof")
+    if not merkle.verify_inclusion(merkle.leaf_hash(record_bytes(*fields)), seq - 1, size, proof, root):
+        return f"{name}: inclusion proof does not lead to the checkpoint's root"
+    return None
+
+
+def _payload(rec: dict[str, Any]) -> dict[str, Any]:
+    try:
+        value = json.loads(rec["payload"])
+    except (TypeError, json.JSONDecodeError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _completeness(records: list[dict[str, Any]], result: VerifyResult) -> None:
+    """The RunTrace lists the Run's transitions: every one must be in the export."""
+    closing = [r for r in records if r.get("kind") == "run"]
+    if not closing:
+        result.notes.append("no RunTrace record covered: the Run's completeness is not attested")
+        return
+    listed = _payload(closing[-1]).get("transitions", [])
+    present = [_payload(r).get("to") for r in records if r.get("kind") == "transition"]
+    if present != listed:
+        result.failures.append(
+            f"the RunTrace lists transitions {listed} but the export holds {present} (records withheld)"
+        )
+
+
+def verify_export(export: Any, checkpoint: Any, public_key: Ed25519PublicKey) -> VerifyResult:
+    """Check every record of an export against a signed checkpoint (inclusion proofs, RFC 9162)."""
+    result = VerifyResult("export")
+    check_checkpoint(checkpoint)
+    if not isinstance(export, dict) or export.get("format") != EXPORT_FORMAT:
+        raise FormatError(f"an export must be a JSON object with format {EXPORT_FORMAT!r}")
+    problem = signature_problem(checkpoint, public_key)
+    if problem:
+        result.failures.append(problem)
+        return result
+    size, root = checkpoint["tree_size"], bytes.fromhex(checkpoint["root_hash"])
+    claimed = export.get("checkpoint")
+    if not isinstance(claimed, dict):
+        raise FormatError("export.checkpoint must name the checkpoint the proofs were made against")
+    if (claimed.get("tree_size"), claimed.get("root_hash")) != (size, checkpoint["root_hash"]):
+        result.failures.append(
+            f"the export was made against tree size {claimed.get('tree_size')}, not this checkpoint's {size}"
+        )
+        return result
+    records = export.get("records")
+    if not isinstance(records, list):
+        raise FormatError("export.records must be a list")
+    for i, rec in enumerate(records):
+        problem = _check_record(rec, i, str(export.get("run_id")), size, root)
+        if problem:
+            result.failures.append(problem)
+        result.checked += 1
+    if result.ok:
+        _completeness(records, result)
+    pending = export.get("not_covered") or []
+    if pending:
+        result.notes.append(f"{len(pending)} record(s) of the Run are newer than the checkpoint, unverified")
+    return result
+
+
+def verify_consistency(
+    old: Any, new: Any, public_key: Ed25519PublicKey, proof: Sequence[bytes] | None = None
+) -> VerifyResult:
+    """Check that checkpoint `new` extends `old` append-only; the proof defaults to the one `new` embeds."""
+    result = VerifyResult("consistency", checked=2)
+    check_checkpoint(old)
+    check_checkpoint(new)
+    for name, cp in (("old", old), ("new", new)):
+        problem = signature_problem(cp, public_key)
+        if problem:
+            result.failures.append(f"{name}: {problem}")
+    if result.failures:
+        return result
+    if old["tree_size"] > new["tree_size"]:
+        result.failures.append(f"tree size shrank from {old['tree_size']} to {new['tree_size']}")
+        return result
+    if proof is None:
+        previous = new.get("previous") or {}
+        if (previous.get("tree_size"), previous.get("root_hash")) != (old["tree_size"], old["root_hash"]):
+            result.failures.append("new does not embed a proof from old: give every checkpoint in between")
+            return result
+        proof = hex_proof(previous["consistency_proof"], "previous.consistency_proof")
+    roots = bytes.fromhex(old["root_hash"]), bytes.fromhex(new["root_hash"])
+    if not merkle.verify_consistency(old["tree_size"], new["tree_size"], *roots, proof):
+        result.failures.append(
+            f"consistency proof from tree size {old['tree_size']} to {new['tree_size']} does not hold: "
+            "the history the old checkpoint signed was rewritten"
+        )
+    return result
+
+
+def verify_sequence(checkpoints: Sequence[Any], public_key: Ed25519PublicKey) -> VerifyResult:
+    """Check each checkpoint against the one before it, through the proofs they embed."""
+    result = VerifyResult("consistency")
+    for old, new in itertools.pairwise(checkpoints):
+        step = verify_consistency(old, new, public_key)
+        result.checked += 1
+        result.failures.extend(f"{old['tree_size']} -> {new['tree_size']}: {f}" for f in step.failures)
+    return result
+
+
+# ---------------------------------------------------------------------- command line
+
+
+def _read_json(path: str) -> Any:
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise FormatError(f"cannot read {path}: {exc.strerror}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise FormatError(f"{path} is not valid JSON: {exc}") from None
+
+
+def _public_key(option: str | None, checkpoint_path: str, notes: list[str]) -> Ed25519PublicKey:
+    path = Path(option) if option else Path(checkpoint_path).parent / PUBLIC_KEY_FILE
+    if not option:
+        notes.append(f"public key read from {path}; pass --public-key with a key obtained out of band")
+    try:
+        return load_public_key(path.read_bytes())
+    except OSError as exc:
+        raise FormatError(f"cannot read public key {path}: {exc.strerror}") from None
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="harness-verify", description="Check audit exports and checkpoints")
+    sub = parser.add_subparsers(dest="command", required=True)
+    exp = sub.add_parser("export", help="check an exported Run against a checkpoint")
+    exp.add_argument("export")
+    exp.add_argument("--checkpoint", required=True)
+    cons = sub.add_parser("consistency", help="check that each checkpoint extends the one before it")
+    cons.add_argument("checkpoints", nargs="+", metavar="CHECKPOINT")
+    for p in (exp, cons):
+        p.add_argument("--public-key", help="PEM file (default: public-key.pem beside the checkpoint)")
+        p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
+    return parser
+
+
+def _run(args: argparse.Namespace) -> VerifyResult:
+    notes: list[str] = []
+    if args.command == "export":
+        key = _public_key(args.public_key, args.checkpoint, notes)
+        result = verify_export(_read_json(args.export), _read_json(args.checkpoint), key)
+    else:
+        if len(args.checkpoints) < 2:
+            raise FormatError("give at least two checkpoints, oldest first")
+        key = _public_key(args.public_key, args.checkpoints[-1], notes)
+        result = verify_sequence([_read_json(p) for p in args.checkpoints], key)
+    result.notes[:0] = notes
+    return result
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of `harness-verify`: 0 valid, 1 invalid, 2 bad input."""
+    args = _parser().parse_args(argv)
+    try:
+        result = _run(args)
+    except FormatError as exc:
+        sys.stderr.write(f"error: {exc}\n")
+        return 2
+    if args.json:
+        sys.stdout.write(json.dumps(result.to_dict(), indent=2, sort_keys=True) + "\n")
+    else:
+        verdict = "VALID" if result.ok else "INVALID"
+        sys.stdout.write(f"{result.what}: {verdict} ({result.checked} checked)\n")
+        sys.stdout.writelines(f"  FAIL {f}\n" for f in result.failures)
+        sys.stdout.writelines(f"  note {n}\n" for n in result.notes)
+    return 0 if result.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

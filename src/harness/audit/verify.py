@@ -1,0 +1,266 @@
+"""`harness audit verify`: walk the hash chain and name the first bad record (SPEC A3, A3b).
+
+Three layers, each catching what the one before cannot:
+
+1. the chain walk: seq contiguous from 1, each record's hash recomputed, each prev_hash equal to the
+   hash before it, the last record equal to chain_head: any edit, deletion, insertion or reordering;
+2. cross-checks against the kernel tables (set-based SQL): every transition row has its "transition"
+   trace record and every Run has a trace, so deleting a whole Run's records is caught even when the
+   chain around the hole was rebuilt;
+3. signed checkpoints: the Merkle root the database gives at each checkpoint's tree size must equal the
+   signed root, which catches a whole-table rewrite with a recomputed chain and chain head.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+
+from harness.adapters.sql import schema as t
+from harness.adapters.sql.store import SqlStore, StoredTraceRecord
+from harness.audit import merkle
+from harness.audit.chain import GENESIS_HASH, record_bytes, record_hash
+from harness.audit.checkpoint import CheckpointError, list_checkpoints, public_key
+from harness.audit.standalone import signature_problem
+
+#: how far from its current seq a moved record's original seq is searched, to tell "reordered" from "edited"
+_MOVE_WINDOW = 64
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """One thing wrong with the trail. `seq`/`record_id` name the record, when one can be named."""
+
+    kind: str  # edited | deleted | inserted | reordered | head_mismatch | run_trace_missing | checkpoint_*
+    seq: int | None
+    record_id: str | None
+    detail: str
+    run_id: str | None = None
+
+
+@dataclass
+class ChainReport:
+    """The outcome of verify_chain; `first_bad` is the earliest problem in chain order."""
+
+    records_checked: int = 0
+    chain_head: dict[str, Any] = field(default_factory=dict)
+    problems: list[Problem] = field(default_factory=list)
+    problem_count: int = 0
+    checkpoints_checked: int = 0
+    outbox_backlog: int = 0
+    limit: int = 20
+
+    @property
+    def ok(self) -> bool:
+        """True when nothing is wrong (a backlog in the outbox is not a problem)."""
+        return self.problem_count == 0
+
+    @property
+    def first_bad(self) -> Problem | None:
+        """The first problem found, the chain walk's before the cross-checks'."""
+        return self.problems[0] if self.problems else None
+
+    def add(self, problem: Problem) -> None:
+        """Record a problem; only the first `limit` are kept, all are counted."""
+        self.problem_count += 1
+        if len(self.problems) < self.limit:
+            self.problems.append(problem)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready document."""
+        doc = asdict(self)
+        doc["ok"] = self.ok
+        doc["first_bad"] = asdict(self.first_bad) if self.first_bad else None
+        return doc
+
+
+class _Walk:
+    """The chain walk's state: where the next record must stand and what it must link to."""
+
+    def __init__(self, store: SqlStore, report: ChainReport, sizes: set[int]) -> None:
+        self.store, self.report = store, report
+        self.expected, self.prev = 1, GENESIS_HASH
+        self.prev_id: str | None = None
+        self.prev_ok = True
+        self.acc = merkle.RootAccumulator()
+        self.sizes = sizes
+        self.roots: dict[int, tuple[str, str]] = {0: (merkle.EMPTY_ROOT.hex(), GENESIS_HASH)}
+
+    def step(self, rec: StoredTraceRecord) -> None:
+        # the canonical bytes are both the chain hash's input and the Merkle leaf: encode them once
+        data = record_bytes(rec.seq, rec.record_id, rec.run_id, rec.kind, rec.prev_hash, rec.payload)
+        problem = self._check(rec, hashlib.sha256(data).hexdigest() == rec.hash)
+        if problem:
+            self.report.add(problem)
+        self.acc.append(merkle.leaf_hash(data))
+        if self.acc.size in self.sizes:
+            self.roots[self.acc.size] = (self.acc.root().hex(), rec.hash)
+        # resynchronise on this record so one fault is reported once, not for every record after it
+        self.expected, self.prev, self.prev_id = rec.seq + 1, rec.hash, rec.record_id
+        self.prev_ok = problem is None
+        self.report.records_checked += 1
+
+    def _check(self, rec: StoredTraceRecord, self_ok: bool) -> Problem | None:
+        if rec.seq < self.expected:
+            return Problem("inserted", rec.seq, rec.record_id, f"out of sequence, expected {self.expected}")
+        if rec.seq > self.expected:
+            return Problem("deleted", self.expected, None, f"records {self.expected}..{rec.seq - 1} missing")
+        if self_ok and rec.prev_hash == self.prev:
+            return None
+        if len(self.report.problems) >= self.report.limit:
+            # past the listing limit the problem is only counted: skip the lookups that explain it
+            return Problem("edited", rec.seq, rec.record_id, "broken link")
+        return self._explain(rec, self_ok)
+
+    def _explain(self, rec: StoredTraceRecord, self_ok: bool) -> Problem:
+        """Name what happened at a broken link, from where the record was originally chained."""
+        origin = self._seq_of(rec.prev_hash)
+        was = rec.seq if self_ok else self._original_seq(rec, origin)
+        here, before = rec.seq, rec.seq - 1
+        if was is None:
+            return Problem("edited", here, rec.record_id, "the record's content no longer matches its hash")
+        if was == here:
+            return self._misdirected(rec, origin)
+        if was == before and origin == here - 2 and self.prev_ok:
+            return Problem("inserted", before, self.prev_id,
+                           f"record {before} was inserted: record {here} was chained right after {origin}")
+        if was == here + 1 and origin is None:
+            return Problem("deleted", here, None,
+                           f"the record before {rec.record_id} was deleted and later records renumbered")
+        return Problem("reordered", here, rec.record_id, f"the record was chained at seq {was}, now {here}")
+
+    def _misdirected(self, rec: StoredTraceRecord, origin: int | None) -> Problem:
+        """An intact record whose prev_hash is not its predecessor's hash."""
+        here, before = rec.seq, rec.seq - 1
+        if origin is not None:
+            return Problem("reordered", here, rec.record_id, f"links to seq {origin}, not to seq {before}")
+        successor = self._seq_where(t.trace_records.c.prev_hash, self.prev) if here > 1 else None
+        if here == 1 or successor is None:
+            # nothing links to the predecessor's hash any more: the predecessor is what changed
+            name = (before, self.prev_id) if here > 1 else (here, rec.record_id)
+            return Problem("edited", *name, f"record {name[0]} was rewritten: the link after it is broken")
+        return Problem("inserted", here, rec.record_id,
+                       f"does not link to record {before}, whose successor stands at seq {successor}")
+
+    def _original_seq(self, rec: StoredTraceRecord, origin: int | None) -> int | None:
+        """The seq this record's stored hash was computed with, if it is near; None if none fits."""
+        candidates = [origin + 1] if origin is not None else []
+        for d in range(1, _MOVE_WINDOW + 1):
+            candidates += [rec.seq + d, rec.seq - d]
+        rest = (rec.record_id, rec.run_id, rec.kind, rec.prev_hash, rec.payload)
+        return next((seq for seq in candidates if seq > 0 and record_hash(seq, *rest) == rec.hash), None)
+
+    def _seq_of(self, digest: str) -> int | None:
+        """The seq of the record whose hash is `digest` (0 for the genesis hash)."""
+        return 0 if digest == GENESIS_HASH else self._seq_where(t.trace_records.c.hash, digest)
+
+    def _seq_where(self, column: sa.Column[Any], digest: str) -> int | None:
+        # both hash columns are UNIQUE, so this is one index probe, done only at a broken link
+        with self.store.engine.connect() as conn:
+            found = conn.execute(sa.select(t.trace_records.c.seq).where(column == digest)).first()
+        return int(found.seq) if found else None
+
+
+def _check_head(walk: _Walk, before: tuple[int, str], after: tuple[int, str]) -> None:
+    """The last record must be the chain head (read before and after the walk, for live databases)."""
+    last_seq, last_hash = walk.expected - 1, walk.prev
+    report = walk.report
+    if last_seq < before[0]:
+        report.add(Problem("deleted", last_seq + 1, None,
+                           f"records {last_seq + 1}..{before[0]} missing: the chain head says {before[0]}"))
+    elif last_seq > after[0]:
+        report.add(Problem("inserted", after[0] + 1, None,
+                           f"records {after[0] + 1}..{last_seq} lie beyond the chain head {after[0]}"))
+    elif (last_seq, last_hash) not in (before, after):
+        report.add(Problem("head_mismatch", last_seq, walk.prev_id,
+                           "the last record's hash differs from the chain head (rewritten, or head altered)"))
+
+
+def _transition_counts(store: SqlStore, report: ChainReport) -> None:
+    """Each transition row has exactly one "transition" record, chained or still in the outbox."""
+    def per_run(table: sa.Table, filtered: bool) -> sa.Subquery:
+        query = sa.select(table.c.run_id, sa.func.count().label("n")).group_by(table.c.run_id)
+        return (query.where(table.c.kind == "transition") if filtered else query).subquery()
+
+    rows = per_run(t.transitions, False)
+    traced, queued = per_run(t.trace_records, True), per_run(t.outbox, True)
+    recorded = sa.func.coalesce(traced.c.n, 0) + sa.func.coalesce(queued.c.n, 0)
+    query = (
+        sa.select(rows.c.run_id, rows.c.n, recorded.label("recorded"))
+        .outerjoin(traced, traced.c.run_id == rows.c.run_id)
+        .outerjoin(queued, queued.c.run_id == rows.c.run_id)
+        .where(rows.c.n != recorded)
+        .order_by(rows.c.run_id)
+    )
+    with store.engine.connect() as conn:
+        for r in conn.execute(query):
+            kind = "run_trace_missing" if r.recorded == 0 else "transition_record_missing"
+            report.add(Problem(kind, None, None, f"{r.n} transitions but {r.recorded} transition records",
+                               run_id=r.run_id))
+
+
+def _runs_without_trace(store: SqlStore, report: ChainReport) -> None:
+    """A Run with no record at all, in the chain or the outbox, lost its whole trace."""
+    def has(table: sa.Table) -> sa.Exists:
+        return sa.exists().where(table.c.run_id == t.runs.c.run_id)
+
+    query = sa.select(t.runs.c.run_id).where(~has(t.trace_records), ~has(t.outbox), ~has(t.transitions))
+    with store.engine.connect() as conn:
+        for run_id in conn.execute(query.order_by(t.runs.c.run_id)).scalars():
+            report.add(Problem("run_trace_missing", None, None, "the Run has no trace record", run_id=run_id))
+
+
+def _check_checkpoints(walk: _Walk, directory: Path) -> None:
+    """The database's Merkle root at each checkpoint's size must be the signed root."""
+    report = walk.report
+    try:
+        checkpoints = list_checkpoints(directory)
+        key = public_key(directory) if checkpoints else None
+    except CheckpointError as exc:
+        report.add(Problem("checkpoint_invalid", None, None, str(exc)))
+        return
+    good = 0
+    for cp in checkpoints:
+        report.checkpoints_checked += 1
+        assert key is not None
+        problem = signature_problem(cp.doc, key)
+        if problem:
+            report.add(Problem("checkpoint_invalid", None, None, f"{cp.path.name}: {problem}"))
+            continue
+        if cp.tree_size > walk.acc.size:
+            report.add(Problem("deleted", walk.acc.size + 1, None,
+                               f"{cp.path.name} covers {cp.tree_size} records, the chain {walk.acc.size}"))
+        elif walk.roots.get(cp.tree_size) != (cp.root_hash, cp.chain_head_hash):
+            report.add(Problem("checkpoint_mismatch", None, None,
+                               f"records {good + 1}..{cp.tree_size} differ from the signed {cp.path.name}: "
+                               "history was rewritten"))
+        else:
+            good = max(good, cp.tree_size)
+
+
+def verify_chain(store: SqlStore, checkpoint_dir: Path | None = None, *, limit: int = 20) -> ChainReport:
+    """Walk the whole chain and cross-check it; list at most `limit` problems (all are counted)."""
+    report = ChainReport(limit=limit)
+    sizes: set[int] = set()
+    checkpoints_present = checkpoint_dir is not None and checkpoint_dir.is_dir()
+    if checkpoint_dir is not None and checkpoints_present:
+        with contextlib.suppress(CheckpointError):  # reported by _check_checkpoints below
+            sizes = {cp.tree_size for cp in list_checkpoints(checkpoint_dir)}
+    before = store.chain_head()
+    walk = _Walk(store, report, sizes)
+    for rec in store.iter_trace(1):
+        walk.step(rec)
+    after = store.chain_head()
+    report.chain_head = {"seq": after[0], "hash": after[1]}
+    _check_head(walk, before, after)
+    _transition_counts(store, report)
+    _runs_without_trace(store, report)
+    if checkpoint_dir is not None and checkpoints_present:
+        _check_checkpoints(walk, checkpoint_dir)
+    report.outbox_backlog = store.outbox_backlog()
+    return report
