@@ -1,0 +1,71 @@
+"""`harness serve`: the HTTP API, the web console and the embedded worker in one process (SPEC U1, U2, D1)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from harness.cli_support import DbOption
+
+Host = Annotated[str, typer.Option("--host", help="Interface to listen on.")]
+Port = Annotated[int, typer.Option("--port", min=0, max=65535, help="TCP port (0 picks a free one).")]
+
+
+def serve(  # noqa: PLR0917 - a Typer command: one parameter per option
+    host: Host = "127.0.0.1",
+    port: Port = 8000,
+    db: DbOption = None,
+    workers: Annotated[
+        int | None,
+        typer.Option("--workers", min=1, max=256, help="Threads that drive Runs (HARNESS_WORKER_THREADS)."),
+    ] = None,
+    log_json: Annotated[
+        bool, typer.Option("--log-json", help="Structured logs: one JSON object per line.")
+    ] = False,
+    log_level: Annotated[str, typer.Option("--log-level", help="debug, info, warning or error.")] = "info",
+    otel: Annotated[
+        str | None,
+        typer.Option("--otel", help="Span exporter: none, console or otlp (HARNESS_OTEL_EXPORTER)."),
+    ] = None,
+) -> None:
+    """Serve the HTTP API (OpenAPI at /docs) and the web console (/ui) on the embedded default."""
+    # imported here so that every other `harness` command starts without loading the web stack
+    import uvicorn  # noqa: PLC0415
+
+    from harness.config import Settings, build_runtime  # noqa: PLC0415
+    from harness.service import logs  # noqa: PLC0415
+    from harness.service.app import create_app  # noqa: PLC0415
+    from harness.service.settings import ServiceSettings  # noqa: PLC0415
+
+    if log_level.lower() not in ("debug", "info", "warning", "error"):
+        raise typer.BadParameter("must be debug, info, warning or error", param_hint="--log-level")
+    logs.configure(json_lines=log_json, level=log_level)
+    settings = ServiceSettings.from_env(worker_threads=workers, otel_exporter=otel)
+    runtime = build_runtime(Settings.from_env(db=db))
+    app = create_app(runtime, settings)
+    app.state.service.owns_runtime = True
+    shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+    typer.echo(
+        f"harness service on http://{shown}:{port}/  (console /ui, API docs /docs, metrics /metrics)",
+        err=True,
+    )
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_config=None,
+        access_log=False,
+        timeout_graceful_shutdown=3,
+        log_level=log_level.lower(),
+    )
+    uvicorn.Server(config).run()
+
+
+def main() -> None:
+    """`python -m harness.cli_serve`: the same as `harness serve`."""
+    typer.run(serve)
+
+
+if __name__ == "__main__":
+    main()

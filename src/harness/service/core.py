@@ -1,0 +1,57 @@
+"""The service object every route reaches through `request.app.state.service`, and tenant-scoped lookups."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from fastapi import Request
+
+from harness.adapters.sql.store import RunRecord
+from harness.config import Runtime
+from harness.errors import UnknownRunError
+from harness.policy.hitl import HitlRequest, UnknownRequestError
+from harness.service.auth import Authenticator, Principal
+from harness.service.errors import not_found
+from harness.service.metrics import Metrics
+from harness.service.settings import ServiceSettings
+from harness.service.sse import ChangeHub
+from harness.service.telemetry import Telemetry
+from harness.service.worker import EmbeddedWorker
+
+
+@dataclass
+class Service:
+    """What one service process holds: the runtime and the parts the HTTP layer adds around it."""
+
+    runtime: Runtime
+    settings: ServiceSettings
+    auth: Authenticator
+    worker: EmbeddedWorker
+    hub: ChangeHub
+    metrics: Metrics
+    telemetry: Telemetry | None = None
+    owns_runtime: bool = True
+    stopping: bool = field(default=False)
+
+    def owned_run(self, caller: Principal, run_id: str) -> RunRecord:
+        """The caller's tenant's Run with this id; 404 for an unknown id and another tenant's Run alike."""
+        try:
+            run = self.runtime.store.get_run(run_id)
+        except UnknownRunError:
+            raise not_found("run", run_id) from None
+        if run.tenant_id != caller.tenant_id:
+            raise not_found("run", run_id)
+        return run
+
+    def owned_request(self, caller: Principal, request_id: str) -> HitlRequest:
+        """The caller's tenant's approval request with this id; 404 otherwise."""
+        try:
+            return self.runtime.hitl.get(request_id, caller.tenant_id)
+        except UnknownRequestError:
+            raise not_found("approval request", request_id) from None
+
+
+def service_of(request: Request) -> Service:
+    """The service serving this request."""
+    svc: Service = request.app.state.service
+    return svc

@@ -1,0 +1,95 @@
+"""Errors the HTTP layer answers with: one JSON shape, `{"error": code, "detail": message}`.
+
+Library errors are translated here, at the edge (SPEC U2): a caller's mistake is a clear 4xx, an
+unknown id or another tenant's Run is a 404 (so ids do not leak), and nothing a caller sends is a 500.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from harness.errors import BadInputError, HarnessError, InvalidTransitionError, UnknownRunError
+from harness.policy.hitl import UnknownRequestError
+
+log = logging.getLogger("harness.service")
+
+
+class ApiError(Exception):
+    """An answer other than success, with its HTTP status and a stable machine-readable code."""
+
+    def __init__(self, status: int, code: str, detail: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.code = code
+        self.detail = detail
+        self.headers = headers
+
+
+def not_found(what: str, ident: str) -> ApiError:
+    """The 404 for an id that is unknown or belongs to another tenant (the two look the same)."""
+    return ApiError(404, "not_found", f"no {what} with id {ident!r}")
+
+
+def _body(code: str, detail: str, **extra: Any) -> dict[str, Any]:
+    return {"error": code, "detail": detail, **extra}
+
+
+def _validation_message(exc: RequestValidationError) -> str:
+    parts = []
+    for err in exc.errors()[:5]:
+        where = ".".join(str(p) for p in err.get("loc", ()))
+        parts.append(f"{where}: {err.get('msg', 'invalid')}")
+    return "; ".join(parts) or "invalid request"
+
+
+def install(app: FastAPI) -> None:
+    """Register the handlers that give every failure the same JSON shape."""
+
+    @app.exception_handler(ApiError)
+    async def _api_error(_request: Request, exc: ApiError) -> JSONResponse:
+        return JSONResponse(_body(exc.code, exc.detail), status_code=exc.status, headers=exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = [{"loc": list(e.get("loc", ())), "msg": str(e.get("msg", ""))} for e in exc.errors()[:20]]
+        return JSONResponse(
+            _body("invalid_request", _validation_message(exc), errors=errors), status_code=422
+        )
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if (
+            exc.status_code == 400
+        ):  # a body the framework could not even parse: malformed input, like any other
+            return JSONResponse(_body("invalid_request", str(exc.detail)), status_code=422)
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        return JSONResponse(
+            _body(code, str(exc.detail)), status_code=exc.status_code, headers=getattr(exc, "headers", None)
+        )
+
+    @app.exception_handler(UnknownRunError)
+    async def _unknown_run(_request: Request, exc: UnknownRunError) -> JSONResponse:
+        return JSONResponse(_body("not_found", str(exc)), status_code=404)
+
+    @app.exception_handler(UnknownRequestError)
+    async def _unknown_request(_request: Request, exc: UnknownRequestError) -> JSONResponse:
+        return JSONResponse(_body("not_found", str(exc)), status_code=404)
+
+    @app.exception_handler(BadInputError)
+    async def _bad_input(_request: Request, exc: BadInputError) -> JSONResponse:
+        return JSONResponse(_body("invalid_request", str(exc)), status_code=422)
+
+    @app.exception_handler(InvalidTransitionError)
+    async def _conflict(_request: Request, exc: InvalidTransitionError) -> JSONResponse:
+        return JSONResponse(_body("conflict", str(exc)), status_code=409)
+
+    @app.exception_handler(HarnessError)
+    async def _harness(_request: Request, exc: HarnessError) -> JSONResponse:
+        log.error("harness error", exc_info=exc)
+        return JSONResponse(_body("unavailable", f"{type(exc).__name__}: {exc}"), status_code=503)

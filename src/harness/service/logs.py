@@ -1,0 +1,73 @@
+"""Structured logs (SPEC U4): one JSON object per line, carrying the run_id of the Run being worked on.
+
+The run_id comes from the log call's `extra`, or else from the context the worker sets while it
+drives a Run, so log lines written deep in the pipeline still say which Run they belong to.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import datetime as dt
+import json
+import logging
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+current_run_id: contextvars.ContextVar[str | None] = contextvars.ContextVar("harness_run_id", default=None)
+
+#: attributes every LogRecord has; anything else on a record came from `extra`
+_STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {
+    "message",
+    "asctime",
+    "taskName",
+    "color_message",  # uvicorn's ANSI-coloured copy of the message
+}
+
+
+@contextmanager
+def run_context(run_id: str) -> Iterator[None]:
+    """Tag every log line written inside the block with this run_id."""
+    token = current_run_id.set(run_id)
+    try:
+        yield
+    finally:
+        current_run_id.reset(token)
+
+
+class JsonFormatter(logging.Formatter):
+    """Formats a record as one JSON object: time, level, logger, message, run_id and the extras."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        """The record as a JSON line."""
+        doc: dict[str, Any] = {
+            "time": dt.datetime.fromtimestamp(record.created, dt.UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        run_id = getattr(record, "run_id", None) or current_run_id.get()
+        if run_id:
+            doc["run_id"] = run_id
+        for key, value in vars(record).items():
+            if key not in _STANDARD and key not in doc:
+                doc[key] = value
+        if record.exc_info:
+            doc["exception"] = self.formatException(record.exc_info)
+        return json.dumps(doc, default=str)
+
+
+def configure(*, json_lines: bool, level: str = "INFO") -> None:
+    """Send harness and server logs to stderr, as JSON lines or as plain text."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(
+        JsonFormatter() if json_lines else logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s")
+    )
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
+        logging.getLogger(name).handlers[:] = []
+        logging.getLogger(name).propagate = True
+    logging.getLogger("uvicorn.access").setLevel(logging.WARNING)  # the service logs each request itself

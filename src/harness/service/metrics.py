@@ -1,0 +1,99 @@
+"""Prometheus metrics (SPEC U2): database gauges computed at scrape time, counters of this process.
+
+Gauges read the database, so they are true for every process sharing it: Runs by state, stuck
+(zombie) Runs by state against kernel.thresholds, trace backlog, pending approvals and their wait,
+and the cancel ratio among closed Runs. Counters count what this process saw: transitions applied,
+HTTP requests, and how long decided approvals had waited.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from harness.adapters.sql.store import SqlStore
+from harness.kernel import FINAL, RunState
+from harness.service import queries
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+_WAIT_BUCKETS = (1, 5, 15, 60, 300, 900, 3600, 4 * 3600, 24 * 3600, float("inf"))
+
+
+class DatabaseCollector(Collector):
+    """Gauges computed from the database at each scrape."""
+
+    def __init__(self, store: SqlStore) -> None:
+        self.store = store
+
+    def collect(self) -> Iterator[Metric]:
+        """The gauges, freshly read."""
+        now = self.store.clock.now()
+        by_state = queries.runs_by_state(self.store)
+        runs = GaugeMetricFamily("harness_runs", "Runs currently in each state.", labels=["state"])
+        for state, n in by_state.items():
+            runs.add_metric([state], n)
+        yield runs
+        zombies = GaugeMetricFamily(
+            "harness_zombie_runs", "Runs whose state outlived its threshold.", labels=["state"]
+        )
+        for state, n in queries.zombie_counts(self.store, now).items():
+            zombies.add_metric([state], n)
+        yield zombies
+        yield GaugeMetricFamily(
+            "harness_trace_backlog",
+            "Trace records waiting in the outbox to be chained.",
+            value=self.store.outbox_backlog(),
+        )
+        pending, oldest = queries.pending_approvals(self.store)
+        yield GaugeMetricFamily(
+            "harness_hitl_pending", "Approval requests waiting for a human.", value=pending
+        )
+        yield GaugeMetricFamily(
+            "harness_hitl_oldest_wait_seconds",
+            "How long the oldest pending request has waited.",
+            value=max(now - oldest, 0.0) if oldest is not None else 0.0,
+        )
+        closed = sum(by_state[s.value] for s in FINAL)
+        yield GaugeMetricFamily(
+            "harness_cancel_ratio",
+            "Share of closed Runs that were cancelled.",
+            value=by_state[RunState.CLOSED_CANCELLED.value] / closed if closed else 0.0,
+        )
+
+
+class Metrics:
+    """This service's metrics registry (one per app, so tests and several apps do not collide)."""
+
+    def __init__(self, store: SqlStore) -> None:
+        self.registry = CollectorRegistry()
+        self.transitions = Counter(
+            "harness_transitions",
+            "State changes applied by this process.",
+            ["from_state", "to_state"],
+            registry=self.registry,
+        )
+        self.requests = Histogram(
+            "harness_http_request_duration_seconds",
+            "HTTP requests by route and status.",
+            ["method", "route", "status"],
+            registry=self.registry,
+        )
+        self.hitl_wait = Histogram(
+            "harness_hitl_decision_wait_seconds",
+            "How long approval requests waited before a decision closed them.",
+            ["outcome"],
+            buckets=_WAIT_BUCKETS,
+            registry=self.registry,
+        )
+        self.registry.register(DatabaseCollector(store))
+
+    def on_transition(self, _run_id: str, source: RunState, target: RunState) -> None:
+        """State machine listener."""
+        self.transitions.labels(source.value, target.value).inc()
+
+    def render(self) -> bytes:
+        """The exposition text."""
+        return generate_latest(self.registry)

@@ -1,0 +1,1 @@
+"""The HTTP routes: runs, approvals, operations (jobs, audit, health, metrics) and the console."""

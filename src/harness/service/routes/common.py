@@ -1,0 +1,25 @@
+"""What the route modules share: documented error responses and the service dependency."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import Depends
+
+from harness.service.core import service_of
+from harness.service.schemas import ErrorDoc
+
+ServiceDep = Depends(service_of)
+
+
+def errors(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI `responses` for the given error statuses (401 and 422 are always possible)."""
+    described = {
+        401: "Missing or invalid credentials.",
+        403: "Not permitted for this identity.",
+        404: "Unknown id (or another tenant's).",
+        409: "Conflicts with the current state.",
+        422: "Malformed input.",
+        503: "The worker is full or shutting down; retry later.",
+    }
+    return {code: {"model": ErrorDoc, "description": described[code]} for code in sorted({401, 422, *codes})}

@@ -1,0 +1,164 @@
+"""The web console (SPEC U3): server-rendered pages over the same documents as the API.
+
+Pages read; actions (start a Run, decide, cancel) call the JSON API from the page with the session
+cookie and the page's CSRF token. Signing in exchanges an API key for a signed session cookie once.
+"""
+
+from __future__ import annotations
+
+import urllib.parse
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from fastapi.templating import Jinja2Templates
+
+from harness.kernel import FINAL, RunState
+from harness.policy.hitl import BREAK_GLASS_ROLE
+from harness.service import queries, views
+from harness.service.auth import SESSION_COOKIE, Principal, session_principal
+from harness.service.console_format import FILTERS, GLOBALS
+from harness.service.core import Service, service_of
+from harness.service.errors import ApiError
+
+TEMPLATES = Jinja2Templates(directory=Path(__file__).resolve().parents[1] / "console" / "templates")
+TEMPLATES.env.filters.update(FILTERS)
+TEMPLATES.env.globals.update(GLOBALS)
+router = APIRouter(prefix="/ui", include_in_schema=False)
+Page = HTMLResponse | RedirectResponse
+
+
+def _login_redirect(request: Request) -> RedirectResponse:
+    target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+    return RedirectResponse(f"/ui/login?next={urllib.parse.quote(target)}", status_code=303)
+
+
+def _page(
+    request: Request, svc: Service, caller: Principal, template: str, status: int = 200, **context: Any
+) -> HTMLResponse:
+    token = request.cookies.get(SESSION_COOKIE, "")
+    pending = len(svc.runtime.hitl.pending(caller.tenant_id))
+    return TEMPLATES.TemplateResponse(
+        request,
+        template,
+        {
+            "caller": caller,
+            "csrf": svc.auth.signer.csrf_token(token),
+            "pending_count": pending,
+            "can_break_glass": BREAK_GLASS_ROLE in caller.identity.roles,
+            "cursor": queries.latest_cursor(svc.runtime.store),
+            **context,
+        },
+        status_code=status,
+    )
+
+
+def _safe_next(target: str | None) -> str:
+    """Only redirect within the console (no open redirect)."""
+    if target and target.startswith("/ui/") and not target.startswith("//"):
+        return target
+    return "/ui/runs"
+
+
+@router.get("/login", response_class=HTMLResponse)
+def login_page(request: Request, next: str | None = None) -> HTMLResponse:
+    """The sign-in form."""
+    return TEMPLATES.TemplateResponse(request, "login.html", {"next": _safe_next(next), "error": None})
+
+
+@router.post("/login", response_class=HTMLResponse, response_model=None)
+async def login(request: Request) -> Response:
+    """Exchange an API key for a session cookie."""
+    svc = service_of(request)
+    form = urllib.parse.parse_qs((await request.body()).decode("utf-8", "replace"))
+    key = (form.get("api_key") or [""])[0].strip()
+    target = _safe_next((form.get("next") or [""])[0])
+    found = svc.auth.from_key(key) if key else None
+    if found is None:
+        return TEMPLATES.TemplateResponse(
+            request, "login.html", {"next": target, "error": "That API key is not valid."}, status_code=401
+        )
+    response = RedirectResponse(target, status_code=303)
+    response.set_cookie(
+        SESSION_COOKIE,
+        svc.auth.signer.issue(found.key_hash),
+        httponly=True,
+        samesite="strict",
+        secure=svc.settings.cookie_secure,
+        max_age=int(svc.settings.session_ttl_s),
+        path="/",
+    )
+    return response
+
+
+@router.post("/logout")
+def logout() -> RedirectResponse:
+    """End the console session."""
+    response = RedirectResponse("/ui/login", status_code=303)
+    response.delete_cookie(SESSION_COOKIE, path="/")
+    return response
+
+
+@router.get("/runs", response_class=HTMLResponse, response_model=None)
+def runs_page(request: Request, state: Annotated[str | None, Query()] = None) -> Page:
+    """The run list: live state and legacy status of the tenant's newest Runs."""
+    svc = service_of(request)
+    caller = session_principal(request)
+    if caller is None:
+        return _login_redirect(request)
+    valid_state = state if state in {s.value for s in RunState} else None
+    rows = queries.list_runs(svc.runtime.store, caller.tenant_id, state=valid_state, limit=100)
+    return _page(
+        request,
+        svc,
+        caller,
+        "runs.html",
+        runs=rows,
+        state_filter=valid_state,
+        states=[s.value for s in RunState],
+        now=svc.runtime.store.clock.now(),
+    )
+
+
+@router.get("/runs/{run_id}", response_class=HTMLResponse, response_model=None)
+def run_page(request: Request, run_id: str) -> Page:
+    """One Run: timeline with durations, answer or error, cost, policy verdicts, trace tree, approval."""
+    svc = service_of(request)
+    caller = session_principal(request)
+    if caller is None:
+        return _login_redirect(request)
+    try:
+        run = svc.owned_run(caller, run_id)
+    except ApiError:
+        return _page(request, svc, caller, "missing.html", status=404, run_id=run_id)
+    doc = views.run_document(svc.runtime, run)
+    trace = views.trace_document(svc.runtime, run)
+    verdicts = [r.data for r in trace.records if r.kind == "policy"]
+    approval = None
+    if doc.approval_request_id:
+        approval = views.approval_document(svc.runtime, svc.runtime.hitl.get(doc.approval_request_id))
+    return _page(
+        request,
+        svc,
+        caller,
+        "run.html",
+        run=doc,
+        trace=trace,
+        verdicts=verdicts,
+        approval=approval,
+        is_final=run.state in FINAL,
+        now=svc.runtime.store.clock.now(),
+    )
+
+
+@router.get("/approvals", response_class=HTMLResponse, response_model=None)
+def approvals_page(request: Request) -> Page:
+    """The approvals inbox: approve, reject or break-glass, each with a reason."""
+    svc = service_of(request)
+    caller = session_principal(request)
+    if caller is None:
+        return _login_redirect(request)
+    svc.runtime.runs.expire_approvals()
+    pending = [views.approval_document(svc.runtime, r) for r in svc.runtime.hitl.pending(caller.tenant_id)]
+    return _page(request, svc, caller, "approvals.html", approvals=pending, now=svc.runtime.store.clock.now())

@@ -1,0 +1,127 @@
+"""Operations: the legacy job view, audit checks, health, metrics and `me` (SPEC K6, K8, A3, U2)."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from typing import Annotated, Any
+
+import sqlalchemy as sa
+from fastapi import APIRouter, Response, Security
+
+from harness.adapters.sql import schema as t
+from harness.service import views
+from harness.service.auth import Principal, operator, principal
+from harness.service.core import Service
+from harness.service.errors import ApiError, not_found
+from harness.service.metrics import CONTENT_TYPE
+from harness.service.routes.common import ServiceDep, errors
+from harness.service.schemas import CheckDoc, HealthDoc, JobDoc, MeDoc, WorkerDoc
+
+router = APIRouter(tags=["operations"])
+Caller = Annotated[Principal, Security(principal)]
+Operator = Annotated[Principal, Security(operator)]
+
+
+@router.get("/jobs/{job_id}", response_model=JobDoc, responses=errors(404), summary="Legacy job status")
+def get_job(job_id: str, caller: Caller, svc: Service = ServiceDep) -> JobDoc:
+    """The legacy view of a Run: one of four statuses (pending, running, done, failed), and the live
+    state as `run_state_snapshot`. Written only by the projector inside each state change."""
+    svc.owned_run(caller, job_id)
+    with svc.runtime.store.engine.connect() as conn:
+        row = conn.execute(sa.select(t.jobs).where(t.jobs.c.job_id == job_id)).first()
+    if row is None:
+        raise not_found("job", job_id)
+    return JobDoc(
+        job_id=row.job_id,
+        status=row.status,
+        run_state_snapshot=row.run_state_snapshot,
+        updated_at=views.when(row.updated_at),
+    )
+
+
+def _report(value: Any) -> dict[str, Any]:
+    """A check's report as JSON-able data, whatever shape the audit module returns."""
+    to_dict = getattr(value, "to_dict", None)
+    if callable(to_dict):
+        return dict(to_dict())
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    dump = getattr(value, "model_dump", None)
+    if callable(dump):
+        return dict(dump(mode="json"))
+    return dict(vars(value))
+
+
+def _check(svc: Service, module: str, function: str) -> CheckDoc:
+    try:
+        check = getattr(importlib.import_module(f"harness.audit.{module}"), function)
+    except (ImportError, AttributeError):
+        raise ApiError(503, "unavailable", f"this build has no harness.audit.{module}.{function}") from None
+    svc.runtime.store.drain_all()
+    result = check(svc.runtime.store)
+    return CheckDoc(ok=bool(result.ok), report=_report(result))
+
+
+@router.get(
+    "/api/v1/audit/verify",
+    response_model=CheckDoc,
+    responses=errors(403, 503),
+    summary="Verify the audit hash chain",
+)
+def audit_verify(_caller: Operator, svc: Service = ServiceDep) -> CheckDoc:
+    """Walk the whole hash chain; `ok` is false and the report names the first bad record on any edit,
+    deletion, insertion or reordering. Needs the operator or auditor role."""
+    return _check(svc, "verify", "verify_chain")
+
+
+@router.get(
+    "/api/v1/audit/reconcile",
+    response_model=CheckDoc,
+    responses=errors(403, 503),
+    summary="Reconcile final states with audit events",
+)
+def audit_reconcile(_caller: Operator, svc: Service = ServiceDep) -> CheckDoc:
+    """Count Runs in each final state against the matching audit events (SPEC K8)."""
+    return _check(svc, "reconcile", "reconcile")
+
+
+@router.get("/health", response_model=HealthDoc, responses=errors(), summary="Health")
+def health(_caller: Caller, response: Response, svc: Service = ServiceDep) -> HealthDoc:
+    """Whether the database answers and how loaded the embedded worker is."""
+    try:
+        backlog = svc.runtime.store.outbox_backlog()
+        database = "ok"
+    except sa.exc.SQLAlchemyError as exc:
+        backlog, database = 0, f"error: {type(exc).__name__}"
+        response.status_code = 503
+    worker = WorkerDoc(
+        threads=svc.worker.threads, in_flight=svc.worker.in_flight, queue_limit=svc.worker.queue_limit
+    )
+    return HealthDoc(
+        status="ok" if database == "ok" else "degraded",
+        database=database,
+        trace_backlog=backlog,
+        worker=worker,
+    )
+
+
+@router.get(
+    "/metrics",
+    response_class=Response,
+    responses={200: {"content": {CONTENT_TYPE: {}}}, **errors(403)},
+    summary="Prometheus metrics",
+)
+def metrics(_caller: Operator, svc: Service = ServiceDep) -> Response:
+    """Runs by state, zombies, trace backlog, pending approvals and their wait, transitions, cancel ratio."""
+    return Response(svc.metrics.render(), media_type=CONTENT_TYPE)
+
+
+@router.get("/api/v1/me", response_model=MeDoc, responses=errors(), summary="Who am I")
+def me(caller: Caller) -> MeDoc:
+    """The identity your credential maps to."""
+    return MeDoc(
+        tenant_id=caller.identity.tenant_id,
+        user_id=caller.identity.user_id,
+        roles=list(caller.identity.roles),
+    )

@@ -1,0 +1,260 @@
+"""The HTTP API's request and response bodies: they are the OpenAPI document's schemas (SPEC U2).
+
+Request bodies forbid unknown fields. Tenant, user and roles are deliberately absent from every
+request body: they come from the caller's credential.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from harness.pipeline.contracts import Ident, Message
+
+HEX64 = r"^[0-9a-f]{64}$"
+
+
+class Body(BaseModel):
+    """Base of request bodies: unknown fields are an error, not silently ignored."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class CreateRunBody(Body):
+    """What to run. The caller's tenant, user and roles come from their API key."""
+
+    task: str = Field(min_length=1, max_length=20_000, examples=["Where is order A-1001?"])
+    session_id: Ident = "default"
+    history: list[Message] = Field(default_factory=list, max_length=200)
+    token_budget: int = Field(default=8_000, ge=256, le=2_000_000)
+    idempotency_key: str | None = Field(default=None, min_length=1, max_length=200)
+    retry_of: str | None = Field(default=None, min_length=1, max_length=64)
+    metadata: dict[str, str] = Field(default_factory=dict, max_length=50)
+
+
+class CancelBody(Body):
+    """Why the Run is cancelled."""
+
+    reason: str = Field(default="cancelled by the user", min_length=1, max_length=2_000)
+
+
+class DecisionBody(Body):
+    """A human decision on an approval request. The approver is the caller's identity."""
+
+    decision: Literal["approve", "reject"]
+    reason: str = Field(default="", max_length=2_000)
+    break_glass: bool = False
+    actions_hash: str | None = Field(
+        default=None,
+        pattern=HEX64,
+        description="The hash of the actions you reviewed; refused if they changed.",
+    )
+
+
+class ErrorDoc(BaseModel):
+    """Every failure's body."""
+
+    error: str
+    detail: str
+
+
+class TransitionDoc(BaseModel):
+    """One state change in a Run's timeline."""
+
+    seq: int
+    from_state: str | None
+    to_state: str
+    at: dt.datetime
+    duration_s: float | None = Field(description="Time spent in to_state; None while the Run is still in it.")
+    actor: str
+    reason: str
+    forced_by: str | None
+
+
+class CostDoc(BaseModel):
+    """What the Run has spent."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    usd: float = 0.0
+
+
+class RunLinks(BaseModel):
+    """Where to go next."""
+
+    self: str
+    trace: str
+    events: str
+    job: str
+
+
+class RunDoc(BaseModel):
+    """A Run: its live state, the path it took, its result."""
+
+    run_id: str
+    task: str
+    state: str
+    phase: str
+    legacy_status: Literal["pending", "running", "done", "failed"]
+    close_reason: str | None
+    tenant_id: str
+    user_id: str
+    session_id: str
+    retry_of: str | None
+    created_at: dt.datetime
+    last_state_change_at: dt.datetime
+    path: list[str]
+    transitions: list[TransitionDoc]
+    answer: str | None
+    error: str | None
+    artifacts: dict[str, Any]
+    approval_request_id: str | None
+    cost: CostDoc
+    links: RunLinks
+
+
+class RunSummary(BaseModel):
+    """A Run as a list shows it."""
+
+    run_id: str
+    task: str
+    state: str
+    legacy_status: Literal["pending", "running", "done", "failed"]
+    user_id: str
+    created_at: dt.datetime
+    last_state_change_at: dt.datetime
+
+
+class RunList(BaseModel):
+    """A page of Runs, newest first; pass `next_before` as `before` for the next page."""
+
+    runs: list[RunSummary]
+    next_before: float | None
+
+
+class TraceRecordDoc(BaseModel):
+    """One chained trace record."""
+
+    seq: int
+    kind: str
+    hash: str
+    prev_hash: str
+    data: dict[str, Any]
+
+
+class TraceStepDoc(BaseModel):
+    """The records of one pipeline step."""
+
+    step: int
+    name: str
+    records: list[TraceRecordDoc]
+
+
+class TraceDoc(BaseModel):
+    """A Run's trace, as chained, and grouped by pipeline step."""
+
+    run_id: str
+    state: str
+    records: list[TraceRecordDoc]
+    steps: list[TraceStepDoc]
+
+
+class ActionDoc(BaseModel):
+    """One action an approval covers."""
+
+    step_id: str
+    skill: str
+    arguments: dict[str, Any]
+
+
+class DecisionRecordDoc(BaseModel):
+    """A decision submitted on a request, accepted or refused."""
+
+    approver: str
+    decision: str
+    break_glass: bool
+    reason: str
+    outcome: str
+    refusal: str | None
+    at: dt.datetime
+
+
+class ApprovalDoc(BaseModel):
+    """An approval request: what it would allow, who may decide, by when."""
+
+    request_id: str
+    run_id: str
+    task: str
+    level: str
+    status: str
+    requester: str
+    required_approvals: int
+    approvals: int
+    approver_roles: list[str]
+    actions: list[ActionDoc]
+    actions_hash: str
+    created_at: dt.datetime
+    deadline_at: dt.datetime
+    decisions: list[DecisionRecordDoc]
+
+
+class ApprovalList(BaseModel):
+    """Approval requests waiting in the caller's tenant, soonest deadline first."""
+
+    pending: list[ApprovalDoc]
+
+
+class DecisionDoc(BaseModel):
+    """What a decision did."""
+
+    request_id: str
+    decision: str
+    accepted: bool
+    effect: str
+    refusal: str | None
+    approvals: int
+    required_approvals: int
+    run: RunDoc
+
+
+class JobDoc(BaseModel):
+    """The legacy job view (seed 000 §5): four statuses, and the live state as a snapshot."""
+
+    job_id: str
+    status: Literal["pending", "running", "done", "failed"]
+    run_state_snapshot: str
+    updated_at: dt.datetime
+
+
+class WorkerDoc(BaseModel):
+    """The embedded worker's load."""
+
+    threads: int
+    in_flight: int
+    queue_limit: int
+
+
+class HealthDoc(BaseModel):
+    """Whether the service can do its job."""
+
+    status: Literal["ok", "degraded"]
+    database: str
+    trace_backlog: int
+    worker: WorkerDoc
+
+
+class MeDoc(BaseModel):
+    """Who the credential says you are."""
+
+    tenant_id: str
+    user_id: str
+    roles: list[str]
+
+
+class CheckDoc(BaseModel):
+    """The outcome of an audit check (verify or reconcile)."""
+
+    ok: bool
+    report: dict[str, Any]

@@ -1,0 +1,51 @@
+"""How the HTTP service is configured (SPEC U2-U4); every field has a HARNESS_* environment variable."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from harness.errors import InvalidRequestError
+
+_ENV = {
+    "worker_threads": "HARNESS_WORKER_THREADS",
+    "queue_limit": "HARNESS_QUEUE_LIMIT",
+    "housekeeping_interval_s": "HARNESS_HOUSEKEEPING_S",
+    "otel_exporter": "HARNESS_OTEL_EXPORTER",
+    "session_secret": "HARNESS_SESSION_SECRET",
+    "cookie_secure": "HARNESS_COOKIE_SECURE",
+}
+
+
+class ServiceSettings(BaseModel):
+    """The service's own knobs; the Runtime's settings (database, skills, policy) stay in harness.config."""
+
+    model_config = ConfigDict(extra="forbid")
+    worker_threads: int = Field(default=4, ge=1, le=256)
+    #: Runs accepted but not yet finished driving; beyond it create-run answers 503 before creating anything
+    queue_limit: int = Field(default=1000, ge=1)
+    #: how often approval timeouts are applied and the trace outbox is drained
+    housekeeping_interval_s: float = Field(default=1.0, gt=0)
+    #: how often a waiting request or event stream re-reads the database (Runs driven by other processes)
+    poll_interval_s: float = Field(default=0.5, gt=0)
+    max_wait_s: float = Field(default=300.0, gt=0)
+    #: an event stream ends after this long; browsers' EventSource reconnects with Last-Event-ID
+    stream_lifetime_s: float = Field(default=60.0, gt=0)
+    otel_exporter: Literal["none", "console", "otlp"] = "none"
+    #: signs console session cookies; random per process unless configured (sessions then end on restart)
+    session_secret: str = Field(default_factory=lambda: secrets.token_hex(32), min_length=16)
+    session_ttl_s: float = Field(default=12 * 3600.0, gt=0)
+    cookie_secure: bool = False
+
+    @classmethod
+    def from_env(cls, **overrides: object) -> ServiceSettings:
+        """Settings from HARNESS_* environment variables, then explicit overrides."""
+        values: dict[str, object] = {k: os.environ[v] for k, v in _ENV.items() if os.environ.get(v)}
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        try:
+            return cls.model_validate(values)
+        except ValueError as exc:
+            raise InvalidRequestError(f"invalid service settings: {exc}") from exc

@@ -1,0 +1,141 @@
+"""Live Run state for callers: wait for a Run to settle, or follow its changes as server-sent events.
+
+Both read the committed change feed (the transitions table) so they see Runs driven by any process;
+the state machine's listener only wakes them early when the change happened in this process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import contextmanager, suppress
+from typing import Any
+
+from starlette.concurrency import run_in_threadpool
+
+from harness.adapters.sql.store import SqlStore
+from harness.kernel import RunState, job_status
+from harness.service import queries
+from harness.service.queries import Change
+
+ANY_RUN = "*"
+SETTLED = frozenset({"SUCCEEDED", "CLOSED_REJECTED", "CLOSED_FAILED", "CLOSED_CANCELLED", "AWAITING_HITL"})
+KEEPALIVE_S = 15.0
+
+
+class ChangeHub:
+    """Wakes async waiters when this process's state machine applies a change."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._waiters: dict[str, set[tuple[asyncio.AbstractEventLoop, asyncio.Event]]] = {}
+
+    def publish(self, run_id: str, _source: RunState, _target: RunState) -> None:
+        """State machine listener: runs in whichever thread committed the change."""
+        with self._lock:
+            targets = list(self._waiters.get(run_id, ())) + list(self._waiters.get(ANY_RUN, ()))
+        for loop, event in targets:
+            if not loop.is_closed():
+                loop.call_soon_threadsafe(event.set)
+
+    @contextmanager
+    def watch(self, key: str) -> Iterator[asyncio.Event]:
+        """An event set whenever `key` (a run id, or ANY_RUN) changes, for the life of the block."""
+        entry = (asyncio.get_running_loop(), asyncio.Event())
+        with self._lock:
+            self._waiters.setdefault(key, set()).add(entry)
+        try:
+            yield entry[1]
+        finally:
+            with self._lock:
+                bucket = self._waiters.get(key, set())
+                bucket.discard(entry)
+                if not bucket:
+                    self._waiters.pop(key, None)
+
+    def watchers(self) -> int:
+        """How many waiters are registered (for tests and health)."""
+        with self._lock:
+            return sum(len(v) for v in self._waiters.values())
+
+
+async def _pause(event: asyncio.Event, seconds: float) -> None:
+    with suppress(TimeoutError):
+        await asyncio.wait_for(event.wait(), timeout=max(seconds, 0.0))
+
+
+async def wait_settled(hub: ChangeHub, store: SqlStore, run_id: str, timeout_s: float, poll_s: float) -> str:
+    """Wait until the Run is final or parked for a human, or the timeout passes; returns its state."""
+    deadline = time.monotonic() + timeout_s
+    with hub.watch(run_id) as woke:
+        while True:
+            woke.clear()  # before reading, so a change committed after the read still wakes us
+            state = (await run_in_threadpool(store.get_run, run_id)).state.value
+            remaining = deadline - time.monotonic()
+            if state in SETTLED or remaining <= 0:
+                return state
+            await _pause(woke, min(remaining, poll_s))
+
+
+def change_document(change: Change) -> dict[str, Any]:
+    """What one event carries."""
+    return {
+        "run_id": change.run_id,
+        "seq": change.seq,
+        "from": change.from_state,
+        "to": change.to_state,
+        "legacy_status": job_status(RunState(change.to_state)).value,
+        "actor": change.actor,
+        "reason": change.reason,
+        "at": change.at,
+    }
+
+
+def _frame(change: Change) -> str:
+    return f"id: {change.cursor}\nevent: state\ndata: {json.dumps(change_document(change))}\n\n"
+
+
+async def change_stream(
+    hub: ChangeHub,
+    store: SqlStore,
+    tenant_id: str,
+    *,
+    run_id: str | None,
+    cursor: int,
+    lifetime_s: float,
+    poll_s: float,
+    stop: Callable[[], bool],
+) -> AsyncIterator[str]:
+    """SSE frames for committed changes after `cursor` (one Run's, or the tenant's), oldest first.
+
+    A single Run's stream ends after its final state; every stream ends after `lifetime_s` (the
+    browser reconnects with Last-Event-ID) or when the service stops.
+    """
+    ends = time.monotonic() + lifetime_s
+    quiet_since = time.monotonic()
+    yield "retry: 1000\n\n"
+    with hub.watch(run_id or ANY_RUN) as woke:
+        while not stop() and time.monotonic() < ends:
+            woke.clear()
+            changes = await run_in_threadpool(queries.changes_after, store, tenant_id, cursor, run_id=run_id)
+            for change in changes:
+                cursor = change.cursor
+                yield _frame(change)
+            if run_id is not None:
+                last = (
+                    changes[-1].to_state
+                    if changes
+                    else (await run_in_threadpool(store.get_run, run_id)).state.value
+                )
+                if queries.is_final(last):
+                    yield "event: end\ndata: {}\n\n"
+                    return
+            if changes:
+                quiet_since = time.monotonic()
+            elif time.monotonic() - quiet_since > KEEPALIVE_S:
+                quiet_since = time.monotonic()
+                yield ": keepalive\n\n"
+            await _pause(woke, min(poll_s, ends - time.monotonic()))

@@ -1,0 +1,159 @@
+"""Documents built from the store for the API and the console (one place, so both show the same)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from harness.adapters.sql.store import RunRecord, StoredTraceRecord
+from harness.config import Runtime
+from harness.errors import UnknownRunError
+from harness.kernel import FINAL, RunState, job_status
+from harness.kernel.states import PHASE_OF
+from harness.pipeline.trace_recorder import STEP_NAMES
+from harness.policy.hitl import HitlRequest
+from harness.service import queries, schemas
+
+API = "/api/v1"
+#: which pipeline step a trace record belongs to, by kind (steps and errors say it themselves)
+_STEP_OF_KIND = {"policy": 5, "tool": 6, "hitl": 7, "run": 8}
+
+
+def when(seconds: float) -> dt.datetime:
+    """An epoch time as an aware UTC datetime."""
+    return dt.datetime.fromtimestamp(seconds, dt.UTC)
+
+
+def task_of(run: RunRecord) -> str:
+    """The task text the Run was created with."""
+    return str(run.request.get("task", ""))
+
+
+def transitions(rt: Runtime, run: RunRecord) -> list[schemas.TransitionDoc]:
+    """The Run's timeline, each state with how long the Run stayed in it."""
+    rows = rt.store.transitions_of(run.run_id)
+    docs = []
+    for i, row in enumerate(rows):
+        if i + 1 < len(rows):
+            duration: float | None = rows[i + 1].at - row.at
+        else:
+            duration = 0.0 if row.to_state in FINAL else None
+        docs.append(
+            schemas.TransitionDoc(
+                seq=row.seq,
+                from_state=row.from_state.value if row.from_state else None,
+                to_state=row.to_state.value,
+                at=when(row.at),
+                duration_s=round(duration, 6) if duration is not None else None,
+                actor=row.actor,
+                reason=row.reason,
+                forced_by=row.forced_by,
+            )
+        )
+    return docs
+
+
+def run_document(rt: Runtime, run: RunRecord) -> schemas.RunDoc:
+    """Everything the API says about one Run."""
+    result = run.result or {}
+    cost = (run.context or {}).get("cost") or {}
+    pending = [r for r in rt.hitl.for_run(run.run_id) if r.status == "pending"]
+    timeline = transitions(rt, run)
+    base = f"{API}/runs/{run.run_id}"
+    return schemas.RunDoc(
+        run_id=run.run_id,
+        task=task_of(run),
+        state=run.state.value,
+        phase=PHASE_OF[run.state].value,
+        legacy_status=job_status(run.state).value,
+        close_reason=run.close_reason.value if run.close_reason else None,
+        tenant_id=run.tenant_id,
+        user_id=run.user_id,
+        session_id=run.session_id,
+        retry_of=run.retry_of,
+        created_at=when(run.created_at),
+        last_state_change_at=when(run.last_state_change_at),
+        path=[t.to_state for t in timeline],
+        transitions=timeline,
+        answer=result.get("answer"),
+        error=result.get("error"),
+        artifacts=result.get("artifacts") or {},
+        approval_request_id=pending[-1].request_id
+        if pending and run.state == RunState.AWAITING_HITL
+        else None,
+        cost=schemas.CostDoc(
+            input_tokens=int(cost.get("input_tokens", 0)),
+            output_tokens=int(cost.get("output_tokens", 0)),
+            usd=float(cost.get("usd", 0.0)),
+        ),
+        links=schemas.RunLinks(
+            self=base, trace=f"{base}/trace", events=f"{base}/events", job=f"/jobs/{run.run_id}"
+        ),
+    )
+
+
+def run_summary(row: queries.RunRow) -> schemas.RunSummary:
+    """A Run as a list shows it."""
+    return schemas.RunSummary(
+        run_id=row.run_id,
+        task=row.task,
+        state=row.state,
+        legacy_status=row.legacy_status,
+        user_id=row.user_id,
+        created_at=when(row.created_at),
+        last_state_change_at=when(row.last_state_change_at),
+    )
+
+
+def _record(r: StoredTraceRecord) -> schemas.TraceRecordDoc:
+    return schemas.TraceRecordDoc(seq=r.seq, kind=r.kind, hash=r.hash, prev_hash=r.prev_hash, data=r.data())
+
+
+def step_of(kind: str, data: dict[str, Any]) -> int | None:
+    """The pipeline step a trace record belongs to; None for transitions and audit events."""
+    if kind in ("step", "error"):
+        return int(data["step"])
+    if kind == "cost":
+        return 4 if str(data.get("source", "")).endswith(":plan") else 6
+    return _STEP_OF_KIND.get(kind)
+
+
+def trace_document(rt: Runtime, run: RunRecord) -> schemas.TraceDoc:
+    """The Run's chained records, and the same records grouped under the eight pipeline steps."""
+    rt.store.drain_all()
+    records = [_record(r) for r in rt.store.trace_of(run.run_id)]
+    grouped: dict[int, list[schemas.TraceRecordDoc]] = {}
+    for rec in records:
+        step = step_of(rec.kind, rec.data)
+        if step is not None:
+            grouped.setdefault(step, []).append(rec)
+    steps = [schemas.TraceStepDoc(step=n, name=STEP_NAMES[n], records=grouped[n]) for n in sorted(grouped)]
+    return schemas.TraceDoc(run_id=run.run_id, state=run.state.value, records=records, steps=steps)
+
+
+def approval_document(rt: Runtime, request: HitlRequest) -> schemas.ApprovalDoc:
+    """An approval request with its Run's task and every decision submitted so far."""
+    try:
+        task = task_of(rt.store.get_run(request.run_id))
+    except UnknownRunError:  # a request whose Run vanished still shows; the task is just unknown
+        task = ""
+    decisions = [
+        schemas.DecisionRecordDoc(**{**d, "at": when(d["at"])})
+        for d in queries.decisions_of(rt.store, request.request_id)
+    ]
+    return schemas.ApprovalDoc(
+        request_id=request.request_id,
+        run_id=request.run_id,
+        task=task,
+        level=request.level,
+        status=request.status,
+        requester=request.requester,
+        required_approvals=request.required_approvals,
+        approvals=len(rt.hitl.approvals(request.request_id)),
+        approver_roles=list(request.approver_roles),
+        actions=[schemas.ActionDoc(**a) for a in request.actions],
+        actions_hash=request.actions_hash,
+        created_at=when(request.created_at),
+        deadline_at=when(request.deadline_at),
+        decisions=decisions,
+    )

@@ -1,0 +1,148 @@
+"""The service's embedded worker (SPEC D1, U2): drives accepted Runs in a bounded thread pool, and a
+housekeeping loop applies approval timeouts and drains the trace outbox.
+
+Capacity is reserved before a Run is created, so a full worker answers "busy" without leaving an
+accepted Run that nobody will drive. A Run that raises while being driven stays in its state and is
+logged with its run_id; the zombie sweeper closes it if it is stuck.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
+
+from harness.config import Runtime
+from harness.service.errors import ApiError
+from harness.service.logs import run_context
+
+log = logging.getLogger("harness.worker")
+
+
+class Admission:
+    """A reserved place in the worker for one new Run."""
+
+    handed_over = False
+
+
+class EmbeddedWorker:
+    """Drives Runs in-process."""
+
+    def __init__(
+        self,
+        runtime: Runtime,
+        *,
+        threads: int = 4,
+        queue_limit: int = 1000,
+        housekeeping_interval_s: float = 1.0,
+    ) -> None:
+        self.runtime = runtime
+        self.threads = threads
+        self.queue_limit = queue_limit
+        self.interval = housekeeping_interval_s
+        self._slots = threading.BoundedSemaphore(queue_limit)
+        self._lock = threading.Lock()
+        self._pool: ThreadPoolExecutor | None = None
+        self._stop = threading.Event()
+        self._housekeeper: threading.Thread | None = None
+        self._in_flight = 0
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        """Start the pool and the housekeeping loop (idempotent)."""
+        with self._lock:
+            if self._pool is not None:
+                return
+            self._stop.clear()
+            self._pool = ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="harness-run")
+            self._housekeeper = threading.Thread(
+                target=self._housekeeping, name="harness-housekeeping", daemon=True
+            )
+            self._housekeeper.start()
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Stop taking work, let Runs in flight reach their next stop, and end the loop."""
+        with self._lock:
+            pool, self._pool = self._pool, None
+            housekeeper, self._housekeeper = self._housekeeper, None
+        self._stop.set()
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+        if housekeeper is not None:
+            housekeeper.join(timeout_s)
+
+    @property
+    def in_flight(self) -> int:
+        """Runs accepted and not yet done driving."""
+        return self._in_flight
+
+    # ------------------------------------------------------------------ driving
+
+    @contextmanager
+    def admit(self) -> Iterator[Admission]:
+        """Hold a slot while a new Run is created and handed to `drive`; 503 when the worker is full."""
+        if not self._slots.acquire(blocking=False):
+            raise ApiError(
+                503,
+                "busy",
+                f"the worker already has {self.queue_limit} Runs in flight; retry later",
+                headers={"Retry-After": "1"},
+            )
+        admission = Admission()
+        try:
+            yield admission
+        finally:
+            if not admission.handed_over:
+                self._slots.release()
+
+    def drive(self, run_id: str, admission: Admission | None = None) -> Future[None]:
+        """Drive the Run in the background until it is final or parks for a human.
+
+        New Runs come with an admission (bounded); a Run resumed after a decision does not need one,
+        since its decision is already durable and must not be turned away.
+        """
+        self.start()
+        with self._lock:
+            pool = self._pool
+            self._in_flight += 1
+        holds_slot = admission is not None
+        if admission is not None:
+            admission.handed_over = True
+        if pool is None:
+            self._done(holds_slot)
+            raise ApiError(503, "stopping", "the service is shutting down")
+        return pool.submit(self._drive, run_id, holds_slot)
+
+    def _done(self, holds_slot: bool) -> None:
+        with self._lock:
+            self._in_flight -= 1
+        if holds_slot:
+            self._slots.release()
+
+    def _drive(self, run_id: str, holds_slot: bool) -> None:
+        with run_context(run_id):
+            try:
+                result = self.runtime.runs.drive(run_id)
+                log.info("run stopped", extra={"run_id": run_id, "state": result.state})
+            except Exception:  # one Run's failure must not take the worker down
+                log.exception("driving the run failed", extra={"run_id": run_id})
+            finally:
+                self._done(holds_slot)
+
+    # ------------------------------------------------------------------ housekeeping
+
+    def housekeep(self) -> None:
+        """One pass: apply due approval timeouts (default-deny), then chain the outbox."""
+        for request_id in self.runtime.runs.expire_approvals():
+            log.info("approval request timed out", extra={"request_id": request_id})
+        self.runtime.store.drain_all()
+
+    def _housekeeping(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.housekeep()
+            except Exception:  # the loop must survive a database hiccup; the next pass retries
+                log.exception("housekeeping pass failed")

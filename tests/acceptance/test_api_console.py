@@ -1,0 +1,81 @@
+"""The web console as served HTML (SPEC U3): signed-in pages, tenant scoping, readable content."""
+
+from __future__ import annotations
+
+import re
+
+from fastapi.testclient import TestClient
+
+from tests.acceptance.api_helpers import (  # noqa: F401 - fixtures
+    ORDER_STATUS,
+    REFUND_L3,
+    client_fixture,
+    create,
+    runtime_fixture,
+)
+
+
+def _sign_in(client: TestClient, user: str) -> None:
+    response = client.post(
+        "/ui/login",
+        content=f"api_key=demo-{user}-key&next=/ui/runs",
+        headers={"Content-Type": "application/x-www-form-urlencoded"},
+        follow_redirects=False,
+    )
+    assert response.status_code == 303
+
+
+def test_pages_need_a_session(client: TestClient) -> None:
+    """Every console page sends a visitor without a session to sign in, remembering where they were going."""
+    for path in ("/ui/runs", "/ui/approvals", "/ui/runs/abc"):
+        response = client.get(path, follow_redirects=False)
+        assert response.status_code == 303
+        assert response.headers["location"].startswith("/ui/login?next=")
+    assert client.get("/", follow_redirects=False).headers["location"] == "/ui/runs"
+
+
+def test_run_list_shows_live_state_and_legacy_status(client: TestClient) -> None:
+    """The run list shows each Run's task, live state badge and legacy status badge."""
+    ok = create(client, ORDER_STATUS)
+    waiting = create(client, REFUND_L3)
+    _sign_in(client, "alice")
+    page = client.get("/ui/runs").text
+    assert ORDER_STATUS in page and REFUND_L3 in page
+    assert f'data-run-id="{ok["run_id"]}"' in page
+    assert 'data-state="SUCCEEDED"' in page and 'data-legacy="done"' in page
+    assert 'data-state="AWAITING_HITL"' in page and 'data-legacy="running"' in page
+    assert 'data-testid="pending-count">1<' in page
+    assert 'tabindex="0"' in page  # rows are reachable by keyboard
+    assert waiting["run_id"]
+
+
+def test_run_page_is_readable_not_raw_json(client: TestClient) -> None:
+    """A run page shows the timeline, verdicts, trace steps and answer as text, with no JSON dumps."""
+    run = create(client, ORDER_STATUS)
+    _sign_in(client, "alice")
+    page = client.get(f"/ui/runs/{run['run_id']}").text
+    assert run["answer"] in page
+    for heading in ("Timeline", "Policy verdicts", "Trace", "Step outputs", "Assemble context"):
+        assert heading in page
+    assert page.count('class="tl-state"') == len(run["path"])
+    assert not re.search(r'\{&#34;|\{"[a-z_]+": ', page), "raw JSON in the page"
+
+
+def test_inbox_offers_decisions_and_break_glass_only_to_holders(client: TestClient) -> None:
+    """The inbox shows the exact actions with approve and reject; break-glass only for its role holders."""
+    create(client, REFUND_L3)
+    _sign_in(client, "carol")
+    page = client.get("/ui/approvals").text
+    assert "refunds.issue" in page and 'data-testid="approve"' in page and 'data-testid="reject"' in page
+    assert 'data-testid="break-glass"' not in page
+    _sign_in(client, "dave")
+    assert 'data-testid="break-glass"' in client.get("/ui/approvals").text
+
+
+def test_other_tenants_runs_are_not_shown(client: TestClient) -> None:
+    """zoe's console shows a not-found page for tenant default's Run and lists none of them."""
+    run = create(client, ORDER_STATUS, "alice")
+    _sign_in(client, "zoe")
+    response = client.get(f"/ui/runs/{run['run_id']}")
+    assert response.status_code == 404 and ORDER_STATUS not in response.text
+    assert run["run_id"] not in client.get("/ui/runs").text
