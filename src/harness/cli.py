@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from harness import cli_ops, cli_runs, cli_serve
+from harness import cli_ops, cli_replay, cli_runs, cli_serve
 from harness.cli_audit import audit_app
 from harness.cli_support import DbOption, JsonOption, cli_errors, emit, open_store
 
@@ -24,7 +24,8 @@ app.add_typer(runs_app, name="runs")
 app.add_typer(audit_app, name="audit")
 for _name, _fn in (("run", cli_runs.run), ("trace", cli_runs.trace), ("cancel", cli_runs.cancel),
                    ("approve", cli_runs.approve), ("reject", cli_runs.reject), ("approvals", cli_runs.approvals),
-                   ("demo", cli_runs.demo), ("sweep", cli_ops.sweep), ("serve", cli_serve.serve)):
+                   ("demo", cli_runs.demo), ("sweep", cli_ops.sweep), ("serve", cli_serve.serve),
+                   ("replay", cli_replay.replay)):
     app.command(_name)(cli_errors(_fn))
 
 

@@ -74,9 +74,10 @@ class PipelineError(HarnessError):
 
 
 class PlanError(PipelineError):
-    """The plan from the model is not valid."""
+    """The plan from the model is not valid; `response` keeps the model's answer (its cost counts)."""
 
     code = "invalid_plan"
+    response: object | None = None
 
 
 class ContextError(PipelineError):

@@ -10,14 +10,19 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from pydantic import ValidationError
 
+from harness.adapters.llm.types import LLMResponse
+from harness.adapters.sql.blobs import record_llm_call, save_context_with_blobs
 from harness.adapters.sql.ledger import CostLedger
 from harness.adapters.sql.store import NewRun, RunRecord, SqlStore, TraceRecordIn
+from harness.context.trace import context_records
 from harness.errors import ContextError, InvalidRequestError, PlanError, ProviderError
 from harness.kernel import FINAL, RunState
+from harness.kernel.events import LOST_RACE
 from harness.pipeline.context_assembler import ContextAssembler
 from harness.pipeline.contracts import (
     AssembledContext,
@@ -41,6 +46,7 @@ from harness.pipeline.trace_recorder import (
 )
 from harness.policy.hitl import Decision, HitlDesk, plan_actions
 from harness.ports import ResultSink
+from harness.skills import Skill
 from harness.state_machine import StateMachine
 
 S = RunState
@@ -135,6 +141,9 @@ class RunManager:
         """Cancel a Run that has not finished; a Run already final is left as it is."""
         run = self.store.get_run(run_id)
         if run.state in FINAL or run.state in (S.TRACING, S.REJECTED, S.FAILED, S.TIMEOUT, S.CANCELLED):
+            # the cancel lost to whatever closed the Run first; the attempt is still on record
+            self.store.audit(run_id, LOST_RACE, by, {"attempted_to": S.CANCELLED.value, "actual": run.state.value,
+                                                     "reason": reason})
             return self.result(run_id)
         if run.state == S.CREATED:
             self._advance(run, S.CREATED, S.PREPARING, "request accepted")
@@ -176,6 +185,7 @@ class RunManager:
         for request in self.hitl.due(now):
             if request.level == "L3" and self.hitl.settings.l3_timeout_action == "escalate":
                 if not self.hitl.close(request.request_id, "escalated"):
+                    self._timeout_lost(request.run_id, request.request_id)
                     continue
                 escalated = self.hitl.new_request(request.run_id, request.tenant_id, request.requester, "L4",
                                                   request.actions)
@@ -194,8 +204,16 @@ class RunManager:
                 self.machine.transition(request.run_id, S.AWAITING_HITL, S.TIMEOUT, actor="gatekeeper",
                                         reason="approval timed out (default-deny)", records=_records(trace),
                                         result={"error": "approval timed out: default-deny"})
+            else:
+                self._timeout_lost(request.run_id, request.request_id)
+                continue
             handled.append(request.request_id)
         return handled
+
+    def _timeout_lost(self, run_id: str, request_id: str) -> None:
+        """A timeout found its request already decided or cancelled: record the losing attempt."""
+        self.store.audit(run_id, "hitl_timeout_lost", "gatekeeper",
+                         {"request_id": request_id, "status": self.hitl.get(request_id).status})
 
     # ------------------------------------------------------------------ steps
 
@@ -236,7 +254,7 @@ class RunManager:
         records = _records(
             step_trace(run.run_id, 2, run.request, context["context"], elapsed),
             step_trace(run.run_id, 3, caller.model_dump(mode="json"), context["manifests"], 0.0),
-        )
+        ) + context_records(run.run_id, assembled)  # C2: a degraded recall is traced, never silent
         self._advance(run, S.PREPARING, S.PLANNING, "context assembled, skills loaded", records, context=context)
         return self.store.get_run(run.run_id)
 
@@ -246,18 +264,25 @@ class RunManager:
         specs = self.tools.tool_specs([s for s in (self.tools.registry.get(i) for i in context["visible_skills"])
                                        if s is not None])
         started = time.perf_counter()
+        llm_input = {"context": context["context"], "tools": [s.model_dump(mode="json") for s in specs]}
         try:
             outcome = self.orchestrator.plan(assembled, specs)
         except PlanError as exc:
+            if isinstance(exc.response, LLMResponse):
+                record_llm_call(self.store, run.run_id, "plan", llm_input,
+                                response=exc.response.model_dump(mode="json"))
+                self._record_cost(run, exc.response)
             return self._fail(run, S.PLANNING, 4, exc.code, exc, inputs=request.task)
         except ProviderError as exc:
+            record_llm_call(self.store, run.run_id, "plan", llm_input,
+                            error={"kind": exc.kind, "message": str(exc), "retryable": exc.retryable})
             target = S.TIMEOUT if exc.kind == "timeout" else S.FAILED
             return self._fail(run, S.PLANNING, 4, f"llm_{exc.kind}", exc, target=target, inputs=request.task)
         elapsed = (time.perf_counter() - started) * 1000
         usage = outcome.response.usage
-        self.ledger.record(CostTrace(run_id=run.run_id, source=f"llm:{outcome.response.provider}:plan",
-                                     input_tokens=usage.input_tokens, output_tokens=usage.output_tokens,
-                                     usd=usage.cost_usd, tenant_id=run.tenant_id, user_id=run.user_id))
+        record_llm_call(self.store, run.run_id, "plan", llm_input,
+                        response=outcome.response.model_dump(mode="json"))
+        self._record_cost(run, outcome.response)
         context["plan"] = outcome.plan.model_dump(mode="json", by_alias=True)
         context["flattened"] = outcome.flattened
         context["cost"] = {"input_tokens": usage.input_tokens, "output_tokens": usage.output_tokens,
@@ -270,6 +295,12 @@ class RunManager:
         self._advance(run, S.PLANNING, S.POLICY_CHECK, f"plan with {len(outcome.plan.steps)} steps", records,
                       context=context)
         return self.store.get_run(run.run_id)
+
+    def _record_cost(self, run: RunRecord, response: LLMResponse) -> None:
+        usage = response.usage
+        self.ledger.record(CostTrace(run_id=run.run_id, source=f"llm:{response.provider}:plan",
+                                     input_tokens=usage.input_tokens, output_tokens=usage.output_tokens,
+                                     usd=usage.cost_usd, tenant_id=run.tenant_id, user_id=run.user_id))
 
     def _policy(self, run: RunRecord, request: RunRequest) -> RunRecord:
         context = dict(run.context or {})
@@ -312,7 +343,7 @@ class RunManager:
         plan = Plan.model_validate(context["plan"])
         approved = self._approved_actions(run.run_id, context)
         outputs = {o["output_key"]: o["output"] for o in context.get("steps", {}).values() if o["status"] == "ok"}
-        deadline = time.monotonic() + self.execution_limit_s
+        deadline = self._deadline(run)
         started = time.perf_counter()
 
         def run_step(step: PlanStep, available: dict[str, Any]) -> StepRun:
@@ -323,8 +354,12 @@ class RunManager:
         if report.failure is not None:
             failure = report.failure
             if failure.error_code == "superseded":
-                return self.store.get_run(run.run_id)
-            target = S.TIMEOUT if failure.error_code in ("timeout", "run_time_limit") else S.FAILED
+                now = self.store.get_run(run.run_id)
+                self.store.audit(run.run_id, LOST_RACE, MANAGER, {"attempted_to": "continue EXECUTING",
+                                                                  "actual": now.state.value, "reason": failure.error})
+                return now
+            timed_out = failure.error_code in ("timeout", "run_time_limit", "child_run_timeout")
+            target = S.TIMEOUT if timed_out else S.FAILED
             return self._fail(self.store.get_run(run.run_id), S.EXECUTING, 6, failure.error_code or "step_failed",
                               f"step {failure.step_id}: {failure.error}", target=target, inputs=context["plan"])
         try:
@@ -337,28 +372,50 @@ class RunManager:
         self._advance(run, S.EXECUTING, S.TRACING, "every step succeeded", records, result=result)
         return self.store.get_run(run.run_id)
 
-    def _approved_actions(self, run_id: str, context: dict[str, Any]) -> set[tuple[str, str]] | None:
-        """The (step, skill) pairs a human approved for this Run, or None when no approval was needed."""
+    def _deadline(self, run: RunRecord) -> float:
+        """time.monotonic() by which execution must end: the execution limit (T5), or sooner when the Run
+        is a child whose parent gave it only what was left of its own budget (deadline_at, T4)."""
+        limit = self.execution_limit_s
+        if run.deadline_at is not None:
+            limit = min(limit, max(0.0, run.deadline_at - self.store.clock.now()))
+        return time.monotonic() + limit
+
+    def _fallback_check(self, run: RunRecord, step: PlanStep,
+                        arguments: dict[str, Any]) -> Callable[[Skill], bool]:
+        """Whether this Run may switch the step to a fallback skill (T3): the fallback was visible to the
+        caller and pinned at Run start (T1), and its guardrails pass these arguments (G1)."""
+        pinned = (run.context or {}).get("manifests", {})
+
+        def check(fallback: Skill) -> bool:
+            if pinned.get(fallback.id, {}).get("hash") != fallback.manifest_hash:
+                return False
+            call = step.tool_call.model_copy(update={"skill": fallback.id})
+            return self.policy.check_call(step.model_copy(update={"tool_call": call}), arguments) is None
+        return check
+
+    def _approved_actions(self, run_id: str, context: dict[str, Any]) -> dict[str, dict[str, Any]] | None:
+        """The exact actions a human approved for this Run, by step id; None when none was needed."""
         approval = context.get("approval")
         if approval is None:
             return None
         request = self.hitl.get(approval["request_id"])
-        if request.status != "approved":
-            return set()
-        return {(a["step_id"], a["skill"]) for a in request.actions}
+        if request.status != "approved" or request.actions_hash != approval["actions_hash"]:
+            return {}
+        return {a["step_id"]: a for a in request.actions}
 
     def _run_step(self, run: RunRecord, request: RunRequest, step: PlanStep, available: dict[str, Any],
-                  approved: set[tuple[str, str]] | None, deadline: float) -> StepRun:
+                  approved: dict[str, dict[str, Any]] | None, deadline: float) -> StepRun:
         def fail(code: str, message: str) -> StepRun:
             return StepRun(step.id, step.output_key, False, error=message, error_code=code)
 
         if self.store.get_run(run.run_id).state != S.EXECUTING:
             return fail("superseded", "the Run left EXECUTING (cancelled or swept)")
         if time.monotonic() > deadline:
-            return fail("run_time_limit", f"the Run's execution limit of {self.execution_limit_s:.0f}s passed")
+            return fail("run_time_limit", f"the Run's execution limit of {self.execution_limit_s:.3g}s passed")
         skill = self.tools.registry.get(step.tool_call.skill)
-        if skill is None or (approved is not None and (step.id, skill.id) not in approved):
-            return self._refuse(run, step, "not_approved", "the call is not in the approved plan (G7)")
+        action = {"step_id": step.id, "skill": step.tool_call.skill, "arguments": step.tool_call.arguments}
+        if skill is None or (approved is not None and approved.get(step.id) != action):
+            return self._refuse(run, step, "not_approved", f"step {step.id}: the call is not in the approved plan (G7)")
         pinned = (run.context or {}).get("manifests", {}).get(skill.id, {}).get("hash")
         if pinned != skill.manifest_hash:
             return self._refuse(run, step, "manifest_changed",
@@ -371,10 +428,11 @@ class RunManager:
         if blocked is not None:
             return self._refuse(run, step, "policy_refused", f"{blocked.rule_id}: {blocked.reason}")
         call = self.tools.call(skill, arguments, run_id=run.run_id, step_id=step.id, output_key=step.output_key,
-                               caller=request.caller)
-        self._record_step(run.run_id, call.outcome.model_dump(mode="json"), [call.trace] + (
+                               caller=request.caller, deadline=deadline,
+                               may_fall_back=self._fallback_check(run, step, arguments))
+        self._record_step(run.run_id, call.outcome.model_dump(mode="json"), [*call.traces] + (
             [error_trace(run.run_id, 6, call.trace.error_code or "error", call.exception, call.outcome.attempts - 1)]
-            if call.exception is not None else []))
+            if call.exception is not None else []), values=(arguments, call.outcome.output))
         if call.exception is not None:
             return StepRun(step.id, step.output_key, False, error=call.outcome.error, error_code=call.trace.error_code)
         return StepRun(step.id, step.output_key, True, output=call.outcome.output)
@@ -386,10 +444,12 @@ class RunManager:
         self.store.record(_records(trace, error_trace(run.run_id, 6, code, message)))
         return StepRun(step.id, step.output_key, False, error=message, error_code=code)
 
-    def _record_step(self, run_id: str, outcome: dict[str, Any], traces: list[TraceModel]) -> None:
+    def _record_step(self, run_id: str, outcome: dict[str, Any], traces: list[TraceModel],
+                     values: tuple[Any, ...] = ()) -> None:
         """Persist a step's result with its traces before any dependent step starts (T6)."""
         with self._context_lock:
             run = self.store.get_run(run_id)
             context = dict(run.context or {})
             context.setdefault("steps", {})[outcome["step_id"]] = outcome
-            self.store.save_context(run_id, context, [t.to_record() for t in traces])
+            # the contents behind the ToolTrace's argument/result hashes, for replay (A5)
+            save_context_with_blobs(self.store, run_id, context, [t.to_record() for t in traces], values)

@@ -163,3 +163,29 @@ hitl_decisions = sa.Table(
     sa.Column("refusal", sa.Text),
     sa.Column("at", sa.Double, nullable=False),
 )
+
+#: long-term memory (SPEC C2, C5); the columns that define an entry's scope are set, the others NULL:
+#: tenant (all of the tenant), team (team_id), user (user_id), session (user_id and session_id).
+#: On SQLite the FTS5 table memory_fts mirrors `content` (triggers); on PostgreSQL a GIN index on
+#: to_tsvector('english', content) serves the lexical recall. `embedding` is float32, little-endian.
+memory_entries = sa.Table(
+    "memory_entries",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("entry_id", ID, nullable=False, unique=True),
+    sa.Column("tenant_id", sa.String(128), nullable=False),
+    sa.Column("scope", sa.String(16), nullable=False),
+    sa.Column("team_id", sa.String(128)),
+    sa.Column("user_id", sa.String(128)),
+    sa.Column("session_id", sa.String(128)),
+    sa.Column("kind", sa.String(32), nullable=False),
+    sa.Column("content", sa.Text, nullable=False),
+    sa.Column("content_hash", sa.String(64), nullable=False),
+    sa.Column("source_run_id", ID),
+    sa.Column("created_at", sa.Double, nullable=False),
+    sa.Column("embedding", sa.LargeBinary),
+    sa.Column("embedding_model", sa.String(64)),
+    sa.Index("ix_memory_scope", "tenant_id", "scope", "user_id", "session_id"),
+    sa.Index("ix_memory_team", "tenant_id", "team_id"),
+    sa.Index("ix_memory_source_run", "source_run_id"),
+)

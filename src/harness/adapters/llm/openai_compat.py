@@ -1,0 +1,157 @@
+"""An OpenAI-compatible chat-completions provider, on the official `openai` SDK (SPEC P3).
+
+Works with OpenAI and with servers that speak the same API (vLLM, Ollama, LiteLLM, …) through
+`base_url`. The SDK's own retries are off (max_retries=0): retries, the breaker per model and the
+fallback model are ours (GuardedProvider). SDK errors are translated here, at the edge, so callers
+only ever see ProviderError.
+
+Planning: the system prompt asks for a JSON plan, so in plan_mode "json" (the default) the skills
+are sent as tools for their schemas with tool_choice "none" and the plan is read from the content.
+In plan_mode "tool" a `submit_plan` tool is forced instead and its arguments become the content.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+import openai
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
+
+from harness.adapters.llm.resilient import GuardedProvider, ProviderSettings, status_error
+from harness.adapters.llm.tool_formats import SUBMIT_PLAN, ToolNames, malformed, submit_plan_spec, to_openai
+from harness.adapters.llm.types import LLMRequest, LLMResponse
+from harness.errors import ProviderError
+from harness.ports import Clock
+from harness.resilience import BreakerRegistry
+
+PROVIDER = "openai"
+
+
+def translate(exc: openai.OpenAIError) -> ProviderError:
+    """An SDK error as a ProviderError of the right kind (SPEC T3)."""
+    if isinstance(exc, openai.APITimeoutError):
+        return ProviderError(f"{PROVIDER}: request timed out", kind="timeout", retryable=True)
+    if isinstance(exc, openai.APIConnectionError):
+        return ProviderError(f"{PROVIDER}: connection failed: {exc.__cause__ or exc}", kind="network_error",
+                             retryable=True)
+    if isinstance(exc, openai.APIStatusError):
+        return status_error(PROVIDER, exc.status_code, _message(exc), code=exc.code,
+                            headers=dict(exc.response.headers))
+    if isinstance(exc, openai.APIResponseValidationError):
+        return malformed(PROVIDER, str(exc))
+    if isinstance(exc, openai.APIError):  # an error event inside a stream
+        return ProviderError(f"{PROVIDER}: {exc.message}", kind="server_error", retryable=True)
+    return malformed(PROVIDER, f"{type(exc).__name__}: {exc}")
+
+
+def _message(exc: openai.APIStatusError) -> str:
+    body = exc.body
+    if isinstance(body, dict) and isinstance(body.get("message"), str):
+        return str(body["message"])
+    return exc.message
+
+
+class OpenAICompatProvider(GuardedProvider):
+    """Chat completions with tool calls, usage and optional streaming."""
+
+    name = PROVIDER
+
+    def __init__(self, settings: ProviderSettings, *, clock: Clock | None = None,
+                 breakers: BreakerRegistry | None = None,
+                 sleep: Callable[[float], None] | None = None) -> None:
+        super().__init__(settings, clock=clock, breakers=breakers, **({"sleep": sleep} if sleep else {}))
+        self.client = openai.OpenAI(api_key=settings.api_key, base_url=settings.base_url,
+                                    timeout=settings.timeout_s, max_retries=0)
+
+    def close(self) -> None:
+        """Release the HTTP connections."""
+        self.client.close()
+
+    def _attempt(self, model: str, request: LLMRequest) -> LLMResponse:
+        names, body = self.body(model, request)
+        try:
+            if body.get("stream"):
+                with self.client.chat.completions.create(**body) as stream:
+                    return self._from_chunks(model, request, names, stream)
+            completion = self.client.chat.completions.create(**body)
+            if not isinstance(completion, ChatCompletion):
+                raise malformed(PROVIDER, f"expected a chat completion, got {str(completion)[:120]!r}")
+            return self._from_completion(model, request, names, completion)
+        except openai.OpenAIError as exc:
+            raise translate(exc) from exc
+        except (AttributeError, TypeError, KeyError, ValueError) as exc:  # a body the SDK half-understood
+            raise malformed(PROVIDER, f"{type(exc).__name__}: {exc}") from exc
+
+    def body(self, model: str, request: LLMRequest) -> tuple[ToolNames, dict[str, Any]]:
+        """The request body (keyword arguments of chat.completions.create) and the tool-name table."""
+        specs = list(request.tools)
+        forced = request.purpose == "plan" and self.settings.plan_mode == "tool"
+        if forced:
+            specs.append(submit_plan_spec())
+        names = ToolNames(s.name for s in specs)
+        body: dict[str, Any] = {"model": model, "messages": _messages(request),
+                                "temperature": request.temperature, "max_tokens": request.max_tokens}
+        if specs:
+            body["tools"] = [to_openai(s, names) for s in specs]
+            if forced:
+                body["tool_choice"] = {"type": "function", "function": {"name": names.wire(SUBMIT_PLAN)}}
+            elif request.purpose == "plan":
+                body["tool_choice"] = "none"
+        if request.stream or self.settings.stream:
+            body["stream"] = True
+            body["stream_options"] = {"include_usage": True}
+        return names, body
+
+    def _from_completion(self, model: str, request: LLMRequest, names: ToolNames,
+                         completion: ChatCompletion) -> LLMResponse:
+        if not completion.choices:
+            raise malformed(PROVIDER, "no choices in the completion")
+        choice = completion.choices[0]
+        raw_calls = [(c.id, c.function.name, _json_arguments(c.function.name, c.function.arguments))
+                     for c in choice.message.tool_calls or [] if c.type == "function"]
+        usage = completion.usage
+        tokens = (usage.prompt_tokens, usage.completion_tokens) if usage else (0, 0)
+        return self.response(model, request, names, content=choice.message.content or "",
+                              raw_calls=raw_calls, finish=choice.finish_reason, served_by=completion.model,
+                              tokens=tokens)
+
+    def _from_chunks(self, model: str, request: LLMRequest, names: ToolNames,
+                     stream: openai.Stream[ChatCompletionChunk]) -> LLMResponse:
+        text: list[str] = []
+        calls: dict[int, list[str]] = {}
+        finish, served_by, tokens = "stop", model, (0, 0)
+        for chunk in stream:
+            served_by = chunk.model or served_by
+            if chunk.usage is not None:
+                tokens = (chunk.usage.prompt_tokens, chunk.usage.completion_tokens)
+            for choice in chunk.choices[:1]:
+                text.append(choice.delta.content or "")
+                finish = choice.finish_reason or finish
+                for delta in choice.delta.tool_calls or []:
+                    slot = calls.setdefault(delta.index, ["", "", ""])
+                    slot[0] = delta.id or slot[0]
+                    if delta.function is not None:
+                        slot[1] += delta.function.name or ""
+                        slot[2] += delta.function.arguments or ""
+        raw_calls = [(i, n, _json_arguments(n, a)) for i, n, a in (calls[k] for k in sorted(calls))]
+        return self.response(model, request, names, content="".join(text), raw_calls=raw_calls,
+                              finish=finish, served_by=served_by, tokens=tokens)
+
+
+def _messages(request: LLMRequest) -> list[dict[str, str]]:
+    messages = [{"role": "system", "content": request.system}] if request.system else []
+    for m in request.messages:
+        # History has no tool_call ids to pair a "tool" message with, so tool output is shown as user text.
+        role, content = ("user", f"[tool output] {m.content}") if m.role == "tool" else (m.role, m.content)
+        messages.append({"role": role, "content": content})
+    return messages
+
+
+def _json_arguments(name: str, raw: str) -> Any:
+    try:
+        return json.loads(raw) if raw.strip() else {}
+    except json.JSONDecodeError as exc:
+        raise malformed(PROVIDER, f"arguments of tool call {name!r} are not JSON ({exc.msg}): "
+                                  f"{raw[:120]!r}") from exc

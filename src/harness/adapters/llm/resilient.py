@@ -1,0 +1,209 @@
+"""What the real providers share: settings, error classification, retries, a breaker per model, fallback.
+
+A real provider implements one thing, `_attempt(model, request)`: a single HTTP call with the SDK's own
+retries off, its errors translated into ProviderError. `GuardedProvider.complete` wraps that in our
+policy (SPEC T3):
+
+- retry: network errors, 5xx, 429 and timeouts are retried with exponential backoff and jitter,
+  honouring retry-after, within the per-call RetryQuota; everything else fails at once;
+- breaker: one CircuitBreaker per model ("llm:<provider>:<model>"), counting only failures that say
+  the model is unhealthy (after the retries) — a bad request says nothing about the model;
+- fallback: when the model's breaker is open (or this call opened it) and a fallback model is
+  configured, the fallback answers. The switch is reported in the response itself, as a
+  `FallbackResponse` carrying `fallback_from` and `fallback_reason`, so the Run manager traces it
+  with the call that used it. With no fallback, the caller gets ProviderError(kind="circuit_open").
+"""
+
+from __future__ import annotations
+
+import email.utils
+import re
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from harness.adapters.llm.pricing import PricingTable
+from harness.adapters.llm.tool_formats import ToolNames, parse_tool_calls, plan_from_submit
+from harness.adapters.llm.types import LLMRequest, LLMResponse, Usage
+from harness.clock import SystemClock
+from harness.errors import ProviderError
+from harness.ports import Clock
+from harness.resilience import (
+    BreakerConfig,
+    BreakerRegistry,
+    BreakerState,
+    CircuitOpenError,
+    RetryQuota,
+    retry_call,
+)
+
+UNHEALTHY = frozenset({"network_error", "server_error", "rate_limit", "timeout"})
+_CONTEXT = re.compile(r"context.length|context window|prompt is too long|too many tokens|maximum context",
+                      re.IGNORECASE)
+_BILLING_CODES = frozenset({
+    "insufficient_quota", "billing_hard_limit_reached", "contract_spend_limit_reached",
+    "enforced_spend_limit_reached", "linked_organization_spend_limit_reached",
+    "linked_organization_billing_unavailable",
+})
+_BILLING = re.compile(r"credit balance|billing|insufficient.quota|spend limit", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class ProviderSettings:
+    """One real provider's configuration (the API key is resolved by the caller, never logged)."""
+
+    model: str
+    api_key: str
+    base_url: str | None = None
+    fallback_model: str | None = None
+    timeout_s: float = 60.0
+    stream: bool = False
+    plan_mode: Literal["json", "tool"] = "json"
+    quota: RetryQuota = field(default_factory=RetryQuota)
+    breaker: BreakerConfig = field(default_factory=BreakerConfig)
+    pricing: PricingTable = field(default_factory=PricingTable)
+
+    def __repr__(self) -> str:
+        return f"ProviderSettings(model={self.model!r}, base_url={self.base_url!r}, api_key=<hidden>)"
+
+
+class FallbackResponse(LLMResponse):
+    """A response from the fallback model; says which model it stood in for and why."""
+
+    fallback_from: str
+    fallback_reason: str
+
+
+def retry_after_from(headers: Mapping[str, str]) -> float | None:
+    """Seconds to wait, from retry-after-ms or retry-after (seconds or an HTTP date)."""
+    raw_ms = headers.get("retry-after-ms")
+    if raw_ms:
+        try:
+            return max(0.0, float(raw_ms) / 1000)
+        except ValueError:
+            pass
+    raw = headers.get("retry-after")
+    if not raw:
+        return None
+    try:
+        return max(0.0, float(raw))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(raw)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - time.time())
+
+
+def status_error(provider: str, status: int, message: str, *, code: str | None = None,
+                 headers: Mapping[str, str] | None = None) -> ProviderError:
+    """Classify an HTTP error answer (SPEC T3) into a ProviderError with its kind and retryability."""
+    text = f"{provider} HTTP {status}: {message}"
+    wait = retry_after_from(headers or {})
+    billing = (code or "") in _BILLING_CODES or bool(_BILLING.search(message))
+    if status == 429 and not billing:
+        return ProviderError(text, kind="rate_limit", retryable=True, retry_after=wait)
+    if billing or status == 402:
+        return ProviderError(text, kind="billing", retryable=False)
+    if status in (401, 403):
+        return ProviderError(text, kind="auth", retryable=False)
+    if status == 408:
+        return ProviderError(text, kind="timeout", retryable=True)
+    if status == 413 or code == "context_length_exceeded" or (status == 400 and _CONTEXT.search(message)):
+        return ProviderError(text, kind="context_length", retryable=False)
+    if status >= 500:
+        return ProviderError(text, kind="server_error", retryable=True, retry_after=wait)
+    return ProviderError(text, kind="client_error", retryable=False)
+
+
+def _retryable(exc: BaseException) -> bool:
+    return isinstance(exc, ProviderError) and exc.retryable
+
+
+def _retry_after(exc: BaseException) -> float | None:
+    return exc.retry_after if isinstance(exc, ProviderError) else None
+
+
+def _unhealthy(exc: BaseException) -> bool:
+    return isinstance(exc, ProviderError) and exc.kind in UNHEALTHY
+
+
+class GuardedProvider:
+    """Base of the real providers: retries, a breaker per model and the fallback model (module doc)."""
+
+    name = "guarded"
+
+    def __init__(self, settings: ProviderSettings, *, clock: Clock | None = None,
+                 breakers: BreakerRegistry | None = None,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        self.settings = settings
+        self.breakers = breakers or BreakerRegistry(clock or SystemClock(), settings.breaker)
+        self.sleep = sleep
+
+    def _attempt(self, model: str, request: LLMRequest) -> LLMResponse:
+        """One call of `model`, errors translated; implemented by each provider."""
+        raise NotImplementedError
+
+    def breaker_name(self, model: str) -> str:
+        """The registry key of a model's breaker."""
+        return f"llm:{self.name}:{model}"
+
+    def complete(self, request: LLMRequest) -> LLMResponse:
+        """Answer through the model's breaker with retries; fall back when the breaker is open."""
+        primary = request.model or self.settings.model
+        try:
+            return self._guarded(primary, request)
+        except CircuitOpenError:
+            reason = f"circuit for {primary} is open"
+        except ProviderError as exc:
+            if self.breakers.get(self.breaker_name(primary)).state is not BreakerState.OPEN:
+                raise
+            reason = f"{exc.kind} opened the circuit for {primary}"
+        fallback = self.settings.fallback_model
+        if fallback is None or fallback == primary:
+            raise ProviderError(f"{self.name}: {reason} and no fallback model is configured",
+                                kind="circuit_open", retryable=False)
+        try:
+            response = self._guarded(fallback, request)
+        except CircuitOpenError as exc:
+            raise ProviderError(f"{self.name}: {reason}; fallback {fallback} is open too",
+                                kind="circuit_open", retryable=False) from exc
+        return FallbackResponse(**response.model_dump(), fallback_from=primary, fallback_reason=reason)
+
+    def _guarded(self, model: str, request: LLMRequest) -> LLMResponse:
+        breaker = self.breakers.get(self.breaker_name(model), self.settings.breaker)
+        return breaker.call(
+            lambda: retry_call(lambda: self._attempt(model, request), self.settings.quota,
+                               retryable=_retryable, retry_after=_retry_after, sleep=self.sleep),
+            counts=_unhealthy,
+        )
+
+    def response(self, model: str, request: LLMRequest, names: ToolNames, *, content: str,
+                 raw_calls: list[tuple[str, str, Any]], finish: str, served_by: str,
+                 tokens: tuple[int, int]) -> LLMResponse:
+        """An LLMResponse from what the provider decoded: tool calls mapped back to skill ids (unknown
+        tools and non-object arguments refused), a submitted plan as content, usage priced by the
+        configured table for the model that was asked for."""
+        calls = parse_tool_calls(self.name, names, raw_calls)
+        content, calls = plan_from_submit(request, content, calls)
+        usd = self.settings.pricing.cost(model, *tokens)
+        usage = Usage(input_tokens=tokens[0], output_tokens=tokens[1], cost_usd=usd)
+        return LLMResponse(content=content, tool_calls=tuple(calls), model=served_by, provider=self.name,
+                           finish_reason=finish, usage=usage)
+
+
+def make_provider(kind: str, settings: ProviderSettings, *, clock: Clock | None = None,
+                  breakers: BreakerRegistry | None = None) -> GuardedProvider:
+    """The real provider named `kind` ("openai" or "anthropic"); its SDK is imported only when chosen,
+    so the default install (scripted LLM) does not need either."""
+    if kind == "openai":
+        from harness.adapters.llm.openai_compat import OpenAICompatProvider  # noqa: PLC0415 - optional SDK
+
+        return OpenAICompatProvider(settings, clock=clock, breakers=breakers)
+    if kind == "anthropic":
+        from harness.adapters.llm.anthropic import AnthropicProvider  # noqa: PLC0415 - optional SDK
+
+        return AnthropicProvider(settings, clock=clock, breakers=breakers)
+    raise ValueError(f"no real LLM provider named {kind!r}")

@@ -1,0 +1,120 @@
+"""Provider-neutral ToolSpecs into the OpenAI and Anthropic tool formats, and names back (SPEC T2).
+
+Skill ids such as ``orders.lookup`` are not valid tool names for either API (both accept only
+``[A-Za-z0-9_-]{1,64}``), so every request carries a ToolNames table: skill id → wire name, built
+deterministically from the request's tools, and used to map the model's tool calls back. A call to a
+name that is not in the table is the model's mistake and is reported as such, never guessed at.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Iterable
+from typing import Any
+
+from harness.adapters.llm.types import LLMRequest, ToolCallOut, ToolSpec
+from harness.errors import ProviderError
+from harness.pipeline.contracts import Plan
+
+WIRE_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+SUBMIT_PLAN = "submit_plan"
+_DROPPED_KEYS = ("$schema", "$id")  # metadata the APIs do not need and some servers reject
+
+
+class ToolNames:
+    """The two-way mapping between tool names (skill ids) and the names sent on the wire."""
+
+    def __init__(self, names: Iterable[str]) -> None:
+        self._to_wire: dict[str, str] = {}
+        self._from_wire: dict[str, str] = {}
+        for name in names:
+            wire = _readable(name)
+            if not WIRE_NAME.match(wire) or wire in self._from_wire:
+                wire = _hashed(name)
+            self._to_wire[name] = wire
+            self._from_wire[wire] = name
+
+    def wire(self, name: str) -> str:
+        """The wire name of a tool."""
+        return self._to_wire[name]
+
+    def name(self, wire: str) -> str:
+        """The tool a wire name stands for; a ProviderError when the model invented it."""
+        try:
+            return self._from_wire[wire]
+        except KeyError:
+            raise ProviderError(f"the model called tool {wire!r}, which was not offered "
+                                f"(offered: {sorted(self._from_wire)})", kind="malformed_response",
+                                retryable=False) from None
+
+
+def malformed(provider: str, what: str) -> ProviderError:
+    """The provider answered, but not with something we can use; retrying the same call will not help."""
+    return ProviderError(f"{provider}: malformed response: {what}", kind="malformed_response",
+                         retryable=False)
+
+
+def _readable(name: str) -> str:
+    return name.replace(".", "__")
+
+
+def _hashed(name: str) -> str:
+    stem = re.sub(r"[^A-Za-z0-9_-]", "_", name)[:55]
+    return f"{stem}_{hashlib.sha256(name.encode()).hexdigest()[:8]}"
+
+
+def object_schema(spec: ToolSpec) -> dict[str, Any]:
+    """The tool's argument schema as both APIs want it: a JSON Schema object at the top."""
+    schema = {k: v for k, v in spec.parameters.items() if k not in _DROPPED_KEYS}
+    kind = schema.setdefault("type", "object")
+    if kind != "object":
+        raise ValueError(f"tool {spec.name!r}: arguments must be a JSON object schema, not type {kind!r}")
+    schema.setdefault("properties", {})
+    return schema
+
+
+def to_openai(spec: ToolSpec, names: ToolNames) -> dict[str, Any]:
+    """One tool as an OpenAI chat-completions function tool (`ChatCompletionToolParam`)."""
+    function: dict[str, Any] = {"name": names.wire(spec.name), "parameters": object_schema(spec)}
+    if spec.description:
+        function["description"] = spec.description
+    return {"type": "function", "function": function}
+
+
+def to_anthropic(spec: ToolSpec, names: ToolNames) -> dict[str, Any]:
+    """One tool as an Anthropic messages tool (`anthropic.types.ToolParam`)."""
+    tool: dict[str, Any] = {"name": names.wire(spec.name), "input_schema": object_schema(spec)}
+    if spec.description:
+        tool["description"] = spec.description
+    return tool
+
+
+def submit_plan_spec() -> ToolSpec:
+    """The tool a model may call to hand over its plan (plan_mode "tool"): its arguments are the Plan."""
+    return ToolSpec(name=SUBMIT_PLAN, description="Submit the plan that answers the user's task.",
+                    parameters=Plan.model_json_schema(by_alias=True))
+
+
+def parse_tool_calls(provider: str, names: ToolNames,
+                     raw: list[tuple[str, str, Any]]) -> list[ToolCallOut]:
+    """(id, wire name, decoded arguments) from a provider as ToolCallOuts; refuses unknown tools and
+    arguments that are not a JSON object."""
+    calls: list[ToolCallOut] = []
+    for call_id, wire, arguments in raw:
+        if not isinstance(arguments, dict):
+            raise malformed(provider, f"arguments of tool call {wire!r} are not a JSON object: "
+                                      f"{arguments!r:.120}")
+        calls.append(ToolCallOut(id=call_id or f"call_{len(calls)}", name=names.name(wire),
+                                 arguments=arguments))
+    return calls
+
+
+def plan_from_submit(request: LLMRequest, content: str,
+                     calls: list[ToolCallOut]) -> tuple[str, list[ToolCallOut]]:
+    """A `submit_plan` call in a planning answer is the plan: its arguments become the content."""
+    submitted = [c for c in calls if c.name == SUBMIT_PLAN]
+    if request.purpose != "plan" or not submitted:
+        return content, calls
+    return json.dumps(submitted[0].arguments), [c for c in calls if c.name != SUBMIT_PLAN]

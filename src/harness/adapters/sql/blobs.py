@@ -1,0 +1,105 @@
+"""The content-addressed blob store: what the trace references by hash, kept so a Run can be replayed (A5).
+
+Trace records carry hashes of inputs and outputs (A1); the contents live here, keyed by the same
+hash (SHA-256 of the canonical JSON, harness.audit.chain.content_hash), and are written in the same
+transaction as the records that reference them — a record is never committed pointing at content
+that was not. Equal contents share one row. Reading back verifies the hash, so an edited blob is
+reported, never silently replayed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import mysql, postgresql, sqlite
+
+from harness.adapters.sql import schema as t
+from harness.adapters.sql.store import SqlStore, TraceRecordIn
+from harness.audit.chain import canonical_json, content_hash
+
+blobs = sa.Table(
+    "blobs",
+    t.metadata,
+    sa.Column("hash", sa.String(64), primary_key=True),
+    sa.Column("content", sa.Text().with_variant(mysql.LONGTEXT(), "mysql", "mariadb"), nullable=False),
+)
+
+
+def contents_of(values: Iterable[Any]) -> dict[str, str]:
+    """hash → canonical JSON for each value (the hash the trace records carry for it)."""
+    return {content_hash(v): canonical_json(v) for v in values}
+
+
+def put(conn: sa.Connection, contents: Mapping[str, str]) -> None:
+    """Insert blobs inside the caller's transaction; one already stored is left as it is."""
+    if not contents:
+        return
+    rows = [{"hash": h, "content": c} for h, c in sorted(contents.items())]
+    dialect = conn.dialect.name
+    if dialect == "sqlite":
+        conn.execute(sqlite.insert(blobs).on_conflict_do_nothing(index_elements=["hash"]), rows)
+    elif dialect == "postgresql":
+        conn.execute(postgresql.insert(blobs).on_conflict_do_nothing(index_elements=["hash"]), rows)
+    else:  # MySQL / MariaDB
+        conn.execute(blobs.insert().prefix_with("IGNORE"), rows)
+
+
+def record_with_blobs(store: SqlStore, records: Sequence[TraceRecordIn], values: Iterable[Any]) -> None:
+    """Append trace records and the contents they reference by hash, in one transaction."""
+    with store.engine.begin() as conn:
+        put(conn, contents_of(values))
+        store.enqueue(conn, records, store.clock.now())
+
+
+def save_context_with_blobs(store: SqlStore, run_id: str, context: dict[str, Any],
+                            records: Sequence[TraceRecordIn], values: Iterable[Any]) -> None:
+    """SqlStore.save_context (the RunContext and its trace records in one transaction), plus the
+    contents those records reference, in that same transaction."""
+    with store.engine.begin() as conn:
+        put(conn, contents_of(values))
+        conn.execute(t.runs.update().where(t.runs.c.run_id == run_id).values(context=canonical_json(context)))
+        store.enqueue(conn, records, store.clock.now())
+
+
+class BlobStore:
+    """Reads blobs back, checking each against its hash."""
+
+    def __init__(self, engine: sa.Engine) -> None:
+        self.engine = engine
+
+    def available(self) -> bool:
+        """Whether this database has the blob table at all (a database from before 0004_blobs has not)."""
+        return sa.inspect(self.engine).has_table("blobs")
+
+    def raw(self, hashes: Iterable[str]) -> dict[str, str]:
+        """The stored text of each hash that has a blob, unchecked."""
+        wanted = sorted(set(hashes))
+        if not wanted:
+            return {}
+        with self.engine.connect() as conn:
+            query = sa.select(blobs.c.hash, blobs.c.content).where(blobs.c.hash.in_(wanted))
+            rows = conn.execute(query).all()
+        return {r.hash: r.content for r in rows}
+
+    @staticmethod
+    def verified(digest: str, text: str) -> bool:
+        """Whether `text` is exactly the canonical JSON whose hash is `digest`."""
+        return hashlib.sha256(text.encode("utf-8")).hexdigest() == digest
+
+
+def record_llm_call(store: SqlStore, run_id: str, purpose: str, request: Any, *,
+                    response: dict[str, Any] | None = None, error: dict[str, Any] | None = None) -> None:
+    """Trace one LLM exchange as an "llm" record — request and response by hash, an error inline, and a
+    fallback switch when the response says it came from the fallback model — with both contents."""
+    answer = response or {}
+    payload = {
+        "purpose": purpose, "request_hash": content_hash(request),
+        "response_hash": content_hash(response) if response is not None else None, "error": error,
+        "provider": answer.get("provider"), "model": answer.get("model"),
+        "fallback_from": answer.get("fallback_from"), "fallback_reason": answer.get("fallback_reason"),
+    }
+    values = [request] if response is None else [request, response]
+    record_with_blobs(store, [TraceRecordIn("llm", payload, run_id)], values)

@@ -1,0 +1,62 @@
+"""`harness replay RUN_ID`: re-execute a finished Run from its recording and report divergence (SPEC A5, U1).
+
+Exit codes follow U1: 0 the replay did what the Run did; 1 it diverged (a check failed); 2 the Run
+cannot be replayed (unknown, not finished, recorded without contents) or the input is bad. The source
+database is only read: the replay runs on a temporary database of its own.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from harness.adapters.sql.store import SqlStore
+from harness.cli_support import EXIT_CHECK_FAILED, DbOption, JsonOption, emit
+from harness.config import Settings
+from harness.errors import InvalidRequestError
+from harness.replay import ReplayReport
+from harness.replay import replay as replay_run
+
+
+def open_source(db: str | None) -> SqlStore:
+    """The database holding the Run, opened without migrating it (replay never writes there)."""
+    if db and "://" not in db and not Path(db).expanduser().exists():
+        raise InvalidRequestError(f"no database at {db!r}")
+    return SqlStore.open(db, migrate_schema=False)
+
+
+def replay(
+    run_id: Annotated[str, typer.Argument(help="The finished Run to replay.")],
+    db: DbOption = None,
+    json_: JsonOption = False,
+) -> None:
+    """Re-execute a finished Run with its recorded LLM answers and tool results; report any divergence."""
+    source = open_source(db)
+    try:
+        report = replay_run(run_id, source, Settings.from_env())
+    finally:
+        source.close()
+    if json_:
+        emit(report.to_dict())
+    else:
+        show(report)
+    if not report.ok:
+        raise typer.Exit(EXIT_CHECK_FAILED)
+
+
+def show(report: ReplayReport) -> None:
+    """Human-readable report."""
+    console = Console()
+    console.print(f"[bold]replay of run[/] {report.run_id}  (scratch run {report.replay_run_id})")
+    console.print("  path: " + " → ".join(report.summary.get("path", [])))
+    if report.ok:
+        console.print("  [green]no divergence[/]: same plan, verdicts, tool calls, path and result")
+        return
+    first = report.divergences[0]
+    console.print(f"  [red]diverged[/] first at {first.check} / {first.where}: {first.detail}")
+    for d in report.divergences:
+        console.print(f"  - {d.check} / {d.where}")
+        console.print(f"      recorded: {d.expected!r:.200}\n      replayed: {d.actual!r:.200}")

@@ -1,0 +1,386 @@
+"""Replay (SPEC A5): re-execute a finished Run's path from its recording and report any divergence.
+
+The Run's request is submitted again to a fresh runtime on a temporary SQLite database (the source
+database is only read). The pipeline runs for real — context assembly, plan validation, policy, HITL
+rules, the Run manager's bookkeeping — but the model and the tools answer from the recording:
+
+- `ReplayProvider` returns the recorded LLM answers (the "llm" trace records and their blobs);
+- `ReplayTools` returns each step's recorded result; no skill is ever called, so nothing happens
+  outside the temporary database;
+- recorded human decisions are re-submitted (same approver identity, same moment on a fake clock),
+  and approval timeouts fire when the recording says they did.
+
+Then what the replay did is compared with what the Run did: manifests, each LLM request, the plan,
+every policy verdict, the HITL events, each tool call's arguments and result hashes, the state path,
+and the final result. Blobs are checked against their hashes as they are read, so an edited
+recording is named as such. The first divergence is the earliest in pipeline order.
+
+Limits: budget and memory state are seeded from the source (costs and memory of the tenant before
+the Run began); other shared state (e.g. other Runs' pending approvals) is not reconstructed.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, cast
+
+import sqlalchemy as sa
+
+from harness.adapters.llm.resilient import FallbackResponse
+from harness.adapters.llm.types import LLMRequest, LLMResponse
+from harness.adapters.sql import schema as t
+from harness.adapters.sql.blobs import BlobStore
+from harness.adapters.sql.store import RunRecord, SqlStore
+from harness.audit.chain import content_hash
+from harness.clock import FakeClock
+from harness.config import Runtime, Settings, build_runtime
+from harness.errors import BadInputError, ProviderError
+from harness.kernel import FINAL, RunState
+from harness.pipeline.contracts import RunRequest, StepOutcome
+from harness.pipeline.tool_controller import CallResult, ToolController
+from harness.pipeline.trace_recorder import ToolTrace
+from harness.skills import Skill
+
+
+class ReplayError(BadInputError):
+    """The Run cannot be replayed: unknown, not finished, or recorded without its contents."""
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """One place where the replay did not do what the Run did."""
+
+    check: str
+    where: str
+    expected: Any
+    actual: Any
+    detail: str = ""
+
+
+@dataclass
+class ReplayReport:
+    """The outcome of one replay."""
+
+    run_id: str
+    replay_run_id: str | None
+    divergences: list[Divergence]
+    summary: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        """True when the replay did exactly what the Run did."""
+        return not self.divergences
+
+    def to_dict(self) -> dict[str, Any]:
+        """The report as one JSON document."""
+        return {"run_id": self.run_id, "replay_run_id": self.replay_run_id, "divergent": not self.ok,
+                "first_divergence": asdict(self.divergences[0]) if self.divergences else None,
+                "divergences": [asdict(d) for d in self.divergences], "summary": self.summary}
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    """What a Run did, as its records say: the facts a replay is compared on."""
+
+    state: str
+    path: list[str]
+    manifests: dict[str, Any]
+    llm: list[dict[str, Any]]
+    plan_hash: str | None
+    policy: list[tuple[Any, ...]]
+    hitl: list[tuple[Any, ...]]
+    tools: dict[str, list[dict[str, Any]]]
+    result: dict[str, Any]
+
+    @classmethod
+    def of(cls, store: SqlStore, run_id: str) -> RunFacts:
+        """Read the facts of a Run from its store (chained trace plus anything still in the outbox)."""
+        run = store.get_run(run_id)
+        context = run.context or {}
+        records = records_of(store, run_id)
+        tools: dict[str, list[dict[str, Any]]] = {}
+        for r in (p for k, p in records if k == "tool"):
+            tools.setdefault(r["step_id"], []).append({k: r.get(k) for k in (
+                "skill_id", "arguments_hash", "result_hash", "status", "error_code", "fallback_from")})
+        return cls(
+            state=run.state.value, path=[x.to_state.value for x in store.transitions_of(run_id)],
+            manifests=context.get("manifests", {}),
+            llm=[{"purpose": p["purpose"], "request_hash": p["request_hash"]}
+                 for k, p in records if k == "llm"],
+            plan_hash=content_hash(context["plan"]) if context.get("plan") is not None else None,
+            policy=sorted((p["rule_id"], p["family"], p["decision"], p.get("step_id") or "",
+                           p.get("level") or "") for k, p in records if k == "policy"),
+            hitl=[(p["event"], p["level"], p.get("approver"), p.get("break_glass", False))
+                  for k, p in records if k == "hitl"],
+            tools=tools, result=run.result or {},
+        )
+
+
+class Recording:
+    """A finished Run's recording: its trace records and the blobs they reference, read once."""
+
+    def __init__(self, run: RunRecord, records: list[tuple[str, dict[str, Any]]], blobs: dict[str, str],
+                 has_contents: bool) -> None:
+        self.run = run
+        self.records = records
+        self.blobs = blobs
+        self.has_contents = has_contents
+        self.problems: list[Divergence] = []
+
+    @classmethod
+    def load(cls, source: SqlStore, run_id: str) -> Recording:
+        """Read the Run, its records and every blob they reference."""
+        records = records_of(source, run_id)
+        store = BlobStore(source.engine)
+        if not store.available():
+            return cls(source.get_run(run_id), records, {}, has_contents=False)
+        wanted = [p.get(k) for _, p in records for k in ("response_hash", "result_hash")]
+        return cls(source.get_run(run_id), records, store.raw(h for h in wanted if h), has_contents=True)
+
+    def answers(self, purpose: str) -> list[dict[str, Any]]:
+        """The recorded LLM exchanges for one purpose, in order."""
+        return [p for k, p in self.records if k == "llm" and p["purpose"] == purpose]
+
+    def tool_traces(self, step_id: str) -> list[dict[str, Any]]:
+        """The tool controller's ToolTraces for one step (refusals are the Run manager's, not a call)."""
+        return [p for k, p in self.records
+                if k == "tool" and p["step_id"] == step_id and p["status"] != "refused"]
+
+    def outcome(self, step_id: str) -> dict[str, Any]:
+        """The StepOutcome the Run recorded in its context for a step, or {}."""
+        steps: dict[str, dict[str, Any]] = (self.run.context or {}).get("steps", {})
+        return steps.get(step_id, {})
+
+    def value(self, digest: str, what: str) -> tuple[bool, Any]:
+        """(found, content) of a blob; a missing or altered blob is recorded as a problem. Altered
+        content is still served, so its consequences show too."""
+        text = self.blobs.get(digest)
+        if text is None:
+            self._problem(what, digest, None, "the recording has no content for this hash")
+            return False, None
+        value = json.loads(text)
+        if not BlobStore.verified(digest, text):
+            self._problem(what, digest, content_hash(value), "the recorded content does not match its hash: "
+                          "the recording was altered")
+        return True, value
+
+    def _problem(self, what: str, expected: Any, actual: Any, detail: str) -> None:
+        if all(p.where != what for p in self.problems):
+            self.problems.append(Divergence("recording", what, expected, actual, detail))
+
+
+class ReplayProvider:
+    """An LLM that answers from the recording, in order; it never reaches a network."""
+
+    name = "replay"
+
+    def __init__(self, recording: Recording) -> None:
+        self.recording = recording
+        self._served: dict[str, int] = {}
+
+    def complete(self, request: LLMRequest) -> LLMResponse:
+        """The recorded answer to the next call of this purpose (or the recorded error, as raised)."""
+        answers = self.recording.answers(request.purpose)
+        index = self._served.get(request.purpose, 0)
+        if index >= len(answers):
+            raise ProviderError(f"replay: no recorded answer for {request.purpose} call #{index + 1}",
+                                kind="replay_missing", retryable=False)
+        answer = answers[index]
+        if answer.get("error"):  # not consumed: a retried call meets the same recorded failure
+            error = answer["error"]
+            raise ProviderError(error["message"], kind=error["kind"], retryable=error["retryable"])
+        self._served[request.purpose] = index + 1
+        found, value = self.recording.value(answer["response_hash"], f"llm answer #{index + 1}")
+        if not found:
+            raise ProviderError("replay: the recorded answer is missing", kind="replay_missing",
+                                retryable=False)
+        return (FallbackResponse if value.get("fallback_from") else LLMResponse).model_validate(value)
+
+
+class ReplayedFailureError(Exception):
+    """A step failure, as recorded."""
+
+
+class ReplayTools:
+    """The tool controller with every call answered from the recording; skills are never invoked."""
+
+    def __init__(self, real: ToolController, recording: Recording) -> None:
+        self._real = real
+        self.recording = recording
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+    def call(self, skill: Skill, arguments: dict[str, Any], *, run_id: str, step_id: str, output_key: str,
+             **_context: Any) -> CallResult:
+        """The recorded outcome of this step, with the arguments the replay passed hashed afresh."""
+        recorded = self.recording.tool_traces(step_id)
+        if not recorded:
+            recorded = [{"skill_id": skill.id, "skill_version": skill.manifest.version, "attempts": 0,
+                         "manifest_hash": skill.manifest_hash, "idempotency_key": f"{run_id}:{step_id}",
+                         "duration_ms": 0.0, "status": "error", "error_code": "replay_missing"}]
+        final = recorded[-1]
+        output: Any = None
+        served = final["status"] == "ok"
+        if served:
+            output = self.recording.value(final["result_hash"], f"tool result of step {step_id}")[1]
+        fields = set(ToolTrace.model_fields) - {"kind"}
+        traces = tuple(ToolTrace.model_validate({
+            **{k: v for k, v in r.items() if k in fields}, "run_id": run_id, "step_id": step_id,
+            "arguments_hash": content_hash(arguments),
+            "result_hash": content_hash(output) if r is final and served else r.get("result_hash"),
+        }) for r in recorded)
+        recorded_outcome = self.recording.outcome(step_id)
+        error = None if final["status"] == "ok" else (
+            recorded_outcome.get("error") or f"{final['error_code']}: no recorded result for step {step_id}")
+        outcome = StepOutcome(step_id=step_id, output_key=output_key, status=final["status"], output=output,
+                              error=error, attempts=final["attempts"] or 1, duration_ms=final["duration_ms"])
+        failure = None if error is None else ReplayedFailureError(error.split(": ", 1)[-1])
+        return CallResult(outcome, traces[-1], failure, traces)
+
+
+def records_of(store: SqlStore, run_id: str) -> list[tuple[str, dict[str, Any]]]:
+    """(kind, payload) of a Run's trace records in order: the chain, then any not yet drained."""
+    chained = [(r.kind, r.data()) for r in store.trace_of(run_id)]
+    with store.engine.connect() as conn:
+        pending = conn.execute(sa.select(t.outbox.c.kind, t.outbox.c.payload)
+                               .where(t.outbox.c.run_id == run_id).order_by(t.outbox.c.id)).all()
+    return chained + [(k, json.loads(p)) for k, p in pending]
+
+
+def compare(source: RunFacts, replay: RunFacts) -> list[Divergence]:
+    """Every difference between the Run and its replay, in pipeline order."""
+    found: list[Divergence] = []
+
+    def check(name: str, where: str, expected: Any, actual: Any, detail: str = "") -> None:
+        if expected != actual:
+            found.append(Divergence(name, where, expected, actual, detail))
+
+    for skill in sorted(set(source.manifests) | set(replay.manifests)):
+        check("manifest", skill, source.manifests.get(skill), replay.manifests.get(skill),
+              "the skill's manifest is not the one the Run used (T1)")
+    for i in range(max(len(source.llm), len(replay.llm))):
+        check("llm_request", f"call #{i + 1}", _at(source.llm, i), _at(replay.llm, i),
+              "the model was asked something else than in the recording")
+    check("plan", "plan hash", source.plan_hash, replay.plan_hash)
+    check("policy", "verdicts", source.policy, replay.policy)
+    check("hitl", "events", source.hitl, replay.hitl)
+    for step in sorted(set(source.tools) | set(replay.tools)):
+        check("tool_call", f"step {step}", source.tools.get(step), replay.tools.get(step),
+              "arguments, status or result of the call differ")
+    check("path", "state path", source.path, replay.path)
+    check("result", "final state", source.state, replay.state)
+    check("result", "run result", content_hash(source.result), content_hash(replay.result),
+          json.dumps({"recorded": source.result, "replayed": replay.result}, default=str)[:2000])
+    return found
+
+
+def _at(items: list[Any], index: int) -> Any:
+    return items[index] if index < len(items) else None
+
+
+def replay(run_id: str, source: SqlStore, settings: Settings | None = None) -> ReplayReport:
+    """Replay one finished Run of `source` (read only) and compare; ReplayError when it cannot be."""
+    run = source.get_run(run_id)
+    if run.state not in FINAL:
+        raise ReplayError(f"run {run_id} is {run.state.value}; only a finished Run can be replayed")
+    recording = Recording.load(source, run_id)
+    if not recording.has_contents and any(k in ("llm", "tool") for k, _ in records_of(source, run_id)):
+        raise ReplayError(f"run {run_id} was recorded without its contents (before blob recording)")
+    base = settings or Settings.from_env()
+    with _scratch_runtime(base, run.created_at, recording) as (rt, clock):
+        _seed(source, rt.store, run.tenant_id, run.created_at)
+        follow = _follow_clock(clock, [x.at for x in source.transitions_of(run_id)])
+        rt.machine.subscribe(lambda _rid, _s, _t: follow())
+        request = RunRequest.model_validate({**run.request, "retry_of": None})
+        new, _ = rt.runs.submit(request)
+        rt.runs.drive(new.run_id)
+        _replay_humans(rt, clock, source, run_id, new.run_id)
+        rt.store.drain_all()
+        expected, actual = RunFacts.of(source, run_id), RunFacts.of(rt.store, new.run_id)
+        divergences = recording.problems + compare(expected, actual)
+        summary = {"path": actual.path, "state": actual.state, "llm_calls": len(actual.llm),
+                   "tool_calls": sum(len(v) for v in actual.tools.values()),
+                   "policy_verdicts": len(actual.policy)}
+        return ReplayReport(run_id, new.run_id, divergences, summary)
+
+
+@contextmanager
+def _scratch_runtime(base: Settings, start: float,
+                     recording: Recording) -> Iterator[tuple[Runtime, FakeClock]]:
+    """A runtime on a temporary database and folder, answering from the recording."""
+    with tempfile.TemporaryDirectory(prefix="harness-replay-") as tmp:
+        clock = FakeClock(start)
+        scratch = Path(tmp)
+        settings = base.model_copy(update={"db": str(scratch / "replay.db"), "data_dir": scratch / "data"})
+        rt = build_runtime(settings, clock=clock, provider=ReplayProvider(recording))
+        rt.runs.tools = cast(ToolController, ReplayTools(rt.runs.tools, recording))
+        try:
+            yield rt, clock
+        finally:
+            rt.close()
+
+
+def _follow_clock(clock: FakeClock, times: list[float]) -> Callable[[], None]:
+    """After the n-th replayed transition, move the fake clock to when the Run made its n-th."""
+    pending = iter(times[1:])
+
+    def follow() -> None:
+        at = next(pending, None)
+        if at is not None and at > clock.now():
+            clock.advance(at - clock.now())
+    return follow
+
+
+def _seed(source: SqlStore, target: SqlStore, tenant_id: str, before: float) -> None:
+    """Give the replay the tenant's recorded spend and memory from before the Run, so budgets and
+    recall decide as they did. Memory written by a Run counts only once that Run SUCCEEDED (C5); its
+    source Run is not in the scratch database, so such entries are copied as plain entries."""
+    succeeded = sa.select(t.runs.c.run_id).where(t.runs.c.state == RunState.SUCCEEDED.value)
+    for name, time_column in (("costs", "at"), ("memory_entries", "created_at")):
+        if not (sa.inspect(source.engine).has_table(name) and sa.inspect(target.engine).has_table(name)):
+            continue
+        table = sa.Table(name, sa.MetaData(), autoload_with=source.engine)
+        query = sa.select(table).where(table.c.tenant_id == tenant_id, table.c[time_column] < before)
+        if name == "memory_entries":
+            query = query.where(sa.or_(table.c.source_run_id.is_(None), table.c.source_run_id.in_(succeeded)))
+        with source.engine.connect() as conn:
+            rows = [dict(r._mapping) for r in conn.execute(query)]
+        if name == "memory_entries":
+            rows = [{**r, "source_run_id": None} for r in rows]
+        if rows:
+            with target.engine.begin() as conn:
+                conn.execute(sa.Table(name, sa.MetaData(), autoload_with=conn).insert(), rows)
+
+
+def _replay_humans(rt: Runtime, clock: FakeClock, source: SqlStore, run_id: str, replay_id: str) -> None:
+    """Re-submit the Run's human decisions at their recorded moments; let timeouts fire as they did."""
+    with source.engine.connect() as conn:
+        decisions = conn.execute(sa.select(t.hitl_decisions).where(t.hitl_decisions.c.run_id == run_id)
+                                 .order_by(t.hitl_decisions.c.id)).all()
+    for d in decisions:
+        _move_to(clock, d.at)
+        rt.runs.expire_approvals()
+        pending = [r for r in rt.hitl.for_run(replay_id) if r.status == "pending"]
+        tenant, _, user = d.approver.partition("/")
+        approver = rt.identities.find(tenant, user)
+        if not pending or approver is None:
+            continue  # the divergence shows in the HITL events and the path
+        rt.runs.decide(pending[-1].request_id, approver, d.decision, break_glass=d.break_glass,
+                       reason=d.reason)
+    transitions = source.transitions_of(run_id)
+    if rt.store.get_run(replay_id).state == RunState.AWAITING_HITL:
+        leaving = [x.at for x in transitions if x.from_state == RunState.AWAITING_HITL]
+        if leaving:
+            _move_to(clock, leaving[-1])
+            rt.runs.expire_approvals()
+
+
+def _move_to(clock: FakeClock, at: float) -> None:
+    if at > clock.now():
+        clock.advance(at - clock.now())

@@ -1,0 +1,1 @@
+"""Replay tests (SPEC A5): finished Runs re-executed from their recordings."""
