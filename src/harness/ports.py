@@ -6,6 +6,8 @@ from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from harness.adapters.llm.types import LLMRequest, LLMResponse
+    from harness.adapters.sandbox.types import SandboxJob, SandboxOutcome
+    from harness.adapters.sql.store import SqlStore
     from harness.pipeline.contracts import RunResult
 
 
@@ -32,4 +34,35 @@ class ResultSink(Protocol):
 
     def deliver(self, result: RunResult) -> None:
         """Hand the result to the caller."""
+        ...
+
+
+class Sandbox(Protocol):
+    """Runs one sandboxed skill call in an isolated process (SPEC T4); a failure, crash or escape
+    attempt is described in the outcome, never raised. `isolation` names how strong the walls are."""
+
+    isolation: str
+
+    def run(self, job: SandboxJob) -> SandboxOutcome:
+        """Run the call to its end or its limits."""
+        ...
+
+
+class TraceBuffer(Protocol):
+    """A buffer between the outbox and the hash chain, such as Redis Streams (SPEC A4, D2).
+
+    Its own outage never raises: the records then stay in the outbox, which commits with the state
+    change, and are carried on once the buffer is back. Chaining is idempotent by record id.
+    """
+
+    def drain(self, store: SqlStore, batch_size: int) -> int:
+        """Carry one batch outbox → buffer → chain; returns how many records were chained."""
+        ...
+
+    def drain_all(self, store: SqlStore, batch_size: int) -> int:
+        """Carry batches until nothing moves; returns how many records were chained."""
+        ...
+
+    def close(self) -> None:
+        """Release the buffer's connections."""
         ...

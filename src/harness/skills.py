@@ -14,12 +14,18 @@ A manifest is a YAML file::
     network: false
     idempotent: true
     fallback: null
+    kind: python                              # python (default), llm or agent
+    limits: {memory_mb: 512, cpu_s: 10, processes: 64, file_mb: 64, output_kb: 1024}   # sandboxed only
+    breaker: {failure_threshold: 5, reset_timeout_s: 30}
 
+An `llm` skill has no entrypoint: its `prompt` (with ``{argument}`` placeholders) goes to the Runtime's
+LLM provider. An `agent` skill's `prompt` becomes the task of a child Run (SPEC T4).
 A broken manifest is refused at load with the file and the field named.
 """
 
 from __future__ import annotations
 
+import ast
 import importlib
 import importlib.util
 import sys
@@ -30,7 +36,7 @@ from typing import Any, Literal
 
 import jsonschema
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from harness.audit.chain import content_hash
 from harness.errors import ManifestError
@@ -55,6 +61,25 @@ class RetryPolicy(BaseModel):
     max_backoff_s: float = Field(default=5.0, ge=0, le=600)
 
 
+class Limits(BaseModel):
+    """Resource limits of a sandboxed call (SPEC T4); wall time is the manifest's timeout_s."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    memory_mb: int = Field(default=512, ge=64, le=65_536)
+    cpu_s: float = Field(default=10.0, gt=0, le=3_600)
+    processes: int = Field(default=64, ge=1, le=4_096)
+    file_mb: int = Field(default=64, ge=1, le=65_536)
+    output_kb: int = Field(default=1_024, ge=1, le=1_048_576)
+
+
+class BreakerSettings(BaseModel):
+    """When the skill's circuit breaker opens and for how long (SPEC T3)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    failure_threshold: int = Field(default=5, ge=1, le=1_000)
+    reset_timeout_s: float = Field(default=30.0, ge=0, le=86_400)
+
+
 class Manifest(BaseModel):
     """A skill's declaration."""
 
@@ -62,7 +87,10 @@ class Manifest(BaseModel):
     id: str = Field(pattern=SKILL_ID)
     version: str = Field(pattern=r"^\d+\.\d+(\.\d+)?([-+][A-Za-z0-9.]+)?$")
     description: str = ""
-    entrypoint: str = Field(pattern=r"^[^:]+:[A-Za-z_][A-Za-z0-9_]*$")
+    kind: Literal["python", "llm", "agent"] = "python"
+    entrypoint: str | None = Field(default=None, pattern=r"^[^:]+:[A-Za-z_][A-Za-z0-9_]*$")
+    prompt: str | None = Field(default=None, min_length=1, max_length=20_000)
+    output: Literal["text", "json"] = "text"
     input_schema: dict[str, Any]
     output_schema: dict[str, Any] | None = None
     risk: Risk
@@ -72,7 +100,8 @@ class Manifest(BaseModel):
     network: bool = False
     idempotent: bool = False
     fallback: str | None = Field(default=None, pattern=SKILL_ID)
-    limits: dict[str, float] = Field(default_factory=dict)
+    limits: Limits = Limits()
+    breaker: BreakerSettings = BreakerSettings()
 
     @field_validator("input_schema", "output_schema")
     @classmethod
@@ -85,6 +114,29 @@ class Manifest(BaseModel):
             if value.get("type") != "object":
                 raise ValueError("must describe an object (type: object)")
         return value
+
+    @model_validator(mode="after")
+    def _kind_fields(self) -> Manifest:
+        # Each check raises with the field's name first, so the loader's message names it.
+        if self.kind == "python" and self.entrypoint is None:
+            raise ValueError("entrypoint: a python skill needs one (file.py:function or module:function)")
+        if self.kind != "python":
+            if self.prompt is None:
+                raise ValueError(f"prompt: an {self.kind} skill needs a prompt")
+            if self.entrypoint is not None or self.sandbox:
+                raise ValueError(f"kind: an {self.kind} skill has no entrypoint and is not sandboxed")
+        if self.network and not self.sandbox:
+            raise ValueError("network: only a sandboxed skill declares network access")
+        if self.fallback == self.id:
+            raise ValueError("fallback: a skill cannot be its own fallback")
+        return self
+
+    @property
+    def call_kind(self) -> Literal["local", "sandbox", "llm", "agent"]:
+        """How the tool controller runs it (SPEC T4)."""
+        if self.kind == "python":
+            return "sandbox" if self.sandbox else "local"
+        return self.kind
 
 
 @dataclass(frozen=True)
@@ -102,6 +154,19 @@ class SkillContext:
 SkillFn = Callable[[dict[str, Any], SkillContext], Any]
 
 
+def _runs_elsewhere(args: dict[str, Any], ctx: SkillContext) -> Any:
+    raise RuntimeError("this skill runs through the tool controller (sandbox, LLM, child Run), not here")
+
+
+@dataclass(frozen=True)
+class Entrypoint:
+    """Where a python skill's function lives: a file beside the manifest, or an importable module."""
+
+    function: str
+    file: Path | None = None
+    module: str | None = None
+
+
 @dataclass(frozen=True)
 class Skill:
     """A loaded skill: its manifest, the manifest's hash, and the function that runs it."""
@@ -110,6 +175,7 @@ class Skill:
     manifest_hash: str
     path: Path
     fn: SkillFn
+    entry: Entrypoint | None = None
 
     @property
     def id(self) -> str:
@@ -123,12 +189,14 @@ class Skill:
 
 def _first_error(exc: ValidationError) -> str:
     err = exc.errors()[0]
-    where = ".".join(str(p) for p in err["loc"]) or "(top level)"
-    return f"{where}: {err['msg']}"
+    message = str(err["msg"]).removeprefix("Value error, ")
+    if not err["loc"]:
+        return message  # a cross-field check: its message starts with the field it is about
+    return f"{'.'.join(str(p) for p in err['loc'])}: {message}"
 
 
 def load_manifest(path: Path) -> Skill:
-    """Load and validate one manifest and import its entrypoint."""
+    """Load and validate one manifest; import its entrypoint unless it runs in a sandbox."""
     try:
         raw = yaml.safe_load(path.read_text(encoding="utf-8"))
     except OSError as exc:
@@ -141,32 +209,72 @@ def load_manifest(path: Path) -> Skill:
         manifest = Manifest.model_validate(raw)
     except ValidationError as exc:
         raise ManifestError(f"{path}: {_first_error(exc)}") from exc
-    return Skill(manifest, content_hash(raw), path, _import_entrypoint(path, manifest.entrypoint))
+    digest = content_hash(raw)
+    if manifest.entrypoint is None:
+        return Skill(manifest, digest, path, _runs_elsewhere)
+    entry = _locate_entrypoint(path, manifest.entrypoint)
+    if manifest.sandbox:
+        # Importing would run the skill's module-level code unsandboxed: only check it is there.
+        _check_without_import(path, entry)
+        return Skill(manifest, digest, path, _runs_elsewhere, entry)
+    return Skill(manifest, digest, path, _import_entrypoint(path, entry), entry)
 
 
-def _import_entrypoint(manifest_path: Path, entrypoint: str) -> SkillFn:
+def _locate_entrypoint(manifest_path: Path, entrypoint: str) -> Entrypoint:
     target, func = entrypoint.rsplit(":", 1)
+    if target.endswith(".py"):
+        return Entrypoint(func, file=(manifest_path.parent / target).resolve())
+    return Entrypoint(func, module=target)
+
+
+def _check_without_import(manifest_path: Path, entry: Entrypoint) -> None:
+    if entry.file is None:
+        try:
+            found = importlib.util.find_spec(entry.module or "")
+        except (ImportError, ValueError) as exc:
+            raise ManifestError(f"{manifest_path}: entrypoint: cannot find module {entry.module!r}: {exc}") \
+                from exc
+        if found is None:
+            raise ManifestError(f"{manifest_path}: entrypoint: cannot find module {entry.module!r}")
+        return
     try:
-        if target.endswith(".py"):
-            file = (manifest_path.parent / target).resolve()
-            name = f"harness_skill_{content_hash(str(file))[:16]}"
+        tree = ast.parse(entry.file.read_text(encoding="utf-8"), str(entry.file))
+    except OSError as exc:
+        raise ManifestError(f"{manifest_path}: entrypoint: cannot read {entry.file}: {exc.strerror}") from exc
+    except SyntaxError as exc:
+        raise ManifestError(f"{manifest_path}: entrypoint: {entry.file} is not valid Python: {exc}") from exc
+    defined = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
+    if entry.function not in defined:
+        raise ManifestError(f"{manifest_path}: entrypoint: {entry.file.name} defines no function "
+                            f"{entry.function!r}")
+
+
+def _import_entrypoint(manifest_path: Path, entry: Entrypoint) -> SkillFn:
+    target = str(entry.file) if entry.file is not None else entry.module or ""
+    try:
+        if entry.file is not None:
+            name = f"harness_skill_{content_hash(str(entry.file))[:16]}"
             module = sys.modules.get(name)
             if module is None:
-                spec = importlib.util.spec_from_file_location(name, file)
+                spec = importlib.util.spec_from_file_location(name, entry.file)
                 if spec is None or spec.loader is None:
-                    raise ManifestError(f"{manifest_path}: entrypoint: cannot load {file}")
+                    raise ManifestError(f"{manifest_path}: entrypoint: cannot load {entry.file}")
                 module = importlib.util.module_from_spec(spec)
                 sys.modules[name] = module
-                spec.loader.exec_module(module)
+                try:
+                    spec.loader.exec_module(module)
+                except BaseException:
+                    del sys.modules[name]  # a broken file must not be found half-loaded next time
+                    raise
         else:
             module = importlib.import_module(target)
     except ManifestError:
         raise
     except (OSError, ImportError, SyntaxError) as exc:
         raise ManifestError(f"{manifest_path}: entrypoint: cannot import {target!r}: {exc}") from exc
-    fn = getattr(module, func, None)
+    fn = getattr(module, entry.function, None)
     if not callable(fn):
-        raise ManifestError(f"{manifest_path}: entrypoint: {target!r} has no function {func!r}")
+        raise ManifestError(f"{manifest_path}: entrypoint: {target!r} has no function {entry.function!r}")
     return fn  # type: ignore[no-any-return]
 
 
@@ -177,17 +285,33 @@ class SkillRegistry:
         self._skills: dict[str, Skill] = {}
         for skill in skills:
             if skill.id in self._skills:
-                raise ManifestError(f"{skill.path}: id: {skill.id!r} is already declared by {self._skills[skill.id].path}")
+                first = self._skills[skill.id].path
+                raise ManifestError(f"{skill.path}: id: {skill.id!r} is already declared by {first}")
             self._skills[skill.id] = skill
         for skill in self._skills.values():
-            fallback = skill.manifest.fallback
-            if fallback is not None and fallback not in self._skills:
-                raise ManifestError(f"{skill.path}: fallback: no skill {fallback!r} is declared")
+            self._check_fallback(skill)
+
+    def _check_fallback(self, skill: Skill) -> None:
+        # The fallback runs under the primary's approval, so it may not need a higher level (G2).
+        # Imported here: the policy package imports this module.
+        from harness.policy.config import LEVEL_RANK  # noqa: PLC0415
+        from harness.policy.risk import level_for  # noqa: PLC0415
+
+        name = skill.manifest.fallback
+        if name is None:
+            return
+        fallback = self._skills.get(name)
+        if fallback is None:
+            raise ManifestError(f"{skill.path}: fallback: no skill {name!r} is declared")
+        mine, theirs = level_for(skill.manifest.risk), level_for(fallback.manifest.risk)
+        if LEVEL_RANK[theirs] > LEVEL_RANK[mine]:
+            raise ManifestError(f"{skill.path}: fallback: {name!r} needs approval level {theirs}, "
+                                f"higher than {skill.id}'s {mine}")
 
     @classmethod
     def from_dirs(cls, *dirs: Path) -> SkillRegistry:
         """Load every `*.yaml` manifest under the given folders."""
-        skills = []
+        skills: list[Skill] = []
         for folder in dirs:
             if not folder.is_dir():
                 raise ManifestError(f"{folder}: skills folder does not exist")

@@ -14,7 +14,7 @@ import sqlalchemy as sa
 
 from harness.adapters.sql.store import _UNSET, RunRecord, SqlStore, TraceRecordIn, TransitionResult
 from harness.audit.chain import content_hash
-from harness.kernel import TRANSIENT, CloseReason, RunState, automatic_next
+from harness.kernel import FINAL, TRANSIENT, CloseReason, RunState, automatic_next, final_state_for
 
 #: called while a Run closes, with the Run (in TRACING) and the final state it is moving to; returns
 #: extra trace records to write in the closing transaction (e.g. memory write-back on SUCCEEDED, C5)
@@ -60,7 +60,14 @@ class StateMachine:
         result: dict[str, Any] | None = _UNSET,
         also: Callable[[sa.Connection], None] | None = None,
     ) -> TransitionResult:
-        """Move the Run source→target, then on through the funnel if target is transient or TRACING."""
+        """Move the Run source→target, then on through the funnel if target is transient or TRACING.
+
+        Closing a Run from TRACING writes its RunTrace and runs the closing hooks, whoever asks.
+        """
+        if source == RunState.TRACING and target in FINAL:
+            run = self.store.get_run(run_id)
+            if run.state == source and run.close_reason is not None and target == final_state_for(run.close_reason):
+                records = [*records, *self._closing_records(run, target)]
         outcome = self.store.transition(
             run_id, source, target, actor=actor, reason=reason, forced_by=forced_by, lease_epoch=lease_epoch,
             expected_version=expected_version, records=records, context=context, result=result, also=also,
@@ -94,9 +101,7 @@ class StateMachine:
             target = automatic_next(state, reason)
             assert target is not None
             if state == RunState.TRACING:
-                records.append(self._run_trace(run, target))
-                for hook in self._closing_hooks:
-                    records.extend(hook(run, target))
+                records.extend(self._closing_records(run, target))
             why = "funnel into TRACING" if target == RunState.TRACING else f"closed: {reason}"
             outcome = self.store.transition(
                 run_id, state, target, actor="kernel", reason=why, forced_by=forced_by,
@@ -109,6 +114,13 @@ class StateMachine:
         if self.drain_on_close:
             self.store.drain_all()
         return state
+
+    def _closing_records(self, run: RunRecord, final: RunState) -> list[TraceRecordIn]:
+        """The RunTrace and whatever the closing hooks add, for the TRACING → final transaction."""
+        records = [self._run_trace(run, final)]
+        for hook in self._closing_hooks:
+            records.extend(hook(run, final))
+        return records
 
     def _run_trace(self, run: RunRecord, final: RunState) -> TraceRecordIn:
         """The RunTrace main record (SPEC A1): final state, transition sequence, total cost, trace_hash."""
@@ -123,5 +135,6 @@ class StateMachine:
             "session_id": run.session_id, "final_state": final.value,
             "close_reason": run.close_reason.value if run.close_reason else None,
             "transitions": [p["to"] for p in path], "total_cost": cost, "retry_of": run.retry_of,
+            "parent_run_id": run.parent_run_id,
             "trace_hash": content_hash(path),
         }, run.run_id)

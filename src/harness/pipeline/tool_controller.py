@@ -1,43 +1,65 @@
 """Tool controller (step ⑥, seed 004 §3.5): every side effect leaves the kernel through here.
 
 It lists the skills a caller may see (RBAC, T2), converts their schemas into tool specs, and runs a
-call: arguments validated against the manifest's schema, retried per the manifest by error class
-(T3), bounded by the manifest's timeout, with the deterministic idempotency key (run_id, step id)
-handed to the skill (T6). Each call yields a StepOutcome and a ToolTrace.
+call: arguments validated against the manifest's schema, run by its call kind (local, sandbox, llm,
+agent — T4, see tool_kinds), retried per the manifest by error class (T3) through the skill's
+circuit breaker, bounded by the manifest's timeout and by what is left of the Run's execution limit
+(T5), with the deterministic idempotency key (run_id, step id) handed to the skill (T6). When the
+breaker is open, or the retries of a transient failure are spent, the manifest's fallback runs and
+the switch is traced (ToolTrace.fallback_from). Each call yields a StepOutcome and its ToolTraces.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import socket
+import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import jsonschema
-from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
+from tenacity import (
+    RetryCallState,
+    Retrying,
+    retry_if_exception,
+    stop_after_attempt,
+    stop_any,
+    wait_exponential_jitter,
+)
+from tenacity.stop import stop_base
 
 from harness.adapters.llm.types import ToolSpec
+from harness.adapters.sandbox import SandboxMode, Workdirs, select_sandbox
 from harness.audit.chain import content_hash
+from harness.clock import SystemClock
 from harness.errors import ProviderError
 from harness.pipeline.contracts import CallerIdentity, StepOutcome
-from harness.pipeline.trace_recorder import ToolTrace
+from harness.pipeline.tool_kinds import (
+    AgentCalls,
+    Attempt,
+    ChildDriver,
+    LlmCalls,
+    LocalCalls,
+    RetryableSkillError,
+    SandboxCalls,
+    StepTimeoutError,
+    ToolCallError,
+)
+from harness.pipeline.trace_recorder import CostTrace, ToolTrace
+from harness.ports import Clock, LLMProvider, Sandbox
+from harness.resilience import BreakerConfig, BreakerRegistry, CircuitOpenError
 from harness.skills import Skill, SkillContext, SkillRegistry
 
-
-class RetryableSkillError(Exception):
-    """Raised by a skill for a transient failure that is worth retrying (like a 5xx or a 429)."""
-
-
-class StepTimeoutError(Exception):
-    """A call ran past its manifest's timeout."""
+__all__ = ["CallResult", "RetryableSkillError", "StepTimeoutError", "ToolCallError", "ToolController",
+           "error_code", "is_retryable"]
 
 
 def is_retryable(exc: BaseException) -> bool:
     """SPEC T3: network errors, 5xx and 429 are retried; everything else fails at once."""
-    if isinstance(exc, ProviderError):
+    if isinstance(exc, ProviderError | ToolCallError):
         return exc.retryable
     return isinstance(exc, RetryableSkillError | ConnectionError | socket.timeout)
 
@@ -45,33 +67,91 @@ def is_retryable(exc: BaseException) -> bool:
 def error_code(exc: BaseException) -> str:
     """A stable code for an error, for ToolTrace and ErrorTrace."""
     if isinstance(exc, StepTimeoutError):
-        return "timeout"
+        return "run_time_limit" if exc.limit == "run" else "timeout"
     if isinstance(exc, jsonschema.ValidationError):
         return "invalid_arguments"
     if isinstance(exc, ProviderError):
         return exc.kind
+    if isinstance(exc, ToolCallError):
+        return exc.code
+    if isinstance(exc, CircuitOpenError):
+        return "circuit_open"
     return type(exc).__name__
+
+
+def counts_against(exc: BaseException) -> bool:
+    """Whether a failure says the skill itself is unwell (what its breaker counts): transient errors,
+    its own timeouts and sandbox crashes — not bad arguments, business errors or the Run's own limit."""
+    if isinstance(exc, StepTimeoutError):
+        return exc.limit == "step"
+    if isinstance(exc, ToolCallError) and exc.code in ("sandbox_crashed", "sandbox_killed"):
+        return True
+    return is_retryable(exc)
 
 
 @dataclass(frozen=True)
 class CallResult:
-    """What one call produced: the recorded outcome and its ToolTrace."""
+    """What one call produced: the recorded outcome, its final ToolTrace and every ToolTrace (the
+    primary's before a fallback's)."""
 
     outcome: StepOutcome
     trace: ToolTrace
     exception: BaseException | None = None
+    traces: tuple[ToolTrace, ...] = ()
+
+
+@dataclass
+class _Go:
+    """One skill's go at a call, retries included."""
+
+    skill: Skill
+    output: Any = None
+    failure: BaseException | None = None
+    runs: int = 0
+    duration_ms: float = 0.0
+    info: dict[str, Any] = field(default_factory=dict)
 
 
 PermissionCheck = Callable[[CallerIdentity, Skill], bool]
+Executor = Callable[[Attempt], Any]
 
 
 class ToolController:
     """Runs skill calls for Runs."""
 
-    def __init__(self, registry: SkillRegistry, *, workdir_root: Path | None = None, max_workers: int = 8) -> None:
+    def __init__(self, registry: SkillRegistry, *, workdir_root: Path | None = None, max_workers: int = 8,
+                 sandbox: Sandbox | None = None, sandbox_mode: SandboxMode = "auto",
+                 clock: Clock | None = None, breakers: BreakerRegistry | None = None,
+                 provider: LLMProvider | None = None,
+                 record_cost: Callable[[CostTrace], None] | None = None) -> None:
         self.registry = registry
-        self.workdir_root = workdir_root or Path("harness-data") / "runs"
-        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="skill")
+        self.workdirs = Workdirs(workdir_root or Path("harness-data") / "runs")
+        self.breakers = breakers or BreakerRegistry(clock or SystemClock())
+        self.provider = provider
+        #: set by the composition root once the Run manager exists (it needs this controller first)
+        self.child_runs: ChildDriver | None = None
+        self._sandbox = sandbox
+        self._sandbox_mode = sandbox_mode
+        self._sandbox_lock = threading.Lock()
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers, thread_name_prefix="skill")
+        self._kinds: dict[str, Executor] = {
+            "local": LocalCalls(self._pool),
+            "sandbox": SandboxCalls(self.sandbox, self.workdirs),
+            "llm": LlmCalls(lambda: self.provider, self._pool, record_cost),
+            "agent": AgentCalls(lambda: self.child_runs),
+        }
+
+    @property
+    def workdir_root(self) -> Path:
+        """Where the Runs' private working directories live."""
+        return self.workdirs.root
+
+    def sandbox(self) -> Sandbox:
+        """The sandbox, chosen at the first sandboxed call (probing bubblewrap costs a process start)."""
+        with self._sandbox_lock:
+            if self._sandbox is None:
+                self._sandbox = select_sandbox(self._sandbox_mode)
+            return self._sandbox
 
     def visible_skills(self, caller: CallerIdentity, may_call: PermissionCheck) -> list[Skill]:
         """The skills this caller may use, by the gatekeeper's permission rules (T2)."""
@@ -83,6 +163,10 @@ class ToolController:
         return [ToolSpec(name=s.id, description=s.manifest.description, parameters=s.manifest.input_schema)
                 for s in skills]
 
+    def release(self, run_id: str) -> bool:
+        """Remove the Run's working directory (when it reached its final state); False if it had none."""
+        return self.workdirs.remove(run_id)
+
     def call(
         self,
         skill: Skill,
@@ -92,59 +176,114 @@ class ToolController:
         step_id: str,
         output_key: str,
         caller: CallerIdentity,
+        deadline: float | None = None,
+        may_fall_back: Callable[[Skill], bool] | None = None,
     ) -> CallResult:
-        """Validate, run with retries and timeout, and describe what happened."""
+        """Validate, run with retries, breaker and timeout, fall back if needed, and describe what happened.
+
+        `deadline` is the time.monotonic() by which the Run's execution limit ends; it caps the call.
+        `may_fall_back(skill)` says whether this Run may use a fallback skill (default: yes).
+        """
         key = f"{run_id}:{step_id}"
         ctx = SkillContext(run_id=run_id, step_id=step_id, idempotency_key=key, tenant_id=caller.tenant_id,
-                           user_id=caller.user_id, workdir=self.workdir_root / run_id)
-        attempts = 0
+                           user_id=caller.user_id, workdir=self.workdirs.path(run_id))
+        attempts = [self._attempt(skill, arguments, ctx, caller, deadline)]
+        fallback = self._fallback_for(skill, attempts[0].failure, may_fall_back)
+        if fallback is not None:
+            attempts.append(self._attempt(fallback, arguments, ctx, caller, deadline))
+        origin = [None, skill.id]  # the fallback's trace names the skill it stands in for
+        traces = tuple(self._trace(go, ctx, arguments, origin[i]) for i, go in enumerate(attempts))
+        final = attempts[-1]
+        failure = final.failure
+        outcome = StepOutcome(
+            step_id=step_id, output_key=output_key, status="ok" if failure is None else "error",
+            output=final.output if failure is None else None,
+            error=None if failure is None else f"{error_code(failure)}: {failure}",
+            attempts=max(sum(go.runs for go in attempts), 1),
+            duration_ms=round(sum(go.duration_ms for go in attempts), 3),
+        )
+        return CallResult(outcome, traces[-1], failure, traces)
+
+    def _fallback_for(self, skill: Skill, failure: BaseException | None,
+                      may_fall_back: Callable[[Skill], bool] | None) -> Skill | None:
+        if failure is None or skill.manifest.fallback is None:
+            return None
+        if not (isinstance(failure, CircuitOpenError) or is_retryable(failure)):
+            return None  # a definite answer (bad input, business error) is not the dependency being sick
+        fallback = self.registry.get(skill.manifest.fallback)
+        if fallback is None or (may_fall_back is not None and not may_fall_back(fallback)):
+            return None
+        return fallback
+
+    def _attempt(self, skill: Skill, arguments: dict[str, Any], ctx: SkillContext, caller: CallerIdentity,
+                 deadline: float | None) -> _Go:
+        go = _Go(skill)
         started = time.perf_counter()
+        settings = skill.manifest.breaker
+        breaker = self.breakers.get(f"skill:{skill.id}", BreakerConfig(
+            failure_threshold=settings.failure_threshold, reset_timeout=settings.reset_timeout_s))
+        run = self._kinds[skill.manifest.call_kind]
 
-        def count_attempt(state: RetryCallState) -> None:
-            nonlocal attempts
-            attempts = state.attempt_number
+        def once() -> Any:
+            go.runs += 1
+            timeout, limit = self._budget(skill, deadline)
+            return run(Attempt(skill, arguments, ctx, caller, timeout, limit, go.info))
 
-        policy = skill.manifest.retry
-        output: Any = None
-        failure: BaseException | None = None
+        stop = stop_any(stop_after_attempt(skill.manifest.retry.max_attempts), _Past(deadline))
         try:
             skill.validate_arguments(arguments)
-            for attempt in Retrying(
-                stop=stop_after_attempt(policy.max_attempts),
-                wait=wait_exponential_jitter(multiplier=policy.backoff_s, max=policy.max_backoff_s,
-                                            jitter=policy.backoff_s),
-                retry=retry_if_exception(is_retryable),
-                before=count_attempt,
-                reraise=True,
-            ):
-                with attempt:
-                    output = self._run_once(skill, arguments, ctx)
+            for retry in Retrying(stop=stop, wait=_backoff(skill), retry=retry_if_exception(is_retryable),
+                                  reraise=True):
+                with retry:
+                    go.output = breaker.call(once, counts=counts_against)
         except Exception as exc:  # a skill's failure fails its step, never the process
-            failure = exc
-        duration = (time.perf_counter() - started) * 1000
-        status = "ok" if failure is None else "error"
-        outcome = StepOutcome(
-            step_id=step_id, output_key=output_key, status=status, output=output if failure is None else None,
-            error=None if failure is None else f"{error_code(failure)}: {failure}", attempts=max(attempts, 1),
-            duration_ms=round(duration, 3),
-        )
-        trace = ToolTrace(
-            run_id=run_id, step_id=step_id, skill_id=skill.id, skill_version=skill.manifest.version,
-            manifest_hash=skill.manifest_hash, idempotency_key=key, arguments_hash=content_hash(arguments),
-            result_hash=content_hash(output) if failure is None else None, attempts=outcome.attempts,
-            duration_ms=outcome.duration_ms, status=status,
-            error_code=None if failure is None else error_code(failure),
-        )
-        return CallResult(outcome, trace, failure)
+            go.failure = exc
+        go.duration_ms = (time.perf_counter() - started) * 1000
+        return go
 
-    def _run_once(self, skill: Skill, arguments: dict[str, Any], ctx: SkillContext) -> Any:
-        future = self._pool.submit(skill.fn, dict(arguments), ctx)
-        try:
-            return future.result(timeout=skill.manifest.timeout_s)
-        except concurrent.futures.TimeoutError as exc:
-            future.cancel()
-            raise StepTimeoutError(f"{skill.id} ran longer than {skill.manifest.timeout_s}s") from exc
+    @staticmethod
+    def _budget(skill: Skill, deadline: float | None) -> tuple[float, Literal["step", "run"]]:
+        """Seconds this attempt may take, and which limit that is: the manifest's, or the Run's rest."""
+        timeout = skill.manifest.timeout_s
+        if deadline is None:
+            return timeout, "step"
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise StepTimeoutError(f"{skill.id} was not started: the Run's execution limit passed", "run")
+        return (remaining, "run") if remaining < timeout else (timeout, "step")
+
+    @staticmethod
+    def _trace(go: _Go, ctx: SkillContext, arguments: dict[str, Any], fallback_from: str | None) -> ToolTrace:
+        skill, failure = go.skill, go.failure
+        refused = isinstance(failure, CircuitOpenError) and go.runs == 0
+        return ToolTrace(
+            run_id=ctx.run_id, step_id=ctx.step_id, skill_id=skill.id, skill_version=skill.manifest.version,
+            manifest_hash=skill.manifest_hash, call_kind=skill.manifest.call_kind,
+            isolation=go.info.get("isolation"), child_run_id=go.info.get("child_run_id"),
+            idempotency_key=ctx.idempotency_key, arguments_hash=content_hash(arguments),
+            result_hash=content_hash(go.output) if failure is None else None, attempts=go.runs,
+            duration_ms=round(go.duration_ms, 3),
+            status="ok" if failure is None else "refused" if refused else "error",
+            error_code=None if failure is None else error_code(failure), fallback_from=fallback_from,
+        )
 
     def close(self) -> None:
         """Stop the worker threads."""
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+class _Past(stop_base):
+    """Stop retrying when the next attempt would start after the Run's deadline."""
+
+    def __init__(self, deadline: float | None) -> None:
+        self.deadline = deadline
+
+    def __call__(self, retry_state: RetryCallState) -> bool:
+        wake = time.monotonic() + (retry_state.upcoming_sleep or 0.0)
+        return self.deadline is not None and wake >= self.deadline
+
+
+def _backoff(skill: Skill) -> Any:
+    policy = skill.manifest.retry
+    return wait_exponential_jitter(multiplier=policy.backoff_s, max=policy.max_backoff_s,
+                                   jitter=policy.backoff_s)

@@ -65,6 +65,8 @@ class ToolTrace(TraceModel):
     status: Literal["ok", "error", "refused"]
     error_code: str | None = None
     fallback_from: str | None = None
+    isolation: str | None = None  # sandbox calls: "bwrap", or "rlimit" (the weaker fallback)
+    child_run_id: str | None = None  # agent calls: the child Run (T4)
 
 
 class PolicyTrace(TraceModel):

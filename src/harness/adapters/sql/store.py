@@ -24,12 +24,13 @@ from harness.kernel import (
     RunState,
     audit_events_for,
     close_reason_on_entry,
+    final_state_for,
     is_legal,
     job_status,
 )
 from harness.kernel.events import ILLEGAL_TRANSITION, LOST_RACE
 from harness.kernel.states import CloseReason
-from harness.ports import Clock
+from harness.ports import Clock, TraceBuffer
 
 _UNSET: Any = object()
 
@@ -145,6 +146,24 @@ class StoredTraceRecord:
         return parsed
 
 
+@dataclass(frozen=True, slots=True)
+class PendingRecord:
+    """A trace record waiting to be chained: an outbox row, or its copy in a trace buffer."""
+
+    record_id: str
+    run_id: str | None
+    kind: str
+    payload: str
+
+
+class _WrongExit(Exception):
+    """TRACING asked to exit somewhere its close reason does not lead (rolls the transaction back)."""
+
+    def __init__(self, reason: CloseReason | None) -> None:
+        super().__init__(str(reason))
+        self.reason = reason
+
+
 def _run_from_row(row: sa.Row[Any]) -> RunRecord:
     m = row._mapping
     return RunRecord(
@@ -177,6 +196,8 @@ class SqlStore:
         self.engine = engine
         self.clock: Clock = clock or SystemClock()
         self._locks_rows = engine.dialect.name != "sqlite"  # SQLite serializes with BEGIN IMMEDIATE
+        #: carries the outbox to the chain through e.g. Redis Streams (SPEC D2); None: drained directly
+        self.trace_buffer: TraceBuffer | None = None
 
     @classmethod
     def open(cls, db: str | None = None, clock: Clock | None = None, *, migrate_schema: bool = True) -> SqlStore:
@@ -188,6 +209,8 @@ class SqlStore:
 
     def close(self) -> None:
         """Release every pooled connection."""
+        if self.trace_buffer is not None:
+            self.trace_buffer.close()
         self.engine.dispose()
 
     # ------------------------------------------------------------------ creating Runs
@@ -275,6 +298,19 @@ class SqlStore:
             self._audit_illegal(run_id, source, target, actor, reason)
             raise InvalidTransitionError(run_id, source.value, target.value)
         now = self.clock.now()
+        try:
+            return self._compare_and_set(run_id, source, target, actor, reason, forced_by, lease_epoch,
+                                         expected_version, records, context, result, also, now)
+        except _WrongExit as wrong:
+            self._audit_illegal(run_id, source, target, actor, f"{reason} (close reason is {wrong.reason})")
+            raise InvalidTransitionError(run_id, source.value, target.value) from None
+
+    def _compare_and_set(
+        self, run_id: str, source: RunState, target: RunState, actor: str, reason: str, forced_by: str | None,
+        lease_epoch: int | None, expected_version: int | None, records: Sequence[TraceRecordIn],
+        context: dict[str, Any] | None, result: dict[str, Any] | None,
+        also: Callable[[sa.Connection], None] | None, now: float,
+    ) -> TransitionResult:
         with self.engine.begin() as conn:
             row = conn.execute(q.RUN_FOR_CAS_LOCKED if self._locks_rows else q.RUN_FOR_CAS,
                                {"p_run_id": run_id}).first()
@@ -290,6 +326,9 @@ class SqlStore:
                 })
                 return TransitionResult(run_id, source, target, False, actual, fenced=fenced)
             prior = CloseReason(row.close_reason) if row.close_reason else None
+            if source == RunState.TRACING and target != RunState.FAILED and (
+                    prior is None or target != final_state_for(prior)):
+                raise _WrongExit(prior)  # K3: TRACING's exit follows the close reason, never the caller
             new_reason = close_reason_on_entry(source, target, prior)
             seq = row.version + 1
             values: dict[str, Any] = {
@@ -401,41 +440,76 @@ class SqlStore:
         with self.engine.begin() as conn:
             self.enqueue(conn, records, self.clock.now())
 
-    def _drain_once(self, batch_size: int) -> tuple[int, int]:
-        """Move up to `batch_size` outbox records into the hash chain; returns how many were chained.
+    def chain_batch(self, conn: sa.Connection, records: Sequence[PendingRecord]) -> int:
+        """Append records to the hash chain inside the caller's transaction; returns how many were chained.
 
-        Idempotent: a record already in the chain (redelivery) is dropped from the outbox, not chained
-        twice. Drainers exclude each other through the chain head (row lock, or SQLite's write lock),
-        and trace_records.prev_hash is UNIQUE, so concurrent drainers can never fork the chain.
+        Idempotent: a record already in the chain, or repeated in the batch (re-delivery), is skipped.
+        Chainers exclude each other through the chain head (row lock, or SQLite's write lock), and
+        trace_records.prev_hash is UNIQUE, so concurrent chainers can never fork the chain.
+        """
+        head = conn.execute(q.HEAD_LOCKED if self._locks_rows else q.HEAD).one()
+        if not records:
+            return 0
+        seen = set(conn.execute(q.CHAINED_IDS, {"p_ids": [r.record_id for r in records]}).scalars())
+        seq, prev = head.seq, head.hash
+        rows = []
+        for r in records:
+            if r.record_id in seen:
+                continue
+            seen.add(r.record_id)
+            seq += 1
+            digest = record_hash(seq, r.record_id, r.run_id, r.kind, prev, r.payload)
+            rows.append({"seq": seq, "record_id": r.record_id, "run_id": r.run_id, "kind": r.kind,
+                         "payload": r.payload, "prev_hash": prev, "hash": digest})
+            prev = digest
+        if rows:
+            conn.execute(q.TRACE_INSERT, rows)
+            conn.execute(q.HEAD_UPDATE, {"seq": seq, "hash": prev})
+        return len(rows)
+
+    def _drain_once(self, batch_size: int) -> tuple[int, int]:
+        """Move up to `batch_size` outbox records into the hash chain; returns (chained, taken).
+
+        A record already in the chain (re-delivery) is dropped from the outbox, not chained twice.
+        The chain head is locked before the batch is read, so concurrent drainers take turns rather
+        than reading the same rows.
         """
         with self.engine.begin() as conn:
-            head = conn.execute(q.HEAD_LOCKED if self._locks_rows else q.HEAD).one()
+            conn.execute(q.HEAD_LOCKED if self._locks_rows else q.HEAD).one()
             pending = conn.execute(q.OUTBOX_BATCH, {"p_limit": batch_size}).all()
             if not pending:
                 return 0, 0
-            seen = set(conn.execute(q.CHAINED_IDS, {"p_ids": [p.record_id for p in pending]}).scalars())
-            seq, prev = head.seq, head.hash
-            rows = []
-            for p in pending:
-                if p.record_id in seen:
-                    continue
-                seq += 1
-                digest = record_hash(seq, p.record_id, p.run_id, p.kind, prev, p.payload)
-                rows.append({"seq": seq, "record_id": p.record_id, "run_id": p.run_id, "kind": p.kind,
-                             "payload": p.payload, "prev_hash": prev, "hash": digest})
-                prev = digest
-            if rows:
-                conn.execute(q.TRACE_INSERT, rows)
-                conn.execute(q.HEAD_UPDATE, {"seq": seq, "hash": prev})
+            chained = self.chain_batch(conn, [PendingRecord(p.record_id, p.run_id, p.kind, p.payload)
+                                              for p in pending])
             conn.execute(q.OUTBOX_DELETE, {"p_ids": [p.id for p in pending]})
-        return len(rows), len(pending)
+        return chained, len(pending)
+
+    def pending_records(self, limit: int) -> list[PendingRecord]:
+        """The oldest `limit` records waiting in the outbox, oldest first (what a trace buffer relays)."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(q.OUTBOX_BATCH, {"p_limit": limit}).all()
+        return [PendingRecord(r.record_id, r.run_id, r.kind, r.payload) for r in rows]
+
+    def chain_records(self, records: Sequence[PendingRecord]) -> int:
+        """Chain records that came through a trace buffer and drop their outbox rows, in one transaction;
+        returns how many were chained (a re-delivered record is skipped)."""
+        with self.engine.begin() as conn:
+            chained = self.chain_batch(conn, records)
+            if records:
+                conn.execute(q.OUTBOX_DELETE_RECORDS, {"p_ids": [r.record_id for r in records]})
+        return chained
 
     def drain(self, batch_size: int = 500) -> int:
-        """Chain one batch of outbox records; returns how many were chained (see _drain_once)."""
+        """Chain one batch of outbox records (through the trace buffer, if any); returns how many."""
+        if self.trace_buffer is not None:
+            return self.trace_buffer.drain(self, batch_size)
         return self._drain_once(batch_size)[0]
 
     def drain_all(self, batch_size: int = 500) -> int:
-        """Drain until the outbox is empty; returns how many records were chained."""
+        """Drain until the outbox is empty (or, with a trace buffer, until nothing moves); returns how
+        many records were chained."""
+        if self.trace_buffer is not None:
+            return self.trace_buffer.drain_all(self, batch_size)
         total = 0
         while True:
             chained, processed = self._drain_once(batch_size)

@@ -1,0 +1,143 @@
+"""Starting, bounding and reading one sandboxed call's process; shared by both isolation levels.
+
+The job goes in through a file on stdin and the result comes back through a file on stdout (no pipes,
+so no call can deadlock on a full buffer, and RLIMIT_FSIZE also bounds what the skill can print).
+The process leads its own process group; when the call ends — normally, by its wall-time limit, or
+by crashing — the whole group is killed, so nothing the skill started outlives the call.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from harness.adapters.sandbox.types import SandboxJob, SandboxOutcome
+
+RUNNER = Path(__file__).resolve().with_name("runner.py")
+STDERR_TAIL = 2_000
+
+
+@dataclass(frozen=True)
+class Exit:
+    """How the process ended: status, terminating signal, CPU seconds used, and whether we killed it."""
+
+    status: int
+    signal: int | None
+    cpu_s: float
+    timed_out: bool
+
+
+def runner_argv() -> list[str]:
+    """The interpreter running the runner script, isolated from PYTHON* variables and the cwd."""
+    return [sys.executable, "-I", str(RUNNER)]
+
+
+def payload(job: SandboxJob, uid: int | None = None, gid: int | None = None,
+            network_cut: bool = False) -> bytes:
+    """The runner's stdin; `network_cut` tells the runner a failed connection is the sandbox's doing."""
+    return json.dumps({
+        "entry_file": str(job.entry_file) if job.entry_file else None, "entry_module": job.entry_module,
+        "function": job.function, "arguments": job.arguments, "context": job.context,
+        "limits": job.limits.model_dump(), "network_cut": network_cut, "uid": uid, "gid": gid,
+    }).encode()
+
+
+def run_process(argv: Sequence[str], job: SandboxJob, *, isolation: str, env: dict[str, str],
+                uid: int | None = None, gid: int | None = None, bwrap_status: bool = False,
+                network_cut: bool = False) -> SandboxOutcome:
+    """Run the call's process to its end or its wall-time limit and describe what happened."""
+    started = time.perf_counter()
+    with tempfile.TemporaryFile() as stdin, tempfile.TemporaryFile() as stdout, \
+            tempfile.TemporaryFile() as stderr:
+        stdin.write(payload(job, uid, gid, network_cut))
+        stdin.seek(0)
+        proc = subprocess.Popen(list(argv), stdin=stdin, stdout=stdout, stderr=stderr, cwd=job.workdir,
+                                env=env, start_new_session=True, close_fds=True)
+        ended = _wait(proc, job.wall_s)
+        raw = _read(stdout, job.limits.output_kb * 1024 + 1)
+        tail = _read(stderr, None)[-STDERR_TAIL:].decode("utf-8", "replace")
+    duration = round((time.perf_counter() - started) * 1000, 3)
+    outcome = interpret(job, ended, raw, bwrap_status=bwrap_status)
+    return SandboxOutcome(**{**outcome, "isolation": isolation, "stderr_tail": tail, "duration_ms": duration})
+
+
+def _wait(proc: subprocess.Popen[bytes], wall_s: float) -> Exit:
+    # A pidfd wakes us the moment the process exits (Popen.wait(timeout) polls up to 50 ms late),
+    # and wait4 gives the CPU time that tells a CPU-limit kill from any other SIGKILL.
+    fd = os.pidfd_open(proc.pid)
+    try:
+        timed_out = not select.select([fd], [], [], max(wall_s, 0.0))[0]
+    finally:
+        os.close(fd)
+    kill_group(proc.pid)  # stragglers the skill left behind, and on timeout the call itself
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
+    return Exit(proc.returncode, sig, usage.ru_utime + usage.ru_stime, timed_out)
+
+
+def kill_group(pgid: int) -> None:
+    """SIGKILL a process group; it may already be gone."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+def _read(fh: IO[bytes], limit: int | None) -> bytes:
+    fh.seek(0)
+    return fh.read() if limit is None else fh.read(limit)
+
+
+def interpret(job: SandboxJob, ended: Exit, raw: bytes, *, bwrap_status: bool) -> dict[str, Any]:
+    """The outcome's fields from the exit and the result line."""
+    if ended.timed_out:
+        return {"ok": False, "error_code": "timeout", "exit_status": ended.status,
+                "message": f"{job.skill_id} ran longer than {job.wall_s:.3g}s; its processes were killed"}
+    if len(raw) > job.limits.output_kb * 1024:
+        return {"ok": False, "error_code": "sandbox_output_too_large", "exit_status": ended.status,
+                "message": f"{job.skill_id}'s result is larger than {job.limits.output_kb} KiB"}
+    result = _parse(raw)
+    if result is not None and result.get("ok") is True:
+        return {"ok": True, "output": result.get("output"), "exit_status": ended.status}
+    if result is not None:
+        return {"ok": False, "error_code": str(result.get("code", "skill_error")),
+                "exit_status": ended.status, "message": str(result.get("message", "")),
+                "retryable": bool(result.get("retryable"))}
+    sig = ended.signal
+    if sig is None and bwrap_status and ended.status > 128:
+        sig = ended.status - 128  # bwrap reports a child killed by a signal as 128 + signal
+    return {"ok": False, "exit_status": ended.status, **_death(job, sig, ended)}
+
+
+def _parse(raw: bytes) -> dict[str, Any] | None:
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _death(job: SandboxJob, sig: int | None, ended: Exit) -> dict[str, str]:
+    """Name a death without a result line."""
+    name = signal.Signals(sig).name if sig is not None and sig in signal.valid_signals() else None
+    if sig == signal.SIGXCPU or (sig == signal.SIGKILL and ended.cpu_s >= job.limits.cpu_s):
+        return {"error_code": "sandbox_cpu_limit",
+                "message": f"{job.skill_id} used its {job.limits.cpu_s:.3g}s of CPU and was killed"}
+    if sig == signal.SIGXFSZ:
+        return {"error_code": "sandbox_file_size_limit",
+                "message": f"{job.skill_id} wrote past its {job.limits.file_mb} MiB file-size limit"}
+    if sig is not None:
+        return {"error_code": "sandbox_crashed",
+                "message": f"{job.skill_id}'s process was killed by {name or sig}"}
+    return {"error_code": "sandbox_crashed",
+            "message": f"{job.skill_id}'s process exited with status {ended.status} without a result"}

@@ -1,0 +1,233 @@
+"""The four ways a skill call runs (SPEC T4): local (in process), sandbox (isolated process),
+llm (the Runtime's LLM provider as a tool) and agent (a child Run through the same kernel).
+
+Each executor takes one Attempt (the call and the seconds it may use), returns the skill's output or
+raises, and notes in `attempt.info` what the ToolTrace should say (isolation level, child run id). Retries,
+breakers, fallbacks and tracing are the tool controller's; this module only runs one attempt.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+from harness.adapters.llm.types import LLMRequest
+from harness.adapters.sandbox.types import SandboxJob
+from harness.adapters.sandbox.workdirs import Workdirs
+from harness.adapters.sql.store import NewRun
+from harness.errors import SkillError
+from harness.pipeline.contracts import CallerIdentity, Message, RunRequest, RunResult, render_template
+from harness.pipeline.trace_recorder import CostTrace
+from harness.ports import LLMProvider, Sandbox
+from harness.skills import Skill, SkillContext
+
+if TYPE_CHECKING:
+    from harness.adapters.sql.store import SqlStore
+
+Info = dict[str, Any]
+
+
+class RetryableSkillError(Exception):
+    """Raised by a skill for a transient failure that is worth retrying (like a 5xx or a 429)."""
+
+
+class StepTimeoutError(Exception):
+    """A call ran past its time: the manifest's timeout ("step") or the Run's remaining limit ("run")."""
+
+    def __init__(self, message: str, limit: Literal["step", "run"] = "step") -> None:
+        super().__init__(message)
+        self.limit = limit
+
+
+class ToolCallError(SkillError):
+    """A call failed in a way with a stable name: a sandbox limit or escape, an LLM answer that is not
+    usable, a child Run that did not succeed."""
+
+    def __init__(self, code: str, message: str, *, retryable: bool = False) -> None:
+        super().__init__(message)
+        self.code = code
+        self.retryable = retryable
+
+
+@dataclass
+class Attempt:
+    """One attempt at a call, as an executor gets it: `timeout` is what it may use, `limit` which
+    limit that is (the manifest's "step" timeout or the Run's remaining "run" time); the executor notes
+    in `info` what the ToolTrace should say (isolation, child_run_id)."""
+
+    skill: Skill
+    arguments: dict[str, Any]
+    ctx: SkillContext
+    caller: CallerIdentity
+    timeout: float
+    limit: Literal["step", "run"]
+    info: Info = field(default_factory=dict)
+
+    def late(self) -> StepTimeoutError:
+        """The error for running out of time."""
+        if self.limit == "run":
+            message = f"{self.skill.id} stopped after {self.timeout:.3g}s: the Run's execution limit passed"
+        else:
+            message = f"{self.skill.id} ran longer than {self.timeout:.3g}s"
+        return StepTimeoutError(message, self.limit)
+
+
+def render_prompt(skill: Skill, arguments: dict[str, Any]) -> str:
+    """The manifest's prompt with `{argument}` placeholders filled in."""
+    try:
+        return render_template(skill.manifest.prompt or "", arguments)
+    except KeyError as exc:
+        raise ToolCallError("invalid_arguments", f"{skill.id}'s prompt needs {exc}") from exc
+
+
+def bounded(pool: concurrent.futures.ThreadPoolExecutor, fn: Callable[[], Any], call: Attempt) -> Any:
+    """Run `fn` on the pool and give up waiting after `timeout` seconds (the thread cannot be killed;
+    a skill that must be stoppable belongs in the sandbox)."""
+    future = pool.submit(fn)
+    try:
+        return future.result(timeout=call.timeout)
+    except concurrent.futures.TimeoutError as exc:
+        future.cancel()
+        raise call.late() from exc
+
+
+class LocalCalls:
+    """Skills run in this process, on a thread pool."""
+
+    def __init__(self, pool: concurrent.futures.ThreadPoolExecutor) -> None:
+        self.pool = pool
+
+    def __call__(self, call: Attempt) -> Any:
+        return bounded(self.pool, lambda: call.skill.fn(dict(call.arguments), call.ctx), call)
+
+
+class SandboxCalls:
+    """Skills run in an isolated process with the Run's private working directory."""
+
+    def __init__(self, sandbox: Callable[[], Sandbox], workdirs: Workdirs) -> None:
+        self.sandbox = sandbox
+        self.workdirs = workdirs
+
+    def __call__(self, call: Attempt) -> Any:
+        sandbox, skill, ctx = self.sandbox(), call.skill, call.ctx
+        call.info["isolation"] = sandbox.isolation
+        entry = skill.entry
+        assert entry is not None  # a sandboxed skill is a python skill, which has an entrypoint
+        workdir = self.workdirs.ensure(ctx.run_id)
+        context = {"run_id": ctx.run_id, "step_id": ctx.step_id, "idempotency_key": ctx.idempotency_key,
+                   "tenant_id": ctx.tenant_id, "user_id": ctx.user_id, "workdir": str(workdir)}
+        outcome = sandbox.run(SandboxJob(
+            skill_id=skill.id, function=entry.function, arguments=dict(call.arguments), context=context,
+            workdir=workdir, wall_s=call.timeout, limits=skill.manifest.limits,
+            network=skill.manifest.network, entry_file=entry.file, entry_module=entry.module,
+        ))
+        if outcome.ok:
+            return outcome.output
+        if outcome.error_code == "timeout":
+            raise call.late()
+        detail = f" (stderr: {outcome.stderr_tail.strip()[-300:]})" if outcome.stderr_tail.strip() else ""
+        raise ToolCallError(outcome.error_code or "sandbox_error", f"{outcome.message}{detail}",
+                            retryable=outcome.retryable)
+
+
+class LlmCalls:
+    """The Runtime's LLM provider as a tool: the manifest's prompt, filled in, is one completion."""
+
+    def __init__(self, provider: Callable[[], LLMProvider | None],
+                 pool: concurrent.futures.ThreadPoolExecutor,
+                 record_cost: Callable[[CostTrace], None] | None) -> None:
+        self.provider = provider
+        self.pool = pool
+        self.record_cost = record_cost
+
+    def __call__(self, call: Attempt) -> Any:
+        provider, skill, ctx = self.provider(), call.skill, call.ctx
+        if provider is None:
+            raise ToolCallError("llm_unavailable", f"{skill.id} needs an LLM provider; the Runtime has none")
+        request = LLMRequest(purpose="tool", system=skill.manifest.description,
+                             messages=(Message(role="user", content=render_prompt(skill, call.arguments)),))
+        response = bounded(self.pool, lambda: provider.complete(request), call)
+        if self.record_cost is not None:
+            usage = response.usage
+            self.record_cost(CostTrace(run_id=ctx.run_id, source=f"llm:{response.provider}:tool:{skill.id}",
+                                       input_tokens=usage.input_tokens, output_tokens=usage.output_tokens,
+                                       usd=usage.cost_usd, tenant_id=ctx.tenant_id, user_id=ctx.user_id))
+        if skill.manifest.output == "text":
+            return {"text": response.content, "model": response.model}
+        try:
+            return json.loads(response.content)
+        except ValueError as exc:
+            raise ToolCallError("invalid_llm_output", f"{skill.id} expected JSON from the model: {exc}") \
+                from exc
+
+
+class ChildDriver(Protocol):
+    """What AgentInvoke needs of the Run manager: its store, and driving and cancelling a Run."""
+
+    store: SqlStore
+
+    def drive(self, run_id: str) -> RunResult:
+        """Carry the Run until it is final or waits for a human."""
+        ...
+
+    def cancel(self, run_id: str, *, by: str, reason: str = ...) -> RunResult:
+        """Cancel a Run that has not finished."""
+        ...
+
+
+class AgentCalls:
+    """AgentInvoke: the manifest's prompt becomes the task of a child Run, created and driven through the
+    same kernel with the parent's caller, linked both ways, and due by the parent's remaining time."""
+
+    def __init__(self, runs: Callable[[], ChildDriver | None], *, max_depth: int = 4) -> None:
+        self.runs = runs
+        self.max_depth = max_depth
+
+    def __call__(self, call: Attempt) -> Any:
+        runs, skill, ctx, caller = self.runs(), call.skill, call.ctx, call.caller
+        if runs is None:
+            raise ToolCallError("agent_unavailable", f"{skill.id} needs a Run manager to start child Runs")
+        parent = runs.store.get_run(ctx.run_id)
+        if self._depth(runs, parent.parent_run_id) + 1 > self.max_depth:
+            raise ToolCallError("agent_depth_limit", f"{skill.id}: Runs nest {self.max_depth} deep at most")
+        request = RunRequest(
+            task=render_prompt(skill, call.arguments), tenant_id=caller.tenant_id, user_id=caller.user_id,
+            session_id=parent.session_id, roles=caller.roles, idempotency_key=f"agent:{ctx.idempotency_key}",
+            metadata={"parent_run_id": ctx.run_id, "parent_step_id": ctx.step_id, "agent_skill": skill.id},
+        )
+        # The idempotency key makes a re-run of this step find its child instead of starting a second one.
+        child, created = runs.store.create_run(NewRun(
+            tenant_id=request.tenant_id, user_id=request.user_id, session_id=request.session_id,
+            request=request.model_dump(mode="json"), idempotency_key=request.idempotency_key,
+            parent_run_id=ctx.run_id, deadline_at=runs.store.clock.now() + call.timeout,
+        ))
+        call.info["child_run_id"] = child.run_id
+        if created:
+            runs.store.audit(child.run_id, "agent_invoked", "tool_controller", {
+                "parent_run_id": ctx.run_id, "parent_step_id": ctx.step_id, "skill": skill.id,
+                "deadline_s": round(call.timeout, 3)})
+        return self._outcome(runs, runs.drive(child.run_id), skill)
+
+    @staticmethod
+    def _outcome(runs: ChildDriver, result: RunResult, skill: Skill) -> dict[str, Any]:
+        if result.state == "SUCCEEDED":
+            return {"run_id": result.run_id, "answer": result.answer, "artifacts": result.artifacts}
+        if result.state == "AWAITING_HITL":
+            # The parent's step cannot hold a thread for a human: the child is cancelled, not left dangling.
+            runs.cancel(result.run_id, by="tool_controller", reason="its parent cannot wait for approval")
+            raise ToolCallError("child_needs_approval",
+                                f"child Run {result.run_id} of {skill.id} needs human approval; cancelled")
+        code = "child_run_timeout" if "TIMEOUT" in result.path else "child_run_failed"
+        raise ToolCallError(code, f"child Run {result.run_id} of {skill.id} ended {result.state}: "
+                                  f"{result.error}")
+
+    @staticmethod
+    def _depth(runs: ChildDriver, parent_id: str | None) -> int:
+        depth = 0
+        while parent_id is not None:
+            depth += 1
+            parent_id = runs.store.get_run(parent_id).parent_run_id
+        return depth

@@ -1,0 +1,193 @@
+"""Skill manifests (SPEC T1): a broken manifest is refused at load with its file and field named, the
+manifest hash is pinned at Run start and recorded, and an upgrade mid-Run is refused."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from harness.clock import FakeClock
+from harness.config import Settings, build_runtime
+from harness.errors import ManifestError
+from harness.pipeline.contracts import CallerIdentity
+from harness.skills import SkillRegistry, load_manifest
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+TESTER = {"tenant_id": "t1", "user_id": "tess", "roles": ["tester"]}
+
+GOOD: dict[str, Any] = {
+    "id": "test.good", "version": "1.0.0", "entrypoint": "code.py:work",
+    "input_schema": {"type": "object", "properties": {"n": {"type": "integer"}}},
+    "risk": {"access": "read"},
+}
+CODE = "def work(args, ctx):\n    return {'n': args.get('n', 0)}\n"
+
+
+def folder_with(tmp_path: Path, manifests: dict[str, Any], code: str = CODE) -> Path:
+    folder = tmp_path / "skills"
+    folder.mkdir(exist_ok=True)
+    (folder / "code.py").write_text(code)
+    for name, content in manifests.items():
+        text = content if isinstance(content, str) else yaml.safe_dump(content)
+        (folder / name).write_text(text)
+    return folder
+
+
+def refusal(path: Path) -> str:
+    with pytest.raises(ManifestError) as caught:
+        load_manifest(path)
+    return str(caught.value)
+
+
+def test_a_good_manifest_loads_with_its_hash(tmp_path: Path) -> None:
+    """A valid manifest loads, imports its function, and hashes its content (64 hex chars)."""
+    folder = folder_with(tmp_path, {"good.yaml": GOOD})
+    skill = load_manifest(folder / "good.yaml")
+    assert skill.id == "test.good" and skill.fn({"n": 3}, None) == {"n": 3}  # type: ignore[arg-type]
+    assert re.fullmatch(r"[0-9a-f]{64}", skill.manifest_hash)
+    assert skill.manifest.call_kind == "local"
+
+
+BROKEN: list[tuple[str, Any, str]] = [
+    ("bad_yaml", "id: [unclosed\n", "not valid YAML"),
+    ("not_a_mapping", "- just\n- a list\n", "mapping"),
+    ("missing_schema", {k: v for k, v in GOOD.items() if k != "input_schema"}, "input_schema"),
+    ("missing_risk", {k: v for k, v in GOOD.items() if k != "risk"}, "risk"),
+    ("bad_schema", {**GOOD, "input_schema": {"type": "object", "properties": {"n": {"type": "nope"}}}},
+     "input_schema"),
+    ("schema_not_object", {**GOOD, "input_schema": {"type": "string"}}, "input_schema"),
+    ("bad_id", {**GOOD, "id": "Test-Good"}, "id"),
+    ("bad_version", {**GOOD, "version": "one"}, "version"),
+    ("unknown_field", {**GOOD, "colour": "blue"}, "colour"),
+    ("bad_risk", {**GOOD, "risk": {"access": "delete"}}, "risk.access"),
+    ("bad_retry", {**GOOD, "retry": {"max_attempts": 0}}, "retry.max_attempts"),
+    ("bad_limits", {**GOOD, "sandbox": True, "limits": {"memroy_mb": 64}}, "limits.memroy_mb"),
+    ("no_entrypoint", {k: v for k, v in GOOD.items() if k != "entrypoint"}, "entrypoint"),
+    ("llm_without_prompt", {**{k: v for k, v in GOOD.items() if k != "entrypoint"}, "kind": "llm"}, "prompt"),
+    ("network_unsandboxed", {**GOOD, "network": True}, "network"),
+    ("own_fallback", {**GOOD, "fallback": "test.good"}, "fallback"),
+    ("missing_file", {**GOOD, "entrypoint": "nowhere.py:work"}, "entrypoint"),
+    ("missing_function", {**GOOD, "entrypoint": "code.py:absent"}, "entrypoint"),
+    ("missing_module", {**GOOD, "entrypoint": "no_such_module_here:work"}, "entrypoint"),
+    ("sandboxed_missing_function", {**GOOD, "sandbox": True, "entrypoint": "code.py:absent"}, "entrypoint"),
+    ("sandboxed_missing_file", {**GOOD, "sandbox": True, "entrypoint": "gone.py:work"}, "entrypoint"),
+]
+
+
+@pytest.mark.parametrize(("name", "content", "field"), BROKEN, ids=[b[0] for b in BROKEN])
+def test_a_broken_manifest_is_refused_naming_file_and_field(tmp_path: Path, name: str, content: Any,
+                                                             field: str) -> None:
+    """Every kind of broken manifest raises ManifestError whose message names the file and the field."""
+    folder = folder_with(tmp_path, {f"{name}.yaml": content})
+    message = refusal(folder / f"{name}.yaml")
+    assert message.startswith(str(folder / f"{name}.yaml"))
+    assert field in message
+
+
+def test_a_broken_skill_file_is_refused_at_load(tmp_path: Path) -> None:
+    """A skill file that does not compile is named in the refusal, sandboxed or not."""
+    sandboxed = {**GOOD, "id": "test.sbx", "sandbox": True}
+    folder = folder_with(tmp_path, {"good.yaml": GOOD, "sbx.yaml": sandboxed}, code="def work(args, ctx:\n")
+    for manifest in ("good.yaml", "sbx.yaml"):
+        message = refusal(folder / manifest)
+        assert "entrypoint" in message and "code.py" in message
+
+
+def test_a_sandboxed_skill_is_not_imported_at_load(tmp_path: Path) -> None:
+    """Loading a sandboxed manifest never runs the skill's module code outside the sandbox."""
+    marker = tmp_path / "ran.txt"
+    code = f"open({str(marker)!r}, 'w').write('module code ran')\n" + CODE
+    folder = folder_with(tmp_path, {"sbx.yaml": {**GOOD, "id": "test.sbx", "sandbox": True}}, code=code)
+    skill = load_manifest(folder / "sbx.yaml")
+    assert skill.manifest.call_kind == "sandbox" and not marker.exists()
+    with pytest.raises(RuntimeError, match="tool controller"):
+        skill.fn({}, None)  # type: ignore[arg-type]
+
+
+def test_duplicate_ids_are_refused_naming_both_files(tmp_path: Path) -> None:
+    """Two manifests declaring one id are refused; the message names both files and the id field."""
+    folder = folder_with(tmp_path, {"a.yaml": GOOD, "b.yaml": {**GOOD, "version": "2.0.0"}})
+    with pytest.raises(ManifestError) as caught:
+        SkillRegistry.from_dirs(folder)
+    message = str(caught.value)
+    assert "b.yaml: id:" in message and "a.yaml" in message
+
+
+def test_an_unknown_fallback_is_refused(tmp_path: Path) -> None:
+    """A fallback naming no declared skill is refused with the file and the fallback field."""
+    folder = folder_with(tmp_path, {"a.yaml": {**GOOD, "fallback": "test.missing"}})
+    with pytest.raises(ManifestError, match=r"a\.yaml: fallback: no skill 'test\.missing'"):
+        SkillRegistry.from_dirs(folder)
+
+
+def test_a_fallback_needing_more_approval_is_refused(tmp_path: Path) -> None:
+    """A fallback may not need a higher approval level than its primary (it runs under the primary's)."""
+    risky = {**GOOD, "id": "test.risky", "risk": {"access": "write", "space": "production"}}
+    folder = folder_with(tmp_path, {"a.yaml": {**GOOD, "fallback": "test.risky"}, "b.yaml": risky})
+    with pytest.raises(ManifestError, match=r"a\.yaml: fallback: 'test\.risky' needs approval level L4"):
+        SkillRegistry.from_dirs(folder)
+
+
+def test_a_missing_skills_folder_is_refused(tmp_path: Path) -> None:
+    """Pointing at a folder that does not exist is a ManifestError naming it."""
+    with pytest.raises(ManifestError, match="does not exist"):
+        SkillRegistry.from_dirs(tmp_path / "nope")
+
+
+def skills_copy(tmp_path: Path) -> Path:
+    folder = tmp_path / "skills"
+    folder.mkdir()
+    for source in (FIXTURES / "skills").iterdir():
+        (folder / source.name).write_text(source.read_text())
+    return folder
+
+
+def settings(tmp_path: Path, skills: Path) -> Settings:
+    return Settings(db=str(tmp_path / "rt.db"), skills_dirs=(skills,), policy_file=FIXTURES / "policy.yaml",
+                    llm_rules=FIXTURES / "llm_rules.yaml", identities_file=FIXTURES / "identities.yaml",
+                    data_dir=tmp_path / "data")
+
+
+def test_the_hash_is_pinned_at_start_and_recorded(tmp_path: Path, clock: FakeClock, call_log: Path) -> None:
+    """The Run's context pins each visible skill's manifest hash and every ToolTrace carries it."""
+    rt = build_runtime(settings(tmp_path, skills_copy(tmp_path)), clock=clock)
+    try:
+        result = rt.runs.create_run({"task": "echo hi", **TESTER})
+        assert result.state == "SUCCEEDED"
+        echo = rt.registry.get("test.echo")
+        assert echo is not None
+        pinned = rt.store.get_run(result.run_id).context or {}
+        assert pinned["manifests"]["test.echo"] == {"version": "1.0.0", "hash": echo.manifest_hash}
+        rt.store.drain_all()
+        tools = [r.data() for r in rt.store.trace_of(result.run_id) if r.kind == "tool"]
+        assert [t["manifest_hash"] for t in tools] == [echo.manifest_hash]
+    finally:
+        rt.close()
+
+
+def test_an_upgrade_mid_run_is_refused(tmp_path: Path, clock: FakeClock, call_log: Path) -> None:
+    """A Run that started under one manifest version refuses to run the skill after an upgrade: the step
+    is refused with manifest_changed, the Run fails, and the upgraded skill never runs."""
+    skills = skills_copy(tmp_path)
+    first = build_runtime(settings(tmp_path, skills), clock=clock)
+    try:
+        parked = first.runs.create_run({"task": "update T-7", **TESTER})
+        assert parked.state == "AWAITING_HITL"
+    finally:
+        first.close()
+    manifest = skills / "write_project.yaml"
+    manifest.write_text(manifest.read_text().replace("version: 1.0.0", "version: 1.1.0"))
+    upgraded = build_runtime(settings(tmp_path, skills), clock=clock)
+    try:
+        _, done = upgraded.runs.decide(parked.approval_request_id or "", CallerIdentity(**TESTER), "approve")
+        assert done.state == "CLOSED_FAILED" and "manifest_changed" in (done.error or "")
+        upgraded.store.drain_all()
+        tools = [r.data() for r in upgraded.store.trace_of(parked.run_id) if r.kind == "tool"]
+        assert [(t["status"], t["error_code"]) for t in tools] == [("refused", "manifest_changed")]
+        assert call_log.read_text() == ""
+    finally:
+        upgraded.close()
