@@ -38,6 +38,19 @@ class CallerIdentity(Contract):
     roles: tuple[Annotated[str, Field(pattern=IDENT)], ...] = ()
 
 
+class MemoryRequest(Contract):
+    """How a Run wants long-term memory recalled (SPEC C2). Naming a tenant, user, session or team
+    other than the caller's own fails the Run; it never narrows to what happens to be visible."""
+
+    enabled: bool = True
+    query: str | None = Field(default=None, max_length=2_000)
+    k: int | None = Field(default=None, ge=1, le=50)
+    tenant_id: Ident | None = None
+    user_id: Ident | None = None
+    session_id: Ident | None = None
+    team_id: Ident | None = None
+
+
 class RunRequest(Contract):
     """What a caller submits to create a Run (step ①)."""
 
@@ -51,6 +64,8 @@ class RunRequest(Contract):
     idempotency_key: Annotated[str, Field(min_length=1, max_length=200)] | None = None
     retry_of: str | None = Field(default=None, max_length=64)
     metadata: dict[str, str] = Field(default_factory=dict)
+    team_id: Ident | None = None
+    memory: MemoryRequest | None = None
 
     @field_validator("task")
     @classmethod
@@ -75,6 +90,12 @@ class AssembledContext(Contract):
     tokens_used: int
     token_budget: int
     filtered_secrets: int = 0
+    #: how the context was built (C1-C4): tokenizer, recalled entry ids, why recall degraded, compression
+    tokenizer: str = ""
+    memory_ids: tuple[str, ...] = ()
+    recall_mode: str = "off"
+    recall_degraded: str | None = None
+    compression: dict[str, int] = Field(default_factory=dict)
 
     @property
     def budget_left(self) -> int:

@@ -1,0 +1,283 @@
+"""Secret and short-lived PII filtering for everything that goes to a model (SPEC C4).
+
+Two layers find secrets: the detectors of the maintained `detect-secrets` library, called directly on
+strings (never its verification step, which would call vendors' APIs), and this project's patterns for
+what that library does not cover as text in a conversation: bearer and Authorization headers, cookies,
+OAuth tokens and codes, temporary cloud credentials, passwords said in prose, one-time codes,
+whole private-key blocks and complete JWTs.
+
+A finding is widened to the whole token it sits in (detect-secrets reports a JWT without its signature,
+for instance) and replaced with ``[REDACTED:<kind>]``. The output is scanned again; a filter that
+raises, or whose output still holds a finding, refuses (SecretFilterError): the Run must not go on.
+"""
+
+from __future__ import annotations
+
+import bisect
+import re
+import string
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from detect_secrets.plugins.artifactory import ArtifactoryDetector
+from detect_secrets.plugins.aws import AWSKeyDetector
+from detect_secrets.plugins.azure_storage_key import AzureStorageKeyDetector
+from detect_secrets.plugins.base import RegexBasedDetector
+from detect_secrets.plugins.basic_auth import BasicAuthDetector
+from detect_secrets.plugins.discord import DiscordBotTokenDetector
+from detect_secrets.plugins.github_token import GitHubTokenDetector
+from detect_secrets.plugins.gitlab_token import GitLabTokenDetector
+from detect_secrets.plugins.high_entropy_strings import (
+    Base64HighEntropyString,
+    HexHighEntropyString,
+    HighEntropyStringsPlugin,
+)
+from detect_secrets.plugins.jwt import JwtTokenDetector
+from detect_secrets.plugins.keyword import (
+    CONFIG_DENYLIST_REGEX_TO_GROUP,
+    DENYLIST,
+    QUOTES_REQUIRED_DENYLIST_REGEX_TO_GROUP,
+    KeywordDetector,
+)
+from detect_secrets.plugins.mailchimp import MailchimpDetector
+from detect_secrets.plugins.npm import NpmDetector
+from detect_secrets.plugins.openai import OpenAIDetector
+from detect_secrets.plugins.private_key import PrivateKeyDetector
+from detect_secrets.plugins.pypi_token import PypiTokenDetector
+from detect_secrets.plugins.sendgrid import SendGridDetector
+from detect_secrets.plugins.slack import SlackDetector
+from detect_secrets.plugins.square_oauth import SquareOAuthDetector
+from detect_secrets.plugins.stripe import StripeDetector
+from detect_secrets.plugins.telegram_token import TelegramBotTokenDetector
+from detect_secrets.plugins.twilio import TwilioKeyDetector
+
+from harness.context.errors import SecretFilterError
+
+Span = tuple[int, int, str]
+PLACEHOLDER = re.compile(r"\[REDACTED:[a-z0-9_]+\]")
+#: characters a token is made of; a finding is widened over them to its whole token ("=" only to the
+#: right, as base64 padding, so that `name=value` keeps its name)
+_TOKEN_CHARS = frozenset(string.ascii_letters + string.digits + "+/_-.~%")
+#: kinds that only say "looks random"; a more specific kind wins when spans overlap
+_GENERIC = ("high_entropy", "high_entropy_hex", "secret_keyword")
+
+
+class Detector(Protocol):
+    """Finds secrets in a text: (start, end, kind) spans."""
+
+    name: str
+
+    def find(self, text: str) -> Iterable[Span]:
+        """Every span of `text` that holds a secret."""
+        ...
+
+
+@dataclass(frozen=True)
+class Scrubbed:
+    """A text with its secrets replaced, and the kinds of what was removed."""
+
+    text: str
+    kinds: tuple[str, ...] = ()
+
+    @property
+    def count(self) -> int:
+        """How many secrets were removed."""
+        return len(self.kinds)
+
+
+def _occurrences(text: str, value: str) -> Iterable[tuple[int, int]]:
+    start = text.find(value)
+    while value and start >= 0:
+        yield start, start + len(value)
+        start = text.find(value, start + 1)
+
+
+_LIBRARY_PLUGINS: tuple[tuple[type[RegexBasedDetector], str], ...] = (
+    (AWSKeyDetector, "aws_key"), (ArtifactoryDetector, "artifactory_token"),
+    (AzureStorageKeyDetector, "azure_storage_key"), (BasicAuthDetector, "basic_auth"),
+    (DiscordBotTokenDetector, "discord_token"), (GitHubTokenDetector, "github_token"),
+    (GitLabTokenDetector, "gitlab_token"), (JwtTokenDetector, "jwt"), (MailchimpDetector, "mailchimp_key"),
+    (NpmDetector, "npm_token"), (OpenAIDetector, "openai_key"), (PrivateKeyDetector, "private_key"),
+    (PypiTokenDetector, "pypi_token"), (SendGridDetector, "sendgrid_key"), (SlackDetector, "slack_token"),
+    (SquareOAuthDetector, "square_oauth"), (StripeDetector, "stripe_key"),
+    (TelegramBotTokenDetector, "telegram_token"), (TwilioKeyDetector, "twilio_key"),
+)
+
+
+class DetectSecretsDetector:
+    """The detect-secrets plugins, line by line, with unquoted high-entropy search for long tokens."""
+
+    name = "detect-secrets"
+    #: shortest unquoted token the entropy check looks at; shorter ones are words, ids and codes
+    MIN_B64, MIN_HEX = 20, 32
+
+    def __init__(self) -> None:
+        self._plugins = [(cls(), kind) for cls, kind in _LIBRARY_PLUGINS]
+        self._keyword = KeywordDetector()
+        self._b64 = Base64HighEntropyString(limit=4.5)
+        self._hex = HexHighEntropyString(limit=3.0)
+        # the keyword detector's regexes are the slow part: only run them where a keyword occurs
+        self._keyword_hint = re.compile("|".join(DENYLIST), re.IGNORECASE)
+        self._b64_run = re.compile(rf"[A-Za-z0-9+/_\-]{{{self.MIN_B64},}}={{0,2}}")
+        self._hex_run = re.compile(rf"[0-9a-fA-F]{{{self.MIN_HEX},}}")
+
+    def find(self, text: str) -> Iterable[Span]:
+        """Spans found by any plugin, line by line as the library expects."""
+        offset = 0
+        for line in text.splitlines(keepends=True):
+            for start, end, kind in self._find_in_line(line.rstrip("\r\n")):
+                yield offset + start, offset + end, kind
+            offset += len(line)
+
+    def _find_in_line(self, line: str) -> Iterable[Span]:
+        for plugin, kind in self._plugins:
+            for value in plugin.analyze_string(line):
+                for start, end in _occurrences(line, value):
+                    yield start, end, kind
+        for table in (QUOTES_REQUIRED_DENYLIST_REGEX_TO_GROUP, CONFIG_DENYLIST_REGEX_TO_GROUP):
+            if not self._keyword_hint.search(line):
+                break
+            for value in self._keyword.analyze_string(line, denylist_regex_to_group=table):
+                for start, end in _occurrences(line, value):
+                    yield start, end, "secret_keyword"
+        entropy_checks: tuple[tuple[re.Pattern[str], HighEntropyStringsPlugin, str], ...] = (
+            (self._b64_run, self._b64, "high_entropy"), (self._hex_run, self._hex, "high_entropy_hex"))
+        for regex, entropy, kind in entropy_checks:
+            for match in regex.finditer(line):
+                if entropy.calculate_shannon_entropy(match.group()) > entropy.entropy_limit:
+                    yield match.start(), match.end(), kind
+
+
+_I = re.IGNORECASE
+_ASSIGN = r"""["']?\s*(?:[:=]|=>)\s*["']?"""
+#: (pattern, kind, group to redact); group 0 means the whole match
+PROJECT_PATTERNS: tuple[tuple[re.Pattern[str], str, int], ...] = (
+    (re.compile(r"-----BEGIN[A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----[\s\S]*?"
+                r"(?:-----END[A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----|\Z)"), "private_key", 0),
+    (re.compile(r"\b(?:proxy-)?authorization\s*[:=]\s*[\"']?((?:[A-Za-z]+\s+)?[^\s\"',;]+)", _I),
+     "authorization_header", 1),
+    (re.compile(r"\bbearer\s+([A-Za-z0-9\-._~+/]{8,}=*)", _I), "bearer_token", 1),
+    (re.compile(r"\b(?:set-cookie|cookie)\s*:\s*([^\r\n]+)", _I), "cookie", 1),
+    (re.compile(r"\b(?:session_?id|sess_?id|sid|phpsessid|jsessionid|connect\.sid|_session|csrftoken|"
+                r"xsrf-token|remember_token|auth_cookie)\s*[=:]\s*[\"']?([^\s;,&\"']{6,})", _I), "cookie", 1),
+    (re.compile(r"\b(?:access_token|refresh_token|id_token|oauth_token|oauth_verifier|client_secret|"
+                r"api[_-]?key|apikey|auth[_-]?token|session[_-]?token|x-api-key|x-auth-token|"
+                r"private[_-]?token|secret[_-]?key|secretaccesskey|sessiontoken|aws_session_token|"
+                r"aws_security_token|aws_secret_access_key)\b" + _ASSIGN + r"([^\s\"'&,;}]{6,})", _I),
+     "oauth_or_api_token", 1),
+    (re.compile(r"[?&#](?:access_token|id_token|refresh_token|token|code|client_secret|sig|signature|"
+                r"x-amz-signature|x-amz-credential|x-amz-security-token|x-goog-signature|"
+                r"x-goog-credential)=([^&\s#\"']+)", _I), "url_credential", 1),
+    (re.compile(r"\bya29\.[0-9A-Za-z\-_]+"), "oauth_token", 0),
+    (re.compile(r"\b1//0[0-9A-Za-z\-_]{20,}"), "oauth_token", 0),
+    (re.compile(r"\b(?:gh[pousr]_[A-Za-z0-9]{30,255}|github_pat_[A-Za-z0-9_]{22,255})\b"), "github_token", 0),
+    (re.compile(r"\b(?:AKIA|ASIA|AGPA|AIDA|AROA|ANPA|ANVA)[0-9A-Z]{16}\b"), "aws_key", 0),
+    (re.compile(r"\bsk-(?:ant-|proj-|live-)?[A-Za-z0-9_\-]{20,}"), "api_key", 0),
+    (re.compile(r"\beyJ[A-Za-z0-9_\-]{4,}\.eyJ[A-Za-z0-9_\-]{4,}\.[A-Za-z0-9_\-]*"), "jwt", 0),
+    (re.compile(r"\b(?:password|passwd|passphrase|passcode|pwd|pin)\b\s*(?:is|was|:|=|=>)\s*[\"']?"
+                r"([^\s\"',;]+)", _I), "password", 1),
+    (re.compile(r"\b(?:otp|one[- ]time (?:password|code|passcode)|verification code|security code|"
+                r"(?:2fa|mfa|sms|login|auth(?:entication)?) code)\b[^0-9\n]{0,24}(\d{4,8})\b", _I),
+     "one_time_code", 1),
+)
+
+
+class PatternDetector:
+    """This project's patterns (see PROJECT_PATTERNS)."""
+
+    name = "project-patterns"
+
+    def __init__(self, patterns: Sequence[tuple[re.Pattern[str], str, int]] = PROJECT_PATTERNS) -> None:
+        self.patterns = patterns
+
+    def find(self, text: str) -> Iterable[Span]:
+        """Spans of every pattern's redaction group."""
+        for pattern, kind, group in self.patterns:
+            for match in pattern.finditer(text):
+                if match.group(group):
+                    yield match.start(group), match.end(group), kind
+
+
+def _widen(text: str, start: int, end: int) -> tuple[int, int]:
+    while start > 0 and text[start - 1] in _TOKEN_CHARS:
+        start -= 1
+    while end < len(text) and (text[end] in _TOKEN_CHARS or text[end] == "="):
+        end += 1
+    return start, end
+
+
+def _merge(spans: list[Span]) -> list[Span]:
+    merged: list[Span] = []
+    for start, end, kind in sorted(spans):
+        if merged and start <= merged[-1][1]:
+            last = merged[-1]
+            better = kind if last[2] in _GENERIC and kind not in _GENERIC else last[2]
+            merged[-1] = (last[0], max(last[1], end), better)
+        else:
+            merged.append((start, end, kind))
+    return merged
+
+
+class SecretFilter:
+    """Removes secrets from text before it can reach a model; refuses when it cannot be sure."""
+
+    ROUNDS = 3
+    #: a conversation's history is scrubbed again on every turn: remember recent answers
+    CACHE_SIZE = 4096
+
+    def __init__(self, detectors: Sequence[Detector] | None = None) -> None:
+        self.detectors: Sequence[Detector] = (
+            detectors if detectors is not None else (DetectSecretsDetector(), PatternDetector()))
+        self._cache: OrderedDict[str, Scrubbed] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def scrub(self, text: str) -> Scrubbed:
+        """`text` with every secret replaced; SecretFilterError if a detector fails or one survives."""
+        with self._lock:
+            cached = self._cache.get(text)
+            if cached is not None:
+                self._cache.move_to_end(text)
+                return cached
+        result = self._scrub(text)
+        with self._lock:
+            self._cache[text] = result
+            if len(self._cache) > self.CACHE_SIZE:
+                self._cache.popitem(last=False)
+        return result
+
+    def _scrub(self, text: str) -> Scrubbed:
+        kinds: list[str] = []
+        for _ in range(self.ROUNDS):
+            spans = self._spans(text)
+            if not spans:
+                return Scrubbed(text, tuple(kinds))
+            pieces, cursor = [], 0
+            for start, end, kind in spans:
+                pieces += [text[cursor:start], f"[REDACTED:{kind}]"]
+                kinds.append(kind)
+                cursor = end
+            text = "".join(pieces) + text[cursor:]
+        raise SecretFilterError(f"secret filter: findings remain after {self.ROUNDS} rounds of redaction")
+
+    def _spans(self, text: str) -> list[Span]:
+        found: list[Span] = []
+        placeholders = [(m.start(), m.end()) for m in PLACEHOLDER.finditer(text)]
+        for detector in self.detectors:
+            try:
+                spans = list(detector.find(text))
+            except Exception as exc:  # any detector failure means the text is not known to be safe
+                raise SecretFilterError(f"secret filter: detector {detector.name} failed: "
+                                        f"{type(exc).__name__}: {exc}") from exc
+            for first, last, kind in spans:
+                start, end = _widen(text, first, last)
+                if not _inside(placeholders, start, end):
+                    found.append((start, end, kind))
+        return _merge(found)
+
+
+def _inside(placeholders: list[tuple[int, int]], start: int, end: int) -> bool:
+    at = bisect.bisect_right(placeholders, (start, len(placeholders) and 1 << 62)) - 1
+    return at >= 0 and placeholders[at][0] <= start and end <= placeholders[at][1]

@@ -1,0 +1,28 @@
+"""Trace records of step ② (SPEC A1, C1-C5): how the context was built, without its content.
+
+One "context" record per assembled context: tokenizer and tokens used, how many secrets were removed,
+what compression did, which memory entries were recalled (ids only) and in which mode. A recall that
+failed and degraded to no memory adds an ErrorTrace, so the degradation is never silent.
+"""
+
+from __future__ import annotations
+
+from harness.adapters.sql.store import TraceRecordIn
+from harness.pipeline.contracts import AssembledContext
+from harness.pipeline.trace_recorder import error_trace
+
+RECALL_DEGRADED = "memory_recall_degraded"
+
+
+def context_records(run_id: str, assembled: AssembledContext) -> list[TraceRecordIn]:
+    """The records to write with the PREPARING -> PLANNING transition."""
+    records = [TraceRecordIn("context", {
+        "run_id": run_id, "tokenizer": assembled.tokenizer, "tokens_used": assembled.tokens_used,
+        "token_budget": assembled.token_budget, "filtered_secrets": assembled.filtered_secrets,
+        "compression": assembled.compression, "recall_mode": assembled.recall_mode,
+        "memory_ids": list(assembled.memory_ids), "recall_degraded": assembled.recall_degraded,
+    }, run_id)]
+    if assembled.recall_degraded is not None:
+        message = f"memory recall failed, continuing without memory: {assembled.recall_degraded}"
+        records.append(error_trace(run_id, 2, RECALL_DEGRADED, message).to_record())
+    return records

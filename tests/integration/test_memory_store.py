@@ -1,0 +1,115 @@
+"""The memory store on SQLite (FTS5), PostgreSQL (full-text) and MariaDB (exact BM25) (SPEC C2, C5)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from types import SimpleNamespace
+
+import pytest
+import sqlalchemy as sa
+
+from harness.adapters.sql import schema as t
+from harness.adapters.sql.store import NewRun, SqlStore
+from harness.clock import FakeClock
+from harness.context.errors import ScopeViolationError
+from harness.context.secrets import SecretFilter
+from harness.memory.scope import MemoryScope
+from harness.memory.store import MemoryStore, NewMemory
+
+FILTER = SecretFilter()
+ALICE = MemoryScope("t1", "alice", "s1", "support")
+
+
+@pytest.fixture
+def memory(backend_url: str) -> Iterator[MemoryStore]:
+    """A memory store on a fresh, migrated database of the backend under test."""
+    store = SqlStore.open(backend_url, FakeClock())
+    yield MemoryStore(store.engine, store.clock, FILTER)
+    store.close()
+
+
+def seed(memory: MemoryStore) -> None:
+    """One refund note in every scope that alice can see, and in every one she cannot."""
+    memory.add([
+        NewMemory("t1", "tenant", "tenant policy: refunds over 100 EUR need a lead", entry_id="tenant"),
+        NewMemory("t1", "team", "support team: refunds drafted first", team_id="support", entry_id="team"),
+        NewMemory("t1", "user", "alice: refunds as store credit", user_id="alice", entry_id="user"),
+        NewMemory("t1", "session", "alice this session: refund for A-1002", user_id="alice", session_id="s1",
+                  entry_id="session"),
+        NewMemory("t1", "team", "sales team: refunds need a quote", team_id="sales", entry_id="other-team"),
+        NewMemory("t1", "user", "bob: refunds to card", user_id="bob", entry_id="other-user"),
+        NewMemory("t1", "session", "alice other session: refund for A-9", user_id="alice", session_id="s2",
+                  entry_id="other-session"),
+        NewMemory("t2", "tenant", "tenant two: refunds never allowed", entry_id="other-tenant"),
+        NewMemory("t2", "user", "alice of t2: refunds by cheque", user_id="alice", entry_id="t2-user"),
+    ])
+
+
+def test_recall_sees_exactly_the_callers_scopes(memory: MemoryStore) -> None:
+    """Tenant-wide, own team, own user and own session entries are recalled; nothing of anyone else."""
+    seed(memory)
+    found = {r.entry_id for r in memory.recall(ALICE, "refunds", 20)}
+    assert found == {"tenant", "team", "user", "session"}
+    without_team = {r.entry_id for r in memory.recall(MemoryScope("t1", "alice", "s1"), "refunds", 20)}
+    assert without_team == {"tenant", "user", "session"}
+
+
+def test_lexical_recall_ranks_the_relevant_entry_first(memory: MemoryStore) -> None:
+    """The entry sharing the most query words comes first, on every backend's lexical search."""
+    memory.add([NewMemory("t1", "user", text, user_id="alice", entry_id=key) for key, text in (
+        ("carrier", "Orders to Austria ship with DHL; the carrier tracking number arrives by email"),
+        ("refund", "Refunds for damaged parcels are issued as store credit"),
+        ("address", "Alice moved: the delivery address is now Vienna"),
+    )])
+    assert memory.recall(ALICE, "which carrier ships my orders to Austria", 3)[0].entry_id == "carrier"
+    assert memory.recall(ALICE, "refund for a damaged parcel", 3)[0].entry_id == "refund"
+
+
+def test_secrets_never_reach_the_memory_table(memory: MemoryStore) -> None:
+    """Every write is scrubbed: the stored content holds placeholders, not the credential."""
+    memory.add([NewMemory("t1", "user", "deploy with AKIAQ7CANARY4EXAMPLE1 please", user_id="alice",
+                          entry_id="secret")])
+    with memory.engine.connect() as conn:
+        stored = conn.execute(sa.select(t.memory_entries.c.content)).scalar_one()
+    assert "AKIAQ7CANARY4EXAMPLE1" not in stored and "[REDACTED:aws_key]" in stored
+
+
+def test_writing_the_same_entry_twice_stores_it_once(memory: MemoryStore) -> None:
+    """Entry ids make writes idempotent: a repeated write-back does not duplicate memory."""
+    entry = NewMemory("t1", "user", "one fact", user_id="alice", entry_id="fact-1")
+    memory.add([entry])
+    memory.add([entry])
+    with memory.engine.connect() as conn:
+        assert conn.execute(sa.select(sa.func.count()).select_from(t.memory_entries)).scalar_one() == 1
+
+
+def test_entries_of_a_run_count_only_once_it_succeeded(backend_url: str) -> None:
+    """An entry whose source Run is not SUCCEEDED (crash between write-back and close) is never recalled."""
+    store = SqlStore.open(backend_url, FakeClock())
+    try:
+        run, _ = store.create_run(NewRun("t1", "alice", "s1", {"task": "x"}))
+        memory = MemoryStore(store.engine, store.clock, FILTER)
+        memory.add([NewMemory("t1", "user", "refund written by an unfinished run", user_id="alice",
+                              source_run_id=run.run_id, entry_id="pending"),
+                    NewMemory("t1", "user", "refund written by hand", user_id="alice", entry_id="manual")])
+        assert [r.entry_id for r in memory.recall(ALICE, "refund", 5)] == ["manual"]
+    finally:
+        store.close()
+
+
+def test_forgetting_a_user_removes_their_memory_only(memory: MemoryStore) -> None:
+    """Deleting alice's memory leaves the tenant's and bob's entries in place."""
+    seed(memory)
+    assert memory.forget_user("t1", "alice") == 3
+    assert {r.entry_id for r in memory.recall(ALICE, "refunds", 20)} == {"tenant", "team"}
+
+
+def test_a_row_from_another_scope_is_a_hard_failure() -> None:
+    """The row check refuses a foreign row (a query bug or a tampered row) instead of filtering it out."""
+    foreign = SimpleNamespace(entry_id="x", tenant_id="t2", scope="tenant", team_id=None, user_id=None,
+                              session_id=None)
+    other_user = SimpleNamespace(entry_id="y", tenant_id="t1", scope="user", team_id=None, user_id="bob",
+                                 session_id=None)
+    for row in (foreign, other_user):
+        with pytest.raises(ScopeViolationError, match="refused"):
+            ALICE.check([row])

@@ -1,0 +1,58 @@
+"""Token counting with real, bundled encodings (SPEC C1)."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.context.tokenizer import (
+    ANTHROPIC_MARGIN,
+    ApproxTokenizer,
+    BpeTokenizer,
+    ScaledTokenizer,
+    openai_encoding,
+    tokenizer_for,
+)
+from harness.errors import InvalidRequestError
+
+
+def test_cl100k_counts_known_strings_exactly() -> None:
+    """The precheck counts what the model counts: published cl100k counts, not a length heuristic."""
+    tok = BpeTokenizer("cl100k_base")
+    assert tok.count("hello world") == 2
+    assert tok.count("") == 0
+    assert tok.count("tiktoken is great!") == 6
+    assert ApproxTokenizer().count("tiktoken is great!") != 6
+
+
+def test_encodings_differ_where_the_provider_differs() -> None:
+    """o200k and cl100k give different counts on the same text, so the provider's own encoding is used."""
+    text = "Привет, как дела? 東京の天気は晴れです。 " * 20
+    assert BpeTokenizer("o200k_base").count(text) != BpeTokenizer("cl100k_base").count(text)
+
+
+@pytest.mark.parametrize(("provider", "model", "expected"), [
+    ("openai", "gpt-4o-mini", "o200k_base"), ("openai", "gpt-4.1", "o200k_base"),
+    ("openai", "gpt-4-0613", "cl100k_base"), ("openai", "gpt-3.5-turbo", "cl100k_base"),
+    ("openai", "some-local-model", "o200k_base"), ("scripted", None, "cl100k_base"),
+])
+def test_the_provider_and_model_choose_the_encoding(provider: str, model: str | None, expected: str) -> None:
+    """Each OpenAI model family is counted with its own encoding; the scripted default uses cl100k."""
+    assert tokenizer_for(provider, model).name == expected
+    if provider == "openai":
+        assert openai_encoding(model) == expected
+
+
+def test_anthropic_is_counted_with_a_margin_on_the_safe_side() -> None:
+    """Anthropic's tokenizer is not public: the estimate never counts fewer tokens than cl100k does."""
+    tok = tokenizer_for("anthropic")
+    assert isinstance(tok, ScaledTokenizer)
+    text = "Where is my order A-1001? It was due last week. " * 10
+    assert tok.count(text) >= BpeTokenizer("cl100k_base").count(text) * ANTHROPIC_MARGIN
+
+
+def test_an_explicit_encoding_wins_and_an_unknown_one_is_refused() -> None:
+    """An operator can pin the encoding; a misspelt one is a configuration error, not a silent fallback."""
+    assert tokenizer_for("openai", "gpt-4o", "cl100k_base").name == "cl100k_base"
+    assert tokenizer_for("scripted", None, "approx").name == "approx"
+    with pytest.raises(InvalidRequestError, match="unknown token encoding"):
+        BpeTokenizer("p99k_base")
