@@ -167,10 +167,11 @@ def build_runtime(settings: Settings | None = None, *, clock: Clock | None = Non
     policy = PolicyEngine.from_file(settings.policy_file, registry, ledger)
     hitl = HitlDesk(store, policy.policy.hitl)
     provider = provider or llm_provider(settings, store.clock)
-    tools = ToolController(registry, workdir_root=settings.data_dir / "runs", sandbox_mode=settings.sandbox,
-                           clock=store.clock, provider=provider, record_cost=ledger.record)
-    machine.subscribe(_release_workdir(tools))
     secret_filter = SecretFilter()
+    tools = ToolController(registry, workdir_root=settings.data_dir / "runs", sandbox_mode=settings.sandbox,
+                           clock=store.clock, provider=provider, record_cost=ledger.record,
+                           scrub=lambda text: secret_filter.scrub(text).text)
+    machine.subscribe(_release_workdir(tools))
     memory = open_memory(settings.memory, store.engine, store.clock, secret_filter)
     if memory is not None:
         machine.on_close(MemoryWriteBack(memory, settings.memory_write_scope))  # C5: SUCCEEDED only

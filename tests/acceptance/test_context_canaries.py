@@ -150,3 +150,30 @@ def test_canaries_never_reach_the_openai_compatible_server(canary_settings: Sett
         assert_no_canary("\n".join(json.dumps(r.body) for r in server.received))
     finally:
         rt.close()
+
+
+def test_canaries_in_an_earlier_result_never_reach_an_llm_tool(canary_settings: Settings, tmp_path: Path) -> None:
+    """A tool result full of canaries, passed by $ref into an LLM-as-a-tool prompt, reaches the model
+    redacted: the tool controller applies the same secret filter as the context assembler (C4, T4)."""
+    skills = Path(canary_settings.skills_dirs[1])
+    (skills / "summarise.yaml").write_text(
+        "id: test.summarise\nversion: 1.0.0\nkind: llm\n"
+        "prompt: 'Summarise: {text}'\noutput: text\ninput_schema: {type: object}\n"
+        "risk: {access: read, space: personal, impact: low}\n", encoding="utf-8")
+    plan = {"steps": [
+        {"id": "a", "tool_call": {"skill": "test.leak", "arguments": {}}, "output_key": "a"},
+        {"id": "b", "tool_call": {"skill": "test.summarise", "arguments": {"text": {"$ref": "a.note"}}},
+         "depends_on": ["a"], "output_key": "b"}], "answer_template": "{b.text}"}
+    rules = {"rules": [{"name": "relay", "when": "^relay", "plan": plan},
+                       {"name": "summary", "when": "^Summarise: ", "purpose": "tool", "reply": "summarised"}]}
+    Path(canary_settings.llm_rules).write_text(json.dumps(rules), encoding="utf-8")
+    provider = RecordingProvider(ScriptedProvider.from_file(canary_settings.llm_rules))
+    rt = build_runtime(canary_settings, clock=FakeClock(), provider=provider)
+    try:
+        result = rt.runs.create_run({"task": "relay", **TESS})
+        assert result.state == "SUCCEEDED", result.error
+        tool_requests = [r for r in provider.requests if r.purpose == "tool"]
+        assert len(tool_requests) == 1
+        assert_no_canary(tool_requests[0].model_dump_json())
+    finally:
+        rt.close()

@@ -123,7 +123,8 @@ class ToolController:
                  sandbox: Sandbox | None = None, sandbox_mode: SandboxMode = "auto",
                  clock: Clock | None = None, breakers: BreakerRegistry | None = None,
                  provider: LLMProvider | None = None,
-                 record_cost: Callable[[CostTrace], None] | None = None) -> None:
+                 record_cost: Callable[[CostTrace], None] | None = None,
+                 scrub: Callable[[str], str] | None = None) -> None:
         self.registry = registry
         self.workdirs = Workdirs(workdir_root or Path("harness-data") / "runs")
         self.breakers = breakers or BreakerRegistry(clock or SystemClock())
@@ -137,7 +138,7 @@ class ToolController:
         self._kinds: dict[str, Executor] = {
             "local": LocalCalls(self._pool),
             "sandbox": SandboxCalls(self.sandbox, self.workdirs),
-            "llm": LlmCalls(lambda: self.provider, self._pool, record_cost),
+            "llm": LlmCalls(lambda: self.provider, self._pool, record_cost, scrub),
             "agent": AgentCalls(lambda: self.child_runs),
         }
 

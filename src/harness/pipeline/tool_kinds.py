@@ -18,7 +18,7 @@ from harness.adapters.llm.types import LLMRequest
 from harness.adapters.sandbox.types import SandboxJob
 from harness.adapters.sandbox.workdirs import Workdirs
 from harness.adapters.sql.store import NewRun
-from harness.errors import SkillError
+from harness.errors import ContextError, SkillError
 from harness.pipeline.contracts import CallerIdentity, Message, RunRequest, RunResult, render_template
 from harness.pipeline.trace_recorder import CostTrace
 from harness.ports import LLMProvider, Sandbox
@@ -138,17 +138,27 @@ class LlmCalls:
 
     def __init__(self, provider: Callable[[], LLMProvider | None],
                  pool: concurrent.futures.ThreadPoolExecutor,
-                 record_cost: Callable[[CostTrace], None] | None) -> None:
+                 record_cost: Callable[[CostTrace], None] | None,
+                 scrub: Callable[[str], str] | None = None) -> None:
         self.provider = provider
         self.pool = pool
         self.record_cost = record_cost
+        #: the context assembler's secret filter: a prompt built from earlier tool outputs may carry
+        #: secrets, and it goes to a model just like the planning context does (SPEC C4)
+        self.scrub = scrub
 
     def __call__(self, call: Attempt) -> Any:
         provider, skill, ctx = self.provider(), call.skill, call.ctx
         if provider is None:
             raise ToolCallError("llm_unavailable", f"{skill.id} needs an LLM provider; the Runtime has none")
+        prompt = render_prompt(skill, call.arguments)
+        if self.scrub is not None:
+            try:
+                prompt = self.scrub(prompt)
+            except ContextError as exc:  # the filter could not be sure: refuse rather than leak
+                raise ToolCallError("secret_filter_failed", f"{skill.id}: {exc}") from exc
         request = LLMRequest(purpose="tool", system=skill.manifest.description,
-                             messages=(Message(role="user", content=render_prompt(skill, call.arguments)),))
+                             messages=(Message(role="user", content=prompt),))
         response = bounded(self.pool, lambda: provider.complete(request), call)
         if self.record_cost is not None:
             usage = response.usage
