@@ -66,3 +66,16 @@ class TraceBuffer(Protocol):
     def close(self) -> None:
         """Release the buffer's connections."""
         ...
+
+
+class Fence(Protocol):
+    """A worker's proof that it still holds a Run's lease (SPEC K5b)."""
+
+    @property
+    def epoch(self) -> int:
+        """The lease epoch every transition of the drive carries."""
+        ...
+
+    def holds(self) -> bool:
+        """Whether the lease is still this worker's; checked before every side effect."""
+        ...

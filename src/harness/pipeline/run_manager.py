@@ -21,7 +21,7 @@ from harness.adapters.sql.ledger import CostLedger
 from harness.adapters.sql.store import NewRun, RunRecord, SqlStore, TraceRecordIn
 from harness.context.trace import context_records
 from harness.errors import ContextError, InvalidRequestError, PlanError, ProviderError
-from harness.kernel import FINAL, RunState
+from harness.kernel import FINAL, TRANSIENT, RunState
 from harness.kernel.events import LOST_RACE
 from harness.pipeline.context_assembler import ContextAssembler
 from harness.pipeline.contracts import (
@@ -45,7 +45,7 @@ from harness.pipeline.trace_recorder import (
     step_trace,
 )
 from harness.policy.hitl import Decision, HitlDesk, plan_actions
-from harness.ports import ResultSink
+from harness.ports import Fence, ResultSink
 from harness.skills import Skill
 from harness.state_machine import StateMachine
 
@@ -86,6 +86,7 @@ class RunManager:
         self.sink = sink
         self.execution_limit_s = execution_limit_s
         self._context_lock = threading.Lock()
+        self._fences: dict[str, Fence] = {}
 
     # ------------------------------------------------------------------ entry points
 
@@ -106,10 +107,27 @@ class RunManager:
         run, created = self.submit(raw)
         return self.drive(run.run_id) if created else self.result(run.run_id)
 
-    def drive(self, run_id: str) -> RunResult:
-        """Carry the Run forward from wherever it is; returns its result when it stops."""
+    def drive(self, run_id: str, *, fence: Fence | None = None) -> RunResult:
+        """Carry the Run forward from wherever it is; returns its result when it stops.
+
+        Under a worker's `fence` (K5b) every transition carries the lease epoch and every side effect
+        is preceded by a check that the lease is still held; a drive whose lease was taken over stops.
+        """
+        if fence is not None:
+            self._fences[run_id] = fence
+        try:
+            return self._drive(run_id)
+        finally:
+            if fence is not None:
+                self._fences.pop(run_id, None)
+
+    def _drive(self, run_id: str) -> RunResult:
         run = self.store.get_run(run_id)
         request = RunRequest.model_validate(run.request)
+        if run.state in TRANSIENT or run.state == S.TRACING:
+            # a worker died between a failure (or success) and the close: finish the funnel
+            self.machine.advance(run_id, run.state, lease_epoch=self._epoch(run_id))
+            run = self.store.get_run(run_id)
         if run.state == S.CREATED:
             self._advance(run, S.CREATED, S.PREPARING, "request accepted",
                           _records(step_trace(run_id, 1, run.request, {"run_id": run_id}, 0.0)))
@@ -220,8 +238,18 @@ class RunManager:
     def _advance(self, run: RunRecord, source: RunState, target: RunState, reason: str,
                  records: list[TraceRecordIn] | None = None, **kwargs: Any) -> bool:
         outcome = self.machine.transition(run.run_id, source, target, actor=MANAGER, reason=reason,
-                                          records=records or [], **kwargs)
+                                          records=records or [], lease_epoch=self._epoch(run.run_id), **kwargs)
         return outcome.applied
+
+    def _epoch(self, run_id: str) -> int | None:
+        """The lease epoch this process drives the Run under, if it drives it under a lease."""
+        fence = self._fences.get(run_id)
+        return fence.epoch if fence is not None else None
+
+    def _fenced(self, run_id: str) -> bool:
+        """True when this drive's lease was taken over: no further side effect or write (K5b)."""
+        fence = self._fences.get(run_id)
+        return fence is not None and not fence.holds()
 
     def _fail(self, run: RunRecord, source: RunState, step: int, code: str, exc: BaseException | str,
               target: RunState = S.FAILED, inputs: Any = None) -> RunRecord:
@@ -355,6 +383,8 @@ class RunManager:
             failure = report.failure
             if failure.error_code == "superseded":
                 now = self.store.get_run(run.run_id)
+                if self._fenced(run.run_id):
+                    return now  # a fenced worker writes nothing more, not even about itself (K5b)
                 self.store.audit(run.run_id, LOST_RACE, MANAGER, {"attempted_to": "continue EXECUTING",
                                                                   "actual": now.state.value, "reason": failure.error})
                 return now
@@ -410,6 +440,8 @@ class RunManager:
 
         if self.store.get_run(run.run_id).state != S.EXECUTING:
             return fail("superseded", "the Run left EXECUTING (cancelled or swept)")
+        if self._fenced(run.run_id):
+            return fail("superseded", "this worker's lease on the Run was taken over (fenced)")
         if time.monotonic() > deadline:
             return fail("run_time_limit", f"the Run's execution limit of {self.execution_limit_s:.3g}s passed")
         skill = self.tools.registry.get(step.tool_call.skill)
@@ -427,6 +459,14 @@ class RunManager:
         blocked = self.policy.check_call(step, arguments)
         if blocked is not None:
             return self._refuse(run, step, "policy_refused", f"{blocked.rule_id}: {blocked.reason}")
+        earlier = (run.context or {}).get("steps", {}).get(step.id, {})
+        if earlier.get("status") == "started" and not skill.manifest.idempotent:
+            # T6: a previous worker died during this call; running it again could repeat its side effect
+            return self._refuse(run, step, "outcome_unknown",
+                                f"outcome of {step.id} unknown: its worker died during the call and "
+                                f"{skill.id} is not idempotent, so it is not run again")
+        if not skill.manifest.idempotent:
+            self._mark_started(run.run_id, step)
         call = self.tools.call(skill, arguments, run_id=run.run_id, step_id=step.id, output_key=step.output_key,
                                caller=request.caller, deadline=deadline,
                                may_fall_back=self._fallback_check(run, step, arguments))
@@ -444,9 +484,20 @@ class RunManager:
         self.store.record(_records(trace, error_trace(run.run_id, 6, code, message)))
         return StepRun(step.id, step.output_key, False, error=message, error_code=code)
 
+    def _mark_started(self, run_id: str, step: PlanStep) -> None:
+        """Record that a non-idempotent call is about to run, so a worker that takes over after a crash
+        knows its outcome is unknown instead of repeating it (T6)."""
+        with self._context_lock:
+            context = dict(self.store.get_run(run_id).context or {})
+            context.setdefault("steps", {})[step.id] = {"step_id": step.id, "output_key": step.output_key,
+                                                         "status": "started"}
+            self.store.save_context(run_id, context)
+
     def _record_step(self, run_id: str, outcome: dict[str, Any], traces: list[TraceModel],
                      values: tuple[Any, ...] = ()) -> None:
         """Persist a step's result with its traces before any dependent step starts (T6)."""
+        if self._fenced(run_id):
+            return  # the Run was taken over: its new worker owns the RunContext now
         with self._context_lock:
             run = self.store.get_run(run_id)
             context = dict(run.context or {})

@@ -1,0 +1,115 @@
+"""Scale-out with Celery (SPEC D2, S1): workers drive Runs under leases; beat runs the sweeper.
+
+Tasks carry only a run_id: everything else is in the database, so any worker can take any Run —
+including a Run resumed after a human decision in another process (G6). Tasks are acknowledged late
+and re-queued if a worker dies; the lease makes a second delivery harmless (only one worker drives a
+Run at a time) and the sweep task re-queues Runs whose worker died without the broker noticing.
+
+Broker: HARNESS_BROKER_URL (Redis or RabbitMQ), default redis://127.0.0.1:6379/0.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import Any
+
+import sqlalchemy as sa
+from celery import Celery
+from celery.signals import worker_process_init
+
+from harness.adapters.sql import schema as t
+from harness.config import Runtime, Settings, build_runtime
+from harness.kernel import FINAL, RunState
+from harness.kernel.thresholds import SWEEP_INTERVAL_S
+from harness.sweeper import ZombieSweeper
+from harness.worker import RunWorker
+
+log = logging.getLogger(__name__)
+S = RunState
+_ACTIVE = [s.value for s in RunState if s not in FINAL and s != S.AWAITING_HITL]
+
+_runtime: Runtime | None = None
+_lock = threading.Lock()
+
+
+def runtime() -> Runtime:
+    """This worker process's runtime, built on first use (after the fork)."""
+    global _runtime
+    with _lock:
+        if _runtime is None:
+            _runtime = build_runtime(Settings.from_env())
+        return _runtime
+
+
+@worker_process_init.connect
+def _reset_after_fork(**_: Any) -> None:
+    global _runtime
+    _runtime = None  # never share a parent's connections with a forked child
+
+
+def orphans(rt: Runtime, grace_s: float, limit: int = 1000) -> list[str]:
+    """Active Runs nobody holds a live lease on and that have not moved for `grace_s`: their worker died."""
+    now = rt.store.clock.now()
+    query = (
+        sa.select(t.runs.c.run_id)
+        .where(t.runs.c.state.in_(_ACTIVE), t.runs.c.last_state_change_at < now - grace_s,
+               sa.or_(t.runs.c.lease_expires_at.is_(None), t.runs.c.lease_expires_at < now))
+        .order_by(t.runs.c.last_state_change_at)
+        .limit(limit)
+    )
+    with rt.store.engine.connect() as conn:
+        return list(conn.execute(query).scalars())
+
+
+def make_app(broker: str | None = None) -> Celery:
+    """The Celery application with the harness tasks and the sweep schedule."""
+    app = Celery("harness", broker=broker or os.environ.get("HARNESS_BROKER_URL", "redis://127.0.0.1:6379/0"))
+    lease_ttl = float(os.environ.get("HARNESS_LEASE_TTL_S", "60"))
+    app.conf.update(
+        task_serializer="json",
+        accept_content=["json"],
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        broker_connection_retry_on_startup=True,
+        broker_transport_options={"visibility_timeout": max(lease_ttl * 2, 30)},
+        beat_schedule={"harness-sweep": {"task": "harness.sweep",
+                                         "schedule": float(os.environ.get("HARNESS_SWEEP_INTERVAL_S",
+                                                                          SWEEP_INTERVAL_S))}},
+    )
+
+    @app.task(name="harness.drive")
+    def drive(run_id: str) -> str | None:
+        result = RunWorker(runtime(), ttl_s=lease_ttl).execute(run_id)
+        return result.state if result else None
+
+    @app.task(name="harness.sweep")
+    def sweep() -> dict[str, int]:
+        rt = runtime()
+        report = ZombieSweeper(rt.store, rt.machine, expire_approvals=rt.runs.expire_approvals).sweep_once()
+        requeued = orphans(rt, grace_s=lease_ttl)
+        for run_id in requeued:
+            drive.delay(run_id)
+        return {"recovered": len(report.recovered), "requeued": len(requeued),
+                "approvals_expired": len(report.approvals_expired)}
+
+    return app
+
+
+app = make_app()
+
+
+def submit(request: dict[str, Any], rt: Runtime | None = None) -> str:
+    """Create the Run durably (CREATED) and queue it for a worker; returns the run_id."""
+    rt = rt or runtime()
+    run, created = rt.runs.submit(request)
+    if created:
+        app.send_task("harness.drive", args=[run.run_id])
+    return run.run_id
+
+
+def enqueue(run_id: str) -> None:
+    """Queue an existing Run (e.g. resumed by a decision) for whichever worker is free."""
+    app.send_task("harness.drive", args=[run_id])
