@@ -1,0 +1,157 @@
+"""Chaos: Celery workers drive many Runs while one is SIGKILLed, one is SIGSTOPped past its lease and
+resumed after the sweep, and the broker is restarted (issue 8, SPEC S1-S3, K5b, T6).
+
+Afterwards every Run is final, none has two final states, reconcile and verify are clean, and no
+non-idempotent call ran twice. The size is `HARNESS_CHAOS_RUNS` (default 150 keeps the suite short;
+run with a few thousand for the full exercise).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from harness.audit.reconcile import reconcile
+from harness.audit.verify import verify_chain
+from harness.config import Settings, build_runtime
+from harness.kernel import FINAL
+
+from ..conftest import FIXTURES
+
+RUNS = int(os.environ.get("HARNESS_CHAOS_RUNS", "150"))
+REDIS_PORT = 6391
+LEASE_TTL = "2"
+
+pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server is not installed")
+
+
+def _port_open(port: int) -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(0.2)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _start_redis(folder: Path) -> subprocess.Popen[bytes]:
+    proc = subprocess.Popen(["redis-server", "--port", str(REDIS_PORT), "--bind", "127.0.0.1", "--save", "",
+                             "--appendonly", "no", "--dir", str(folder)], stdout=subprocess.DEVNULL)
+    deadline = time.monotonic() + 10
+    while not _port_open(REDIS_PORT):
+        assert time.monotonic() < deadline, "private redis did not start"
+        time.sleep(0.05)
+    return proc
+
+
+@pytest.fixture
+def env(tmp_path: Path, call_log: Path) -> Iterator[dict[str, str]]:
+    """Environment for the workers: the test skills, a SQLite file, a private broker on loopback."""
+    redis = _start_redis(tmp_path)
+    environ = {**os.environ,
+               "HARNESS_DATABASE_URL": str(tmp_path / "chaos.db"),
+               "HARNESS_BROKER_URL": f"redis://127.0.0.1:{REDIS_PORT}/0",
+               "HARNESS_SKILLS_DIRS": str(FIXTURES / "skills"),
+               "HARNESS_POLICY_FILE": str(FIXTURES / "policy.yaml"),
+               "HARNESS_LLM_RULES": str(FIXTURES / "llm_rules.yaml"),
+               "HARNESS_IDENTITIES": str(FIXTURES / "identities.yaml"),
+               "HARNESS_DATA_DIR": str(tmp_path / "data"),
+               "HARNESS_LEASE_TTL_S": LEASE_TTL,
+               "HARNESS_TEST_CALL_LOG": str(call_log)}
+    environ["_redis_pid"] = str(redis.pid)
+    yield environ
+    redis.kill()
+    redis.wait()
+
+
+def _worker(environ: dict[str, str], name: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "harness.celery_app:app", "worker", "--pool=solo",
+         "--concurrency=1", "-n", f"{name}@%h", "--without-gossip", "--without-mingle", "--without-heartbeat",
+         "--loglevel=WARNING"], env=environ, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def test_chaos_every_run_ends_once_and_no_side_effect_repeats(env: dict[str, str], tmp_path: Path,
+                                                                call_log: Path) -> None:
+    """SIGKILL, SIGSTOP past the lease, and a broker restart: every Run final exactly once, audit clean,
+    no non-idempotent call duplicated, and the stopped worker adds no side effect after it resumes."""
+    os.environ.update({k: v for k, v in env.items() if k.startswith("HARNESS_")})
+    from harness import celery_app
+
+    app = celery_app.make_app(env["HARNESS_BROKER_URL"])
+    rt = build_runtime(Settings.from_env())
+    workers = {name: _worker(env, name) for name in ("w1", "w2", "w3")}
+    try:
+        tasks = [("echo chaos" if i % 3 else "hang-idem 0.05") for i in range(RUNS)]
+        run_ids = []
+        for i, task in enumerate(tasks):
+            run, _ = rt.runs.submit({"task": task, "tenant_id": "t1", "user_id": f"u{i % 7}", "roles": ["tester"]})
+            app.send_task("harness.drive", args=[run.run_id])
+            run_ids.append(run.run_id)
+
+        def finished() -> int:
+            return sum(rt.store.get_run(r).state in FINAL for r in run_ids)
+
+        _wait_until(lambda: finished() >= RUNS // 5, 120)
+        workers["w1"].send_signal(signal.SIGKILL)  # a worker dies mid-flight
+        workers["w1"].wait()
+        workers["w4"] = _worker(env, "w4")
+        workers["w2"].send_signal(signal.SIGSTOP)  # a worker freezes past its lease
+        time.sleep(float(LEASE_TTL) + 1)
+        _sweep(rt, app)  # the sweep re-queues what the frozen and the dead worker held
+        redis_pid = int(env["_redis_pid"])
+        os.kill(redis_pid, signal.SIGKILL)  # the broker restarts, losing its queue (no persistence)
+        time.sleep(0.5)
+        env["_redis_pid"] = str(_start_redis(tmp_path).pid)
+        deadline = time.monotonic() + 240
+        while finished() < RUNS and time.monotonic() < deadline:
+            _sweep(rt, app)
+            time.sleep(1.0)
+        workers["w2"].send_signal(signal.SIGCONT)  # the frozen worker wakes up
+        time.sleep(2.0)
+        assert finished() == RUNS, Counter(rt.store.get_run(r).state.value for r in run_ids)
+        _assert_clean(rt, run_ids, call_log)
+    finally:
+        for proc in workers.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGCONT)
+                proc.kill()
+                proc.wait()
+        rt.close()
+
+
+def _sweep(rt: object, app: object) -> None:
+    from harness import celery_app
+
+    for run_id in celery_app.orphans(rt, grace_s=float(LEASE_TTL)):  # type: ignore[arg-type]
+        app.send_task("harness.drive", args=[run_id])  # type: ignore[attr-defined]
+
+
+def _wait_until(predicate: object, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while not predicate():  # type: ignore[operator]
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.2)
+
+
+def _assert_clean(rt: object, run_ids: list[str], call_log: Path) -> None:
+    """One final state per Run, audit clean, and no non-idempotent call key seen twice (which is also
+    where any call the frozen worker made after waking up would show)."""
+    store = rt.store  # type: ignore[attr-defined]
+    for run_id in run_ids:
+        path = [t.to_state.value for t in store.transitions_of(run_id)]
+        assert sum(s in {f.value for f in FINAL} for s in path) == 1, path
+    store.drain_all()
+    assert reconcile(store).ok
+    assert verify_chain(store).ok
+    log = [json.loads(line) for line in call_log.read_text().splitlines()]
+    echoes = Counter(entry["key"] for entry in log if entry["skill"] == "test.echo")
+    assert echoes and max(echoes.values()) == 1, [k for k, n in echoes.items() if n > 1]
