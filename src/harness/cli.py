@@ -25,7 +25,7 @@ app.add_typer(audit_app, name="audit")
 for _name, _fn in (("run", cli_runs.run), ("trace", cli_runs.trace), ("cancel", cli_runs.cancel),
                    ("approve", cli_runs.approve), ("reject", cli_runs.reject), ("approvals", cli_runs.approvals),
                    ("demo", cli_runs.demo), ("sweep", cli_ops.sweep), ("serve", cli_serve.serve),
-                   ("replay", cli_replay.replay)):
+                   ("replay", cli_replay.replay), ("worker", cli_ops.worker)):
     app.command(_name)(cli_errors(_fn))
 
 

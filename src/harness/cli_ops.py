@@ -1,4 +1,4 @@
-"""`harness sweep`: the zombie sweeper as a command (SPEC S1, U1)."""
+"""`harness sweep` and `harness worker`: the sweeper and the scale-out worker as commands (SPEC S1, D2, U1)."""
 
 from __future__ import annotations
 
@@ -40,3 +40,26 @@ def sweep(
         typer.echo(f"detected {len(report.detected)}, recovered {len(report.recovered)}, lost to another writer "
                    f"{len(report.lost)}, healthy (heartbeating) {len(report.healthy)}, approvals expired "
                    f"{len(report.approvals_expired)}")
+
+
+def worker(
+    concurrency: Annotated[int, typer.Option("--concurrency", "-c", help="Runs driven at once.")] = 2,
+    beat: Annotated[bool, typer.Option("--beat", help="Also run Celery beat here (the periodic sweep).")] = False,
+    broker: Annotated[str | None, typer.Option("--broker", envvar="HARNESS_BROKER_URL",
+                                                help="Celery broker URL (Redis or RabbitMQ).")] = None,
+    db: DbOption = None,
+) -> None:
+    """Run a Celery worker that drives Runs from the queue (SPEC D2); --beat adds the sweep schedule."""
+    import os
+
+    if db:
+        os.environ["HARNESS_DATABASE_URL"] = db
+    if broker:
+        os.environ["HARNESS_BROKER_URL"] = broker
+    from harness.celery_app import make_app
+
+    app = make_app(broker)
+    argv = ["worker", f"--concurrency={concurrency}", "--loglevel=INFO", "--without-gossip", "--without-mingle"]
+    if beat:
+        argv.append("--beat")
+    app.worker_main(argv)

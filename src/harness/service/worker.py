@@ -10,13 +10,17 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 
 from harness.config import Runtime
+from harness.kernel.thresholds import SWEEP_INTERVAL_S
 from harness.service.errors import ApiError
 from harness.service.logs import run_context
+from harness.sweeper import ZombieSweeper
+from harness.worker import RunWorker
 
 log = logging.getLogger("harness.worker")
 
@@ -48,6 +52,7 @@ class EmbeddedWorker:
         self._stop = threading.Event()
         self._housekeeper: threading.Thread | None = None
         self._in_flight = 0
+        self._last_sweep = time.monotonic()
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -125,8 +130,11 @@ class EmbeddedWorker:
     def _drive(self, run_id: str, holds_slot: bool) -> None:
         with run_context(run_id):
             try:
-                result = self.runtime.runs.drive(run_id)
-                log.info("run stopped", extra={"run_id": run_id, "state": result.state})
+                # under a lease (K5b), so this service and any Celery workers on the same database never
+                # drive one Run twice; None means another live worker has it
+                result = RunWorker(self.runtime).execute(run_id)
+                if result is not None:
+                    log.info("run stopped", extra={"run_id": run_id, "state": result.state})
             except Exception:  # one Run's failure must not take the worker down
                 log.exception("driving the run failed", extra={"run_id": run_id})
             finally:
@@ -135,9 +143,16 @@ class EmbeddedWorker:
     # ------------------------------------------------------------------ housekeeping
 
     def housekeep(self) -> None:
-        """One pass: apply due approval timeouts (default-deny), then chain the outbox."""
+        """One pass: apply due approval timeouts (default-deny), sweep stuck Runs every
+        SWEEP_INTERVAL_S (the in-process sweeper of D1), then chain the outbox."""
         for request_id in self.runtime.runs.expire_approvals():
             log.info("approval request timed out", extra={"request_id": request_id})
+        now = time.monotonic()
+        if now - self._last_sweep >= SWEEP_INTERVAL_S:
+            self._last_sweep = now
+            report = ZombieSweeper(self.runtime.store, self.runtime.machine).sweep_once()
+            for run_id in report.recovered:
+                log.warning("zombie run closed by the sweeper", extra={"run_id": run_id})
         self.runtime.store.drain_all()
 
     def _housekeeping(self) -> None:
