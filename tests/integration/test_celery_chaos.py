@@ -52,6 +52,9 @@ def _start_redis(folder: Path) -> subprocess.Popen[bytes]:
     return proc
 
 
+_BROKERS: list[subprocess.Popen[bytes]] = []
+
+
 @pytest.fixture
 def env(tmp_path: Path, call_log: Path) -> Iterator[dict[str, str]]:
     """Environment for the workers: the test skills, a SQLite file, a private broker on loopback."""
@@ -68,8 +71,10 @@ def env(tmp_path: Path, call_log: Path) -> Iterator[dict[str, str]]:
                "HARNESS_TEST_CALL_LOG": str(call_log)}
     environ["_redis_pid"] = str(redis.pid)
     yield environ
-    redis.kill()
-    redis.wait()
+    for broker in [redis, *_BROKERS]:  # the first broker and any restarted one
+        broker.kill()
+        broker.wait()
+    _BROKERS.clear()
 
 
 def _worker(environ: dict[str, str], name: str) -> subprocess.Popen[bytes]:
@@ -110,7 +115,9 @@ def test_chaos_every_run_ends_once_and_no_side_effect_repeats(env: dict[str, str
         redis_pid = int(env["_redis_pid"])
         os.kill(redis_pid, signal.SIGKILL)  # the broker restarts, losing its queue (no persistence)
         time.sleep(0.5)
-        env["_redis_pid"] = str(_start_redis(tmp_path).pid)
+        restarted = _start_redis(tmp_path)
+        _BROKERS.append(restarted)
+        env["_redis_pid"] = str(restarted.pid)
         deadline = time.monotonic() + 240
         while finished() < RUNS and time.monotonic() < deadline:
             _sweep(rt, app)
