@@ -53,7 +53,9 @@ def _harness(runs: int, folder: Path, hitl: bool) -> list[float]:
     times = []
     for i in range(runs):
         started = time.perf_counter()
-        result = rt.runs.create_run({"task": task, "user_id": f"user{i}", "roles": ["support_agent"]})
+        # one user, as real callers repeat; HITL Runs get their own requester (approval rate limit)
+        user = f"user{i}" if hitl else "alice"
+        result = rt.runs.create_run({"task": task, "user_id": user, "roles": ["support_agent"]})
         if hitl:
             approver = alice.model_copy(update={"user_id": f"user{i}"})
             _, result = rt.runs.decide(result.approval_request_id or "", approver, "approve")

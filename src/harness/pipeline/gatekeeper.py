@@ -46,6 +46,7 @@ class PolicyEngine:
         self.permissions = permissions
         self.registry = registry
         self.ledger = ledger
+        self._visible: dict[tuple[object, ...], bool] = {}
 
     @classmethod
     def from_file(cls, path: Path, registry: SkillRegistry, ledger: CostLedger | None = None) -> PolicyEngine:
@@ -55,9 +56,18 @@ class PolicyEngine:
         return cls(policy, cedar, registry, ledger)
 
     def may_call(self, caller: CallerIdentity, skill: Skill) -> bool:
-        """Whether the caller may see and call this skill at all (used to filter the skill list, T2)."""
-        allowed, _ = self.permissions.is_permitted(caller, skill, {})
-        return allowed
+        """Whether the caller may see and call this skill at all (used to filter the skill list, T2).
+
+        Cached per identity and manifest: the answer depends on nothing else, and the policy set of an
+        engine never changes (a new policy means a new engine)."""
+        key = (caller.tenant_id, caller.user_id, caller.roles, skill.id, skill.manifest_hash)
+        cached = self._visible.get(key)
+        if cached is None:
+            cached, _ = self.permissions.is_permitted(caller, skill, {})
+            if len(self._visible) > 10_000:
+                self._visible.clear()
+            self._visible[key] = cached
+        return cached
 
     def evaluate(self, plan: Plan, caller: CallerIdentity, run_id: str) -> Evaluation:
         """The unified decision on a plan, with every rule's verdict."""
@@ -150,16 +160,17 @@ class PolicyEngine:
     def _budgets(self, plan: Plan, caller: CallerIdentity, run_id: str) -> list[Verdict]:
         caps = self.policy.budgets
         estimate = plan.budget_estimate.cost_usd
-        scopes: list[tuple[str, float | None, dict[str, str]]] = [
-            ("run", caps.per_run_usd, {"run_id": run_id}),
-            ("user", caps.per_user_usd, {"user_id": caller.user_id}),
-            ("tenant", caps.per_tenant_usd, {}),
-        ]
+        if caps.per_run_usd is None and caps.per_user_usd is None and caps.per_tenant_usd is None:
+            return []
+        spent_run, spent_user, spent_tenant = (
+            self.ledger.spent_by_scope(tenant_id=caller.tenant_id, user_id=caller.user_id, run_id=run_id)
+            if self.ledger else (0.0, 0.0, 0.0))
+        scopes = [("run", caps.per_run_usd, spent_run), ("user", caps.per_user_usd, spent_user),
+                  ("tenant", caps.per_tenant_usd, spent_tenant)]
         out = []
-        for scope, cap, narrow in scopes:
+        for scope, cap, spent in scopes:
             if cap is None:
                 continue
-            spent = self.ledger.spent(tenant_id=caller.tenant_id, **narrow) if self.ledger else 0.0
             over = spent + estimate > cap
             out.append(Verdict(rule_id=f"budget.per_{scope}", family="budget", decision="reject" if over else "pass",
                                reason=f"{scope} spent {spent:.4f} + plan estimate {estimate:.4f} "

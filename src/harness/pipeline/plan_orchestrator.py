@@ -122,6 +122,8 @@ class PlanOrchestrator:
         self.registry = registry
         self.max_attempts = max_attempts
         self.max_parallel = max_parallel
+        # one pool for the life of the orchestrator: creating threads per Run cost more than the steps
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=max_parallel, thread_name_prefix="plan-step")
 
     def plan(self, context: AssembledContext, tools: Sequence[ToolSpec]) -> PlanOutcome:
         """Ask the model for a plan and validate it; PlanError names what is wrong."""
@@ -182,22 +184,23 @@ class PlanOrchestrator:
         """
         report = ExecutionReport()
         done_keys = set(outputs)
-        with concurrent.futures.ThreadPoolExecutor(max_workers=self.max_parallel,
-                                                   thread_name_prefix="plan-step") as pool:
-            for wave in generations(plan, flattened):
-                todo = [s for s in wave if s.output_key not in done_keys]
-                snapshot = dict(outputs)
-                futures = [pool.submit(run_step, s, snapshot) for s in todo]
-                for future in futures:
-                    result = future.result()
-                    report.runs.append(result)
-                    if result.ok:
-                        outputs[result.output_key] = result.output
-                        done_keys.add(result.output_key)
-                failed = [r for r in report.runs if not r.ok]
-                if failed:
-                    report.failure = failed[0]
-                    return report
+        for wave in generations(plan, flattened):
+            todo = [s for s in wave if s.output_key not in done_keys]
+            snapshot = dict(outputs)
+            if len(todo) == 1:
+                results = [run_step(todo[0], snapshot)]  # nothing to overlap with: no thread hop
+            else:
+                futures = [self._pool.submit(run_step, s, snapshot) for s in todo]
+                results = [f.result() for f in futures]
+            for result in results:
+                report.runs.append(result)
+                if result.ok:
+                    outputs[result.output_key] = result.output
+                    done_keys.add(result.output_key)
+            failed = [r for r in report.runs if not r.ok]
+            if failed:
+                report.failure = failed[0]
+                return report
         return report
 
 

@@ -8,15 +8,17 @@ decision and `drive` resumes from the persisted RunContext, skipping completed s
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
+import sqlalchemy as sa
 from pydantic import ValidationError
 
 from harness.adapters.llm.types import LLMResponse
-from harness.adapters.sql.blobs import record_llm_call, save_context_with_blobs
+from harness.adapters.sql.blobs import contents_of, llm_call_record, put, record_llm_call, save_context_with_blobs
 from harness.adapters.sql.ledger import CostLedger
 from harness.adapters.sql.store import NewRun, RunRecord, SqlStore, TraceRecordIn
 from harness.context.trace import context_records
@@ -87,6 +89,7 @@ class RunManager:
         self.execution_limit_s = execution_limit_s
         self._context_lock = threading.Lock()
         self._fences: dict[str, Fence] = {}
+        self._live: dict[str, dict[str, Any]] = {}
 
     # ------------------------------------------------------------------ entry points
 
@@ -129,9 +132,9 @@ class RunManager:
             self.machine.advance(run_id, run.state, lease_epoch=self._epoch(run_id))
             run = self.store.get_run(run_id)
         if run.state == S.CREATED:
-            self._advance(run, S.CREATED, S.PREPARING, "request accepted",
-                          _records(step_trace(run_id, 1, run.request, {"run_id": run_id}, 0.0)))
-            run = self._prepare(self.store.get_run(run_id), request)
+            run = self._advance(run, S.CREATED, S.PREPARING, "request accepted",
+                                _records(step_trace(run_id, 1, run.request, {"run_id": run_id}, 0.0)))
+            run = self._prepare(run, request)
         if run.state == S.PLANNING:
             run = self._plan(run, request)
         if run.state == S.POLICY_CHECK:
@@ -236,10 +239,17 @@ class RunManager:
     # ------------------------------------------------------------------ steps
 
     def _advance(self, run: RunRecord, source: RunState, target: RunState, reason: str,
-                 records: list[TraceRecordIn] | None = None, **kwargs: Any) -> bool:
+                 records: list[TraceRecordIn] | None = None, **kwargs: Any) -> RunRecord:
+        """Make the transition; the Run as it now is, built locally rather than read back (hot path)."""
         outcome = self.machine.transition(run.run_id, source, target, actor=MANAGER, reason=reason,
                                           records=records or [], lease_epoch=self._epoch(run.run_id), **kwargs)
-        return outcome.applied
+        if not outcome.applied:
+            return self.store.get_run(run.run_id)
+        changes: dict[str, Any] = {"state": target, "version": outcome.seq, "close_reason": outcome.close_reason}
+        for key in ("context", "result"):
+            if key in kwargs:
+                changes[key] = kwargs[key]
+        return dataclasses.replace(run, **changes)
 
     def _epoch(self, run_id: str) -> int | None:
         """The lease epoch this process drives the Run under, if it drives it under a lease."""
@@ -256,8 +266,8 @@ class RunManager:
         message = str(exc)
         records = _records(step_trace(run.run_id, step, inputs, {"error": message}, 0.0, "error", message),
                            error_trace(run.run_id, step, code, exc))
-        self._advance(run, source, target, f"{code}: {message}", records, result={"error": f"{code}: {message}"})
-        return self.store.get_run(run.run_id)
+        return self._advance(run, source, target, f"{code}: {message}", records,
+                             result={"error": f"{code}: {message}"})
 
     def _prepare(self, run: RunRecord, request: RunRequest) -> RunRecord:
         if run.state != S.PREPARING:
@@ -283,8 +293,8 @@ class RunManager:
             step_trace(run.run_id, 2, run.request, context["context"], elapsed),
             step_trace(run.run_id, 3, caller.model_dump(mode="json"), context["manifests"], 0.0),
         ) + context_records(run.run_id, assembled)  # C2: a degraded recall is traced, never silent
-        self._advance(run, S.PREPARING, S.PLANNING, "context assembled, skills loaded", records, context=context)
-        return self.store.get_run(run.run_id)
+        return self._advance(run, S.PREPARING, S.PLANNING, "context assembled, skills loaded", records,
+                             context=context)
 
     def _plan(self, run: RunRecord, request: RunRequest) -> RunRecord:
         context = dict(run.context or {})
@@ -308,9 +318,7 @@ class RunManager:
             return self._fail(run, S.PLANNING, 4, f"llm_{exc.kind}", exc, target=target, inputs=request.task)
         elapsed = (time.perf_counter() - started) * 1000
         usage = outcome.response.usage
-        record_llm_call(self.store, run.run_id, "plan", llm_input,
-                        response=outcome.response.model_dump(mode="json"))
-        self._record_cost(run, outcome.response)
+        cost = self._cost(run, outcome.response)
         context["plan"] = outcome.plan.model_dump(mode="json", by_alias=True)
         context["flattened"] = outcome.flattened
         context["cost"] = {"input_tokens": usage.input_tokens, "output_tokens": usage.output_tokens,
@@ -320,15 +328,26 @@ class RunManager:
                                       detail=detail))
         if outcome.flattened:
             self.store.audit(run.run_id, "plan_flattened", "plan_orchestrator", {"problem": outcome.dag_problem})
-        self._advance(run, S.PLANNING, S.POLICY_CHECK, f"plan with {len(outcome.plan.steps)} steps", records,
-                      context=context)
-        return self.store.get_run(run.run_id)
+        records.extend(_records(cost))
+        llm_record, llm_values = llm_call_record(run.run_id, "plan", llm_input,
+                                                 response=outcome.response.model_dump(mode="json"))
+        records.append(llm_record)
+
+        def ledger_and_blobs(conn: sa.Connection) -> None:
+            self.ledger.insert(conn, cost)
+            put(conn, contents_of(llm_values))
+
+        return self._advance(run, S.PLANNING, S.POLICY_CHECK, f"plan with {len(outcome.plan.steps)} steps",
+                             records, context=context, also=ledger_and_blobs)
+
+    def _cost(self, run: RunRecord, response: LLMResponse) -> CostTrace:
+        usage = response.usage
+        return CostTrace(run_id=run.run_id, source=f"llm:{response.provider}:plan",
+                         input_tokens=usage.input_tokens, output_tokens=usage.output_tokens,
+                         usd=usage.cost_usd, tenant_id=run.tenant_id, user_id=run.user_id)
 
     def _record_cost(self, run: RunRecord, response: LLMResponse) -> None:
-        usage = response.usage
-        self.ledger.record(CostTrace(run_id=run.run_id, source=f"llm:{response.provider}:plan",
-                                     input_tokens=usage.input_tokens, output_tokens=usage.output_tokens,
-                                     usd=usage.cost_usd, tenant_id=run.tenant_id, user_id=run.user_id))
+        self.ledger.record(self._cost(run, response))
 
     def _policy(self, run: RunRecord, request: RunRequest) -> RunRecord:
         context = dict(run.context or {})
@@ -343,15 +362,14 @@ class RunManager:
         records += _records(step_trace(run.run_id, 5, context["plan"], decision.model_dump(mode="json"), elapsed))
         if decision.decision == "reject":
             reasons = "; ".join(f"{v.rule_id}: {v.reason}" for v in decision.rejecting)
-            self._advance(run, S.POLICY_CHECK, S.REJECTED, f"policy rejected: {reasons}", records,
-                          context=context, result={"error": f"rejected by policy: {reasons}"})
-        elif decision.decision == "await_hitl":
+            return self._advance(run, S.POLICY_CHECK, S.REJECTED, f"policy rejected: {reasons}", records,
+                                 context=context, result={"error": f"rejected by policy: {reasons}"})
+        if decision.decision == "await_hitl":
             if self.hitl.pending_count(caller.tenant_id, caller.user_id) >= self.hitl.settings.max_pending_per_requester:
                 reason = (f"hitl.rate_limit: {caller.user_id} already has "
                           f"{self.hitl.settings.max_pending_per_requester} approval requests waiting")
-                self._advance(run, S.POLICY_CHECK, S.REJECTED, reason, records, context=context,
-                              result={"error": f"rejected by policy: {reason}"})
-                return self.store.get_run(run.run_id)
+                return self._advance(run, S.POLICY_CHECK, S.REJECTED, reason, records, context=context,
+                                     result={"error": f"rejected by policy: {reason}"})
             req = self.hitl.new_request(run.run_id, caller.tenant_id, caller.user_id, decision.level,
                                         plan_actions(plan))
             context["approval"] = {"request_id": req.request_id, "actions_hash": req.actions_hash,
@@ -359,15 +377,21 @@ class RunManager:
             records += _records(HITLTrace(run_id=run.run_id, request_id=req.request_id, event="requested",
                                           level=req.level, actions_hash=req.actions_hash,
                                           reason=f"{req.required_approvals} approval(s) by {req.deadline_at:.0f}"))
-            self._advance(run, S.POLICY_CHECK, S.AWAITING_HITL, f"needs {decision.level} approval", records,
-                          context=context, also=lambda conn: self.hitl.insert(conn, req))
-        else:
-            self._advance(run, S.POLICY_CHECK, S.EXECUTING, "every call passed policy at L1", records,
-                          context=context)
-        return self.store.get_run(run.run_id)
+            return self._advance(run, S.POLICY_CHECK, S.AWAITING_HITL, f"needs {decision.level} approval",
+                                 records, context=context, also=lambda conn: self.hitl.insert(conn, req))
+        return self._advance(run, S.POLICY_CHECK, S.EXECUTING, "every call passed policy at L1", records,
+                             context=context)
 
     def _execute(self, run: RunRecord, request: RunRequest) -> RunRecord:
         context = dict(run.context or {})
+        context["steps"] = dict(context.get("steps", {}))
+        self._live[run.run_id] = context
+        try:
+            return self._execute_plan(run, request, context)
+        finally:
+            self._live.pop(run.run_id, None)
+
+    def _execute_plan(self, run: RunRecord, request: RunRequest, context: dict[str, Any]) -> RunRecord:
         plan = Plan.model_validate(context["plan"])
         approved = self._approved_actions(run.run_id, context)
         outputs = {o["output_key"]: o["output"] for o in context.get("steps", {}).values() if o["status"] == "ok"}
@@ -399,8 +423,7 @@ class RunManager:
         result = {"answer": answer, "artifacts": outputs}
         records = _records(step_trace(run.run_id, 6, context["plan"], outputs, elapsed),
                            step_trace(run.run_id, 8, {"run_id": run.run_id}, result, 0.0))
-        self._advance(run, S.EXECUTING, S.TRACING, "every step succeeded", records, result=result)
-        return self.store.get_run(run.run_id)
+        return self._advance(run, S.EXECUTING, S.TRACING, "every step succeeded", records, result=result)
 
     def _deadline(self, run: RunRecord) -> float:
         """time.monotonic() by which execution must end: the execution limit (T5), or sooner when the Run
@@ -438,7 +461,7 @@ class RunManager:
         def fail(code: str, message: str) -> StepRun:
             return StepRun(step.id, step.output_key, False, error=message, error_code=code)
 
-        if self.store.get_run(run.run_id).state != S.EXECUTING:
+        if self.store.state_of(run.run_id) != S.EXECUTING:
             return fail("superseded", "the Run left EXECUTING (cancelled or swept)")
         if self._fenced(run.run_id):
             return fail("superseded", "this worker's lease on the Run was taken over (fenced)")
@@ -484,13 +507,21 @@ class RunManager:
         self.store.record(_records(trace, error_trace(run.run_id, 6, code, message)))
         return StepRun(step.id, step.output_key, False, error=message, error_code=code)
 
+    def _live_context(self, run_id: str) -> dict[str, Any]:
+        """The RunContext this drive is executing with (kept in memory: under the lease nobody else writes
+        it); read from the store when called outside an execution. Call with the context lock held."""
+        context = self._live.get(run_id)
+        if context is None:
+            context = dict(self.store.get_run(run_id).context or {})
+            context["steps"] = dict(context.get("steps", {}))
+        return context
+
     def _mark_started(self, run_id: str, step: PlanStep) -> None:
         """Record that a non-idempotent call is about to run, so a worker that takes over after a crash
         knows its outcome is unknown instead of repeating it (T6)."""
         with self._context_lock:
-            context = dict(self.store.get_run(run_id).context or {})
-            context.setdefault("steps", {})[step.id] = {"step_id": step.id, "output_key": step.output_key,
-                                                         "status": "started"}
+            context = self._live_context(run_id)
+            context["steps"][step.id] = {"step_id": step.id, "output_key": step.output_key, "status": "started"}
             self.store.save_context(run_id, context)
 
     def _record_step(self, run_id: str, outcome: dict[str, Any], traces: list[TraceModel],
@@ -499,8 +530,7 @@ class RunManager:
         if self._fenced(run_id):
             return  # the Run was taken over: its new worker owns the RunContext now
         with self._context_lock:
-            run = self.store.get_run(run_id)
-            context = dict(run.context or {})
-            context.setdefault("steps", {})[outcome["step_id"]] = outcome
+            context = self._live_context(run_id)
+            context["steps"][outcome["step_id"]] = outcome
             # the contents behind the ToolTrace's argument/result hashes, for replay (A5)
             save_context_with_blobs(self.store, run_id, context, [t.to_record() for t in traces], values)

@@ -90,10 +90,10 @@ class BlobStore:
         return hashlib.sha256(text.encode("utf-8")).hexdigest() == digest
 
 
-def record_llm_call(store: SqlStore, run_id: str, purpose: str, request: Any, *,
-                    response: dict[str, Any] | None = None, error: dict[str, Any] | None = None) -> None:
-    """Trace one LLM exchange as an "llm" record — request and response by hash, an error inline, and a
-    fallback switch when the response says it came from the fallback model — with both contents."""
+def llm_call_record(run_id: str, purpose: str, request: Any, *, response: dict[str, Any] | None = None,
+                    error: dict[str, Any] | None = None) -> tuple[TraceRecordIn, list[Any]]:
+    """The "llm" trace record of one exchange — request and response by hash, an error inline, a
+    fallback switch when the response came from the fallback model — and the contents it references."""
     answer = response or {}
     payload = {
         "purpose": purpose, "request_hash": content_hash(request),
@@ -101,5 +101,11 @@ def record_llm_call(store: SqlStore, run_id: str, purpose: str, request: Any, *,
         "provider": answer.get("provider"), "model": answer.get("model"),
         "fallback_from": answer.get("fallback_from"), "fallback_reason": answer.get("fallback_reason"),
     }
-    values = [request] if response is None else [request, response]
-    record_with_blobs(store, [TraceRecordIn("llm", payload, run_id)], values)
+    return TraceRecordIn("llm", payload, run_id), ([request] if response is None else [request, response])
+
+
+def record_llm_call(store: SqlStore, run_id: str, purpose: str, request: Any, *,
+                    response: dict[str, Any] | None = None, error: dict[str, Any] | None = None) -> None:
+    """Trace one LLM exchange with its contents, in its own transaction."""
+    record, values = llm_call_record(run_id, purpose, request, response=response, error=error)
+    record_with_blobs(store, [record], values)

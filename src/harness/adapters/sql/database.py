@@ -15,6 +15,8 @@ from alembic.script import ScriptDirectory
 from harness.errors import InvalidRequestError
 
 DEFAULT_SQLITE_FILE = "harness.db"
+#: execution option marking a connection that only reads (SQLite: a deferred BEGIN)
+READ_ONLY = "harness_read_only"
 MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
 
 
@@ -43,7 +45,33 @@ def create_engine(url: str, *, sqlite_synchronous: str | None = None) -> sa.Engi
     kwargs: dict[str, Any] = {"pool_pre_ping": True, "future": True}
     if u.get_backend_name() in ("mysql", "mariadb"):
         kwargs["isolation_level"] = "READ COMMITTED"
+        tls_options = any(key.startswith("ssl") for key in u.query)
+        if u.get_driver_name() == "pymysql" and _loopback(u.host) and not tls_options:
+            # PyMySQL builds a TLS context (loading every system CA, ~0.2 s) for each new connection
+            # unless told not to; on loopback TLS protects nothing
+            kwargs["connect_args"] = {"ssl_disabled": True}
+        engine = sa.create_engine(url, **kwargs)
+        sa.event.listen(engine, "connect", _mysql_session)
+        return engine
     return sa.create_engine(url, **kwargs)
+
+
+def _loopback(host: str | None) -> bool:
+    return host in (None, "", "localhost", "::1") or str(host).startswith("127.")
+
+
+def _mysql_session(dbapi_connection: Any, _record: Any) -> None:
+    """Make MySQL/MariaDB behave as the SQL standard (and PostgreSQL, SQLite) on two points the store
+    relies on: a too-long value is an error, never silently truncated (a tenant id cut short would be
+    another tenant); and in `UPDATE … SET a = …, b = f(a)` every expression reads the old row
+    (MariaDB's SIMULTANEOUS_ASSIGNMENT; MySQL has no such mode and reads the new `a`)."""
+    cursor = dbapi_connection.cursor()
+    cursor.execute("SELECT VERSION()")
+    modes = ["STRICT_ALL_TABLES"]
+    if "mariadb" in str(cursor.fetchone()[0]).lower():
+        modes.append("SIMULTANEOUS_ASSIGNMENT")
+    cursor.execute(f"SET SESSION sql_mode = CONCAT_WS(',', @@sql_mode, '{','.join(modes)}')")
+    cursor.close()
 
 
 def _sqlite_engine(url: str, synchronous: str) -> sa.Engine:
@@ -65,7 +93,9 @@ def _sqlite_engine(url: str, synchronous: str) -> sa.Engine:
 
     @sa.event.listens_for(engine, "begin")
     def _on_begin(conn: sa.Connection) -> None:
-        conn.exec_driver_sql("BEGIN IMMEDIATE")
+        # writers take the write lock up front and queue on the busy timeout; connections marked
+        # read-only (SqlStore.reader) read a WAL snapshot without queueing behind writers
+        conn.exec_driver_sql("BEGIN" if conn.get_execution_options().get(READ_ONLY) else "BEGIN IMMEDIATE")
 
     return engine
 

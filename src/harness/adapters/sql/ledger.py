@@ -9,6 +9,16 @@ from harness.adapters.sql.store import SqlStore
 from harness.pipeline.trace_recorder import CostTrace
 
 
+_INSERT = t.costs.insert()
+_BY_SCOPE = sa.select(
+    sa.func.coalesce(sa.func.sum(sa.case((t.costs.c.run_id == sa.bindparam("p_run"), t.costs.c.usd), else_=0.0)),
+                     0.0).label("run_usd"),
+    sa.func.coalesce(sa.func.sum(sa.case((t.costs.c.user_id == sa.bindparam("p_user"), t.costs.c.usd), else_=0.0)),
+                     0.0).label("user_usd"),
+    sa.func.coalesce(sa.func.sum(t.costs.c.usd), 0.0).label("tenant_usd"),
+).where(t.costs.c.tenant_id == sa.bindparam("p_tenant"))
+
+
 class CostLedger:
     """Appends costs (with their CostTrace, in one transaction) and sums them by scope."""
 
@@ -16,14 +26,24 @@ class CostLedger:
         self.store = store
 
     def record(self, cost: CostTrace) -> None:
-        """Record one cost and its trace record."""
-        now = self.store.clock.now()
+        """Record one cost and its trace record, in their own transaction."""
         with self.store.engine.begin() as conn:
-            conn.execute(t.costs.insert().values(
-                run_id=cost.run_id, tenant_id=cost.tenant_id, user_id=cost.user_id, source=cost.source,
-                input_tokens=cost.input_tokens, output_tokens=cost.output_tokens, usd=cost.usd, at=now,
-            ))
-            self.store.enqueue(conn, [cost.to_record()], now)
+            self.insert(conn, cost)
+            self.store.enqueue(conn, [cost.to_record()], self.store.clock.now())
+
+    def insert(self, conn: sa.Connection, cost: CostTrace) -> None:
+        """Record one cost inside the caller's transaction (its CostTrace goes with that transaction)."""
+        conn.execute(_INSERT, {
+            "run_id": cost.run_id, "tenant_id": cost.tenant_id, "user_id": cost.user_id, "source": cost.source,
+            "input_tokens": cost.input_tokens, "output_tokens": cost.output_tokens, "usd": cost.usd,
+            "at": self.store.clock.now(),
+        })
+
+    def spent_by_scope(self, *, tenant_id: str, user_id: str, run_id: str) -> tuple[float, float, float]:
+        """(run, user, tenant) spend in one query: the budget check's three numbers."""
+        with self.store.engine.connect() as conn:
+            row = conn.execute(_BY_SCOPE, {"p_tenant": tenant_id, "p_user": user_id, "p_run": run_id}).one()
+        return float(row.run_usd), float(row.user_usd), float(row.tenant_usd)
 
     def spent(self, *, tenant_id: str, user_id: str | None = None, run_id: str | None = None) -> float:
         """USD recorded for a tenant, optionally narrowed to one user or one Run."""

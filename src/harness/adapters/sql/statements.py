@@ -7,6 +7,7 @@ once per dialect and cached by SQLAlchemy.
 from __future__ import annotations
 
 from functools import cache
+from typing import Any
 
 import sqlalchemy as sa
 
@@ -15,6 +16,7 @@ from harness.adapters.sql import schema as t
 b = sa.bindparam
 
 RUN_BY_ID = sa.select(t.runs).where(t.runs.c.run_id == b("p_run_id"))
+STATE_OF = sa.select(t.runs.c.state).where(t.runs.c.run_id == b("p_run_id"))
 RUN_FOR_CAS = sa.select(t.runs.c.state, t.runs.c.close_reason, t.runs.c.version, t.runs.c.lease_epoch).where(
     t.runs.c.run_id == b("p_run_id")
 )
@@ -45,12 +47,13 @@ CHAINED_IDS = sa.select(t.trace_records.c.record_id).where(
     t.trace_records.c.record_id.in_(b("p_ids", expanding=True))
 )
 OUTBOX_DELETE = t.outbox.delete().where(t.outbox.c.id.in_(b("p_ids", expanding=True)))
+OUTBOX_DELETE_RECORDS = t.outbox.delete().where(t.outbox.c.record_id.in_(b("p_ids", expanding=True)))
 
 
 @cache
 def run_cas_update(with_context: bool, with_result: bool) -> sa.Update:
     """UPDATE runs … WHERE run_id, state and version match: the compare-and-set of SPEC K4."""
-    values = {
+    values: dict[str, sa.BindParameter[Any]] = {
         "state": b("state"),
         "close_reason": b("close_reason"),
         "version": b("version"),

@@ -16,7 +16,7 @@ import sqlalchemy as sa
 
 from harness.adapters.sql import schema as t
 from harness.adapters.sql import statements as q
-from harness.adapters.sql.database import create_engine, migrate, resolve_url
+from harness.adapters.sql.database import READ_ONLY, create_engine, migrate, resolve_url
 from harness.audit.chain import GENESIS_HASH, canonical_json, record_hash
 from harness.clock import SystemClock
 from harness.errors import InvalidTransitionError, StoreError, UnknownRunError
@@ -194,6 +194,8 @@ class SqlStore:
 
     def __init__(self, engine: sa.Engine, clock: Clock | None = None) -> None:
         self.engine = engine
+        #: the same pool, for reads only: on SQLite they do not take the write lock
+        self.reader = engine.execution_options(**{READ_ONLY: True})
         self.clock: Clock = clock or SystemClock()
         self._locks_rows = engine.dialect.name != "sqlite"  # SQLite serializes with BEGIN IMMEDIATE
         #: carries the outbox to the chain through e.g. Redis Streams (SPEC D2); None: drained directly
@@ -259,7 +261,7 @@ class SqlStore:
 
     def find_by_idempotency_key(self, tenant_id: str, key: str) -> RunRecord | None:
         """The tenant's Run created with this idempotency key, if any."""
-        with self.engine.connect() as conn:
+        with self.reader.connect() as conn:
             row = conn.execute(
                 sa.select(t.runs).where(t.runs.c.tenant_id == tenant_id, t.runs.c.idempotency_key == key)
             ).first()
@@ -545,7 +547,7 @@ class SqlStore:
 
     def trace_of(self, run_id: str) -> list[StoredTraceRecord]:
         """A Run's chained records, in chain order."""
-        with self.engine.connect() as conn:
+        with self.reader.connect() as conn:
             rows = conn.execute(
                 sa.select(t.trace_records).where(t.trace_records.c.run_id == run_id).order_by(t.trace_records.c.seq)
             ).all()
@@ -555,23 +557,31 @@ class SqlStore:
 
     def get_run(self, run_id: str) -> RunRecord:
         """The Run with this id; UnknownRunError when there is none."""
-        with self.engine.connect() as conn:
+        with self.reader.connect() as conn:
             row = conn.execute(q.RUN_BY_ID, {"p_run_id": run_id}).first()
         if row is None:
             raise UnknownRunError(run_id)
         return _run_from_row(row)
+
+    def state_of(self, run_id: str) -> RunState:
+        """Only the Run's state: the cheap check made between steps (cancelled? swept?)."""
+        with self.reader.connect() as conn:
+            value = conn.execute(q.STATE_OF, {"p_run_id": run_id}).scalar()
+        if value is None:
+            raise UnknownRunError(run_id)
+        return RunState(value)
 
     def list_runs(self, *, tenant_id: str | None = None, limit: int = 50) -> list[RunRecord]:
         """The newest Runs first."""
         query = sa.select(t.runs).order_by(t.runs.c.created_at.desc()).limit(limit)
         if tenant_id is not None:
             query = query.where(t.runs.c.tenant_id == tenant_id)
-        with self.engine.connect() as conn:
+        with self.reader.connect() as conn:
             return [_run_from_row(r) for r in conn.execute(query)]
 
     def transitions_of(self, run_id: str) -> list[TransitionRow]:
         """A Run's state changes in order, CREATED first."""
-        with self.engine.connect() as conn:
+        with self.reader.connect() as conn:
             rows = conn.execute(q.TRANSITIONS_OF, {"p_run_id": run_id}).all()
         return [
             TransitionRow(r.seq, RunState(r.from_state) if r.from_state else None, RunState(r.to_state), r.actor,
@@ -586,13 +596,13 @@ class SqlStore:
             query = query.where(t.audit_events.c.run_id == run_id)
         if event is not None:
             query = query.where(t.audit_events.c.event == event)
-        with self.engine.connect() as conn:
+        with self.reader.connect() as conn:
             return [AuditEvent(r.event_id, r.run_id, r.event, r.actor, json.loads(r.detail), r.at)
                     for r in conn.execute(query)]
 
     def legacy_job(self, run_id: str) -> tuple[str, str]:
         """(status, run_state_snapshot) of the legacy job row; for legacy consumers and checks only."""
-        with self.engine.connect() as conn:
+        with self.reader.connect() as conn:
             row = conn.execute(
                 sa.select(t.jobs.c.status, t.jobs.c.run_state_snapshot).where(t.jobs.c.job_id == run_id)
             ).first()
