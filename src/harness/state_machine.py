@@ -12,7 +12,14 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from harness.adapters.sql.store import _UNSET, RunRecord, SqlStore, TraceRecordIn, TransitionResult
+from harness.adapters.sql.store import (
+    _UNSET,
+    RunRecord,
+    SqlStore,
+    TraceRecordIn,
+    TransitionResult,
+    TransitionRow,
+)
 from harness.audit.chain import content_hash
 from harness.kernel import FINAL, TRANSIENT, CloseReason, RunState, automatic_next, final_state_for
 
@@ -65,9 +72,11 @@ class StateMachine:
         Closing a Run from TRACING writes its RunTrace and runs the closing hooks, whoever asks.
         """
         if source == RunState.TRACING and target in FINAL:
-            run = self.store.get_run(run_id)
+            run, path = self.store.run_with_transitions(run_id)
             if run.state == source and run.close_reason is not None and target == final_state_for(run.close_reason):
-                records = [*records, *self._closing_records(run, target)]
+                records = [*records, *self._closing_records(run, target, path)]
+                # the RunTrace describes this version: if the Run moves meanwhile, the close is a lost race
+                expected_version = run.version if expected_version is None else expected_version
         outcome = self.store.transition(
             run_id, source, target, actor=actor, reason=reason, forced_by=forced_by, lease_epoch=lease_epoch,
             expected_version=expected_version, records=records, context=context, result=result, also=also,
@@ -93,19 +102,26 @@ class StateMachine:
         """
         while state in TRANSIENT or state == RunState.TRACING:
             records: list[TraceRecordIn] = []
+            if state == RunState.TRACING:  # the Run and its path, for the RunTrace, in one round trip
+                run, path = self.store.run_with_transitions(run_id)
+            elif reason is None:
+                run, path = self.store.get_run(run_id), []
             if reason is None or state == RunState.TRACING:
-                run = self.store.get_run(run_id)
                 if run.state != state:
                     return run.state
                 reason = run.close_reason
             target = automatic_next(state, reason)
             assert target is not None
             if state == RunState.TRACING:
-                records.extend(self._closing_records(run, target))
+                records.extend(self._closing_records(run, target, path))
             why = "funnel into TRACING" if target == RunState.TRACING else f"closed: {reason}"
+            # closing is a compare-and-set on the version the close reason and the RunTrace were read at:
+            # a Run that left TRACING and came back meanwhile (the sweeper's TRACING→FAILED→TRACING, ABA)
+            # makes this a lost race, not a close on a stale reason (or an illegal attempt by the kernel)
             outcome = self.store.transition(
                 run_id, state, target, actor="kernel", reason=why, forced_by=forced_by,
-                lease_epoch=lease_epoch, records=records,
+                lease_epoch=lease_epoch, expected_version=run.version if state == RunState.TRACING else None,
+                records=records,
             )
             if not outcome.applied:
                 return outcome.actual
@@ -115,19 +131,20 @@ class StateMachine:
             self.store.drain_all()
         return state
 
-    def _closing_records(self, run: RunRecord, final: RunState) -> list[TraceRecordIn]:
+    def _closing_records(
+        self, run: RunRecord, final: RunState, transitions: Sequence[TransitionRow]
+    ) -> list[TraceRecordIn]:
         """The RunTrace and whatever the closing hooks add, for the TRACING → final transaction."""
-        records = [self._run_trace(run, final)]
+        records = [self._run_trace(run, final, transitions)]
         for hook in self._closing_hooks:
             records.extend(hook(run, final))
         return records
 
-    def _run_trace(self, run: RunRecord, final: RunState) -> TraceRecordIn:
+    def _run_trace(
+        self, run: RunRecord, final: RunState, transitions: Sequence[TransitionRow]
+    ) -> TraceRecordIn:
         """The RunTrace main record (SPEC A1): final state, transition sequence, total cost, trace_hash."""
-        path = [
-            {"seq": r.seq, "from": r.from_state, "to": r.to_state, "at": r.at}
-            for r in self.store.transitions_of(run.run_id)
-        ]
+        path = [{"seq": r.seq, "from": r.from_state, "to": r.to_state, "at": r.at} for r in transitions]
         path.append({"seq": run.version + 1, "from": RunState.TRACING.value, "to": final.value, "at": None})
         cost = (run.context or {}).get("cost", {})
         return TraceRecordIn("run", {

@@ -12,6 +12,7 @@ import tempfile
 from collections import Counter
 from itertools import pairwise
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -39,19 +40,14 @@ from harness.state_machine import StateMachine
 
 S = RunState
 SETTINGS = settings(
-    max_examples=40,
-    stateful_step_count=40,
+    max_examples=25,
+    stateful_step_count=25,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
-FORWARD: dict[RunState, list[RunState]] = {
-    S.CREATED: [S.PREPARING],
-    S.PREPARING: [S.PLANNING],
-    S.PLANNING: [S.POLICY_CHECK],
-    S.POLICY_CHECK: [S.EXECUTING, S.AWAITING_HITL],
-    S.AWAITING_HITL: [S.EXECUTING],
-    S.EXECUTING: [S.TRACING],
-}
+MAIN_PATH = [S.CREATED, S.PREPARING, S.PLANNING, S.POLICY_CHECK, S.AWAITING_HITL, S.EXECUTING]
+EXITS_FROM_MAIN_PATH = sorted((s, t) for s, t in LEGAL if s in MAIN_PATH)
+VIA = [S.EXECUTING, S.AWAITING_HITL]  # the two ways from POLICY_CHECK into EXECUTING
 ILLEGAL_PAIRS = sorted((s, t) for s in RunState for t in RunState if (s, t) not in LEGAL)
 
 
@@ -90,12 +86,15 @@ class RunLifecycle(RuleBasedStateMachine):
         self.illegal = 0
         self.lost = 0
         self.fenced = 0
+        self.touched: set[str] = set()
 
     def teardown(self) -> None:
         self.store.close()
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def state(self, run_id: str) -> RunState:
+        """The model's state of a Run this step works on (which the next check reads back in full)."""
+        self.touched.add(run_id)
         return self.paths[run_id][-1]
 
     # ------------------------------------------------------------------ rules
@@ -106,28 +105,55 @@ class RunLifecycle(RuleBasedStateMachine):
         self.paths[run.run_id] = [S.CREATED]
         return run.run_id
 
-    @initialize(target=runs)
-    def first_runs(self) -> MultipleResults[str]:
-        return multiple(self._create(), self._create())
+    @initialize(target=runs, edges=st.lists(st.sampled_from(EXITS_FROM_MAIN_PATH), min_size=2, max_size=2))
+    def first_runs(self, edges: list[tuple[RunState, RunState]]) -> MultipleResults[str]:
+        run_ids = [self._create() for _ in edges]
+        for run_id, edge in zip(run_ids, edges, strict=True):
+            self._walk_then_take(run_id, edge, S.AWAITING_HITL)
+        return multiple(*run_ids)
 
-    @precondition(lambda self: len(self.paths) < 5)
-    @rule(target=runs)
-    def create(self) -> str:
-        return self._create()
+    @precondition(lambda self: len(self.paths) < 6)
+    @rule(target=runs, edge=st.sampled_from(EXITS_FROM_MAIN_PATH), via=st.sampled_from(VIA))
+    def create(self, edge: tuple[RunState, RunState], via: RunState) -> str:
+        """A new Run, walked along the main path to the edge's source, then across the edge."""
+        run_id = self._create()
+        self._walk_then_take(run_id, edge, via)
+        return run_id
 
     def _move(self, run_id: str, target: RunState) -> None:
-        outcome = self.machine.transition(run_id, self.state(run_id), target, actor="test", reason="legal move")
+        cur = self.state(run_id)
+        outcome = self.machine.transition(run_id, cur, target, actor="test", reason="legal move")
         assert outcome.applied and not outcome.fenced
         self.paths[run_id].append(target)
         funnel(self.paths[run_id])
 
-    @rule(run_id=runs, data=st.data(), moves=st.integers(min_value=1, max_value=6))
-    def progress(self, run_id: str, data: st.DataObject, moves: int) -> None:
-        """Along the main path, so that deep states (AWAITING_HITL, EXECUTING) are reached often."""
-        for _ in range(moves):
-            if self.state(run_id) not in FORWARD:
-                return
-            self._move(run_id, data.draw(st.sampled_from(FORWARD[self.state(run_id)]), label="forward"))
+    def _walk_then_take(
+        self, run_id: str, edge: tuple[RunState, RunState], via: RunState, *, die: bool = False
+    ) -> None:
+        source, target = edge
+        cur = self.state(run_id)
+        if cur not in MAIN_PATH or MAIN_PATH.index(cur) > MAIN_PATH.index(source):
+            return
+        while (cur := self.state(run_id)) != source:
+            via_hitl = cur == S.POLICY_CHECK and source == S.EXECUTING
+            self._move(run_id, via if via_hitl else MAIN_PATH[MAIN_PATH.index(cur) + 1])
+        if die:
+            # the worker commits the move and dies before the funnel: the Run may sit in a transient state
+            outcome = self.store.transition(run_id, source, target, actor="dying-worker", reason="crashed")
+            assert outcome.applied
+            self.paths[run_id].append(target)
+        else:
+            self._move(run_id, target)
+
+    @rule(run_id=runs, edge=st.sampled_from(EXITS_FROM_MAIN_PATH), via=st.sampled_from(VIA))
+    def walk_then_take(self, run_id: str, edge: tuple[RunState, RunState], via: RunState) -> None:
+        """Walk the main path up to the edge's source, then take the edge: every edge gets exercised."""
+        self._walk_then_take(run_id, edge, via)
+
+    @rule(run_id=runs, edge=st.sampled_from(EXITS_FROM_MAIN_PATH), via=st.sampled_from(VIA))
+    def walk_then_die(self, run_id: str, edge: tuple[RunState, RunState], via: RunState) -> None:
+        """As walk_then_take, but the last move is committed by a worker that dies before the funnel."""
+        self._walk_then_take(run_id, edge, via, die=True)
 
     @rule(run_id=runs, data=st.data(), moves=st.integers(min_value=1, max_value=3))
     def legal_moves(self, run_id: str, data: st.DataObject, moves: int) -> None:
@@ -137,18 +163,6 @@ class RunLifecycle(RuleBasedStateMachine):
             if not targets:
                 return
             self._move(run_id, data.draw(st.sampled_from(targets), label="target"))
-
-    @rule(run_id=runs, data=st.data())
-    def die_after_compare_and_set(self, run_id: str, data: st.DataObject) -> None:
-        """A worker commits a move and dies before the funnel: the Run may sit in a transient state."""
-        cur = self.state(run_id)
-        targets = sorted(targets_from(cur) - FINAL)
-        if not targets:
-            return
-        target = data.draw(st.sampled_from(targets), label="target")
-        outcome = self.store.transition(run_id, cur, target, actor="dying-worker", reason="then crashed")
-        assert outcome.applied
-        self.paths[run_id].append(target)
 
     @rule(run_id=runs)
     def recover(self, run_id: str) -> None:
@@ -219,17 +233,39 @@ class RunLifecycle(RuleBasedStateMachine):
 
     @invariant()
     def store_agrees_with_the_model(self) -> None:
+        """Every Run, not only the ones just moved, has the model's state, path, version and projection;
+        the Runs the step worked on are also read back through the store's own read API."""
+        with self.store.engine.connect() as conn:
+            runs = {r.run_id: (r.state, r.version)
+                    for r in conn.execute(sa.select(t.runs.c.run_id, t.runs.c.state, t.runs.c.version))}
+            jobs = {r.job_id: (r.status, r.run_state_snapshot) for r in conn.execute(sa.select(t.jobs))}
+            rows: dict[str, list[sa.Row[Any]]] = {}
+            ordered = sa.select(t.transitions).order_by(t.transitions.c.run_id, t.transitions.c.seq)
+            for r in conn.execute(ordered):
+                rows.setdefault(r.run_id, []).append(r)
+        assert set(runs) == set(jobs) == set(rows) == set(self.paths)
         for run_id, path in self.paths.items():
-            run = self.store.get_run(run_id)
-            assert run.state == path[-1]
-            assert self.store.legacy_job(run_id) == (job_status(run.state).value, run.state.value)
-            rows = self.store.transitions_of(run_id)
-            assert [r.seq for r in rows] == list(range(run.version + 1))
-            assert [r.to_state for r in rows] == path
-            assert rows[0].from_state is None
-            for before, after in pairwise(rows):
-                assert after.from_state == before.to_state
-                assert (after.from_state, after.to_state) in LEGAL
+            assert runs[run_id] == (path[-1], len(path) - 1)
+            assert jobs[run_id] == (job_status(path[-1]).value, path[-1].value)
+            assert [(r.seq, r.to_state) for r in rows[run_id]] == list(enumerate(path))
+            assert [r.from_state for r in rows[run_id]] == [None, *path[:-1]]
+        for run_id in self.touched:
+            self.check_run(run_id)
+        self.touched.clear()
+
+    def check_run(self, run_id: str) -> None:
+        """The stored Run, its legacy job row and its transition rows say what the model says."""
+        path = self.paths[run_id]
+        run = self.store.get_run(run_id)
+        assert run.state == path[-1]
+        assert self.store.legacy_job(run_id) == (job_status(run.state).value, run.state.value)
+        rows = self.store.transitions_of(run_id)
+        assert [r.seq for r in rows] == list(range(run.version + 1))
+        assert [r.to_state for r in rows] == path
+        assert rows[0].from_state is None
+        for before, after in pairwise(rows):
+            assert after.from_state == before.to_state
+            assert (after.from_state, after.to_state) in LEGAL
 
     @invariant()
     def final_states_are_entered_once_and_only_from_tracing(self) -> None:
@@ -237,24 +273,29 @@ class RunLifecycle(RuleBasedStateMachine):
             finals = [i for i, s in enumerate(path) if s in FINAL]
             assert finals in ([], [len(path) - 1])
             assert all(path[i - 1] == S.TRACING for i in finals)
+            assert all(pair in LEGAL for pair in pairwise(path))
 
     @invariant()
-    def every_attempt_is_audited(self) -> None:
-        assert len(self.store.audit_events(event="illegal_transition")) == self.illegal
-        lost = self.store.audit_events(event="transition_lost_race")
-        assert len(lost) == self.lost
-        assert sum(1 for e in lost if e.detail["fenced"]) == self.fenced
-
-    @invariant()
-    def closed_runs_reconcile_and_carry_one_run_trace(self) -> None:
-        finals = Counter(path[-1] for path in self.paths.values() if path[-1] in FINAL)
-        for final, event in FINAL_EVENT.items():
-            assert len(self.store.audit_events(event=event)) == finals[final]
-        kind = t.trace_records.c.kind
+    def every_attempt_and_every_closing_is_audited(self) -> None:
+        """Illegal and lost attempts are each audited (K2, K4); closed Runs reconcile with their final
+        events (K8) and each carries exactly one RunTrace (A1)."""
+        event = t.audit_events.c.event
         with self.store.engine.connect() as conn:
-            traced = conn.execute(sa.select(sa.func.count()).where(kind == "run")).scalar_one()
-            queued = conn.execute(sa.select(sa.func.count()).where(t.outbox.c.kind == "run")).scalar_one()
-        assert traced + queued == finals.total()
+            grouped = conn.execute(sa.select(event, sa.func.count()).group_by(event)).all()
+            counts: Counter[str] = Counter({name: n for name, n in grouped})
+            fenced = conn.execute(sa.select(sa.func.count()).where(
+                event == "transition_lost_race", t.audit_events.c.detail.contains('"fenced":true')
+            )).scalar_one()
+            run_traces = sum(
+                conn.execute(sa.select(sa.func.count()).where(table.c.kind == "run")).scalar_one()
+                for table in (t.trace_records, t.outbox)
+            )
+        assert counts["illegal_transition"] == self.illegal
+        assert counts["transition_lost_race"] == self.lost
+        assert fenced == self.fenced
+        finals = Counter(path[-1] for path in self.paths.values() if path[-1] in FINAL)
+        assert {e: counts[e] for e in FINAL_EVENT.values()} == {e: finals[f] for f, e in FINAL_EVENT.items()}
+        assert run_traces == finals.total()
 
 
 def test_random_transitions_keep_every_invariant(tmp_path: Path) -> None:
@@ -262,4 +303,65 @@ def test_random_transitions_keep_every_invariant(tmp_path: Path) -> None:
     template = tmp_path / "template.db"
     SqlStore.open(str(template)).close()
     assert not Path(f"{template}-wal").exists() or Path(f"{template}-wal").stat().st_size == 0
-    run_state_machine_as_test(lambda: RunLifecycle(template), settings=SETTINGS)
+    class OnTemplate(RunLifecycle):
+        def __init__(self) -> None:
+            super().__init__(template)
+
+    run_state_machine_as_test(OnTemplate, settings=SETTINGS)
+
+
+def test_every_exit_from_the_main_path_keeps_every_invariant(tmp_path: Path) -> None:
+    """K2-K6: every edge out of the main path, taken whole or interrupted then recovered, matches the SPEC."""
+    template = tmp_path / "template.db"
+    SqlStore.open(str(template)).close()
+    lifecycle = RunLifecycle(template)
+    try:
+        for edge in EXITS_FROM_MAIN_PATH:
+            for via in VIA:
+                lifecycle._walk_then_take(lifecycle._create(), edge, via)
+                interrupted = lifecycle._create()
+                lifecycle._walk_then_take(interrupted, edge, via, die=True)
+                lifecycle.check_run(interrupted)
+                if lifecycle.state(interrupted) == S.TRACING and via == S.AWAITING_HITL:
+                    lifecycle._move(interrupted, S.FAILED)  # the sweeper: trace write stuck
+                lifecycle.recover(interrupted)
+        lifecycle.store_agrees_with_the_model()
+        lifecycle.final_states_are_entered_once_and_only_from_tracing()
+        lifecycle.every_attempt_and_every_closing_is_audited()
+        lifecycle.drain()
+        assert {path[-1] for path in lifecycle.paths.values()} >= set(FINAL)
+    finally:
+        lifecycle.teardown()
+
+
+def test_a_run_that_left_tracing_and_came_back_is_not_closed_on_its_old_reason(tmp_path: Path) -> None:
+    """K3/K4: a close racing the sweeper's TRACING→FAILED→TRACING is a lost race; the Run closes failed."""
+    store = SqlStore.open(str(tmp_path / "aba.db"))
+    machine = StateMachine(store, drain_on_close=False)
+    try:
+        run, _ = store.create_run(NewRun("tenant", "user", "session", {}))
+        for source, target in pairwise([*MAIN_PATH[:4], S.EXECUTING, S.TRACING]):
+            store.transition(run.run_id, source, target, actor="worker", reason="then paused")
+
+        swept: list[bool] = []
+
+        def sweeper_meanwhile(_run: Any, _final: RunState) -> list[Any]:
+            # runs after the closing worker read the Run (close reason: success), before its CAS
+            if not swept:
+                swept.append(True)
+                store.transition(run.run_id, S.TRACING, S.FAILED, actor="sweeper", reason="trace write stuck",
+                                 forced_by="zombie_sweeper")
+                store.transition(run.run_id, S.FAILED, S.TRACING, actor="kernel", reason="funnel",
+                                 forced_by="zombie_sweeper")
+            return []
+
+        machine.on_close(sweeper_meanwhile)
+        # the paused worker resumes its close and loses the race: it stops, without error (advance's contract)
+        assert machine.advance(run.run_id, S.TRACING) == S.TRACING
+        assert len(store.audit_events(run_id=run.run_id, event="transition_lost_race")) == 1
+        assert store.audit_events(event="illegal_transition") == []  # the kernel never attempts one
+        machine.advance(run.run_id, S.TRACING, forced_by="zombie_sweeper")
+        path = [r.to_state for r in store.transitions_of(run.run_id)]
+        assert path[-4:] == [S.TRACING, S.FAILED, S.TRACING, S.CLOSED_FAILED]
+    finally:
+        store.close()

@@ -95,7 +95,10 @@ def _sqlite_engine(url: str, synchronous: str) -> sa.Engine:
     def _on_begin(conn: sa.Connection) -> None:
         # writers take the write lock up front and queue on the busy timeout; connections marked
         # read-only (SqlStore.reader) read a WAL snapshot without queueing behind writers
-        conn.exec_driver_sql("BEGIN" if conn.get_execution_options().get(READ_ONLY) else "BEGIN IMMEDIATE")
+        # straight on the driver: exec_driver_sql runs SQLAlchemy's whole execution path (context, events,
+        # result) for a statement that returns nothing, on every transaction
+        begin = "BEGIN" if conn.get_execution_options().get(READ_ONLY) else "BEGIN IMMEDIATE"
+        conn.connection.driver_connection.execute(begin)
 
     return engine
 
@@ -113,11 +116,30 @@ def head_revision() -> str | None:
     return ScriptDirectory.from_config(_alembic_config()).get_current_head()
 
 
+#: key of the advisory lock that lets one process at a time migrate a database
+_MIGRATION_LOCK = 0x6861726E  # "harn"
+
+
 def migrate(engine: sa.Engine) -> None:
-    """Bring the schema up to the newest migration; a no-op when it already is."""
+    """Bring the schema up to the newest migration; a no-op when it already is.
+
+    Workers that start together on a new database take turns through a database lock (SQLite's write
+    lock, PostgreSQL's advisory lock, MySQL's named lock); each re-reads the version once it holds it,
+    so one migrates and the others find the schema current.
+    """
+    head = head_revision()
     with engine.connect() as conn:
-        current = MigrationContext.configure(conn).get_current_revision()
-    if current == head_revision():
-        return
+        if MigrationContext.configure(conn).get_current_revision() == head:
+            return
     with engine.begin() as conn:
-        command.upgrade(_alembic_config(conn), "head")
+        dialect = conn.dialect.name
+        if dialect == "postgresql":
+            conn.execute(sa.text("SELECT pg_advisory_xact_lock(:k)"), {"k": _MIGRATION_LOCK})
+        elif dialect in ("mysql", "mariadb"):
+            conn.execute(sa.text("SELECT GET_LOCK('harness_migrate', 600)"))
+        try:
+            if MigrationContext.configure(conn).get_current_revision() != head:
+                command.upgrade(_alembic_config(conn), "head")
+        finally:
+            if dialect in ("mysql", "mariadb"):  # a session lock: MySQL's DDL commits as it goes
+                conn.execute(sa.text("SELECT RELEASE_LOCK('harness_migrate')"))

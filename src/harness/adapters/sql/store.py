@@ -10,13 +10,14 @@ import json
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import sqlalchemy as sa
 
 from harness.adapters.sql import schema as t
 from harness.adapters.sql import statements as q
 from harness.adapters.sql.database import READ_ONLY, create_engine, migrate, resolve_url
+from harness.adapters.sql.raw import RawStatements
 from harness.audit.chain import GENESIS_HASH, canonical_json, record_hash
 from harness.clock import SystemClock
 from harness.errors import InvalidTransitionError, StoreError, UnknownRunError
@@ -164,6 +165,26 @@ class _WrongExit(Exception):
         self.reason = reason
 
 
+class _CasRow(NamedTuple):
+    state: str
+    close_reason: str | None
+    version: int
+    lease_epoch: int
+
+
+class _OutboxRow(NamedTuple):
+    id: int
+    record_id: str
+    run_id: str | None
+    kind: str
+    payload: str
+
+
+def _transition_row(r: Any) -> TransitionRow:
+    source = RunState(r.from_state) if r.from_state else None
+    return TransitionRow(r.seq, source, RunState(r.to_state), r.actor, r.reason, r.forced_by, r.at)
+
+
 def _run_from_row(row: sa.Row[Any]) -> RunRecord:
     m = row._mapping
     return RunRecord(
@@ -198,6 +219,7 @@ class SqlStore:
         self.reader = engine.execution_options(**{READ_ONLY: True})
         self.clock: Clock = clock or SystemClock()
         self._locks_rows = engine.dialect.name != "sqlite"  # SQLite serializes with BEGIN IMMEDIATE
+        self._raw = RawStatements(engine.dialect)
         #: carries the outbox to the chain through e.g. Redis Streams (SPEC D2); None: drained directly
         self.trace_buffer: TraceBuffer | None = None
 
@@ -225,9 +247,11 @@ class SqlStore:
             if existing is not None:
                 return existing, False
         now = self.clock.now()
+        request = canonical_json(new.request)
         try:
             with self.engine.begin() as conn:
-                conn.execute(
+                self._raw.execute(
+                    conn,
                     q.RUN_INSERT,
                     {
                         "run_id": new.run_id,
@@ -245,7 +269,7 @@ class SqlStore:
                         "deadline_at": new.deadline_at,
                         "lease_epoch": 0,
                         "stall_count": 0,
-                        "request": canonical_json(new.request),
+                        "request": request,
                     },
                 )
                 self._write_change(conn, new.run_id, 0, None, RunState.CREATED, "run_manager", "run created", None,
@@ -257,7 +281,14 @@ class SqlStore:
                 if existing is not None:
                     return existing, False
             raise
-        return self.get_run(new.run_id), True
+        # the row just committed, without reading it back: one transaction fewer per Run
+        return RunRecord(
+            run_id=new.run_id, tenant_id=new.tenant_id, user_id=new.user_id, session_id=new.session_id,
+            state=RunState.CREATED, close_reason=None, version=0, retry_of=new.retry_of,
+            parent_run_id=new.parent_run_id, idempotency_key=new.idempotency_key, created_at=now,
+            last_state_change_at=now, deadline_at=new.deadline_at, lease_owner=None, lease_epoch=0,
+            stall_count=0, request=json.loads(request), context=None, result=None,
+        ), True
 
     def find_by_idempotency_key(self, tenant_id: str, key: str) -> RunRecord | None:
         """The tenant's Run created with this idempotency key, if any."""
@@ -314,10 +345,11 @@ class SqlStore:
         also: Callable[[sa.Connection], None] | None, now: float,
     ) -> TransitionResult:
         with self.engine.begin() as conn:
-            row = conn.execute(q.RUN_FOR_CAS_LOCKED if self._locks_rows else q.RUN_FOR_CAS,
-                               {"p_run_id": run_id}).first()
-            if row is None:
+            found = self._raw.execute(conn, q.RUN_FOR_CAS_LOCKED if self._locks_rows else q.RUN_FOR_CAS,
+                                      {"p_run_id": run_id}).fetchone()
+            if found is None:
                 raise UnknownRunError(run_id)
+            row = _CasRow(*found)
             actual = RunState(row.state)
             fenced = lease_epoch is not None and row.lease_epoch != lease_epoch
             stale = expected_version is not None and row.version != expected_version
@@ -346,7 +378,8 @@ class SqlStore:
                 values["context"] = canonical_json(context) if context is not None else None
             if result is not _UNSET:
                 values["result"] = canonical_json(result) if result is not None else None
-            updated = conn.execute(q.run_cas_update(context is not _UNSET, result is not _UNSET), values)
+            cas = q.run_cas_update(context is not _UNSET, result is not _UNSET)
+            updated = self._raw.execute(conn, cas, values)
             if updated.rowcount != 1:
                 self._audit(conn, run_id, LOST_RACE, actor, now, {
                     "attempted_from": source.value, "attempted_to": target.value, "actual": "changed concurrently",
@@ -373,15 +406,15 @@ class SqlStore:
         extra_audit: dict[str, Any] | None = None,
     ) -> None:
         """Everything a state change writes besides runs.state, in the caller's transaction."""
-        conn.execute(q.TRANSITION_INSERT, {
+        self._raw.execute(conn, q.TRANSITION_INSERT, {
             "run_id": run_id, "seq": seq, "from_state": source.value if source else None, "to_state": target.value,
             "actor": actor, "reason": reason, "forced_by": forced_by, "at": now,
         })
         projection = {"status": job_status(target).value, "run_state_snapshot": target.value, "updated_at": now}
         if source is None:
-            conn.execute(q.JOB_INSERT, {"job_id": run_id, **projection})
+            self._raw.execute(conn, q.JOB_INSERT, {"job_id": run_id, **projection})
         else:
-            conn.execute(q.JOB_UPDATE, {"p_job_id": run_id, **projection})
+            self._raw.execute(conn, q.JOB_UPDATE, {"p_job_id": run_id, **projection})
         outbox = [TraceRecordIn("transition", {
             "run_id": run_id, "seq": seq, "from": source.value if source else None, "to": target.value,
             "actor": actor, "reason": reason, "forced_by": forced_by, "at": now,
@@ -397,8 +430,8 @@ class SqlStore:
         self, conn: sa.Connection, run_id: str | None, event: str, actor: str, now: float, detail: dict[str, Any]
     ) -> TraceRecordIn:
         event_id = str(uuid.uuid4())
-        conn.execute(q.AUDIT_INSERT, {"event_id": event_id, "run_id": run_id, "event": event, "actor": actor,
-                                      "detail": canonical_json(detail), "at": now})
+        self._raw.execute(conn, q.AUDIT_INSERT, {"event_id": event_id, "run_id": run_id, "event": event,
+                                                 "actor": actor, "detail": canonical_json(detail), "at": now})
         return TraceRecordIn("audit", {"event_id": event_id, "event": event, "actor": actor, "detail": detail,
                                        "at": now}, run_id)
 
@@ -435,7 +468,7 @@ class SqlStore:
             for r in records
         ]
         if rows:
-            conn.execute(q.OUTBOX_INSERT, rows)
+            self._raw.executemany(conn, q.OUTBOX_INSERT, rows)
 
     def record(self, records: Sequence[TraceRecordIn]) -> None:
         """Append trace records through the outbox, in their own transaction."""
@@ -449,11 +482,10 @@ class SqlStore:
         Chainers exclude each other through the chain head (row lock, or SQLite's write lock), and
         trace_records.prev_hash is UNIQUE, so concurrent chainers can never fork the chain.
         """
-        head = conn.execute(q.HEAD_LOCKED if self._locks_rows else q.HEAD).one()
+        seq, prev = self._raw.execute(conn, q.HEAD_LOCKED if self._locks_rows else q.HEAD).fetchone()
         if not records:
             return 0
         seen = set(conn.execute(q.CHAINED_IDS, {"p_ids": [r.record_id for r in records]}).scalars())
-        seq, prev = head.seq, head.hash
         rows = []
         for r in records:
             if r.record_id in seen:
@@ -465,8 +497,8 @@ class SqlStore:
                          "payload": r.payload, "prev_hash": prev, "hash": digest})
             prev = digest
         if rows:
-            conn.execute(q.TRACE_INSERT, rows)
-            conn.execute(q.HEAD_UPDATE, {"seq": seq, "hash": prev})
+            self._raw.executemany(conn, q.TRACE_INSERT, rows)
+            self._raw.execute(conn, q.HEAD_UPDATE, {"seq": seq, "hash": prev})
         return len(rows)
 
     def _drain_once(self, batch_size: int) -> tuple[int, int]:
@@ -477,8 +509,9 @@ class SqlStore:
         than reading the same rows.
         """
         with self.engine.begin() as conn:
-            conn.execute(q.HEAD_LOCKED if self._locks_rows else q.HEAD).one()
-            pending = conn.execute(q.OUTBOX_BATCH, {"p_limit": batch_size}).all()
+            self._raw.execute(conn, q.HEAD_LOCKED if self._locks_rows else q.HEAD).fetchone()
+            pending = [_OutboxRow(*r) for r in
+                       self._raw.execute(conn, q.OUTBOX_BATCH, {"p_limit": batch_size}).fetchall()]
             if not pending:
                 return 0, 0
             chained = self.chain_batch(conn, [PendingRecord(p.record_id, p.run_id, p.kind, p.payload)
@@ -583,11 +616,16 @@ class SqlStore:
         """A Run's state changes in order, CREATED first."""
         with self.reader.connect() as conn:
             rows = conn.execute(q.TRANSITIONS_OF, {"p_run_id": run_id}).all()
-        return [
-            TransitionRow(r.seq, RunState(r.from_state) if r.from_state else None, RunState(r.to_state), r.actor,
-                          r.reason, r.forced_by, r.at)
-            for r in rows
-        ]
+        return [_transition_row(r) for r in rows]
+
+    def run_with_transitions(self, run_id: str) -> tuple[RunRecord, list[TransitionRow]]:
+        """A Run and its state changes from one snapshot, in one round trip (what closing a Run needs)."""
+        with self.reader.connect() as conn:
+            row = conn.execute(q.RUN_BY_ID, {"p_run_id": run_id}).first()
+            if row is None:
+                raise UnknownRunError(run_id)
+            rows = conn.execute(q.TRANSITIONS_OF, {"p_run_id": run_id}).all()
+        return _run_from_row(row), [_transition_row(r) for r in rows]
 
     def audit_events(self, *, run_id: str | None = None, event: str | None = None) -> list[AuditEvent]:
         """AuditLog events, oldest first, optionally for one Run or one event name."""

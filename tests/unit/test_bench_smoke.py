@@ -1,0 +1,30 @@
+"""The kernel benchmark still runs, and its plain-sqlite3 baseline still writes what the harness writes."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_kernel.py"
+
+
+def test_kernel_benchmark_runs_and_its_baseline_does_the_same_writes() -> None:
+    """The benchmark CLI finishes on a tiny size, and both sides leave the same rows in every table."""
+    done = subprocess.run(
+        [sys.executable, str(BENCH), "--runs", "5", "--repeats", "1", "--json"],
+        capture_output=True, text=True, timeout=300, check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    counts = result["row_counts"]
+    assert counts["harness"] == counts["baseline"], "the baseline no longer does the harness's row writes"
+    assert counts["harness"]["runs"] == 5
+    assert counts["harness"]["outbox"] == 0
+    assert result["transitions_per_run"] == 7  # CREATED … TRACING, SUCCEEDED
+    assert result["chain_records"] == counts["harness"]["trace_records"]
+    for name in ("harness_tps", "baseline_tps", "plain_walk_rps", "recompute_rps"):
+        assert result["medians"][name] > 0
+    assert math.isfinite(result["transition_ratio"]) and result["transition_ratio"] > 0
