@@ -28,3 +28,17 @@ def test_kernel_benchmark_runs_and_its_baseline_does_the_same_writes() -> None:
     for name in ("harness_tps", "baseline_tps", "plain_walk_rps", "recompute_rps"):
         assert result["medians"][name] > 0
     assert math.isfinite(result["transition_ratio"]) and result["transition_ratio"] > 0
+
+
+def test_langgraph_comparison_runs_every_contender() -> None:
+    """The side-by-side benchmark (issue 9) finishes on a tiny size with every contender and every ratio."""
+    bench = BENCH.parent / "bench_vs_langgraph.py"
+    done = subprocess.run([sys.executable, str(bench), "--runs", "3", "--json"],
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    for name in ("harness", "harness-hitl", "langgraph", "langgraph-hitl", "floor"):
+        result = report["results"][name]
+        assert "error" not in result, (name, result)
+        assert result["median_ms"] > 0 and result["bytes_per_run"] > 0 and result["peak_rss_mb"] > 0
+    assert set(report["ratios"]) == {"harness/langgraph", "harness-hitl/langgraph-hitl", "harness/floor"}
