@@ -23,12 +23,15 @@ _ACQUIRE = (
         t.runs.c.run_id == b("p_run_id"),
         sa.or_(t.runs.c.lease_owner.is_(None), t.runs.c.lease_expires_at < b("p_now"), t.runs.c.lease_owner == b("owner")),
     )
-    .values(
-        lease_owner=b("owner"),
-        lease_epoch=t.runs.c.lease_epoch + 1,
-        lease_expires_at=b("expires"),
-        stall_count=t.runs.c.stall_count + sa.case((t.runs.c.lease_owner.is_(None), 0),
-                                                     (t.runs.c.lease_owner == b("owner"), 0), else_=1),
+    # stall_count first: MySQL evaluates SET left to right on the updated row, so it must read the old
+    # lease_owner before lease_owner is assigned (standard SQL, and MariaDB as harness configures it,
+    # read the old row whatever the order)
+    .ordered_values(
+        (t.runs.c.stall_count, t.runs.c.stall_count + sa.case(
+            (t.runs.c.lease_owner.is_(None), 0), (t.runs.c.lease_owner == b("owner"), 0), else_=1)),
+        (t.runs.c.lease_owner, b("owner")),
+        (t.runs.c.lease_epoch, t.runs.c.lease_epoch + 1),
+        (t.runs.c.lease_expires_at, b("expires")),
     )
 )
 _HEARTBEAT = (

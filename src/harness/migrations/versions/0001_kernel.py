@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 from alembic import op
+from sqlalchemy.dialects import mysql
 
-from harness.adapters.sql.triggers import append_only_ddl
+from harness.adapters.sql.triggers import append_only_ddl, drop_append_only_ddl
 
 revision = "0001_kernel"
 down_revision = None
@@ -20,9 +21,17 @@ depends_on = None
 APPEND_ONLY = ("transitions", "audit_events", "trace_records")
 ID = sa.String(64)
 STATE = sa.String(32)
+#: MySQL's TEXT holds only 64 KB; payloads, contexts and results can be larger
+TEXT = sa.Text().with_variant(mysql.LONGTEXT(), "mysql", "mariadb")
 
 
 def upgrade() -> None:
+    dialect = op.get_bind().dialect
+    if dialect.name in ("mysql", "mariadb"):
+        # binary, no-pad collation: ids, tenants and keys compare exactly, as on PostgreSQL and SQLite
+        # (the default *_ci collation would merge "acme", "ACME" and "acme "); later tables inherit it
+        collation = "utf8mb4_nopad_bin" if getattr(dialect, "is_mariadb", False) else "utf8mb4_0900_bin"
+        op.execute(f"ALTER DATABASE CHARACTER SET utf8mb4 COLLATE {collation}")
     op.create_table(
         "runs",
         sa.Column("run_id", ID, primary_key=True),
@@ -42,9 +51,9 @@ def upgrade() -> None:
         sa.Column("lease_epoch", sa.Integer, nullable=False, server_default="0"),
         sa.Column("lease_expires_at", sa.Double),
         sa.Column("stall_count", sa.Integer, nullable=False, server_default="0"),
-        sa.Column("request", sa.Text, nullable=False),
-        sa.Column("context", sa.Text),
-        sa.Column("result", sa.Text),
+        sa.Column("request", TEXT, nullable=False),
+        sa.Column("context", TEXT),
+        sa.Column("result", TEXT),
         sa.UniqueConstraint("tenant_id", "idempotency_key", name="uq_runs_idempotency"),
     )
     op.create_index("ix_runs_state_changed", "runs", ["state", "last_state_change_at"])
@@ -64,7 +73,7 @@ def upgrade() -> None:
         sa.Column("from_state", STATE),
         sa.Column("to_state", STATE, nullable=False),
         sa.Column("actor", sa.String(128), nullable=False),
-        sa.Column("reason", sa.Text, nullable=False),
+        sa.Column("reason", TEXT, nullable=False),
         sa.Column("forced_by", sa.String(64)),
         sa.Column("at", sa.Double, nullable=False),
         sa.UniqueConstraint("run_id", "seq", name="uq_transitions_run_seq"),
@@ -76,7 +85,7 @@ def upgrade() -> None:
         sa.Column("run_id", ID),
         sa.Column("event", sa.String(64), nullable=False),
         sa.Column("actor", sa.String(128), nullable=False),
-        sa.Column("detail", sa.Text, nullable=False),
+        sa.Column("detail", TEXT, nullable=False),
         sa.Column("at", sa.Double, nullable=False),
     )
     op.create_index("ix_audit_events_event", "audit_events", ["event"])
@@ -87,7 +96,7 @@ def upgrade() -> None:
         sa.Column("record_id", ID, nullable=False, unique=True),
         sa.Column("run_id", ID),
         sa.Column("kind", sa.String(32), nullable=False),
-        sa.Column("payload", sa.Text, nullable=False),
+        sa.Column("payload", TEXT, nullable=False),
         sa.Column("created_at", sa.Double, nullable=False),
     )
     op.create_table(
@@ -96,7 +105,7 @@ def upgrade() -> None:
         sa.Column("record_id", ID, nullable=False, unique=True),
         sa.Column("run_id", ID),
         sa.Column("kind", sa.String(32), nullable=False),
-        sa.Column("payload", sa.Text, nullable=False),
+        sa.Column("payload", TEXT, nullable=False),
         sa.Column("prev_hash", sa.String(64), nullable=False, unique=True),
         sa.Column("hash", sa.String(64), nullable=False, unique=True),
     )
@@ -119,5 +128,8 @@ def _install_append_only(table: str) -> None:
 
 
 def downgrade() -> None:
+    for table in APPEND_ONLY:
+        for statement in drop_append_only_ddl(op.get_bind().dialect.name, table):
+            op.execute(statement)
     for table in ("chain_head", "trace_records", "outbox", "audit_events", "transitions", "jobs", "runs"):
         op.drop_table(table)

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 from alembic import op
+from sqlalchemy.dialects import mysql
 
-from harness.adapters.sql.triggers import append_only_ddl
+from harness.adapters.sql.triggers import append_only_ddl, drop_append_only_ddl
 
 revision = "0002_gatekeeper"
 down_revision = "0001_kernel"
@@ -18,6 +19,8 @@ branch_labels = None
 depends_on = None
 
 ID = sa.String(64)
+#: MySQL's TEXT holds only 64 KB
+TEXT = sa.Text().with_variant(mysql.LONGTEXT(), "mysql", "mariadb")
 
 
 def upgrade() -> None:
@@ -43,8 +46,8 @@ def upgrade() -> None:
         sa.Column("requester", sa.String(128), nullable=False),
         sa.Column("level", sa.String(4), nullable=False),
         sa.Column("required_approvals", sa.Integer, nullable=False),
-        sa.Column("approver_roles", sa.Text, nullable=False),
-        sa.Column("actions", sa.Text, nullable=False),
+        sa.Column("approver_roles", TEXT, nullable=False),
+        sa.Column("actions", TEXT, nullable=False),
         sa.Column("actions_hash", sa.String(64), nullable=False),
         sa.Column("status", sa.String(16), nullable=False),
         sa.Column("created_at", sa.Double, nullable=False),
@@ -65,9 +68,9 @@ def upgrade() -> None:
         sa.Column("decision", sa.String(16), nullable=False),
         sa.Column("actions_hash", sa.String(64), nullable=False),
         sa.Column("break_glass", sa.Boolean, nullable=False),
-        sa.Column("reason", sa.Text, nullable=False),
+        sa.Column("reason", TEXT, nullable=False),
         sa.Column("outcome", sa.String(16), nullable=False),
-        sa.Column("refusal", sa.Text),
+        sa.Column("refusal", TEXT),
         sa.Column("at", sa.Double, nullable=False),
     )
     op.create_index("ix_hitl_decisions_request", "hitl_decisions", ["request_id"])
@@ -77,5 +80,8 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    for table in ("costs", "hitl_decisions"):
+        for statement in drop_append_only_ddl(op.get_bind().dialect.name, table):
+            op.execute(statement)
     for table in ("hitl_decisions", "hitl_requests", "costs"):
         op.drop_table(table)
