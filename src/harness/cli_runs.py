@@ -221,6 +221,8 @@ def demo(db: DbOption = None, json_: JsonOption = False) -> None:
     ]
     out = []
     for label, task, user in scenarios:
+        if not json_:
+            typer.echo(f"\n== {label}: {task!r}")
         result = rt.runs.create_run({"task": task, "user_id": user, "roles": ["support_agent"]})
         if result.approval_request_id:
             approver = rt.identities.resolve(user)
@@ -230,11 +232,11 @@ def demo(db: DbOption = None, json_: JsonOption = False) -> None:
             _, result = rt.runs.decide(result.approval_request_id, approver, "approve", reason="demo")
         out.append({"scenario": label, "task": task, **result_document(rt, result)})
         if not json_:
-            typer.echo(f"\n== {label}: {task!r}")
             print_result(result)
     if json_:
         emit({"runs": out})
     else:
-        typer.echo("\nInspect any Run with: harness runs show <run_id> / harness trace <run_id>"
-                   f" (--db {rt.settings.db or 'harness-demo.db'}); verify the chain with: harness audit verify")
+        where = rt.settings.db or "harness-demo.db"
+        typer.echo(f"\nInspect any Run with: harness runs show <run_id> --db {where} / harness trace <run_id> "
+                   f"--db {where}\nVerify the audit trail with: harness audit verify --db {where}")
     sys.stdout.flush()

@@ -414,8 +414,10 @@ class RunManager:
                 return now
             timed_out = failure.error_code in ("timeout", "run_time_limit", "child_run_timeout")
             target = S.TIMEOUT if timed_out else S.FAILED
-            return self._fail(self.store.get_run(run.run_id), S.EXECUTING, 6, failure.error_code or "step_failed",
-                              f"step {failure.step_id}: {failure.error}", target=target, inputs=context["plan"])
+            code = failure.error_code or "step_failed"
+            detail = (failure.error or "").removeprefix(f"{code}: ")  # the code leads the message once
+            return self._fail(self.store.get_run(run.run_id), S.EXECUTING, 6, code,
+                              f"step {failure.step_id}: {detail}", target=target, inputs=context["plan"])
         try:
             answer = render_template(plan.answer_template, outputs) if plan.answer_template else None
         except KeyError as exc:
