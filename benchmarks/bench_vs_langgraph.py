@@ -13,7 +13,9 @@ the same work: a Run shaped like the bundled example — prepare, plan, policy, 
 - langgraph:      the same graph in LangGraph with its durable SqliteSaver checkpointer;
 - langgraph-hitl: the same with one `interrupt()` and resume;
 - floor:          plain sqlite3 doing harness's inserts for a Run, one commit per transition,
-                  with the chain's SHA-256 per record — the cost of the persistence alone.
+                  with the chain's SHA-256 per record — the cost of the persistence alone;
+- plain:          the same three skill functions called directly, no persistence — the work itself,
+                  so harness − plain is the harness's own overhead per Run (issue 3).
 
 Reported: per-Run median and p99 wall time, Runs/s, bytes on disk per Run, peak RSS, and ratios.
 """
@@ -36,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-CONTENDERS = ("harness", "harness-hitl", "langgraph", "langgraph-hitl", "floor")
+CONTENDERS = ("harness", "harness-hitl", "langgraph", "langgraph-hitl", "floor", "plain")
 
 
 # ---------------------------------------------------------------------------- contenders (child side)
@@ -149,6 +151,27 @@ def _langgraph(runs: int, folder: Path, hitl: bool) -> list[float]:
     return times
 
 
+def _plain(runs: int, folder: Path) -> list[float]:
+    """The example's three calls as plain function calls: no kernel, no policy, no persistence."""
+    sys.path.insert(0, str(Path(__import__("harness.examples.support", fromlist=["x"]).EXAMPLE_DIR) / "skills"))
+    import support_skills as skills
+    from harness.skills import SkillContext
+
+    os.environ["HARNESS_EXAMPLE_LEDGER"] = str(folder / "ledger.jsonl")
+    times = []
+    for i in range(runs):
+        ctx = SkillContext(run_id=str(i), step_id="s", idempotency_key=f"{i}:s", tenant_id="default",
+                           user_id="alice", workdir=folder)
+        started = time.perf_counter()
+        order = skills.lookup_order({"order_id": "A-1001"}, ctx)
+        customer = skills.lookup_customer({"customer_id": order["customer_id"]}, ctx)
+        skills.add_note({"order_id": "A-1001", "text": "status asked"}, ctx)
+        answer = f"Order {order['order_id']} for {customer['name']} is {order['status']}."
+        times.append(time.perf_counter() - started)
+        assert answer
+    return times
+
+
 def _floor(runs: int, folder: Path, records_per_run: int, transitions_per_run: int) -> list[float]:
     """Plain sqlite3: the same tables' inserts per Run, one commit per transition, SHA-256 per record."""
     conn = sqlite3.connect(folder / "floor.db", isolation_level=None)
@@ -210,6 +233,8 @@ def child(contender: str, runs: int, folder: Path, shape: dict[str, int]) -> dic
     elif contender.startswith("langgraph"):
         times = _langgraph(runs, folder, contender.endswith("hitl"))
         db = ("langgraph.db", "langgraph.db-wal")
+    elif contender == "plain":
+        times, db = _plain(runs, folder), ("ledger.jsonl",)
     else:
         times = _floor(runs, folder, shape["records"], shape["transitions"])
         db = ("floor.db", "floor.db-wal")
@@ -272,6 +297,8 @@ def measure(runs: int, contenders: tuple[str, ...]) -> dict[str, Any]:
             out["results"][contender] = {**summarise(raw["times"]), "bytes_per_run": raw["bytes"] / runs,
                                          "peak_rss_mb": raw["peak_rss_kb"] / 1024}
     res = out["results"]
+    if "median_ms" in res.get("harness", {}) and "median_ms" in res.get("plain", {}):
+        out["harness_overhead_ms_per_run"] = res["harness"]["median_ms"] - res["plain"]["median_ms"]
     for ours, theirs in (("harness", "langgraph"), ("harness-hitl", "langgraph-hitl"), ("harness", "floor")):
         if "median_ms" in res.get(ours, {}) and "median_ms" in res.get(theirs, {}):
             out.setdefault("ratios", {})[f"{ours}/{theirs}"] = {
@@ -289,6 +316,9 @@ def table(report: dict[str, Any]) -> str:
             continue
         lines.append(f"| {name} | {r['median_ms']:.2f} | {r['p99_ms']:.2f} | {r['runs_per_s']:.1f} | "
                      f"{r['bytes_per_run']:.0f} | {r['peak_rss_mb']:.1f} |")
+    if "harness_overhead_ms_per_run" in report:
+        lines += ["", f"harness overhead per Run (harness − plain, medians): "
+                      f"{report['harness_overhead_ms_per_run']:.2f} ms"]
     lines += ["", "| ratio | median | p99 | Runs/s | bytes/Run | peak RSS |", "|---|---|---|---|---|---|"]
     for name, r in report.get("ratios", {}).items():
         lines.append(f"| {name} | " + " | ".join(f"{r.get(k, float('nan')):.2f}" for k in

@@ -37,8 +37,21 @@ def test_langgraph_comparison_runs_every_contender() -> None:
                           capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
-    for name in ("harness", "harness-hitl", "langgraph", "langgraph-hitl", "floor"):
+    for name in ("harness", "harness-hitl", "langgraph", "langgraph-hitl", "floor", "plain"):
         result = report["results"][name]
         assert "error" not in result, (name, result)
         assert result["median_ms"] > 0 and result["bytes_per_run"] > 0 and result["peak_rss_mb"] > 0
     assert set(report["ratios"]) == {"harness/langgraph", "harness-hitl/langgraph-hitl", "harness/floor"}
+    assert report["harness_overhead_ms_per_run"] > 0
+
+
+def test_gatekeeper_benchmark_runs() -> None:
+    """The gatekeeper benchmark (issue 4) finishes on a tiny size and reports all three measurements."""
+    bench = BENCH.parent / "bench_gatekeeper.py"
+    done = subprocess.run([sys.executable, str(bench), "--parked", "5", "--decisions", "20", "--approvals", "3",
+                           "--json"], capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["policy"]["decisions_per_s"] > 0 and report["policy"]["rules_per_decision"] >= 5
+    assert report["approval_to_executing"]["median_ms"] > 0
+    assert report["memory"]["parked"] == 5 and report["memory"]["rss_mb_with_parked"] > 0

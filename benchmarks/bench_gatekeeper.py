@@ -1,0 +1,145 @@
+"""The gatekeeper (issue 4): policy decisions per second for a 5-call plan, time from an approval to the
+Run's EXECUTING, and a worker's memory with N parked Runs vs none (it must be flat: a parked Run holds
+no per-Run resources in any process).
+
+    python benchmarks/bench_gatekeeper.py --parked 2000
+    python benchmarks/bench_gatekeeper.py --parked 20 --decisions 200 --json     # smoke
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+FIVE_CALLS = {"steps": [
+    {"id": "a", "tool_call": {"skill": "orders.lookup", "arguments": {"order_id": "A-1001"}}, "output_key": "a"},
+    {"id": "b", "tool_call": {"skill": "customers.lookup", "arguments": {"customer_id": {"$ref": "a.customer_id"}}},
+     "depends_on": ["a"], "output_key": "b"},
+    {"id": "c", "tool_call": {"skill": "refunds.draft", "arguments": {"order": {"$ref": "a"}, "amount": 10}},
+     "depends_on": ["a"], "output_key": "c"},
+    {"id": "d", "tool_call": {"skill": "notes.add", "arguments": {"order_id": "A-1001", "text": "noted"}},
+     "output_key": "d"},
+    {"id": "e", "tool_call": {"skill": "refunds.issue", "arguments": {"order_id": "A-1001", "amount": 10}},
+     "depends_on": ["c"], "output_key": "e"},
+], "budget_estimate": {"cost_usd": 0.001}}
+
+
+def _runtime(folder: Path) -> Any:
+    from harness.config import Settings, build_runtime
+
+    os.environ["HARNESS_EXAMPLE_LEDGER"] = str(folder / "ledger.jsonl")
+    return build_runtime(Settings(db=str(folder / "gk.db"), llm_rules=HERE / "fixtures" / "bench_rules.yaml",
+                                  data_dir=folder / "data"))
+
+
+def decisions_per_second(folder: Path, count: int) -> dict[str, float]:
+    """PolicyEngine.evaluate on a 5-call plan with the example policy set (Cedar, budgets, guardrails)."""
+    from harness.pipeline.contracts import CallerIdentity, Plan
+
+    rt = _runtime(folder)
+    plan = Plan.model_validate(FIVE_CALLS)
+    caller = CallerIdentity(tenant_id="default", user_id="alice", roles=("support_agent",))
+    times = []
+    for i in range(count):
+        started = time.perf_counter()
+        evaluation = rt.policy.evaluate(plan, caller, f"run-{i}")
+        times.append(time.perf_counter() - started)
+    assert evaluation.decision.decision == "await_hitl"
+    rt.close()
+    median = statistics.median(times)
+    return {"median_ms": median * 1000, "decisions_per_s": 1 / median,
+            "rules_per_decision": float(len(evaluation.decision.verdicts))}
+
+
+def approval_to_executing(folder: Path, count: int) -> dict[str, float]:
+    """From decide() being called to the Run's EXECUTING committed (decision persisted first, G4)."""
+    rt = _runtime(folder)
+    times = []
+    for i in range(count):
+        user = f"approver-test-{i}"
+        parked = rt.runs.create_run({"task": "bench-hitl A-1001", "user_id": user, "roles": ["support_agent"]})
+        approver = rt.identities.resolve("alice").model_copy(update={"user_id": user})
+        started = time.perf_counter()
+        verdict, result = rt.runs.decide(parked.approval_request_id or "", approver, "approve", resume=False)
+        times.append(time.perf_counter() - started)
+        assert verdict.accepted and result.state == "EXECUTING"
+    rt.close()
+    return {"median_ms": statistics.median(times) * 1000, "p99_ms": sorted(times)[int(0.99 * (len(times) - 1))] * 1000}
+
+
+def park(folder: Path, count: int) -> None:
+    """Fill a database with `count` Runs parked in AWAITING_HITL (one requester each: the rate limit)."""
+    rt = _runtime(folder)
+    for i in range(count):
+        result = rt.runs.create_run({"task": "bench-hitl A-1001", "user_id": f"parked-{i}",
+                                     "roles": ["support_agent"]})
+        assert result.state == "AWAITING_HITL"
+    rt.close()
+
+
+def worker_rss(folder: Path) -> int:
+    """A fresh worker process's peak RSS (kB) after it opens the database, lists the pending requests,
+    applies timeouts, sweeps and approves one Run to completion."""
+    code = f"""
+import json, sys
+sys.path.insert(0, {str(HERE)!r})
+from pathlib import Path
+from bench_gatekeeper import _runtime
+from harness.sweeper import ZombieSweeper
+rt = _runtime(Path({str(folder)!r}))
+pending = rt.hitl.pending(limit=100000)
+rt.runs.expire_approvals()
+ZombieSweeper(rt.store, rt.machine).sweep_once()
+if pending:
+    r = pending[0]
+    who = rt.identities.resolve("alice").model_copy(update={{"user_id": r.requester}})
+    rt.runs.decide(r.request_id, who, "approve")
+hwm = [l for l in open("/proc/self/status") if l.startswith("VmHWM:")][0].split()[1]
+print(json.dumps({{"pending": len(pending), "hwm_kb": int(hwm)}}))
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return int(json.loads(done.stdout.strip().splitlines()[-1])["hwm_kb"])
+
+
+def main() -> None:
+    """Command line."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--parked", type=int, default=2000)
+    parser.add_argument("--decisions", type=int, default=2000)
+    parser.add_argument("--approvals", type=int, default=100)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    report: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b, \
+            tempfile.TemporaryDirectory() as c:
+        report["policy"] = decisions_per_second(Path(a), args.decisions)
+        report["approval_to_executing"] = approval_to_executing(Path(b), args.approvals)
+        empty = worker_rss(Path(c))
+        started = time.perf_counter()
+        park(Path(c), args.parked)
+        report["parking_s"] = time.perf_counter() - started
+        full = worker_rss(Path(c))
+        report["memory"] = {"parked": args.parked, "rss_mb_with_0": empty / 1024, "rss_mb_with_parked": full / 1024,
+                            "growth_mb": (full - empty) / 1024}
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return
+    p, h, m = report["policy"], report["approval_to_executing"], report["memory"]
+    print(f"policy: {p['decisions_per_s']:.0f} decisions/s for a 5-call plan ({p['median_ms']:.2f} ms median, "
+          f"{p['rules_per_decision']:.0f} rule verdicts each)")
+    print(f"approval -> EXECUTING: median {h['median_ms']:.2f} ms, p99 {h['p99_ms']:.2f} ms")
+    print(f"worker peak RSS: {m['rss_mb_with_0']:.1f} MB with 0 parked, {m['rss_mb_with_parked']:.1f} MB with "
+          f"{m['parked']} parked (growth {m['growth_mb']:+.1f} MB)")
+
+
+if __name__ == "__main__":
+    main()
