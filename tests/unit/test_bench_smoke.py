@@ -55,3 +55,13 @@ def test_gatekeeper_benchmark_runs() -> None:
     assert report["policy"]["decisions_per_s"] > 0 and report["policy"]["rules_per_decision"] >= 5
     assert report["approval_to_executing"]["median_ms"] > 0
     assert report["memory"]["parked"] == 5 and report["memory"]["rss_mb_with_parked"] > 0
+
+
+def test_sweeper_benchmark_runs() -> None:
+    """The sweeper scan benchmark (issue 8) finishes on a tiny size and finds every live Run healthy."""
+    bench = BENCH.parent / "bench_sweeper.py"
+    done = subprocess.run([sys.executable, str(bench), "--final", "500", "--small", "50", "--repeats", "2",
+                           "--json"], capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["large"]["final_runs"] == 500 and report["large"]["scan_ms"] > 0
