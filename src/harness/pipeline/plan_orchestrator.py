@@ -9,6 +9,7 @@ depends on it starts (T6); steps exchange data only through output keys.
 from __future__ import annotations
 
 import concurrent.futures
+import contextvars
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -190,7 +191,8 @@ class PlanOrchestrator:
             if len(todo) == 1:
                 results = [run_step(todo[0], snapshot)]  # nothing to overlap with: no thread hop
             else:
-                futures = [self._pool.submit(run_step, s, snapshot) for s in todo]
+                # each step runs in the drive's context (its lease and RunContext), not the pool thread's
+                futures = [self._pool.submit(contextvars.copy_context().run, run_step, s, snapshot) for s in todo]
                 results = [f.result() for f in futures]
             for result in results:
                 report.runs.append(result)

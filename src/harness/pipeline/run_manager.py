@@ -8,6 +8,7 @@ decision and `drive` resumes from the persisted RunContext, skipping completed s
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import threading
 import time
@@ -55,6 +56,25 @@ S = RunState
 MANAGER = "run_manager"
 
 
+@dataclasses.dataclass
+class _Drive:
+    """One drive of one Run: its fence (lease) and the RunContext it executes with. Held in a context
+    variable, not keyed by run_id on the manager: two drives of the same Run in one process (a paused
+    worker and the one that took over) must never see each other's lease."""
+
+    run_id: str
+    fence: Fence | None
+    context: dict[str, Any] | None = None
+
+
+_DRIVE: contextvars.ContextVar[_Drive | None] = contextvars.ContextVar("harness_drive", default=None)
+
+
+def _fence_for(run_id: str) -> Fence | None:
+    drive = _DRIVE.get()
+    return drive.fence if drive is not None and drive.run_id == run_id else None
+
+
 def parse_request(raw: RunRequest | dict[str, Any]) -> RunRequest:
     """A RunRequest, or InvalidRequestError naming the offending field."""
     if isinstance(raw, RunRequest):
@@ -88,8 +108,6 @@ class RunManager:
         self.sink = sink
         self.execution_limit_s = execution_limit_s
         self._context_lock = threading.Lock()
-        self._fences: dict[str, Fence] = {}
-        self._live: dict[str, dict[str, Any]] = {}
 
     # ------------------------------------------------------------------ entry points
 
@@ -116,13 +134,11 @@ class RunManager:
         Under a worker's `fence` (K5b) every transition carries the lease epoch and every side effect
         is preceded by a check that the lease is still held; a drive whose lease was taken over stops.
         """
-        if fence is not None:
-            self._fences[run_id] = fence
+        token = _DRIVE.set(_Drive(run_id, fence))
         try:
             return self._drive(run_id)
         finally:
-            if fence is not None:
-                self._fences.pop(run_id, None)
+            _DRIVE.reset(token)
 
     def _drive(self, run_id: str) -> RunResult:
         run = self.store.get_run(run_id)
@@ -253,12 +269,12 @@ class RunManager:
 
     def _epoch(self, run_id: str) -> int | None:
         """The lease epoch this process drives the Run under, if it drives it under a lease."""
-        fence = self._fences.get(run_id)
+        fence = _fence_for(run_id)
         return fence.epoch if fence is not None else None
 
     def _fenced(self, run_id: str) -> bool:
         """True when this drive's lease was taken over: no further side effect or write (K5b)."""
-        fence = self._fences.get(run_id)
+        fence = _fence_for(run_id)
         return fence is not None and not fence.holds()
 
     def _fail(self, run: RunRecord, source: RunState, step: int, code: str, exc: BaseException | str,
@@ -385,11 +401,10 @@ class RunManager:
     def _execute(self, run: RunRecord, request: RunRequest) -> RunRecord:
         context = dict(run.context or {})
         context["steps"] = dict(context.get("steps", {}))
-        self._live[run.run_id] = context
-        try:
-            return self._execute_plan(run, request, context)
-        finally:
-            self._live.pop(run.run_id, None)
+        drive = _DRIVE.get()
+        if drive is not None and drive.run_id == run.run_id:
+            drive.context = context
+        return self._execute_plan(run, request, context)
 
     def _execute_plan(self, run: RunRecord, request: RunRequest, context: dict[str, Any]) -> RunRecord:
         plan = Plan.model_validate(context["plan"])
@@ -512,7 +527,8 @@ class RunManager:
     def _live_context(self, run_id: str) -> dict[str, Any]:
         """The RunContext this drive is executing with (kept in memory: under the lease nobody else writes
         it); read from the store when called outside an execution. Call with the context lock held."""
-        context = self._live.get(run_id)
+        drive = _DRIVE.get()
+        context = drive.context if drive is not None and drive.run_id == run_id else None
         if context is None:
             context = dict(self.store.get_run(run_id).context or {})
             context["steps"] = dict(context.get("steps", {}))
