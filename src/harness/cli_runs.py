@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import sys
 import time
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -211,7 +210,7 @@ def approvals(tenant: Annotated[str | None, typer.Option("--tenant")] = None, db
 
 def demo(db: DbOption = None, json_: JsonOption = False) -> None:
     """Run the bundled support example: a success, a human approval, a policy rejection and two failures."""
-    rt = runtime(db or str(Path("harness-demo.db")))
+    rt = runtime(db)  # the default database, so `harness serve` afterwards shows these Runs
     scenarios = [
         ("success", "Where is order A-1001?", "alice"),
         ("approval (L2, self-confirm)", "Refund 42.50 EUR for order A-1001", "alice"),
@@ -236,7 +235,7 @@ def demo(db: DbOption = None, json_: JsonOption = False) -> None:
     if json_:
         emit({"runs": out})
     else:
-        where = rt.settings.db or "harness-demo.db"
+        where = rt.settings.db or "harness.db"
         typer.echo(f"\nInspect any Run with: harness runs show <run_id> --db {where} / harness trace <run_id> "
                    f"--db {where}\nVerify the audit trail with: harness audit verify --db {where}")
     sys.stdout.flush()
