@@ -87,7 +87,7 @@ def park(folder: Path, count: int) -> None:
 
 
 def worker_rss(folder: Path) -> int:
-    """A fresh worker process's peak RSS (kB) after it opens the database, lists the pending requests,
+    """A fresh worker process's peak RSS (kB) after it opens the database, reads a page of pending requests,
     applies timeouts, sweeps and approves one Run to completion."""
     code = f"""
 import json, sys
@@ -96,7 +96,7 @@ from pathlib import Path
 from bench_gatekeeper import _runtime
 from harness.sweeper import ZombieSweeper
 rt = _runtime(Path({str(folder)!r}))
-pending = rt.hitl.pending(limit=100000)
+pending = rt.hitl.pending(limit=50)  # a worker pages through requests; it never holds them all
 rt.runs.expire_approvals()
 ZombieSweeper(rt.store, rt.machine).sweep_once()
 if pending:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import threading
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from harness.audit.verify import verify_chain
 from harness.clock import FakeClock
 from harness.config import Settings, build_runtime
 from harness.kernel import RunState
+from harness.pipeline.contracts import CallerIdentity
 
 from ..acceptance.checks import assert_audit_clean
 from ..conftest import FIXTURES
@@ -242,10 +244,16 @@ def test_full_pipeline_run_is_audit_clean(backend_url: str, tmp_path: Path, call
     rt = build_runtime(_settings(backend_url, tmp_path), clock=FakeClock())
     try:
         paths: dict[str, Any] = {}
-        for task in ("echo hello", "fail", "prose"):
+        for task in ("echo hello", "fail", "prose", "echo hello again"):  # the last one recalls memory
             paths[task] = rt.runs.create_run({"task": task, **TESTER}).state
-        assert paths == {"echo hello": "SUCCEEDED", "fail": "CLOSED_FAILED", "prose": "CLOSED_FAILED"}
-        assert call_log.read_text().count("\n") >= 1
+        assert set(paths.values()) == {"SUCCEEDED", "CLOSED_FAILED"}
+        assert paths["echo hello"] == paths["echo hello again"] == "SUCCEEDED"
+        parked = rt.runs.create_run({"task": "update T-1", **TESTER})
+        assert parked.state == "AWAITING_HITL" and parked.approval_request_id
+        approver = CallerIdentity(tenant_id="t1", user_id="tess", roles=("tester",))
+        verdict, done = rt.runs.decide(parked.approval_request_id, approver, "approve")
+        assert verdict.accepted and done.state == "SUCCEEDED"
+        assert call_log.read_text().count("\n") >= 2
         assert_audit_clean(rt)
         assert reconcile(rt.store).ok
     finally:
@@ -253,24 +261,31 @@ def test_full_pipeline_run_is_audit_clean(backend_url: str, tmp_path: Path, call
 
 
 
-def _first_start(url: str, barrier: Any) -> None:
-    """Child process: a worker starting on a database nobody has migrated yet."""
+def _first_start(url: str, barrier: Any, report: str) -> None:
+    """Child process: a worker starting on a database nobody has migrated yet; writes what went wrong."""
     engine = create_engine(resolve_url(url))
     barrier.wait()
-    migrate(engine)
-    engine.dispose()
+    try:
+        migrate(engine)
+    except Exception:
+        Path(report).write_text(traceback.format_exc())
+        raise
+    finally:
+        engine.dispose()
 
 
-def test_concurrent_first_starts_migrate_once(empty_backend_url: str) -> None:
+def test_concurrent_first_starts_migrate_once(empty_backend_url: str, tmp_path: Path) -> None:
     """Three worker processes starting together on an empty database all come up: one migrates, the
     others wait for it and find the schema current (D2: several workers, one database)."""
     ctx = mp.get_context("spawn")
     barrier = ctx.Barrier(3)
-    workers = [ctx.Process(target=_first_start, args=(empty_backend_url, barrier)) for _ in range(3)]
+    reports = [tmp_path / f"worker-{i}.txt" for i in range(3)]
+    workers = [ctx.Process(target=_first_start, args=(empty_backend_url, barrier, str(r))) for r in reports]
     for w in workers:
         w.start()
     for w in workers:
         w.join(120)
+    assert [r.read_text() for r in reports if r.exists()] == []
     assert [w.exitcode for w in workers] == [0, 0, 0]
     store = SqlStore.open(empty_backend_url, FakeClock())
     try:

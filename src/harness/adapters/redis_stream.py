@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import threading
 import time
 import uuid
 from typing import Any, cast
@@ -72,6 +73,9 @@ class RedisTraceBuffer:
         self.last_error: str | None = None
         self._down_until = 0.0
         self._relay_script = client.register_script(_RELAY_LUA)
+        # threads of one process share this consumer name: one drains at a time, or they would take
+        # each other's pending entries for their own and chain the same batch twice (harmless, wasted)
+        self._lock = threading.Lock()
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> RedisTraceBuffer:
@@ -111,6 +115,10 @@ class RedisTraceBuffer:
     def _carry(self, store: SqlStore, batch_size: int, *, until_idle: bool) -> int:
         if not self.available:
             return 0
+        with self._lock:
+            return self._carry_locked(store, batch_size, until_idle=until_idle)
+
+    def _carry_locked(self, store: SqlStore, batch_size: int, *, until_idle: bool) -> int:
         total = 0
         try:
             while True:

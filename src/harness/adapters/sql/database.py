@@ -118,6 +118,8 @@ def head_revision() -> str | None:
 
 #: key of the advisory lock that lets one process at a time migrate a database
 _MIGRATION_LOCK = 0x6861726E  # "harn"
+#: MySQL's named locks are server-wide: one per database (a name may have at most 64 characters)
+_MYSQL_LOCK_NAME = "CONCAT('harness_migrate_', MD5(DATABASE()))"
 
 
 def migrate(engine: sa.Engine) -> None:
@@ -136,10 +138,10 @@ def migrate(engine: sa.Engine) -> None:
         if dialect == "postgresql":
             conn.execute(sa.text("SELECT pg_advisory_xact_lock(:k)"), {"k": _MIGRATION_LOCK})
         elif dialect in ("mysql", "mariadb"):
-            conn.execute(sa.text("SELECT GET_LOCK('harness_migrate', 600)"))
+            conn.execute(sa.text(f"SELECT GET_LOCK({_MYSQL_LOCK_NAME}, 600)"))
         try:
             if MigrationContext.configure(conn).get_current_revision() != head:
                 command.upgrade(_alembic_config(conn), "head")
         finally:
             if dialect in ("mysql", "mariadb"):  # a session lock: MySQL's DDL commits as it goes
-                conn.execute(sa.text("SELECT RELEASE_LOCK('harness_migrate')"))
+                conn.execute(sa.text(f"SELECT RELEASE_LOCK({_MYSQL_LOCK_NAME})"))
