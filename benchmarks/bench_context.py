@@ -202,7 +202,7 @@ def main() -> None:
     args = parser.parse_args()
     embedder = None
     if args.semantic:
-        from harness.memory.semantic import MiniLMEmbedder  # noqa: PLC0415  (optional extra)
+        from harness.memory.semantic import MiniLMEmbedder
 
         embedder = MiniLMEmbedder()
     with tempfile.TemporaryDirectory() as folder:

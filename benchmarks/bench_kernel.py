@@ -279,7 +279,7 @@ def harness_recompute(db: Path) -> float:
 
 def _verifier() -> Callable[[SqlStore], Any] | None:
     try:
-        from harness.audit.verify import verify_chain  # noqa: PLC0415 - written concurrently; optional
+        from harness.audit.verify import verify_chain
     except ImportError:
         return None
     return verify_chain

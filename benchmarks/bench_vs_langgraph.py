@@ -76,6 +76,7 @@ def _langgraph(runs: int, folder: Path, hitl: bool) -> list[float]:
 
     sys.path.insert(0, str(Path(__import__("harness.examples.support", fromlist=["x"]).EXAMPLE_DIR) / "skills"))
     import support_skills as skills  # the example's own skill functions: the same work
+
     from harness.skills import SkillContext
 
     os.environ["HARNESS_EXAMPLE_LEDGER"] = str(folder / "ledger.jsonl")
@@ -155,6 +156,7 @@ def _plain(runs: int, folder: Path) -> list[float]:
     """The example's three calls as plain function calls: no kernel, no policy, no persistence."""
     sys.path.insert(0, str(Path(__import__("harness.examples.support", fromlist=["x"]).EXAMPLE_DIR) / "skills"))
     import support_skills as skills
+
     from harness.skills import SkillContext
 
     os.environ["HARNESS_EXAMPLE_LEDGER"] = str(folder / "ledger.jsonl")

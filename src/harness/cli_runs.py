@@ -202,9 +202,9 @@ def approvals(tenant: Annotated[str | None, typer.Option("--tenant")] = None, db
         return
     if not docs:
         typer.echo("no approval requests are waiting")
-    for d in docs:
+    for d, request in zip(docs, pending, strict=True):
         typer.echo(f"{d['request_id']}  {d['level']}  run {d['run_id']}  by {d['tenant_id']}/{d['requester']}")
-        for action in d["actions"]:
+        for action in request.actions:
             typer.echo(f"    {action['step_id']}: {action['skill']} {json.dumps(action['arguments'])}")
 
 

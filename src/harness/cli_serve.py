@@ -12,7 +12,7 @@ Host = Annotated[str, typer.Option("--host", help="Interface to listen on.")]
 Port = Annotated[int, typer.Option("--port", min=0, max=65535, help="TCP port (0 picks a free one).")]
 
 
-def serve(  # noqa: PLR0917 - a Typer command: one parameter per option
+def serve(
     host: Host = "127.0.0.1",
     port: Port = 8000,
     db: DbOption = None,
@@ -31,12 +31,12 @@ def serve(  # noqa: PLR0917 - a Typer command: one parameter per option
 ) -> None:
     """Serve the HTTP API (OpenAPI at /docs) and the web console (/ui) on the embedded default."""
     # imported here so that every other `harness` command starts without loading the web stack
-    import uvicorn  # noqa: PLC0415
+    import uvicorn
 
-    from harness.config import Settings, build_runtime  # noqa: PLC0415
-    from harness.service import logs  # noqa: PLC0415
-    from harness.service.app import create_app  # noqa: PLC0415
-    from harness.service.settings import ServiceSettings  # noqa: PLC0415
+    from harness.config import Settings, build_runtime
+    from harness.service import logs
+    from harness.service.app import create_app
+    from harness.service.settings import ServiceSettings
 
     if log_level.lower() not in ("debug", "info", "warning", "error"):
         raise typer.BadParameter("must be debug, info, warning or error", param_hint="--log-level")

@@ -146,7 +146,7 @@ def llm_provider(settings: Settings, clock: Clock) -> LLMProvider:
 def open_trace_buffer(url: str) -> TraceBuffer:
     """The trace buffer HARNESS_TRACE_BUFFER names (Redis Streams); it needs the `scale` extra."""
     try:
-        from harness.adapters.redis_stream import RedisTraceBuffer  # noqa: PLC0415  (optional dependency)
+        from harness.adapters.redis_stream import RedisTraceBuffer
     except ImportError as exc:
         raise InvalidRequestError("HARNESS_TRACE_BUFFER needs the redis package: "
                                   "pip install 'harness-kernel[scale]'") from exc

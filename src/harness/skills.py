@@ -294,8 +294,8 @@ class SkillRegistry:
     def _check_fallback(self, skill: Skill) -> None:
         # The fallback runs under the primary's approval, so it may not need a higher level (G2).
         # Imported here: the policy package imports this module.
-        from harness.policy.config import LEVEL_RANK  # noqa: PLC0415
-        from harness.policy.risk import level_for  # noqa: PLC0415
+        from harness.policy.config import LEVEL_RANK
+        from harness.policy.risk import level_for
 
         name = skill.manifest.fallback
         if name is None:

@@ -144,7 +144,8 @@ class StateMachine:
         self, run: RunRecord, final: RunState, transitions: Sequence[TransitionRow]
     ) -> TraceRecordIn:
         """The RunTrace main record (SPEC A1): final state, transition sequence, total cost, trace_hash."""
-        path = [{"seq": r.seq, "from": r.from_state, "to": r.to_state, "at": r.at} for r in transitions]
+        path: list[dict[str, Any]] = [
+            {"seq": r.seq, "from": r.from_state, "to": r.to_state, "at": r.at} for r in transitions]
         path.append({"seq": run.version + 1, "from": RunState.TRACING.value, "to": final.value, "at": None})
         cost = (run.context or {}).get("cost", {})
         return TraceRecordIn("run", {

@@ -97,12 +97,14 @@ class ZombieSweeper:
         report.detected.append(run_id)
         # a transient state only lacks its funnel step; anything else is forced as seed 000 §6.1 maps it
         target = S.TRACING if state in TRANSIENT else FORCED[state]
-        outcome = self.machine.transition(
-            run_id, state, target, actor=SWEEPER, forced_by=SWEEPER, expected_version=version,
-            reason=f"zombie: {state.value} for {age:.0f}s (threshold {threshold:.0f}s)",
-            **({} if state in TRANSIENT else
-               {"result": {"error": f"zombie_sweeper: stuck in {state.value} for {age:.0f}s"}}),
-        )
+        reason = f"zombie: {state.value} for {age:.0f}s (threshold {threshold:.0f}s)"
+        if state in TRANSIENT:  # its close reason (and result) are already set; only the funnel is missing
+            outcome = self.machine.transition(run_id, state, target, actor=SWEEPER, forced_by=SWEEPER,
+                                              expected_version=version, reason=reason)
+        else:
+            outcome = self.machine.transition(
+                run_id, state, target, actor=SWEEPER, forced_by=SWEEPER, expected_version=version, reason=reason,
+                result={"error": f"zombie_sweeper: stuck in {state.value} for {age:.0f}s"})
         final = self.store.get_run(run_id).state
         if outcome.applied:
             self.store.audit(run_id, "zombie_recovered", SWEEPER,

@@ -13,7 +13,7 @@ import math
 from functools import cache
 from typing import Any, Protocol
 
-from bpe_openai import _bindings  # type: ignore[import-untyped]  # the crate's own counter, no vocab copy
+from bpe_openai import _bindings  # the crate's own counter, no vocab copy
 
 from harness.errors import InvalidRequestError
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from harness.kernel.states import FINAL, TRANSIENT, CloseReason, RunState
+from harness.kernel.states import TRANSIENT, CloseReason, RunState
 
 S = RunState
 

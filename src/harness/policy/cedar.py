@@ -45,7 +45,7 @@ class CedarPermissions:
         """(allowed, explanation naming the policies that decided)."""
         principal = f"{caller.tenant_id}/{caller.user_id}"
         group = skill.id.split(".", 1)[0]
-        entities = [
+        entities: list[dict[str, Any]] = [
             {"uid": {"__entity": {"type": "User", "id": principal}}, "attrs": {"tenant": caller.tenant_id},
              "parents": [{"__entity": {"type": "Role", "id": r}} for r in caller.roles]},
             *({"uid": {"__entity": {"type": "Role", "id": r}}, "attrs": {}, "parents": []} for r in caller.roles),

@@ -191,7 +191,7 @@ class HitlDesk:
                     if moved != 1:
                         refusal = "the request was decided, timed out or cancelled concurrently"
                     else:
-                        effect = status
+                        effect = "approved" if status == "approved" else "rejected"
                 else:
                     effect = "recorded"
             conn.execute(t.hitl_decisions.insert().values(

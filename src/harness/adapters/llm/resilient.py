@@ -199,11 +199,11 @@ def make_provider(kind: str, settings: ProviderSettings, *, clock: Clock | None 
     """The real provider named `kind` ("openai" or "anthropic"); its SDK is imported only when chosen,
     so the default install (scripted LLM) does not need either."""
     if kind == "openai":
-        from harness.adapters.llm.openai_compat import OpenAICompatProvider  # noqa: PLC0415 - optional SDK
+        from harness.adapters.llm.openai_compat import OpenAICompatProvider
 
         return OpenAICompatProvider(settings, clock=clock, breakers=breakers)
     if kind == "anthropic":
-        from harness.adapters.llm.anthropic import AnthropicProvider  # noqa: PLC0415 - optional SDK
+        from harness.adapters.llm.anthropic import AnthropicProvider
 
         return AnthropicProvider(settings, clock=clock, breakers=breakers)
     raise ValueError(f"no real LLM provider named {kind!r}")

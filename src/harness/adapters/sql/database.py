@@ -98,7 +98,9 @@ def _sqlite_engine(url: str, synchronous: str) -> sa.Engine:
         # straight on the driver: exec_driver_sql runs SQLAlchemy's whole execution path (context, events,
         # result) for a statement that returns nothing, on every transaction
         begin = "BEGIN" if conn.get_execution_options().get(READ_ONLY) else "BEGIN IMMEDIATE"
-        conn.connection.driver_connection.execute(begin)
+        driver = conn.connection.driver_connection
+        assert driver is not None  # a live pooled connection always has its driver connection
+        driver.execute(begin)
 
     return engine
 

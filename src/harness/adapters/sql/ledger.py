@@ -8,7 +8,6 @@ from harness.adapters.sql import schema as t
 from harness.adapters.sql.store import SqlStore
 from harness.pipeline.trace_recorder import CostTrace
 
-
 _INSERT = t.costs.insert()
 _BY_SCOPE = sa.select(
     sa.func.coalesce(sa.func.sum(sa.case((t.costs.c.run_id == sa.bindparam("p_run"), t.costs.c.usd), else_=0.0)),

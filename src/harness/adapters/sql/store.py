@@ -18,7 +18,7 @@ from harness.adapters.sql import schema as t
 from harness.adapters.sql import statements as q
 from harness.adapters.sql.database import READ_ONLY, create_engine, migrate, resolve_url
 from harness.adapters.sql.raw import RawStatements
-from harness.audit.chain import GENESIS_HASH, canonical_json, record_hash
+from harness.audit.chain import canonical_json, record_hash
 from harness.clock import SystemClock
 from harness.errors import InvalidTransitionError, StoreError, UnknownRunError
 from harness.kernel import (
