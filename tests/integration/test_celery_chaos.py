@@ -30,10 +30,18 @@ from harness.kernel import FINAL
 from ..conftest import FIXTURES
 
 RUNS = int(os.environ.get("HARNESS_CHAOS_RUNS", "150"))
-REDIS_PORT = 6391
+BACKENDS = ("sqlite", "postgresql")
+PG_ADMIN = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 LEASE_TTL = "2"
 
 pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server is not installed")
+
+
+def _free_port() -> int:
+    """A loopback port nobody listens on now (the broker is private to this test)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def _port_open(port: int) -> bool:
@@ -42,11 +50,11 @@ def _port_open(port: int) -> bool:
         return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
-def _start_redis(folder: Path) -> subprocess.Popen[bytes]:
-    proc = subprocess.Popen(["redis-server", "--port", str(REDIS_PORT), "--bind", "127.0.0.1", "--save", "",
+def _start_redis(folder: Path, port: int) -> subprocess.Popen[bytes]:
+    proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
                              "--appendonly", "no", "--dir", str(folder)], stdout=subprocess.DEVNULL)
     deadline = time.monotonic() + 10
-    while not _port_open(REDIS_PORT):
+    while not _port_open(port):
         assert time.monotonic() < deadline, "private redis did not start"
         time.sleep(0.05)
     return proc
@@ -56,12 +64,14 @@ _BROKERS: list[subprocess.Popen[bytes]] = []
 
 
 @pytest.fixture
-def env(tmp_path: Path, call_log: Path) -> Iterator[dict[str, str]]:
-    """Environment for the workers: the test skills, a SQLite file, a private broker on loopback."""
-    redis = _start_redis(tmp_path)
+def env(tmp_path: Path, call_log: Path, backend_url: str) -> Iterator[dict[str, str]]:
+    """Environment for the workers: the test skills, a fresh database, a private broker on loopback."""
+    port = _free_port()
+    redis = _start_redis(tmp_path, port)
     environ = {**os.environ,
-               "HARNESS_DATABASE_URL": str(tmp_path / "chaos.db"),
-               "HARNESS_BROKER_URL": f"redis://127.0.0.1:{REDIS_PORT}/0",
+               "_redis_port": str(port),
+               "HARNESS_DATABASE_URL": backend_url,
+               "HARNESS_BROKER_URL": f"redis://127.0.0.1:{port}/0",
                "HARNESS_SKILLS_DIRS": str(FIXTURES / "skills"),
                "HARNESS_POLICY_FILE": str(FIXTURES / "policy.yaml"),
                "HARNESS_LLM_RULES": str(FIXTURES / "llm_rules.yaml"),
@@ -85,9 +95,10 @@ def _worker(environ: dict[str, str], name: str) -> subprocess.Popen[bytes]:
 
 
 def test_chaos_every_run_ends_once_and_no_side_effect_repeats(env: dict[str, str], tmp_path: Path,
-                                                                call_log: Path) -> None:
-    """SIGKILL, SIGSTOP past the lease, and a broker restart: every Run final exactly once, audit clean,
-    no non-idempotent call duplicated, and the stopped worker adds no side effect after it resumes."""
+                                                                call_log: Path, backend: str) -> None:
+    """SIGKILL, SIGSTOP past the lease, a broker restart and (on PostgreSQL) every database connection
+    dropped: every Run final exactly once, audit clean, no non-idempotent call duplicated, and the
+    stopped worker adds no side effect after it resumes."""
     os.environ.update({k: v for k, v in env.items() if k.startswith("HARNESS_")})
     from harness import celery_app
 
@@ -115,9 +126,11 @@ def test_chaos_every_run_ends_once_and_no_side_effect_repeats(env: dict[str, str
         redis_pid = int(env["_redis_pid"])
         os.kill(redis_pid, signal.SIGKILL)  # the broker restarts, losing its queue (no persistence)
         time.sleep(0.5)
-        restarted = _start_redis(tmp_path)
+        restarted = _start_redis(tmp_path, int(env["_redis_port"]))
         _BROKERS.append(restarted)
         env["_redis_pid"] = str(restarted.pid)
+        if backend == "postgresql":
+            _drop_connections(env["HARNESS_DATABASE_URL"])  # the database drops every worker's connection
         deadline = time.monotonic() + 240
         while finished() < RUNS and time.monotonic() < deadline:
             _sweep(rt, app)
@@ -133,6 +146,19 @@ def test_chaos_every_run_ends_once_and_no_side_effect_repeats(env: dict[str, str
                 proc.kill()
                 proc.wait()
         rt.close()
+
+
+def _drop_connections(url: str) -> None:
+    """Terminate every session on this database, as a failover or a network cut would."""
+    import sqlalchemy as sa
+
+    database = sa.engine.make_url(url).database
+    admin = sa.create_engine(PG_ADMIN, isolation_level="AUTOCOMMIT", poolclass=sa.pool.NullPool)
+    with admin.connect() as conn:
+        killed = conn.execute(sa.text("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                                      "WHERE datname = :db AND pid <> pg_backend_pid()"), {"db": database}).scalar()
+    admin.dispose()
+    assert killed, "no connection was dropped"
 
 
 def _sweep(rt: object, app: object) -> None:

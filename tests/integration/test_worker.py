@@ -138,3 +138,11 @@ def test_a_run_whose_workers_keep_dying_is_failed(test_runtime: Runtime, clock: 
     result = worker.execute(run.run_id)
     assert result is not None and result.state == "CLOSED_FAILED"
     assert "worker_stalled" in (result.error or "")
+
+
+def test_a_run_left_in_preparing_by_a_dead_worker_is_resumed(test_runtime: Runtime, clock: FakeClock) -> None:
+    """A worker that died right after CREATED → PREPARING leaves a Run the next worker carries on (P1)."""
+    run, _ = test_runtime.runs.submit({"task": "echo hi", **TESS})
+    assert test_runtime.store.transition(run.run_id, S.CREATED, S.PREPARING, actor="dead", reason="x").applied
+    result = RunWorker(test_runtime, owner="rescuer").execute(run.run_id)
+    assert result is not None and result.state == "SUCCEEDED", result

@@ -150,6 +150,7 @@ class RunManager:
         if run.state == S.CREATED:
             run = self._advance(run, S.CREATED, S.PREPARING, "request accepted",
                                 _records(step_trace(run_id, 1, run.request, {"run_id": run_id}, 0.0)))
+        if run.state == S.PREPARING:  # also a Run whose worker died here: steps ②③ are side-effect free (P1)
             run = self._prepare(run, request)
         if run.state == S.PLANNING:
             run = self._plan(run, request)
