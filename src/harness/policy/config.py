@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from harness.errors import PolicyConfigError
+from harness.yamlfile import load_yaml_model
 
 Level = Literal["L1", "L2", "L3", "L4"]
 LEVEL_RANK: dict[str, int] = {"L1": 1, "L2": 2, "L3": 3, "L4": 4}
@@ -74,15 +74,4 @@ class PolicyFile(Strict):
 
 def load_policy_file(path: Path) -> PolicyFile:
     """Read and validate a policy file; errors name the file and the field."""
-    try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise PolicyConfigError(f"{path}: cannot read: {exc.strerror}") from exc
-    except yaml.YAMLError as exc:
-        raise PolicyConfigError(f"{path}: not valid YAML: {exc}") from exc
-    try:
-        return PolicyFile.model_validate(raw)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        where = ".".join(str(p) for p in err["loc"]) or "(top level)"
-        raise PolicyConfigError(f"{path}: {where}: {err['msg']}") from exc
+    return load_yaml_model(path, PolicyFile, "the policy file", PolicyConfigError)

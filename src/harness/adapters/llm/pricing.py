@@ -18,10 +18,9 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
-from harness.errors import BadInputError
+from harness.yamlfile import load_yaml_model
 
 log = logging.getLogger(__name__)
 
@@ -44,19 +43,7 @@ class PricingTable(BaseModel):
     @classmethod
     def from_file(cls, path: str | Path) -> PricingTable:
         """Load a pricing file; a broken one is a BadInputError naming the file and the field."""
-        path = Path(path)
-        try:
-            raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-        except OSError as exc:
-            raise BadInputError(f"{path}: cannot read the pricing file: {exc.strerror}") from exc
-        except yaml.YAMLError as exc:
-            raise BadInputError(f"{path}: not valid YAML: {exc}") from exc
-        try:
-            return cls.model_validate(raw or {})
-        except ValidationError as exc:
-            err = exc.errors()[0]
-            where = ".".join(str(p) for p in err["loc"]) or "(top level)"
-            raise BadInputError(f"{path}: {where}: {err['msg']}") from exc
+        return load_yaml_model(path, cls, "the pricing file")
 
     def price_of(self, model: str) -> ModelPrice | None:
         """The price that applies to `model`, or None when neither it nor a default is listed."""

@@ -23,11 +23,11 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from harness.adapters.llm.types import LLMRequest, LLMResponse, Usage
-from harness.errors import BadInputError, ProviderError
+from harness.errors import ProviderError
+from harness.yamlfile import load_yaml_model
 
 _RETRYABLE = {"network_error": True, "server_error": True, "rate_limit": True}
 
@@ -128,19 +128,7 @@ class ScriptedProvider:
     @classmethod
     def from_file(cls, path: str | Path) -> ScriptedProvider:
         """Load a rules file; a broken one raises BadInputError naming the file and the field."""
-        path = Path(path)
-        try:
-            raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-        except OSError as exc:
-            raise BadInputError(f"{path}: cannot read scripted LLM rules: {exc.strerror}") from exc
-        except yaml.YAMLError as exc:
-            raise BadInputError(f"{path}: not valid YAML: {exc}") from exc
-        try:
-            return cls(RulesFile.model_validate(raw or {}), source=str(path))
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            where = ".".join(str(p) for p in first["loc"])
-            raise BadInputError(f"{path}: {where}: {first['msg']}") from exc
+        return cls(load_yaml_model(path, RulesFile, "scripted LLM rules"), source=str(path))
 
     def complete(self, request: LLMRequest) -> LLMResponse:
         """Answer with the first matching rule's plan, reply or error."""

@@ -1,0 +1,30 @@
+"""Loading a YAML file into a Pydantic model, with errors that name the file and the field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TypeVar
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from harness.errors import BadInputError
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def load_yaml_model(path: str | Path, model: type[M], what: str, error: type[BadInputError] = BadInputError) -> M:
+    """`model` validated from the YAML file at `path`; `error` naming the file (and field) otherwise."""
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise error(f"{path}: cannot read {what}: {exc.strerror}") from exc
+    except yaml.YAMLError as exc:
+        raise error(f"{path}: not valid YAML: {exc}") from exc
+    try:
+        return model.model_validate(raw or {})
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        raise error(f"{path}: {where}: {err['msg']}") from exc
