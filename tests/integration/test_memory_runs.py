@@ -44,6 +44,22 @@ def test_a_succeeded_run_writes_memory_that_the_next_run_recalls(test_runtime: R
     assert_audit_clean(test_runtime)
 
 
+def test_the_same_answer_twice_is_remembered_once(test_runtime: Runtime) -> None:
+    """A user who repeats a Run keeps one memory of its answer: the second write-back stores nothing and
+    its trace names the entry that already holds the content; the third Run recalls that entry once."""
+    first = test_runtime.runs.create_run({"task": "echo parcel for Porto", **TESS})
+    second = test_runtime.runs.create_run({"task": "echo parcel for Porto", **TESS})
+    written = memory_of(test_runtime).entries_of_run(first.run_id)
+    assert len(written) == 1 and memory_of(test_runtime).entries_of_run(second.run_id) == []
+    test_runtime.store.drain_all()
+    record = next(r.data() for r in test_runtime.store.trace_of(second.run_id) if r.kind == "memory")
+    assert record["stored"] == [] and record["duplicate_of"] == written and record["entry_ids"] == written
+    third = test_runtime.runs.create_run({"task": "echo parcel for Porto", **TESS})
+    context = test_runtime.store.get_run(third.run_id).context or {}
+    assert list(context["context"]["memory_ids"]) == written
+    assert_audit_clean(test_runtime)
+
+
 @pytest.mark.parametrize(("task", "final"), [("fail", "CLOSED_FAILED"),
                                              ("echo DROP TABLE parcels", "CLOSED_REJECTED")])
 def test_failed_and_rejected_runs_write_nothing(test_runtime: Runtime, task: str, final: str) -> None:

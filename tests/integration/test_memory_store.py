@@ -83,6 +83,49 @@ def test_writing_the_same_entry_twice_stores_it_once(memory: MemoryStore) -> Non
         assert conn.execute(sa.select(sa.func.count()).select_from(t.memory_entries)).scalar_one() == 1
 
 
+def test_the_same_content_in_the_same_scope_is_stored_once(memory: MemoryStore) -> None:
+    """A second entry with the content the scope already remembers is not stored: `add` answers with the
+    existing entry's id. The same content in another scope is its own entry."""
+    first = memory.add([NewMemory("t1", "user", "Order A-1001 shipped with DHL", user_id="alice", entry_id="a")])
+    again = memory.add([NewMemory("t1", "user", "Order A-1001 shipped with DHL", user_id="alice", entry_id="b"),
+                        NewMemory("t1", "user", "Order A-1001 shipped with DHL", user_id="alice", entry_id="c")])
+    elsewhere = memory.add([NewMemory("t1", "user", "Order A-1001 shipped with DHL", user_id="bob", entry_id="d"),
+                            NewMemory("t1", "tenant", "Order A-1001 shipped with DHL", entry_id="e")])
+    assert (first, again, elsewhere) == (["a"], ["a", "a"], ["d", "e"])
+    with memory.engine.connect() as conn:
+        stored = set(conn.execute(sa.select(t.memory_entries.c.entry_id)).scalars())
+    assert stored == {"a", "d", "e"}
+
+
+def test_an_unrecallable_copy_does_not_swallow_a_new_entry(backend_url: str) -> None:
+    """Content first written by a Run that never succeeded is never recalled, so the same content written
+    again is stored in its own right rather than answered with the invisible copy."""
+    store = SqlStore.open(backend_url, FakeClock())
+    try:
+        run, _ = store.create_run(NewRun("t1", "alice", "s1", {"task": "x"}))
+        memory = MemoryStore(store.engine, store.clock, FILTER)
+        memory.add([NewMemory("t1", "user", "refund by card", user_id="alice", source_run_id=run.run_id,
+                              entry_id="pending")])
+        assert memory.add([NewMemory("t1", "user", "refund by card", user_id="alice", entry_id="manual")]) == [
+            "manual"]
+        assert [r.entry_id for r in memory.recall(ALICE, "refund card", 5)] == ["manual"]
+    finally:
+        store.close()
+
+
+def test_recall_returns_each_content_once(memory: MemoryStore) -> None:
+    """Copies stored before write-back deduplicated (here written straight to the table) are recalled once,
+    and the next distinct entries fill the k places."""
+    row = {"tenant_id": "t1", "scope": "user", "team_id": None, "user_id": "alice", "session_id": None,
+           "kind": "note", "content": "refund for A-1001 issued", "content_hash": "x", "source_run_id": None,
+           "created_at": 0.0, "embedding": None, "embedding_model": None}
+    with memory.engine.begin() as conn:
+        conn.execute(t.memory_entries.insert(), [{**row, "entry_id": f"copy{i}"} for i in range(5)])
+    memory.add([NewMemory("t1", "user", "refund for A-1002 refused", user_id="alice", entry_id="other")])
+    found = memory.recall(ALICE, "refund", 2)
+    assert sorted(r.content for r in found) == ["refund for A-1001 issued", "refund for A-1002 refused"]
+
+
 def test_entries_of_a_run_count_only_once_it_succeeded(backend_url: str) -> None:
     """An entry whose source Run is not SUCCEEDED (crash between write-back and close) is never recalled."""
     store = SqlStore.open(backend_url, FakeClock())

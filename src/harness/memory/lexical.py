@@ -16,6 +16,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from harness.adapters.sql import schema as t
+from harness.memory.scope import MemoryScope
 
 MAX_TERMS = 24
 _WORD = re.compile(r"[A-Za-z0-9]+")
@@ -42,30 +43,42 @@ def _columns() -> list[sa.ColumnElement[Any]]:
             m.c.source_run_id]
 
 
-def sqlite_query(words: Sequence[str], scope: sa.ColumnElement[bool], k: int) -> sa.Select[Any]:
-    """FTS5 MATCH joined back to the entries, ranked by bm25 (lower is better)."""
+def sqlite_query(scope: sa.ColumnElement[bool]) -> sa.Select[Any]:
+    """FTS5 MATCH joined back to the entries, ranked by bm25 (lower is better); binds p_match, p_limit."""
     m = t.memory_entries
     fts = sa.table("memory_fts", sa.column("rowid"))
-    match = " OR ".join(f'"{w}"' for w in words)
     rank = sa.func.bm25(sa.literal_column("memory_fts")).label(_RANK)
     return (sa.select(*_columns(), rank).select_from(fts.join(m, m.c.id == fts.c.rowid))
-            .where(sa.literal_column("memory_fts").op("MATCH")(match), scope)
-            .order_by(rank).limit(k))
+            .where(sa.literal_column("memory_fts").op("MATCH")(sa.bindparam("p_match", type_=sa.String)), scope)
+            .order_by(rank).limit(sa.bindparam("p_limit", type_=sa.Integer)))
 
 
-def postgres_query(words: Sequence[str], scope: sa.ColumnElement[bool], k: int) -> sa.Select[Any]:
-    """to_tsvector @@ to_tsquery on the indexed expression, ranked by ts_rank_cd (higher is better)."""
+def postgres_query(scope: sa.ColumnElement[bool]) -> sa.Select[Any]:
+    """to_tsvector @@ to_tsquery on the indexed expression, ranked by ts_rank_cd (higher is better); binds
+    p_match, p_limit."""
     m = t.memory_entries
     config: sa.ColumnElement[Any] = sa.literal_column("'english'::regconfig")
     vector = sa.func.to_tsvector(config, m.c.content)
-    query = sa.func.to_tsquery(config, " | ".join(words))
+    query = sa.func.to_tsquery(config, sa.bindparam("p_match", type_=sa.String))
     rank = (-sa.func.ts_rank_cd(vector, query)).label(_RANK)
-    return sa.select(*_columns(), rank).where(vector.op("@@")(query), scope).order_by(rank).limit(k)
+    return (sa.select(*_columns(), rank).where(vector.op("@@")(query), scope).order_by(rank)
+            .limit(sa.bindparam("p_limit", type_=sa.Integer)))
 
 
 def scan_query(scope: sa.ColumnElement[bool]) -> sa.Select[Any]:
     """Every row of the scope, for the Python BM25 fallback."""
     return sa.select(*_columns()).where(scope)
+
+
+#: (builder, scope clause) -> statement: built once, so a recall only binds values
+_BUILT: dict[tuple[Any, int], sa.Select[Any]] = {}
+
+
+def _built(build: Any, scope: sa.ColumnElement[bool]) -> sa.Select[Any]:
+    key = (build, id(scope))
+    if key not in _BUILT:
+        _BUILT[key] = build(scope)
+    return _BUILT[key]
 
 
 def stem(word: str) -> str:
@@ -105,13 +118,16 @@ def bm25(query_terms: Sequence[str], rows: Sequence[Any], k: int, k1: float = 1.
     return scored[:k]
 
 
-def search(conn: sa.Connection, query: str, scope: sa.ColumnElement[bool], k: int) -> list[tuple[Any, float]]:
+def search(conn: sa.Connection, query: str, scope: MemoryScope, k: int) -> list[tuple[Any, float]]:
     """The best `k` (row, score) pairs for `query` within `scope`; higher score is better."""
     words = terms(query)
     if not words or k <= 0:
         return []
     dialect = conn.dialect.name
+    params = scope.params()
     if dialect in ("sqlite", "postgresql"):
-        build = sqlite_query if dialect == "sqlite" else postgres_query
-        return [(row, -float(row.rank)) for row in conn.execute(build(words, scope, k))]
-    return bm25(words, conn.execute(scan_query(scope)).all(), k)
+        build, match = ((sqlite_query, " OR ".join(f'"{w}"' for w in words)) if dialect == "sqlite"
+                        else (postgres_query, " | ".join(words)))
+        rows = conn.execute(_built(build, scope.clause()), {**params, "p_match": match, "p_limit": k})
+        return [(row, -float(row.rank)) for row in rows]
+    return bm25(words, conn.execute(_built(scan_query, scope.clause()), params).all(), k)

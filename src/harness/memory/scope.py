@@ -9,6 +9,7 @@ The same rule is checked twice: in SQL before anything is scored, and on every r
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -54,17 +55,31 @@ class MemoryScope:
                     f"({row.scope} scope) to caller {self.tenant_id}/{self.user_id}: refused")
 
     def clause(self) -> sa.ColumnElement[bool]:
-        """The same rule as SQL, plus: an entry written by a Run counts only once that Run SUCCEEDED (C5)."""
-        m = t.memory_entries
-        visible = [m.c.scope == "tenant",
-                   sa.and_(m.c.scope == "user", m.c.user_id == self.user_id),
-                   sa.and_(m.c.scope == "session", m.c.user_id == self.user_id,
-                           m.c.session_id == self.session_id)]
+        """The same rule as SQL, plus: an entry written by a Run counts only once that Run SUCCEEDED (C5).
+        Its values are bound parameters (`params()`): the clause is built once per shape, not per recall."""
+        return _clause(self.team_id is not None)
+
+    def params(self) -> dict[str, str]:
+        """The values of `clause()`'s parameters."""
+        values = {"p_scope_tenant": self.tenant_id, "p_scope_user": self.user_id, "p_scope_session": self.session_id}
         if self.team_id is not None:
-            visible.append(sa.and_(m.c.scope == "team", m.c.team_id == self.team_id))
-        succeeded = sa.exists().where(t.runs.c.run_id == m.c.source_run_id, t.runs.c.state == "SUCCEEDED")
-        return sa.and_(m.c.tenant_id == self.tenant_id, sa.or_(*visible),
-                       sa.or_(m.c.source_run_id.is_(None), succeeded))
+            values["p_scope_team"] = self.team_id
+        return values
+
+
+@functools.cache
+def _clause(with_team: bool) -> sa.ColumnElement[bool]:
+    m = t.memory_entries
+    user: sa.BindParameter[str] = sa.bindparam("p_scope_user")
+    session: sa.BindParameter[str] = sa.bindparam("p_scope_session")
+    visible = [m.c.scope == "tenant",
+               sa.and_(m.c.scope == "user", m.c.user_id == user),
+               sa.and_(m.c.scope == "session", m.c.user_id == user, m.c.session_id == session)]
+    if with_team:
+        visible.append(sa.and_(m.c.scope == "team", m.c.team_id == sa.bindparam("p_scope_team")))
+    succeeded = sa.exists().where(t.runs.c.run_id == m.c.source_run_id, t.runs.c.state == "SUCCEEDED")
+    return sa.and_(m.c.tenant_id == sa.bindparam("p_scope_tenant"), sa.or_(*visible),
+                   sa.or_(m.c.source_run_id.is_(None), succeeded))
 
 
 def scope_of(request: RunRequest) -> MemoryScope:

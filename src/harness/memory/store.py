@@ -30,6 +30,8 @@ from harness.ports import Clock
 Mode = Literal["lexical", "vector", "hybrid"]
 #: reciprocal rank fusion constant (the usual 60): rank matters, raw scores of two rankers do not mix
 RRF_K = 60
+#: how many rows per wanted entry recall reads at most while skipping copies of the same content
+MAX_FETCH_FACTOR = 32
 
 
 @dataclass(frozen=True)
@@ -93,23 +95,38 @@ class MemoryStore:
         return "hybrid" if self.embedder is not None else "lexical"
 
     def add(self, entries: Sequence[NewMemory]) -> list[str]:
-        """Store entries (secrets removed, embedded if an embedder is set); returns their ids.
+        """Store entries (secrets removed, embedded if an embedder is set); returns the id under which each
+        entry can be recalled.
 
-        An entry id that already exists is skipped, so a repeated write-back stores nothing twice.
+        An entry id that already exists is skipped, so a repeated write-back stores nothing twice. An entry
+        whose scrubbed content the same scope already holds (and recalls) is not stored again either: its
+        id is the existing entry's. A user who asks the same thing every day keeps one memory of the
+        answer, not one per day crowding every other memory out of recall.
         """
         rows = [self._row(e) for e in entries]
         if not rows:
             return []
-        if self.embedder is not None:
-            for row, vector in zip(rows, self.embedder.embed([r["content"] for r in rows]), strict=True):
+        ids: list[str] = []
+        fresh: list[dict[str, Any]] = []
+        with self.engine.connect() as conn:  # read first: embedding must not hold the database's write lock
+            kept: dict[tuple[Any, ...], str] = {}  # (scope, content hash) -> id, for this call's own entries
+            for row in rows:
+                key = (*_scope_key(row), row["content_hash"])
+                same = kept.get(key) or _same_content(conn, row)
+                if same is None:
+                    fresh.append(row)
+                    same = kept[key] = row["entry_id"]
+                ids.append(same)
+        if fresh and self.embedder is not None:
+            for row, vector in zip(fresh, self.embedder.embed([r["content"] for r in fresh]), strict=True):
                 row.update(embedding=to_blob(vector), embedding_model=self.embedder.name)
-        ids = [r["entry_id"] for r in rows]
-        with self.engine.begin() as conn:
-            existing = set(conn.execute(sa.select(t.memory_entries.c.entry_id)
-                                        .where(t.memory_entries.c.entry_id.in_(ids))).scalars())
-            fresh = [r for r in rows if r["entry_id"] not in existing]
-            if fresh:
-                conn.execute(t.memory_entries.insert(), fresh)
+        if fresh:
+            with self.engine.begin() as conn:
+                existing = set(conn.execute(sa.select(t.memory_entries.c.entry_id).where(
+                    t.memory_entries.c.entry_id.in_([r["entry_id"] for r in fresh]))).scalars())
+                fresh = [r for r in fresh if r["entry_id"] not in existing]
+                if fresh:
+                    conn.execute(t.memory_entries.insert(), fresh)
         return ids
 
     def _row(self, entry: NewMemory) -> dict[str, Any]:
@@ -129,25 +146,29 @@ class MemoryStore:
             return []
         try:
             with self.engine.connect() as conn:
-                ranked = self._rank(conn, scope, query, k, mode)
+                fetch = 2 * k
+                while True:  # copies of one content (stored before write-back deduplicated) count once
+                    ranked = self._rank(conn, scope, query, fetch, mode)
+                    best = _distinct(ranked, k)
+                    if len(best) == k or len(ranked) < fetch or fetch >= MAX_FETCH_FACTOR * k:
+                        break
+                    fetch *= 4
         except ScopeViolationError:
             raise
         except Exception as exc:  # database, index or model failure: the caller degrades to no memory
             raise RecallError(f"{mode} recall failed: {type(exc).__name__}: {exc}") from exc
-        rows = [row for row, _ in ranked]
-        scope.check(rows)
+        scope.check([row for row, _ in ranked])
         return [Recalled(r.entry_id, r.tenant_id, r.scope, r.user_id, r.session_id, r.team_id, r.content,
-                         r.source_run_id, score) for r, score in ranked]
+                         r.source_run_id, score) for r, score in best]
 
     def _rank(self, conn: sa.Connection, scope: MemoryScope, query: str, k: int,
               mode: Mode) -> list[tuple[Any, float]]:
-        clause = scope.clause()
         if mode == "lexical":
-            return lexical.search(conn, query, clause, k)
+            return lexical.search(conn, query, scope, k)
         vector = self._vector(conn, scope, query, k if mode == "vector" else 4 * k)
         if mode == "vector":
             return vector
-        return _fuse([lexical.search(conn, query, clause, 4 * k), vector], k)
+        return _fuse([lexical.search(conn, query, scope, 4 * k), vector], k)
 
     def _vector(self, conn: sa.Connection, scope: MemoryScope, query: str, k: int) -> list[tuple[Any, float]]:
         if self.embedder is None:
@@ -156,8 +177,8 @@ class MemoryStore:
         rows = conn.execute(
             sa.select(m.c.entry_id, m.c.tenant_id, m.c.scope, m.c.team_id, m.c.user_id, m.c.session_id,
                       m.c.content, m.c.source_run_id, m.c.embedding)
-            .where(scope.clause(), m.c.embedding_model == self.embedder.name, m.c.embedding.is_not(None))
-        ).all()
+            .where(scope.clause(), m.c.embedding_model == self.embedder.name, m.c.embedding.is_not(None)),
+            scope.params()).all()
         return top_k(self.embedder.embed([query])[0], rows, k)
 
     def backfill_embeddings(self, batch: int = 256) -> int:
@@ -191,6 +212,55 @@ class MemoryStore:
         with self.engine.begin() as conn:
             deleted = conn.execute(m.delete().where(m.c.tenant_id == tenant_id, m.c.user_id == user_id))
         return int(deleted.rowcount)
+
+
+def _distinct(ranked: Sequence[tuple[Any, float]], k: int) -> list[tuple[Any, float]]:
+    """The best `k` entries with distinct content: the same text twice tells the model nothing more (and
+    databases written before write-back deduplicated hold such copies)."""
+    seen: set[str] = set()
+    out: list[tuple[Any, float]] = []
+    for row, score in ranked:
+        if row.content not in seen and len(out) < k:
+            seen.add(row.content)
+            out.append((row, score))
+    return out
+
+
+def _scope_key(row: dict[str, Any]) -> tuple[Any, ...]:
+    return row["tenant_id"], row["scope"], row["team_id"], row["user_id"], row["session_id"]
+
+
+def _same_content(conn: sa.Connection, row: dict[str, Any]) -> str | None:
+    """The id of the entry itself if it is already stored (a repeated write-back), else of an entry of the same
+    scope with the same content that recall can see (its Run, if any, SUCCEEDED), else None. An entry of a
+    Run that never succeeded does not count: it is never recalled."""
+    if conn.execute(_ENTRY_EXISTS, {"p_entry_id": row["entry_id"]}).first() is not None:
+        return str(row["entry_id"])
+    nulls = tuple(row[c] is None for c in _SCOPE_COLUMNS)
+    query = _SAME_CONTENT.get(nulls)
+    if query is None:
+        query = _SAME_CONTENT[nulls] = _same_content_query(nulls)
+    found = conn.execute(query, {"p_tenant_id": row["tenant_id"], "p_content_hash": row["content_hash"],
+                                 "p_scope": row["scope"], **{f"p_{c}": row[c] for c in _SCOPE_COLUMNS}}).scalar()
+    return None if found is None else str(found)
+
+
+_SCOPE_COLUMNS = ("team_id", "user_id", "session_id")
+_ENTRY_EXISTS = sa.select(t.memory_entries.c.id).where(t.memory_entries.c.entry_id == sa.bindparam("p_entry_id"))
+#: one prebuilt statement per pattern of NULL scope columns (`= NULL` matches nothing in SQL)
+_SAME_CONTENT: dict[tuple[bool, ...], sa.Select[Any]] = {}
+
+
+def _same_content_query(nulls: tuple[bool, ...]) -> sa.Select[Any]:
+    m = t.memory_entries
+    scope = [m.c[c].is_(None) if null else m.c[c] == sa.bindparam(f"p_{c}")
+             for c, null in zip(_SCOPE_COLUMNS, nulls, strict=True)]
+    succeeded = sa.exists().where(t.runs.c.run_id == m.c.source_run_id, t.runs.c.state == "SUCCEEDED")
+    return (sa.select(m.c.entry_id)
+            .where(m.c.tenant_id == sa.bindparam("p_tenant_id"), m.c.content_hash == sa.bindparam("p_content_hash"),
+                   m.c.scope == sa.bindparam("p_scope"), *scope,
+                   sa.or_(m.c.source_run_id.is_(None), succeeded))
+            .order_by(m.c.id).limit(1))
 
 
 def _fuse(rankings: Sequence[Sequence[tuple[Any, float]]], k: int) -> list[tuple[Any, float]]:

@@ -57,10 +57,11 @@ class MemoryWriteBack:
             ids = self.memory.add([entry])
         except Exception as exc:  # a memory outage must not keep the Run from closing
             return [error_trace(run.run_id, 8, "memory_writeback_failed", exc).to_record()]
-        stored = self.memory.entries_of_run(run.run_id)
+        # `add` answers with the existing entry's id when the scope already remembers the same content
+        stored = [i for i in ids if i == entry.entry_id]
         return [TraceRecordIn("memory", {
             "run_id": run.run_id, "event": "write_back", "scope": self.scope, "entry_ids": ids,
-            "stored": [i for i in ids if i in stored],
+            "stored": stored, "duplicate_of": [i for i in ids if i not in stored],
             "content_hash": content_hash(self.memory.filter.scrub(entry.content).text),
         }, run.run_id)]
 

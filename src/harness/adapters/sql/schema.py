@@ -188,4 +188,5 @@ memory_entries = sa.Table(
     sa.Index("ix_memory_scope", "tenant_id", "scope", "user_id", "session_id"),
     sa.Index("ix_memory_team", "tenant_id", "team_id"),
     sa.Index("ix_memory_source_run", "source_run_id"),
+    sa.Index("ix_memory_content", "tenant_id", "content_hash"),
 )
