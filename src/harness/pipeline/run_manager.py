@@ -165,14 +165,15 @@ class RunManager:
 
     def result(self, run_id: str) -> RunResult:
         """What the caller gets for a Run, in whatever state it is."""
-        run = self.store.get_run(run_id)
+        run, transitions = self.store.run_with_transitions(run_id)
         stored = run.result or {}
-        pending = [r for r in self.hitl.for_run(run_id) if r.status == "pending"]
+        pending = [r for r in self.hitl.for_run(run_id) if r.status == "pending"] \
+            if run.state == S.AWAITING_HITL else []
         return RunResult(
             run_id=run_id, state=run.state.value, answer=stored.get("answer"),
             artifacts=stored.get("artifacts", {}), trace_id=run_id, error=stored.get("error"),
-            approval_request_id=pending[-1].request_id if pending and run.state == S.AWAITING_HITL else None,
-            path=tuple(t.to_state.value for t in self.store.transitions_of(run_id)),
+            approval_request_id=pending[-1].request_id if pending else None,
+            path=tuple(t.to_state.value for t in transitions),
         )
 
     def cancel(self, run_id: str, *, by: str, reason: str = "cancelled by the user") -> RunResult:

@@ -17,6 +17,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import mysql, postgresql, sqlite
 
 from harness.adapters.sql import schema as t
+from harness.adapters.sql.raw import RawStatements
 from harness.adapters.sql.store import SqlStore, TraceRecordIn
 from harness.audit.chain import canonical_json, content_hash
 
@@ -33,18 +34,22 @@ def contents_of(values: Iterable[Any]) -> dict[str, str]:
     return {content_hash(v): canonical_json(v) for v in values}
 
 
+#: insert-unless-present, per dialect: equal contents share one row
+_PUT = {
+    "sqlite": sqlite.insert(blobs).on_conflict_do_nothing(index_elements=["hash"]),
+    "postgresql": postgresql.insert(blobs).on_conflict_do_nothing(index_elements=["hash"]),
+}
+_PUT_OTHER = blobs.insert().prefix_with("IGNORE")  # MySQL / MariaDB
+_RAW: dict[str, RawStatements] = {}
+
+
 def put(conn: sa.Connection, contents: Mapping[str, str]) -> None:
     """Insert blobs inside the caller's transaction; one already stored is left as it is."""
     if not contents:
         return
     rows = [{"hash": h, "content": c} for h, c in sorted(contents.items())]
-    dialect = conn.dialect.name
-    if dialect == "sqlite":
-        conn.execute(sqlite.insert(blobs).on_conflict_do_nothing(index_elements=["hash"]), rows)
-    elif dialect == "postgresql":
-        conn.execute(postgresql.insert(blobs).on_conflict_do_nothing(index_elements=["hash"]), rows)
-    else:  # MySQL / MariaDB
-        conn.execute(blobs.insert().prefix_with("IGNORE"), rows)
+    _RAW.setdefault(conn.dialect.name, RawStatements(conn.dialect)).executemany(
+        conn, _PUT.get(conn.dialect.name, _PUT_OTHER), rows)
 
 
 def record_with_blobs(store: SqlStore, records: Sequence[TraceRecordIn], values: Iterable[Any]) -> None:
@@ -58,10 +63,8 @@ def save_context_with_blobs(store: SqlStore, run_id: str, context: dict[str, Any
                             records: Sequence[TraceRecordIn], values: Iterable[Any]) -> None:
     """SqlStore.save_context (the RunContext and its trace records in one transaction), plus the
     contents those records reference, in that same transaction."""
-    with store.engine.begin() as conn:
-        put(conn, contents_of(values))
-        conn.execute(t.runs.update().where(t.runs.c.run_id == run_id).values(context=canonical_json(context)))
-        store.enqueue(conn, records, store.clock.now())
+    contents = contents_of(values)
+    store.save_context(run_id, context, records, also=lambda conn: put(conn, contents))
 
 
 class BlobStore:

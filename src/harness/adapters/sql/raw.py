@@ -47,6 +47,16 @@ class RawStatements:
             raise self._translated(sql, args, exc) from exc
         return cursor
 
+    def mappings(self, conn: sa.Connection, stmt: Any, params: Mapping[str, Any] | None = None) -> list[
+            dict[str, Any]]:
+        """Run a SELECT of plain columns (no result processing needed) and return its rows as dicts."""
+        cursor = self.execute(conn, stmt, params)
+        try:
+            names = [d[0] for d in cursor.description]
+            return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+        finally:
+            cursor.close()
+
     def executemany(self, conn: sa.Connection, stmt: Any, rows: Sequence[Mapping[str, Any]]) -> None:
         """Run `stmt` once per row (the rows share their keys)."""
         sql, order, _ = self._sql(stmt, tuple(rows[0]))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -185,8 +185,16 @@ def _transition_row(r: Any) -> TransitionRow:
     return TransitionRow(r.seq, source, RunState(r.to_state), r.actor, r.reason, r.forced_by, r.at)
 
 
+def _transition_of(m: dict[str, Any]) -> TransitionRow:
+    source = RunState(m["from_state"]) if m["from_state"] else None
+    return TransitionRow(m["seq"], source, RunState(m["to_state"]), m["actor"], m["reason"], m["forced_by"], m["at"])
+
+
 def _run_from_row(row: sa.Row[Any]) -> RunRecord:
-    m = row._mapping
+    return _run_of(row._mapping)
+
+
+def _run_of(m: Mapping[Any, Any]) -> RunRecord:
     return RunRecord(
         run_id=m["run_id"],
         tenant_id=m["tenant_id"],
@@ -591,18 +599,18 @@ class SqlStore:
     def get_run(self, run_id: str) -> RunRecord:
         """The Run with this id; UnknownRunError when there is none."""
         with self.reader.connect() as conn:
-            row = conn.execute(q.RUN_BY_ID, {"p_run_id": run_id}).first()
-        if row is None:
+            rows = self._raw.mappings(conn, q.RUN_BY_ID, {"p_run_id": run_id})
+        if not rows:
             raise UnknownRunError(run_id)
-        return _run_from_row(row)
+        return _run_of(rows[0])
 
     def state_of(self, run_id: str) -> RunState:
         """Only the Run's state: the cheap check made between steps (cancelled? swept?)."""
         with self.reader.connect() as conn:
-            value = conn.execute(q.STATE_OF, {"p_run_id": run_id}).scalar()
-        if value is None:
+            found = self._raw.execute(conn, q.STATE_OF, {"p_run_id": run_id}).fetchone()
+        if found is None:
             raise UnknownRunError(run_id)
-        return RunState(value)
+        return RunState(found[0])
 
     def list_runs(self, *, tenant_id: str | None = None, limit: int = 50) -> list[RunRecord]:
         """The newest Runs first."""
@@ -615,17 +623,17 @@ class SqlStore:
     def transitions_of(self, run_id: str) -> list[TransitionRow]:
         """A Run's state changes in order, CREATED first."""
         with self.reader.connect() as conn:
-            rows = conn.execute(q.TRANSITIONS_OF, {"p_run_id": run_id}).all()
-        return [_transition_row(r) for r in rows]
+            rows = self._raw.mappings(conn, q.TRANSITIONS_OF, {"p_run_id": run_id})
+        return [_transition_of(r) for r in rows]
 
     def run_with_transitions(self, run_id: str) -> tuple[RunRecord, list[TransitionRow]]:
         """A Run and its state changes from one snapshot, in one round trip (what closing a Run needs)."""
         with self.reader.connect() as conn:
-            row = conn.execute(q.RUN_BY_ID, {"p_run_id": run_id}).first()
-            if row is None:
+            found = self._raw.mappings(conn, q.RUN_BY_ID, {"p_run_id": run_id})
+            if not found:
                 raise UnknownRunError(run_id)
-            rows = conn.execute(q.TRANSITIONS_OF, {"p_run_id": run_id}).all()
-        return _run_from_row(row), [_transition_row(r) for r in rows]
+            rows = self._raw.mappings(conn, q.TRANSITIONS_OF, {"p_run_id": run_id})
+        return _run_of(found[0]), [_transition_of(r) for r in rows]
 
     def audit_events(self, *, run_id: str | None = None, event: str | None = None) -> list[AuditEvent]:
         """AuditLog events, oldest first, optionally for one Run or one event name."""
@@ -648,11 +656,15 @@ class SqlStore:
             raise UnknownRunError(run_id)
         return str(row.status), str(row.run_state_snapshot)
 
-    def save_context(self, run_id: str, context: dict[str, Any], records: Sequence[TraceRecordIn] = ()) -> None:
+    def save_context(self, run_id: str, context: dict[str, Any], records: Sequence[TraceRecordIn] = (),
+                     also: Callable[[sa.Connection], None] | None = None) -> None:
         """Persist the RunContext (never Run.state) with trace records, in one transaction — e.g. a
-        step's result and its ToolTrace before the next step starts (SPEC T6)."""
+        step's result and its ToolTrace before the next step starts (SPEC T6). `also` runs in the same
+        transaction, for writes that must commit with it (the contents the records reference)."""
         with self.engine.begin() as conn:
-            conn.execute(q.CONTEXT_UPDATE, {"p_run_id": run_id, "context": canonical_json(context)})
+            if also is not None:
+                also(conn)
+            self._raw.execute(conn, q.CONTEXT_UPDATE, {"p_run_id": run_id, "context": canonical_json(context)})
             self.enqueue(conn, records, self.clock.now())
 
     def raise_if_corrupt(self) -> None:
