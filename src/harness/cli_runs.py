@@ -15,6 +15,7 @@ from harness.cli_support import DbOption, JsonOption, emit, fail
 from harness.config import Runtime, Settings, build_runtime
 from harness.kernel import FINAL, RunState
 from harness.pipeline.contracts import RunResult
+from harness.pipeline.trace_recorder import policy_verdicts
 
 Tenant = Annotated[str, typer.Option("--tenant", help="Tenant of the caller.")]
 User = Annotated[str, typer.Option("--user", help="User id of the caller.")]
@@ -117,7 +118,8 @@ def trace_tree(run_id: str, state: str, records: list[dict[str, Any]]) -> Tree:
         if kind == "step":
             steps.add(f"{r['step']} {r['name']}: {r['status']} ({r['duration_ms']} ms) {r.get('detail', '')}")
         elif kind == "policy":
-            steps.add(f"  policy {r['rule_id']}: {r['decision']} — {r['reason']}")
+            for v in policy_verdicts(r):
+                steps.add(f"  policy {v['rule_id']}: {v['decision']} — {v['reason']}")
         elif kind == "tool":
             steps.add(f"  tool {r['step_id']} {r['skill_id']}@{r['skill_version']}: {r['status']} "
                       f"attempts={r['attempts']} {r.get('error_code') or ''}")

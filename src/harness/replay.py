@@ -43,7 +43,7 @@ from harness.errors import BadInputError, ProviderError
 from harness.kernel import FINAL, RunState
 from harness.pipeline.contracts import RunRequest, StepOutcome
 from harness.pipeline.tool_controller import CallResult, ToolController
-from harness.pipeline.trace_recorder import ToolTrace
+from harness.pipeline.trace_recorder import ToolTrace, policy_verdicts
 from harness.skills import Skill
 
 
@@ -113,8 +113,8 @@ class RunFacts:
             llm=[{"purpose": p["purpose"], "request_hash": p["request_hash"]}
                  for k, p in records if k == "llm"],
             plan_hash=content_hash(context["plan"]) if context.get("plan") is not None else None,
-            policy=sorted((p["rule_id"], p["family"], p["decision"], p.get("step_id") or "",
-                           p.get("level") or "") for k, p in records if k == "policy"),
+            policy=sorted((v["rule_id"], v["family"], v["decision"], v["step_id"] or "", v["level"] or "")
+                          for k, p in records if k == "policy" for v in policy_verdicts(p)),
             hitl=[(p["event"], p["level"], p.get("approver"), p.get("break_glass", False))
                   for k, p in records if k == "hitl"],
             tools=tools, result=run.result or {},

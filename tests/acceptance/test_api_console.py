@@ -11,6 +11,7 @@ from tests.acceptance.api_helpers import (  # noqa: F401 - fixtures
     REFUND_L3,
     client_fixture,
     create,
+    key,
     runtime_fixture,
 )
 
@@ -58,6 +59,10 @@ def test_run_page_is_readable_not_raw_json(client: TestClient) -> None:
     for heading in ("Timeline", "Policy verdicts", "Trace", "Step outputs", "Assemble context"):
         assert heading in page
     assert page.count('class="tl-state"') == len(run["path"])
+    trace = client.get(f"/api/v1/runs/{run['run_id']}/trace", headers=key("alice")).json()
+    (policy,) = [r["data"] for r in trace["records"] if r["kind"] == "policy"]
+    checks = len(policy["verdicts"])
+    assert f"{checks} checks:" in page and page.count('class="rec rec-policy"') == checks > 1  # a line per verdict
     assert not re.search(r'\{&#34;|\{"[a-z_]+": ', page), "raw JSON in the page"
 
 

@@ -178,5 +178,9 @@ def test_trace_is_chained_and_grouped_by_step(client: TestClient) -> None:
         "trace",
     ]
     assert {r["kind"] for r in steps["tools"]["records"]} >= {"tool", "step"}
+    (policy,) = [r["data"] for r in steps["policy"]["records"] if r["kind"] == "policy"]
+    assert policy["decision"] == "pass" and policy["level"] == "L1"
+    assert len(policy["verdicts"]) >= 5 and all(v["rule_id"] and v["decision"] == "pass" and v["reason"]
+                                                for v in policy["verdicts"])
     seqs = [r["seq"] for r in doc["records"]]
     assert seqs == sorted(seqs)

@@ -9,6 +9,7 @@ import pytest
 
 from harness.config import Runtime
 from harness.errors import InvalidRequestError
+from harness.pipeline.trace_recorder import policy_verdicts
 
 from .checks import assert_audit_clean, trace_kinds
 
@@ -30,6 +31,7 @@ def test_success_path_and_trace(support_runtime: Runtime) -> None:
     assert kinds["transition"] == 7
     assert kinds["step"] == 7  # steps 1-6 and 8; no HITL step
     assert kinds["tool"] == 2 and kinds["run"] == 1 and kinds["cost"] == 1
+    assert kinds["policy"] == 1  # one PolicyTrace carries every rule's verdict
     assert support_runtime.store.legacy_job(result.run_id) == ("done", "SUCCEEDED")
     assert_audit_clean(support_runtime)
 
@@ -40,9 +42,15 @@ def test_policy_rejection(support_runtime: Runtime, tmp_path: Path) -> None:
     assert list(result.path) == [*MAIN, "REJECTED", "TRACING", "CLOSED_REJECTED"]
     assert "guardrail.refund_cap" in (result.error or "")
     kinds = trace_kinds(support_runtime, result.run_id)
-    assert kinds["tool"] == 0 and kinds["policy"] > 0
-    rejected = [r.data() for r in support_runtime.store.trace_of(result.run_id) if r.kind == "policy"]
-    assert any(p["rule_id"] == "guardrail.refund_cap" and p["decision"] == "reject" for p in rejected)
+    assert kinds["tool"] == 0 and kinds["policy"] == 1
+    (policy,) = [r.data() for r in support_runtime.store.trace_of(result.run_id) if r.kind == "policy"]
+    assert policy["decision"] == "reject"
+    verdicts = policy_verdicts(policy)
+    assert all(v["rule_id"] and v["decision"] in ("pass", "reject", "await_hitl") and v["reason"] for v in verdicts)
+    assert {"structural.arguments", "permission.cedar", "risk.routing", "budget.per_run"} <= {
+        v["rule_id"] for v in verdicts}
+    rejecting = [v for v in verdicts if v["decision"] == "reject"]
+    assert [v["rule_id"] for v in rejecting] == ["guardrail.refund_cap"] and rejecting[0]["reason"]
     assert not (tmp_path / "ledger.jsonl").exists()
     assert support_runtime.store.legacy_job(result.run_id) == ("failed", "CLOSED_REJECTED")
     assert_audit_clean(support_runtime)

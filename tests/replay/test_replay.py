@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Literal
 
 import pytest
 import sqlalchemy as sa
@@ -20,7 +21,9 @@ from harness.cli_replay import replay as replay_command
 from harness.cli_support import cli_errors
 from harness.clock import FakeClock
 from harness.config import Runtime, Settings, build_runtime
-from harness.pipeline.contracts import CallerIdentity
+from harness.pipeline.contracts import CallerIdentity, Plan
+from harness.pipeline.gatekeeper import Evaluation
+from harness.pipeline.trace_recorder import TraceModel
 from harness.replay import ReplayError, ReplayReport, replay
 from tests.integration.conftest import (  # the real database servers, shared with the integration tests
     backend_url,
@@ -64,6 +67,41 @@ def test_replay_of_a_policy_rejection_has_no_divergence(test_runtime: Runtime, c
     report = replayed(test_runtime, result.run_id, call_log)
     assert report.ok, report.divergences
     assert report.summary["tool_calls"] == 0
+
+
+class OneVerdictPolicyTrace(TraceModel):
+    """A policy record as databases written before one PolicyTrace per evaluation hold it: one rule's verdict."""
+
+    kind: Literal["policy"] = "policy"
+    rule_id: str
+    family: str
+    decision: str
+    reason: str
+    step_id: str | None = None
+    level: str | None = None
+    duration_us: float = 0.0
+
+
+@pytest.mark.parametrize("task", ["parallel", "echo DROP TABLE users"])
+def test_a_recording_with_a_policy_record_per_verdict_replays(test_runtime: Runtime, call_log: Path,
+                                                               monkeypatch: pytest.MonkeyPatch, task: str) -> None:
+    """A Run recorded with the older policy records (one per verdict) replays to the same verdicts: the
+    replay's single PolicyTrace is read against them without a divergence."""
+    evaluate = test_runtime.policy.evaluate
+
+    def one_record_per_verdict(plan: Plan, caller: CallerIdentity, run_id: str) -> Evaluation:
+        evaluation = evaluate(plan, caller, run_id)
+        old = tuple(OneVerdictPolicyTrace(run_id=run_id, **v.model_dump()) for v in evaluation.decision.verdicts)
+        return Evaluation(evaluation.decision, old)  # type: ignore[arg-type]  # only to_record() is used
+
+    monkeypatch.setattr(test_runtime.policy, "evaluate", one_record_per_verdict)  # the source Run only
+    result = test_runtime.runs.create_run({"task": task, **TESS})
+    test_runtime.store.drain_all()
+    policy = [r.data() for r in test_runtime.store.trace_of(result.run_id) if r.kind == "policy"]
+    assert len(policy) > 1 and all("verdicts" not in p for p in policy)
+    report = replayed(test_runtime, result.run_id, call_log)
+    assert report.ok, report.divergences
+    assert report.summary["policy_verdicts"] == len(policy)
 
 
 @pytest.mark.parametrize("task", ["fail", "prose", "llm auth"])

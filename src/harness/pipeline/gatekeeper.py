@@ -4,7 +4,8 @@ Four rule families (SPEC G1) each give verdicts: structural (every call names a 
 literal arguments fit the schema), permission (Cedar), budget (recorded cost plus the plan's
 estimate against per-Run, per-user and per-tenant caps) and guardrail (argument rules); then risk
 routing (G2) gives each call its approval level. Any reject rejects; otherwise the highest level
-decides: L1 passes, L2-L4 wait for a human (G3). Every verdict becomes a PolicyTrace.
+decides: L1 passes, L2-L4 wait for a human (G3). An evaluation becomes one PolicyTrace carrying the
+decision and every verdict.
 
 At execution time `check_call` re-applies the guardrails to the now-concrete arguments, so a value
 that was a `$ref` at planning is still checked before the side effect happens.
@@ -21,17 +22,20 @@ import jsonschema
 
 from harness.adapters.sql.ledger import CostLedger
 from harness.pipeline.contracts import CallerIdentity, Plan, PlanStep, PolicyDecision, Verdict, refs_in
-from harness.pipeline.trace_recorder import PolicyTrace
+from harness.pipeline.trace_recorder import PolicyTrace, PolicyVerdict
 from harness.policy.cedar import CedarPermissions
 from harness.policy.config import Level, PolicyFile, load_policy_file
 from harness.policy.guardrails import UNKNOWN, argument_value, matches
 from harness.policy.risk import highest, level_for
 from harness.skills import Skill, SkillRegistry
 
+#: entries an engine's caches hold before they are emptied (they refill from the same inputs)
+_CACHE_LIMIT = 10_000
+
 
 @dataclass(frozen=True)
 class Evaluation:
-    """A decision and the PolicyTraces that explain it."""
+    """A decision and the trace that explains it: one PolicyTrace with every verdict."""
 
     decision: PolicyDecision
     traces: tuple[PolicyTrace, ...]
@@ -47,6 +51,7 @@ class PolicyEngine:
         self.registry = registry
         self.ledger = ledger
         self._visible: dict[tuple[object, ...], bool] = {}
+        self._validators: dict[tuple[str, str], jsonschema.Draft202012Validator] = {}
 
     @classmethod
     def from_file(cls, path: Path, registry: SkillRegistry, ledger: CostLedger | None = None) -> PolicyEngine:
@@ -64,7 +69,7 @@ class PolicyEngine:
         cached = self._visible.get(key)
         if cached is None:
             cached, _ = self.permissions.is_permitted(caller, skill, {})
-            if len(self._visible) > 10_000:
+            if len(self._visible) > _CACHE_LIMIT:
                 self._visible.clear()
             self._visible[key] = cached
         return cached
@@ -98,13 +103,10 @@ class PolicyEngine:
             decision = "await_hitl"
         else:
             decision = "pass"
-        elapsed_us = (time.perf_counter() - started) * 1e6 / max(len(verdicts), 1)
-        traces = tuple(
-            PolicyTrace(run_id=run_id, rule_id=v.rule_id, family=v.family, decision=v.decision, reason=v.reason,
-                        step_id=v.step_id, level=v.level, duration_us=round(elapsed_us, 1))
-            for v in verdicts
-        )
-        return Evaluation(PolicyDecision(decision=decision, verdicts=tuple(verdicts), level=top), traces)
+        trace = PolicyTrace(run_id=run_id, decision=decision, level=top,
+                            verdicts=tuple(PolicyVerdict(**v.model_dump()) for v in verdicts),
+                            duration_us=round((time.perf_counter() - started) * 1e6, 1))
+        return Evaluation(PolicyDecision(decision=decision, verdicts=tuple(verdicts), level=top), (trace,))
 
     def check_call(self, step: PlanStep, arguments: dict[str, Any]) -> Verdict | None:
         """Re-apply the guardrails to concrete arguments at execution time; the rejecting verdict, if any."""
@@ -118,15 +120,26 @@ class PolicyEngine:
             return Verdict(rule_id="structural.known_skill", family="structural", decision="reject", step_id=step.id,
                            reason=f"step {step.id} calls unknown skill {step.tool_call.skill!r}")
         literal = {k: v for k, v in step.tool_call.arguments.items() if not refs_in(v)}
-        schema = dict(skill.manifest.input_schema)
-        schema.pop("required", None)  # referenced arguments are checked once they are known
         try:
-            jsonschema.Draft202012Validator(schema).validate(literal)
+            self._validator(skill).validate(literal)
         except jsonschema.ValidationError as exc:
             return Verdict(rule_id="structural.arguments", family="structural", decision="reject", step_id=step.id,
                            reason=f"step {step.id}: arguments do not fit {skill.id}'s schema: {exc.message}")
         return Verdict(rule_id="structural.arguments", family="structural", decision="pass", step_id=step.id,
                        reason=f"step {step.id}: {skill.id} {skill.manifest.version} arguments fit the schema")
+
+    def _validator(self, skill: Skill) -> jsonschema.Draft202012Validator:
+        """The compiled check of a skill's literal arguments, cached per manifest (its hash fixes the schema)."""
+        key = (skill.id, skill.manifest_hash)
+        validator = self._validators.get(key)
+        if validator is None:
+            schema = dict(skill.manifest.input_schema)
+            schema.pop("required", None)  # referenced arguments are checked once they are known
+            validator = jsonschema.Draft202012Validator(schema)
+            if len(self._validators) > _CACHE_LIMIT:
+                self._validators.clear()
+            self._validators[key] = validator
+        return validator
 
     def _permission(self, step: PlanStep, skill: Skill, caller: CallerIdentity) -> Verdict:
         literal = {k: v for k, v in step.tool_call.arguments.items() if not refs_in(v)}

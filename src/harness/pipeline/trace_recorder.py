@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import hashlib
 import traceback
-from collections.abc import Sequence
-from typing import Any, Literal
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict
 
@@ -27,12 +27,15 @@ class TraceModel(BaseModel):
     """Base of the trace record kinds; `kind` names the record family."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+    #: leave None fields (nested ones too) out of the payload; for kinds whose records are many-fielded
+    compact: ClassVar[bool] = False
     kind: str
     run_id: str
 
     def to_record(self) -> TraceRecordIn:
         """This record, ready for the outbox."""
-        return TraceRecordIn(self.kind, self.model_dump(mode="json", exclude={"kind"}), self.run_id)
+        payload = self.model_dump(mode="json", exclude={"kind"}, exclude_none=self.compact)
+        return TraceRecordIn(self.kind, payload, self.run_id)
 
 
 class StepTrace(TraceModel):
@@ -69,17 +72,38 @@ class ToolTrace(TraceModel):
     child_run_id: str | None = None  # agent calls: the child Run (T4)
 
 
-class PolicyTrace(TraceModel):
-    """One rule's verdict."""
+class PolicyVerdict(BaseModel):
+    """One rule's verdict inside a PolicyTrace."""
 
-    kind: Literal["policy"] = "policy"
+    model_config = ConfigDict(extra="forbid", frozen=True)
     rule_id: str
     family: str
     decision: str
     reason: str
     step_id: str | None = None
     level: str | None = None
+
+
+class PolicyTrace(TraceModel):
+    """One policy evaluation: the unified decision, the highest level and every rule's verdict (G1).
+
+    Its payload leaves None fields out, so a verdict without a step or a level costs no bytes for them."""
+
+    compact: ClassVar[bool] = True
+    kind: Literal["policy"] = "policy"
+    decision: str
+    level: str | None = None
+    verdicts: tuple[PolicyVerdict, ...]
     duration_us: float = 0.0
+
+
+def policy_verdicts(payload: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The rule verdicts of a "policy" record's payload, each with every PolicyVerdict field (None if absent).
+
+    Reads both shapes: one record per evaluation carrying `verdicts`, and the one-verdict-per-record
+    payloads (rule_id, family, decision, ... at the top) that databases written before it hold."""
+    entries = payload.get("verdicts", [payload])
+    return [{name: entry.get(name) for name in PolicyVerdict.model_fields} for entry in entries]
 
 
 class HITLTrace(TraceModel):

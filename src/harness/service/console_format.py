@@ -8,6 +8,7 @@ from typing import Any
 
 from harness.kernel import FINAL, RunState
 from harness.kernel.projection import job_status
+from harness.pipeline.trace_recorder import policy_verdicts
 
 S = RunState
 _TONE = {
@@ -104,6 +105,7 @@ FILTERS = {
     "short": short,
     "compact": compact,
     "money": money,
+    "policy_verdicts": policy_verdicts,
 }
 STEP_LABEL = {
     "create_run": "Create run",

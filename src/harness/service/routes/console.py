@@ -15,6 +15,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 
 from harness.kernel import FINAL, RunState
+from harness.pipeline.trace_recorder import policy_verdicts
 from harness.policy.hitl import BREAK_GLASS_ROLE
 from harness.service import queries, views
 from harness.service.auth import SESSION_COOKIE, Principal, session_principal
@@ -134,7 +135,7 @@ def run_page(request: Request, run_id: str) -> Page:
         return _page(request, svc, caller, "missing.html", status=404, run_id=run_id)
     doc = views.run_document(svc.runtime, run)
     trace = views.trace_document(svc.runtime, run)
-    verdicts = [r.data for r in trace.records if r.kind == "policy"]
+    verdicts = [v for r in trace.records if r.kind == "policy" for v in policy_verdicts(r.data)]
     approval = None
     if doc.approval_request_id:
         approval = views.approval_document(svc.runtime, svc.runtime.hitl.get(doc.approval_request_id))
