@@ -99,7 +99,7 @@ trace_records = sa.Table(
     sa.Column("kind", sa.String(32), nullable=False),
     sa.Column("payload", sa.Text, nullable=False),
     sa.Column("prev_hash", sa.String(64), nullable=False, unique=True),
-    sa.Column("hash", sa.String(64), nullable=False, unique=True),
+    sa.Column("hash", sa.String(64), nullable=False),  # not UNIQUE: prev_hash's already forbids forks (0006)
     sa.Index("ix_trace_records_run", "run_id"),
 )
 
