@@ -250,7 +250,7 @@ def records_of(store: SqlStore, run_id: str) -> list[tuple[str, dict[str, Any]]]
     with store.engine.connect() as conn:
         pending = conn.execute(sa.select(t.outbox.c.kind, t.outbox.c.payload)
                                .where(t.outbox.c.run_id == run_id).order_by(t.outbox.c.id)).all()
-    return chained + [(k, json.loads(p)) for k, p in pending]
+    return chained + [(k, {"run_id": run_id, **json.loads(p)}) for k, p in pending]
 
 
 def compare(source: RunFacts, replay: RunFacts) -> list[Divergence]:

@@ -10,7 +10,6 @@ assembler turns into "no memory", traced.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -22,6 +21,7 @@ from harness.audit.chain import content_hash
 from harness.context.errors import RecallError, ScopeViolationError
 from harness.context.secrets import SecretFilter
 from harness.errors import InvalidRequestError
+from harness.ids import ordered_id
 from harness.memory import lexical
 from harness.memory.scope import LEVELS, MemoryScope, ScopeLevel
 from harness.memory.semantic import Embedder, to_blob, top_k
@@ -131,7 +131,7 @@ class MemoryStore:
 
     def _row(self, entry: NewMemory) -> dict[str, Any]:
         content = self.filter.scrub(entry.content).text
-        return {"entry_id": entry.entry_id or str(uuid.uuid4()), "tenant_id": entry.tenant_id,
+        return {"entry_id": entry.entry_id or ordered_id(), "tenant_id": entry.tenant_id,
                 "scope": entry.scope, **_columns_for(entry), "kind": entry.kind, "content": content,
                 "content_hash": content_hash(content), "source_run_id": entry.source_run_id,
                 "created_at": self.clock.now(), "embedding": None, "embedding_model": None}

@@ -13,7 +13,6 @@ and a cancel on the same request resolve to exactly one outcome.
 from __future__ import annotations
 
 import json
-import uuid
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -23,6 +22,7 @@ from harness.adapters.sql import schema as t
 from harness.adapters.sql.store import SqlStore
 from harness.audit.chain import canonical_json, content_hash
 from harness.errors import BadInputError
+from harness.ids import ordered_id
 from harness.pipeline.contracts import CallerIdentity, Plan
 from harness.pipeline.trace_recorder import HITLTrace
 from harness.policy.config import Hitl, Level
@@ -109,7 +109,7 @@ class HitlDesk:
         now = self.store.clock.now()
         roles = () if level == "L2" else tuple(self.settings.approvers.get(level, ()))
         return HitlRequest(
-            request_id=str(uuid.uuid4()), run_id=run_id, tenant_id=tenant_id, requester=requester, level=level,
+            request_id=ordered_id(), run_id=run_id, tenant_id=tenant_id, requester=requester, level=level,
             required_approvals=2 if level == "L4" else 1, approver_roles=roles, actions=actions,
             actions_hash=actions_hash(run_id, actions), status="pending", created_at=now,
             deadline_at=now + self.settings.timeout_s,
@@ -195,7 +195,7 @@ class HitlDesk:
                 else:
                     effect = "recorded"
             conn.execute(t.hitl_decisions.insert().values(
-                decision_id=str(uuid.uuid4()), request_id=request_id, run_id=request.run_id, approver=who,
+                decision_id=ordered_id(), request_id=request_id, run_id=request.run_id, approver=who,
                 decision=decision, actions_hash=approved_hash or request.actions_hash, break_glass=break_glass,
                 reason=reason, outcome="refused" if refusal else "accepted", refusal=refusal, at=now,
             ))

@@ -43,10 +43,8 @@ OUTBOX_BATCH = (
 )
 OUTBOX_ANY = sa.select(t.outbox.c.id).limit(1)
 TRACE_INSERT = t.trace_records.insert()
-CHAINED_IDS = sa.select(t.trace_records.c.record_id).where(
-    t.trace_records.c.record_id.in_(b("p_ids", expanding=True))
-)
-OUTBOX_DELETE = t.outbox.delete().where(t.outbox.c.id.in_(b("p_ids", expanding=True)))
+CHAINED_ID = sa.select(t.trace_records.c.record_id).where(t.trace_records.c.record_id == b("p_id"))
+OUTBOX_DELETE_ONE = t.outbox.delete().where(t.outbox.c.id == b("p_id"))
 OUTBOX_DELETE_RECORDS = t.outbox.delete().where(t.outbox.c.record_id.in_(b("p_ids", expanding=True)))
 
 

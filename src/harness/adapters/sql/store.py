@@ -7,7 +7,6 @@ transition row, the audit events, the legacy Job.status projection and the outbo
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -21,6 +20,7 @@ from harness.adapters.sql.raw import RawStatements
 from harness.audit.chain import canonical_json, record_hash
 from harness.clock import SystemClock
 from harness.errors import InvalidTransitionError, StoreError, UnknownRunError
+from harness.ids import ordered_id
 from harness.kernel import (
     RunState,
     audit_events_for,
@@ -57,7 +57,7 @@ class NewRun:
     retry_of: str | None = None
     parent_run_id: str | None = None
     deadline_at: float | None = None
-    run_id: str = field(default_factory=lambda: str(uuid.uuid4()))
+    run_id: str = field(default_factory=ordered_id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,8 +142,10 @@ class StoredTraceRecord:
     hash: str
 
     def data(self) -> dict[str, Any]:
-        """The payload, parsed."""
+        """The payload, parsed, with the record's run_id (stored once, in its own column: see `enqueue`)."""
         parsed: dict[str, Any] = json.loads(self.payload)
+        if self.run_id is not None:
+            parsed.setdefault("run_id", self.run_id)
         return parsed
 
 
@@ -178,6 +180,12 @@ class _OutboxRow(NamedTuple):
     run_id: str | None
     kind: str
     payload: str
+
+
+def _without_run_id(payload: dict[str, Any], run_id: str | None) -> dict[str, Any]:
+    if run_id is None or payload.get("run_id") != run_id:
+        return payload
+    return {k: v for k, v in payload.items() if k != "run_id"}
 
 
 def _transition_row(r: Any) -> TransitionRow:
@@ -437,7 +445,7 @@ class SqlStore:
     def _audit_row(
         self, conn: sa.Connection, run_id: str | None, event: str, actor: str, now: float, detail: dict[str, Any]
     ) -> TraceRecordIn:
-        event_id = str(uuid.uuid4())
+        event_id = ordered_id()
         self._raw.execute(conn, q.AUDIT_INSERT, {"event_id": event_id, "run_id": run_id, "event": event,
                                                  "actor": actor, "detail": canonical_json(detail), "at": now})
         return TraceRecordIn("audit", {"event_id": event_id, "event": event, "actor": actor, "detail": detail,
@@ -469,10 +477,14 @@ class SqlStore:
     # ------------------------------------------------------------------ the trace: outbox and chain
 
     def enqueue(self, conn: sa.Connection, records: Iterable[TraceRecordIn], now: float) -> None:
-        """Write trace records to the outbox inside the caller's transaction."""
+        """Write trace records to the outbox inside the caller's transaction.
+
+        A payload's run_id equal to the record's is left out of the payload: the record's run_id column
+        holds it, and the chain hashes that column, so it is as tamper-evident there and stored once.
+        """
         rows = [
-            {"record_id": str(uuid.uuid4()), "run_id": r.run_id, "kind": r.kind,
-             "payload": canonical_json(r.payload), "created_at": now}
+            {"record_id": ordered_id(), "run_id": r.run_id, "kind": r.kind,
+             "payload": canonical_json(_without_run_id(r.payload, r.run_id)), "created_at": now}
             for r in records
         ]
         if rows:
@@ -493,7 +505,9 @@ class SqlStore:
         seq, prev = self._raw.execute(conn, q.HEAD_LOCKED if self._locks_rows else q.HEAD).fetchone()
         if not records:
             return 0
-        seen = set(conn.execute(q.CHAINED_IDS, {"p_ids": [r.record_id for r in records]}).scalars())
+        # one probe of the record_id index per record: cheaper than rendering an IN list of the batch
+        seen = {r.record_id for r in records
+                if self._raw.execute(conn, q.CHAINED_ID, {"p_id": r.record_id}).fetchone() is not None}
         rows = []
         for r in records:
             if r.record_id in seen:
@@ -524,7 +538,7 @@ class SqlStore:
                 return 0, 0
             chained = self.chain_batch(conn, [PendingRecord(p.record_id, p.run_id, p.kind, p.payload)
                                               for p in pending])
-            conn.execute(q.OUTBOX_DELETE, {"p_ids": [p.id for p in pending]})
+            self._raw.executemany(conn, q.OUTBOX_DELETE_ONE, [{"p_id": p.id} for p in pending])
         return chained, len(pending)
 
     def pending_records(self, limit: int) -> list[PendingRecord]:
