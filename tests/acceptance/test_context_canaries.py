@@ -100,7 +100,7 @@ def drive_canary_runs(rt: Runtime) -> tuple[str, str]:
     second = rt.runs.create_run({"task": f"echo canary check, my password is {SECRETS[8]}", **TESS,
                                  "history": history()})
     assert second.state == "SUCCEEDED", second.error
-    recalled = (rt.store.get_run(second.run_id).context or {})["context"]["memory_ids"]
+    recalled = rt.runs.assembled_context(second.run_id).memory_ids
     assert raw in recalled and rt.runs.assembler.memory is not None
     assert rt.runs.assembler.memory.entries_of_run(first.run_id)[0] in recalled  # the tool result came back
     return first.run_id, second.run_id

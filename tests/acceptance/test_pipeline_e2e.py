@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from harness.config import Runtime
-from harness.errors import InvalidRequestError
+from harness.audit.chain import content_hash
+from harness.errors import ContextError, InvalidRequestError
 from harness.pipeline.trace_recorder import policy_verdicts
 
 from .checks import assert_audit_clean, trace_kinds
@@ -87,6 +88,27 @@ def test_over_budget_context_fails_in_preparing(test_runtime: Runtime) -> None:
     assert "budget" in (result.error or "")
     assert trace_kinds(test_runtime, result.run_id)["cost"] == 0
     assert_audit_clean(test_runtime)
+
+
+def test_the_assembled_context_is_kept_by_hash_once_the_plan_is_made(support_runtime: Runtime) -> None:
+    """After planning, the Run row no longer carries the assembled context; `assembled_context` reads it back,
+    verified, from the recorded plan request, the same context the model was given."""
+    result = support_runtime.runs.create_run({"task": "Where is order A-1001?", "user_id": "alice"})
+    context = support_runtime.store.get_run(result.run_id).context or {}
+    assert "context" not in context and context["plan_request_hash"]
+    assembled = support_runtime.runs.assembled_context(result.run_id)
+    assert assembled.user_input == "Where is order A-1001?" and assembled.tokens_used > 0
+    support_runtime.store.drain_all()
+    step = next(r.data() for r in support_runtime.store.trace_of(result.run_id)
+                if r.kind == "step" and r.data()["name"] == "assemble_context")
+    assert step["output_hash"] == content_hash(assembled.model_dump(mode="json"))
+
+
+def test_a_run_that_failed_assembling_has_no_assembled_context(test_runtime: Runtime) -> None:
+    """A Run refused in PREPARING never had a context: asking for it is a clear error, not a crash."""
+    result = test_runtime.runs.create_run({"task": "echo " + "x" * 4000, "token_budget": 256, **TESTER})
+    with pytest.raises(ContextError, match="no recorded assembled context"):
+        test_runtime.runs.assembled_context(result.run_id)
 
 
 def test_independent_steps_run_concurrently(test_runtime: Runtime, call_log: Path) -> None:

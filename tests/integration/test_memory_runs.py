@@ -38,9 +38,9 @@ def test_a_succeeded_run_writes_memory_that_the_next_run_recalls(test_runtime: R
     records = [r.data() for r in test_runtime.store.trace_of(first.run_id) if r.kind == "memory"]
     assert records[0]["event"] == "write_back" and records[0]["stored"] == written
     second = test_runtime.runs.create_run({"task": "echo Lisbon parcel again", **TESS})
-    context = test_runtime.store.get_run(second.run_id).context or {}
-    assert list(context["context"]["memory_ids"]) == written
-    assert "Lisbon" in context["context"]["system_prompt"]
+    context = test_runtime.runs.assembled_context(second.run_id)
+    assert list(context.memory_ids) == written
+    assert "Lisbon" in context.system_prompt
     assert_audit_clean(test_runtime)
 
 
@@ -55,8 +55,7 @@ def test_the_same_answer_twice_is_remembered_once(test_runtime: Runtime) -> None
     record = next(r.data() for r in test_runtime.store.trace_of(second.run_id) if r.kind == "memory")
     assert record["stored"] == [] and record["duplicate_of"] == written and record["entry_ids"] == written
     third = test_runtime.runs.create_run({"task": "echo parcel for Porto", **TESS})
-    context = test_runtime.store.get_run(third.run_id).context or {}
-    assert list(context["context"]["memory_ids"]) == written
+    assert list(test_runtime.runs.assembled_context(third.run_id).memory_ids) == written
     assert_audit_clean(test_runtime)
 
 

@@ -107,7 +107,7 @@ def test_a_runtime_in_semantic_mode_recalls_by_meaning(tmp_path: Path, embedder:
         result = rt.runs.create_run({"task": f"echo {PARAPHRASE}", "tenant_id": "t1", "user_id": "tess",
                                      "roles": ["tester"]})
         assert result.state == "SUCCEEDED"
-        context = (rt.store.get_run(result.run_id).context or {})["context"]
-        assert context["memory_ids"] == ["refund"] and context["recall_mode"] == "hybrid"
+        context = rt.runs.assembled_context(result.run_id)
+        assert list(context.memory_ids) == ["refund"] and context.recall_mode == "hybrid"
     finally:
         rt.close()

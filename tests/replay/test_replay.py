@@ -233,7 +233,7 @@ def test_recording_and_replay_on_every_backend(backend_url: str, tmp_path: Path,
         first = rt.runs.create_run({"task": "echo same", **TESS})
         second = rt.runs.create_run({"task": "echo same", **TESS})  # same arguments and result: shared blobs
         assert first.state == second.state == "SUCCEEDED"
-        assert (rt.store.get_run(second.run_id).context or {})["context"]["memory"], "recall of the first Run"
+        assert rt.runs.assembled_context(second.run_id).memory, "recall of the first Run"
         rt.store.drain_all()
         tool = next(r.data() for r in rt.store.trace_of(second.run_id) if r.kind == "tool")
         stored = BlobStore(rt.store.engine).raw([tool["arguments_hash"], tool["result_hash"]])

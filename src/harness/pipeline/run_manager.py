@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextvars
 import dataclasses
+import json
 import threading
 import time
 from collections.abc import Callable
@@ -19,7 +20,14 @@ import sqlalchemy as sa
 from pydantic import ValidationError
 
 from harness.adapters.llm.types import LLMResponse
-from harness.adapters.sql.blobs import contents_of, llm_call_record, put, record_llm_call, save_context_with_blobs
+from harness.adapters.sql.blobs import (
+    BlobStore,
+    contents_of,
+    llm_call_record,
+    put,
+    record_llm_call,
+    save_context_with_blobs,
+)
 from harness.adapters.sql.ledger import CostLedger
 from harness.adapters.sql.store import NewRun, RunRecord, SqlStore, TraceRecordIn
 from harness.context.trace import context_records
@@ -175,6 +183,19 @@ class RunManager:
             approval_request_id=pending[-1].request_id if pending else None,
             path=tuple(t.to_state.value for t in transitions),
         )
+
+    def assembled_context(self, run_id: str) -> AssembledContext:
+        """The context assembled for the Run (step ②): from the RunContext until the plan is made, then
+        from the recorded plan request. ContextError when the Run has none (it failed before or while
+        assembling)."""
+        context = self.store.get_run(run_id).context or {}
+        if "context" in context:
+            return AssembledContext.model_validate(context["context"])
+        digest = context.get("plan_request_hash")
+        text = BlobStore(self.store.engine).raw([digest]).get(digest or "") if digest else None
+        if text is None or digest is None or not BlobStore.verified(digest, text):
+            raise ContextError(f"run {run_id} has no recorded assembled context")
+        return AssembledContext.model_validate(json.loads(text)["context"])
 
     def cancel(self, run_id: str, *, by: str, reason: str = "cancelled by the user") -> RunResult:
         """Cancel a Run that has not finished; a Run already final is left as it is."""
@@ -342,14 +363,17 @@ class RunManager:
         context["cost"] = {"input_tokens": usage.input_tokens, "output_tokens": usage.output_tokens,
                            "usd": usage.cost_usd}
         detail = f"flattened to listed order: {outcome.dag_problem}" if outcome.flattened else ""
-        records = _records(step_trace(run.run_id, 4, assembled.model_dump(mode="json"), context["plan"], elapsed,
-                                      detail=detail))
+        records = _records(step_trace(run.run_id, 4, context["context"], context["plan"], elapsed, detail=detail))
         if outcome.flattened:
             self.store.audit(run.run_id, "plan_flattened", "plan_orchestrator", {"problem": outcome.dag_problem})
         records.extend(_records(cost))
         llm_record, llm_values = llm_call_record(run.run_id, "plan", llm_input,
                                                  response=outcome.response.model_dump(mode="json"))
         records.append(llm_record)
+        # the assembled context has served its purpose; it stays, by hash, in the plan request's blob
+        # (A5), so the Run row rewritten at every later transition does not carry it (assembled_context)
+        del context["context"]
+        context["plan_request_hash"] = llm_record.payload["request_hash"]
 
         def ledger_and_blobs(conn: sa.Connection) -> None:
             self.ledger.insert(conn, cost)
