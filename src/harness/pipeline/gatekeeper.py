@@ -79,13 +79,16 @@ class PolicyEngine:
         started = time.perf_counter()
         verdicts: list[Verdict] = []
         levels: list[Level] = []
-        for step in plan.steps:
-            skill = self.registry.get(step.tool_call.skill)
-            structural = self._structural(step, skill)
+        checked = [(step, self.registry.get(step.tool_call.skill)) for step in plan.steps]
+        structurals = [self._structural(step, skill) for step, skill in checked]
+        callable_steps = [(step, skill) for (step, skill), v in zip(checked, structurals, strict=True)
+                          if skill is not None and v.decision != "reject"]
+        permissions = iter(self._permissions(callable_steps, caller))  # one Cedar evaluation for the plan
+        for (step, skill), structural in zip(checked, structurals, strict=True):
             verdicts.append(structural)
             if skill is None or structural.decision == "reject":
                 continue
-            verdicts.append(self._permission(step, skill, caller))
+            verdicts.append(next(permissions))
             guard_verdicts = self._guardrails(step, step.tool_call.arguments)
             verdicts.extend(guard_verdicts)
             level = level_for(skill.manifest.risk)
@@ -141,13 +144,15 @@ class PolicyEngine:
             self._validators[key] = validator
         return validator
 
-    def _permission(self, step: PlanStep, skill: Skill, caller: CallerIdentity) -> Verdict:
-        literal = {k: v for k, v in step.tool_call.arguments.items() if not refs_in(v)}
-        allowed, why = self.permissions.is_permitted(caller, skill, literal)
+    def _permissions(self, steps: list[tuple[PlanStep, Skill]], caller: CallerIdentity) -> list[Verdict]:
+        literal = [{k: v for k, v in step.tool_call.arguments.items() if not refs_in(v)} for step, _ in steps]
+        answers = self.permissions.are_permitted(caller, [(skill, args) for (_, skill), args in
+                                                          zip(steps, literal, strict=True)])
         who = f"{caller.tenant_id}/{caller.user_id} (roles: {', '.join(caller.roles) or 'none'})"
-        return Verdict(rule_id="permission.cedar", family="permission", step_id=step.id,
-                       decision="pass" if allowed else "reject",
-                       reason=f"{who} {'may' if allowed else 'may not'} call {skill.id} [{why}]")
+        return [Verdict(rule_id="permission.cedar", family="permission", step_id=step.id,
+                        decision="pass" if allowed else "reject",
+                        reason=f"{who} {'may' if allowed else 'may not'} call {skill.id} [{why}]")
+                for (step, skill), (allowed, why) in zip(steps, answers, strict=True)]
 
     def _guardrails(self, step: PlanStep, arguments: dict[str, Any]) -> list[Verdict]:
         out = []

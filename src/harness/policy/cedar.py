@@ -6,6 +6,7 @@ resource = Skill::"<id>" in SkillGroup::"<first segment of the id>"; context = r
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -43,27 +44,42 @@ class CedarPermissions:
 
     def is_permitted(self, caller: CallerIdentity, skill: Skill, arguments: dict[str, Any]) -> tuple[bool, str]:
         """(allowed, explanation naming the policies that decided)."""
+        return self.are_permitted(caller, [(skill, arguments)])[0]
+
+    def are_permitted(self, caller: CallerIdentity,
+                      calls: Sequence[tuple[Skill, dict[str, Any]]]) -> list[tuple[bool, str]]:
+        """`is_permitted` for each (skill, arguments) of one caller, in one evaluation of the policy set
+        (a plan's calls share the entity graph: one parse of it instead of one per call)."""
+        if not calls:
+            return []
         principal = f"{caller.tenant_id}/{caller.user_id}"
-        group = skill.id.split(".", 1)[0]
-        entities: list[dict[str, Any]] = [
-            {"uid": {"__entity": {"type": "User", "id": principal}}, "attrs": {"tenant": caller.tenant_id},
-             "parents": [{"__entity": {"type": "Role", "id": r}} for r in caller.roles]},
-            *({"uid": {"__entity": {"type": "Role", "id": r}}, "attrs": {}, "parents": []} for r in caller.roles),
-            {"uid": {"__entity": {"type": "Skill", "id": skill.id}}, "attrs": {},
-             "parents": [{"__entity": {"type": "SkillGroup", "id": group}}]},
-            {"uid": {"__entity": {"type": "SkillGroup", "id": group}}, "attrs": {}, "parents": []},
-        ]
-        request = {
-            "principal": {"type": "User", "id": principal},
-            "action": {"type": "Action", "id": "call"},
-            "resource": {"type": "Skill", "id": skill.id},
-            "context": {"risk": skill.manifest.risk.model_dump(), "arguments": _cedar_safe(arguments)},
-        }
-        result = cedarpy.is_authorized(request, self._policies, entities)
-        reasons = ", ".join(result.diagnostics.reasons) or "no permit matched"
-        if result.diagnostics.errors:
-            return False, f"policy evaluation error: {result.diagnostics.errors}"
-        return result.allowed, reasons
+        entities: dict[tuple[str, str], dict[str, Any]] = {}
+
+        def entity(kind: str, name: str, attrs: dict[str, Any], parents: list[tuple[str, str]]) -> None:
+            entities[(kind, name)] = {"uid": {"__entity": {"type": kind, "id": name}}, "attrs": attrs,
+                                      "parents": [{"__entity": {"type": k, "id": n}} for k, n in parents]}
+
+        entity("User", principal, {"tenant": caller.tenant_id}, [("Role", r) for r in caller.roles])
+        for role in caller.roles:
+            entity("Role", role, {}, [])
+        requests = []
+        for skill, arguments in calls:
+            group = skill.id.split(".", 1)[0]
+            entity("Skill", skill.id, {}, [("SkillGroup", group)])
+            entity("SkillGroup", group, {}, [])
+            requests.append({
+                "principal": {"type": "User", "id": principal},
+                "action": {"type": "Action", "id": "call"},
+                "resource": {"type": "Skill", "id": skill.id},
+                "context": {"risk": skill.manifest.risk.model_dump(), "arguments": _cedar_safe(arguments)},
+            })
+        answers = []
+        for result in cedarpy.is_authorized_batch(requests, self._policies, list(entities.values())):
+            if result.diagnostics.errors:
+                answers.append((False, f"policy evaluation error: {result.diagnostics.errors}"))
+            else:
+                answers.append((result.allowed, ", ".join(result.diagnostics.reasons) or "no permit matched"))
+        return answers
 
 
 def _cedar_safe(value: Any) -> Any:
