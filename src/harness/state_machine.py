@@ -65,7 +65,7 @@ class StateMachine:
         records: Sequence[TraceRecordIn] = (),
         context: dict[str, Any] | None = _UNSET,
         result: dict[str, Any] | None = _UNSET,
-        also: Callable[[sa.Connection], None] | None = None,
+        also: Callable[[sa.Connection], object] | None = None,
     ) -> TransitionResult:
         """Move the Run source→target, then on through the funnel if target is transient or TRACING.
 
@@ -100,6 +100,7 @@ class StateMachine:
 
         Stops early, without error, when another writer moved the Run first.
         """
+        drained = False
         while state in TRANSIENT or state == RunState.TRACING:
             records: list[TraceRecordIn] = []
             if state == RunState.TRACING:  # the Run and its path, for the RunTrace, in one round trip
@@ -115,19 +116,22 @@ class StateMachine:
             if state == RunState.TRACING:
                 records.extend(self._closing_records(run, target, path))
             why = "funnel into TRACING" if target == RunState.TRACING else f"closed: {reason}"
+            # the close chains the outbox in its own transaction (under a savepoint): one commit fewer
+            drain = self.store.drain_within if self.drain_on_close and target in FINAL else None
             # closing is a compare-and-set on the version the close reason and the RunTrace were read at:
             # a Run that left TRACING and came back meanwhile (the sweeper's TRACING→FAILED→TRACING, ABA)
             # makes this a lost race, not a close on a stale reason (or an illegal attempt by the kernel)
             outcome = self.store.transition(
                 run_id, state, target, actor="kernel", reason=why, forced_by=forced_by,
                 lease_epoch=lease_epoch, expected_version=run.version if state == RunState.TRACING else None,
-                records=records,
+                records=records, also=drain,
             )
             if not outcome.applied:
                 return outcome.actual
+            drained = drained or (drain is not None and self.store.trace_buffer is None)
             self._notify(run_id, state, target)
             state, reason = target, outcome.close_reason
-        if self.drain_on_close:
+        if self.drain_on_close and not drained:
             self.store.drain_all()
         return state
 

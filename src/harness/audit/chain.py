@@ -16,9 +16,12 @@ GENESIS_HASH = "0" * 64
 _RECORD_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
 
 
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
 def canonical_json(value: Any) -> str:
     """The one serialisation used wherever a hash is taken: sorted keys, no spaces, UTF-8."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    return _CANONICAL.encode(value)
 
 
 def record_bytes(seq: int, record_id: str, run_id: str | None, kind: str, prev_hash: str, payload: str) -> bytes:
@@ -33,4 +36,9 @@ def record_hash(seq: int, record_id: str, run_id: str | None, kind: str, prev_ha
 
 def content_hash(value: Any) -> str:
     """Hash of any JSON value, used to reference inputs and outputs by hash (SPEC A1)."""
-    return hashlib.sha256(canonical_json(value).encode("utf-8")).hexdigest()
+    return text_hash(canonical_json(value))
+
+
+def text_hash(canonical: str) -> str:
+    """`content_hash` of the value whose canonical JSON is `canonical` (when that text is at hand anyway)."""
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()

@@ -19,7 +19,7 @@ from sqlalchemy.dialects import mysql, postgresql, sqlite
 from harness.adapters.sql import schema as t
 from harness.adapters.sql.raw import RawStatements
 from harness.adapters.sql.store import SqlStore, TraceRecordIn
-from harness.audit.chain import canonical_json, content_hash
+from harness.audit.chain import canonical_json, content_hash, text_hash
 
 blobs = sa.Table(
     "blobs",
@@ -31,7 +31,8 @@ blobs = sa.Table(
 
 def contents_of(values: Iterable[Any]) -> dict[str, str]:
     """hash → canonical JSON for each value (the hash the trace records carry for it)."""
-    return {content_hash(v): canonical_json(v) for v in values}
+    texts = [canonical_json(v) for v in values]
+    return {text_hash(text): text for text in texts}
 
 
 #: insert-unless-present, per dialect: equal contents share one row

@@ -7,6 +7,7 @@ transition row, the audit events, the legacy Job.status projection and the outbo
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -32,6 +33,8 @@ from harness.kernel import (
 from harness.kernel.events import ILLEGAL_TRANSITION, LOST_RACE
 from harness.kernel.states import CloseReason
 from harness.ports import Clock, TraceBuffer
+
+_log = logging.getLogger(__name__)
 
 _UNSET: Any = object()
 
@@ -330,7 +333,7 @@ class SqlStore:
         records: Sequence[TraceRecordIn] = (),
         context: dict[str, Any] | None = _UNSET,
         result: dict[str, Any] | None = _UNSET,
-        also: Callable[[sa.Connection], None] | None = None,
+        also: Callable[[sa.Connection], object] | None = None,
     ) -> TransitionResult:
         """Compare-and-set Run.state from `source` to `target` (SPEC K4).
 
@@ -358,7 +361,7 @@ class SqlStore:
         self, run_id: str, source: RunState, target: RunState, actor: str, reason: str, forced_by: str | None,
         lease_epoch: int | None, expected_version: int | None, records: Sequence[TraceRecordIn],
         context: dict[str, Any] | None, result: dict[str, Any] | None,
-        also: Callable[[sa.Connection], None] | None, now: float,
+        also: Callable[[sa.Connection], object] | None, now: float,
     ) -> TransitionResult:
         with self.engine.begin() as conn:
             found = self._raw.execute(conn, q.RUN_FOR_CAS_LOCKED if self._locks_rows else q.RUN_FOR_CAS,
@@ -531,15 +534,37 @@ class SqlStore:
         than reading the same rows.
         """
         with self.engine.begin() as conn:
-            self._raw.execute(conn, q.HEAD_LOCKED if self._locks_rows else q.HEAD).fetchone()
-            pending = [_OutboxRow(*r) for r in
-                       self._raw.execute(conn, q.OUTBOX_BATCH, {"p_limit": batch_size}).fetchall()]
-            if not pending:
-                return 0, 0
-            chained = self.chain_batch(conn, [PendingRecord(p.record_id, p.run_id, p.kind, p.payload)
-                                              for p in pending])
-            self._raw.executemany(conn, q.OUTBOX_DELETE_ONE, [{"p_id": p.id} for p in pending])
+            return self._drain_batch(conn, batch_size)
+
+    def _drain_batch(self, conn: sa.Connection, batch_size: int) -> tuple[int, int]:
+        self._raw.execute(conn, q.HEAD_LOCKED if self._locks_rows else q.HEAD).fetchone()
+        pending = [_OutboxRow(*r) for r in
+                   self._raw.execute(conn, q.OUTBOX_BATCH, {"p_limit": batch_size}).fetchall()]
+        if not pending:
+            return 0, 0
+        chained = self.chain_batch(conn, [PendingRecord(p.record_id, p.run_id, p.kind, p.payload)
+                                          for p in pending])
+        self._raw.executemany(conn, q.OUTBOX_DELETE_ONE, [{"p_id": p.id} for p in pending])
         return chained, len(pending)
+
+    def drain_within(self, conn: sa.Connection, batch_size: int = 500) -> int:
+        """Drain the outbox inside the caller's transaction (a Run's closing one: one commit fewer per
+        Run), under a savepoint: a drain that fails rolls back alone, the caller's writes commit, and the
+        records wait in the outbox for the next drain (A4: a failing trace store never blocks a Run).
+        With a trace buffer the records go through the buffer instead, outside any transaction."""
+        if self.trace_buffer is not None:
+            return 0
+        total = 0
+        try:
+            with conn.begin_nested():
+                while True:
+                    chained, processed = self._drain_batch(conn, batch_size)
+                    total += chained
+                    if processed < batch_size:
+                        return total
+        except sa.exc.SQLAlchemyError as exc:
+            _log.warning("drain inside the closing transaction failed; the records stay in the outbox: %s", exc)
+            return 0
 
     def pending_records(self, limit: int) -> list[PendingRecord]:
         """The oldest `limit` records waiting in the outbox, oldest first (what a trace buffer relays)."""
@@ -671,7 +696,7 @@ class SqlStore:
         return str(row.status), str(row.run_state_snapshot)
 
     def save_context(self, run_id: str, context: dict[str, Any], records: Sequence[TraceRecordIn] = (),
-                     also: Callable[[sa.Connection], None] | None = None) -> None:
+                     also: Callable[[sa.Connection], object] | None = None) -> None:
         """Persist the RunContext (never Run.state) with trace records, in one transaction — e.g. a
         step's result and its ToolTrace before the next step starts (SPEC T6). `also` runs in the same
         transaction, for writes that must commit with it (the contents the records reference)."""

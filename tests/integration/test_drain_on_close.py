@@ -1,0 +1,56 @@
+"""A Run's close chains the outbox in its own transaction, under a savepoint (SPEC A4, issue 9)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import sqlalchemy as sa
+
+from harness.adapters.sql.store import NewRun, SqlStore
+from harness.audit.verify import verify_chain
+from harness.clock import FakeClock
+from harness.kernel import RunState
+from harness.state_machine import StateMachine
+
+S = RunState
+
+
+@pytest.fixture
+def store(backend_url: str) -> Iterator[SqlStore]:
+    """A store on a fresh, migrated database of the backend under test."""
+    s = SqlStore.open(backend_url, FakeClock())
+    yield s
+    s.close()
+
+
+def test_the_close_leaves_nothing_in_the_outbox(store: SqlStore) -> None:
+    """Every record of the Run, the closing ones included, is chained when the close commits."""
+    run, _ = store.create_run(NewRun("acme", "alice", "s", {}))
+    StateMachine(store).transition(run.run_id, S.CREATED, S.FAILED, actor="sweeper", reason="stuck")
+    assert store.get_run(run.run_id).state == S.CLOSED_FAILED
+    assert store.outbox_backlog() == 0
+    assert {r.kind for r in store.trace_of(run.run_id)} >= {"transition", "run", "audit"}
+    assert verify_chain(store).ok
+
+
+def test_a_failing_drain_does_not_keep_the_run_from_closing(store: SqlStore,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """The drain fails inside the closing transaction: its savepoint rolls back alone, the Run closes, the
+    records wait in the outbox, and the next drain chains them."""
+    run, _ = store.create_run(NewRun("acme", "alice", "s", {}))
+    chained_before = len(store.trace_of(run.run_id))
+
+    def broken(conn: sa.Connection, batch_size: int) -> tuple[int, int]:
+        conn.execute(sa.text("SELECT 1"))  # the savepoint is live: fail after doing some work in it
+        raise sa.exc.OperationalError("INSERT INTO trace_records", {}, Exception("trace store is down"))
+
+    monkeypatch.setattr(store, "_drain_batch", broken)
+    StateMachine(store).transition(run.run_id, S.CREATED, S.FAILED, actor="sweeper", reason="stuck")
+    monkeypatch.undo()
+    assert store.get_run(run.run_id).state == S.CLOSED_FAILED
+    assert store.outbox_backlog() > 0 and len(store.trace_of(run.run_id)) == chained_before
+    store.drain_all()
+    assert store.outbox_backlog() == 0
+    assert "run" in {r.kind for r in store.trace_of(run.run_id)}
+    assert verify_chain(store).ok
