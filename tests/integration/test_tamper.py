@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
+from harness.adapters.sql import triggers
 from harness.adapters.sql.store import NewRun, SqlStore, StoredTraceRecord, TraceRecordIn
 from harness.audit.chain import GENESIS_HASH, record_hash
 from harness.audit.checkpoint import publish_checkpoint
@@ -46,17 +47,22 @@ def runs(machine: StateMachine, store: SqlStore) -> dict[str, str]:
 
 
 def raw(store: SqlStore, *statements: tuple[str, dict[str, Any]]) -> None:
-    """Run SQL as an attacker with database access would: append-only triggers dropped, then restored."""
+    """Run SQL as an attacker with database access would: the append-only triggers and the trigger that
+    keeps trace_records one linear chain dropped, then restored."""
     with store.engine.begin() as conn:
         for table in APPEND_ONLY:
             for verb in ("update", "delete"):
                 conn.exec_driver_sql(f"DROP TRIGGER {table}_no_{verb}")
+        for statement in triggers.drop_linear_chain_ddl("sqlite"):
+            conn.exec_driver_sql(statement)
         for sql, params in statements:
             conn.execute(sa.text(sql), params)
         for table in APPEND_ONLY:
             for verb in ("UPDATE", "DELETE"):
                 conn.exec_driver_sql(f"CREATE TRIGGER {table}_no_{verb.lower()} BEFORE {verb} ON {table} "
                                      f"BEGIN SELECT RAISE(ABORT, '{table} is append-only'); END")
+        for statement in triggers.linear_chain_ddl("sqlite"):
+            conn.exec_driver_sql(statement)
 
 
 def records(store: SqlStore) -> list[StoredTraceRecord]:

@@ -160,7 +160,8 @@ class _Walk:
         return 0 if digest == GENESIS_HASH else self._seq_where(t.trace_records.c.hash, digest)
 
     def _seq_where(self, column: sa.Column[Any], digest: str) -> int | None:
-        # both hash columns are UNIQUE, so this is one index probe, done only at a broken link
+        # neither hash column is indexed (migrations 0006, 0007): a scan of the table, done only to
+        # explain a broken link that is listed (at most `limit` of them)
         with self.store.engine.connect() as conn:
             found = conn.execute(sa.select(t.trace_records.c.seq).where(column == digest)).first()
         return int(found.seq) if found else None

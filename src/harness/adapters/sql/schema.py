@@ -90,6 +90,9 @@ outbox = sa.Table(
     sa.Column("created_at", sa.Double, nullable=False),
 )
 
+#: the hash chain (SPEC A3). Neither hash column is UNIQUE (0006, 0007): a trigger refuses any record whose
+#: prev_hash is not the hash at seq - 1 (triggers.linear_chain_ddl), which with the seq primary key
+#: forbids forks, and `harness audit verify` recomputes every hash
 trace_records = sa.Table(
     "trace_records",
     metadata,
@@ -98,8 +101,8 @@ trace_records = sa.Table(
     sa.Column("run_id", ID),
     sa.Column("kind", sa.String(32), nullable=False),
     sa.Column("payload", sa.Text, nullable=False),
-    sa.Column("prev_hash", sa.String(64), nullable=False, unique=True),
-    sa.Column("hash", sa.String(64), nullable=False),  # not UNIQUE: prev_hash's already forbids forks (0006)
+    sa.Column("prev_hash", sa.String(64), nullable=False),
+    sa.Column("hash", sa.String(64), nullable=False),
     sa.Index("ix_trace_records_run", "run_id"),
 )
 

@@ -502,8 +502,9 @@ class SqlStore:
         """Append records to the hash chain inside the caller's transaction; returns how many were chained.
 
         Idempotent: a record already in the chain, or repeated in the batch (re-delivery), is skipped.
-        Chainers exclude each other through the chain head (row lock, or SQLite's write lock), and
-        trace_records.prev_hash is UNIQUE, so concurrent chainers can never fork the chain.
+        Chainers exclude each other through the chain head (row lock, or SQLite's write lock), and a
+        trigger refuses any record whose prev_hash is not the hash of the record at seq - 1 (migration
+        0007), so concurrent chainers can never fork the chain.
         """
         seq, prev = self._raw.execute(conn, q.HEAD_LOCKED if self._locks_rows else q.HEAD).fetchone()
         if not records:
