@@ -77,7 +77,11 @@ def _mysql_session(dbapi_connection: Any, _record: Any) -> None:
 def _sqlite_engine(url: str, synchronous: str) -> sa.Engine:
     if synchronous.upper() not in ("OFF", "NORMAL", "FULL", "EXTRA"):
         raise InvalidRequestError(f"HARNESS_SQLITE_SYNCHRONOUS must be NORMAL, FULL or EXTRA, not {synchronous!r}")
-    engine = sa.create_engine(url, connect_args={"timeout": 60, "check_same_thread": False})
+    # every use of a pooled connection goes through a SQLAlchemy Connection, which commits or rolls back
+    # its own transaction before it returns the connection: the pool's extra rollback on return would be
+    # a second, empty one on every transaction of the hot path
+    engine = sa.create_engine(url, connect_args={"timeout": 60, "check_same_thread": False},
+                              pool_reset_on_return=None)
 
     @sa.event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
