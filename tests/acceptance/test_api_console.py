@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import re
 
+import pytest
 from fastapi.testclient import TestClient
 
+from harness.config import Runtime
+from harness.service import queries, views
 from tests.acceptance.api_helpers import (  # noqa: F401 - fixtures
     ORDER_STATUS,
     REFUND_L3,
@@ -84,3 +87,28 @@ def test_other_tenants_runs_are_not_shown(client: TestClient) -> None:
     response = client.get(f"/ui/runs/{run['run_id']}")
     assert response.status_code == 404 and ORDER_STATUS not in response.text
     assert run["run_id"] not in client.get("/ui/runs").text
+
+
+def test_a_change_committed_while_the_run_page_is_built_reaches_its_live_stream(
+        client: TestClient, runtime: Runtime, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The page shows the Run as it was read; a change committed right after that read (here: a cancel)
+    must come through the page's event stream, so the stream starts at a cursor taken before the read.
+    Regression: the cursor was taken after, the change fell between the two, and the page kept the
+    Run's old state for good (seen about one time in four in the browser test)."""
+    run = create(client, REFUND_L3)
+    assert run["state"] == "AWAITING_HITL"
+    read = views.run_document
+
+    def read_then_cancel(rt: Runtime, record: object) -> object:
+        document = read(rt, record)  # type: ignore[arg-type]
+        rt.runs.cancel(run["run_id"], by="default/alice")
+        return document
+
+    monkeypatch.setattr(views, "run_document", read_then_cancel)
+    _sign_in(client, "alice")
+    page = client.get(f"/ui/runs/{run['run_id']}").text
+    monkeypatch.undo()
+    assert 'data-state="AWAITING_HITL"' in page  # the page shows what it read
+    after = int(re.search(r'data-live-after="(\d+)"', page).group(1))  # type: ignore[union-attr]
+    delivered = [c.to_state for c in queries.changes_after(runtime.store, "default", after, run_id=run["run_id"])]
+    assert "CLOSED_CANCELLED" in delivered

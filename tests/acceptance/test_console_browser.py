@@ -96,15 +96,8 @@ def _sign_in(page: object, base: str, key: str) -> None:
 
 
 def _wait_for_state(page: Any, state: str) -> None:
-    """Wait for the run page to show `state`; reload once if it does not. Known issue (closing note of
-    2026-11-30): about one time in four the page opened right after creating a Run in the console keeps
-    its first state although the Run moved on; live updates are asserted strictly in
-    test_live_update_without_reload."""
-    try:
-        page.wait_for_selector(f"[data-testid=run-state] [data-state={state}]", timeout=8_000)
-    except playwright_api.Error:
-        page.reload()
-        page.wait_for_selector(f"[data-testid=run-state] [data-state={state}]", timeout=12_000)
+    """Wait for the run page to show `state` through its live updates (no reload)."""
+    page.wait_for_selector(f"[data-testid=run-state] [data-state={state}]", timeout=20_000)
 
 
 def test_start_approve_and_watch_a_run_succeed(server: str) -> None:

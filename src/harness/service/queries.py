@@ -78,7 +78,7 @@ def list_runs(
         query = query.where(t.runs.c.state == state)
     if before is not None:
         query = query.where(t.runs.c.created_at < before)
-    with store.engine.connect() as conn:
+    with store.reader.connect() as conn:
         rows = conn.execute(query).all()
     return [
         RunRow(
@@ -97,7 +97,7 @@ def list_runs(
 
 def tenant_of(store: SqlStore, run_id: str) -> str | None:
     """The tenant that owns a Run, or None when no Run has this id."""
-    with store.engine.connect() as conn:
+    with store.reader.connect() as conn:
         value = conn.execute(sa.select(t.runs.c.tenant_id).where(t.runs.c.run_id == run_id)).scalar()
     return str(value) if value is not None else None
 
@@ -115,21 +115,21 @@ def changes_after(
     )
     if run_id is not None:
         query = query.where(t.transitions.c.run_id == run_id)
-    with store.engine.connect() as conn:
+    with store.reader.connect() as conn:
         rows = conn.execute(query).all()
     return [Change(r.id, r.run_id, r.seq, r.from_state, r.to_state, r.actor, r.reason, r.at) for r in rows]
 
 
 def latest_cursor(store: SqlStore) -> int:
     """The newest change's position (a tenant stream starts from here unless told otherwise)."""
-    with store.engine.connect() as conn:
+    with store.reader.connect() as conn:
         return int(conn.execute(sa.select(sa.func.coalesce(sa.func.max(t.transitions.c.id), 0))).scalar_one())
 
 
 def runs_by_state(store: SqlStore) -> dict[str, int]:
     """How many Runs are in each state (every state present, zeros included)."""
     counts = {s.value: 0 for s in RunState}
-    with store.engine.connect() as conn:
+    with store.reader.connect() as conn:
         for state, n in conn.execute(sa.select(t.runs.c.state, sa.func.count()).group_by(t.runs.c.state)):
             counts[state] = int(n)
     return counts
@@ -143,7 +143,7 @@ def zombie_counts(store: SqlStore, now: float) -> dict[str, int]:
     """
     counts: dict[str, int] = {}
     healthy_lease = sa.and_(t.runs.c.lease_expires_at.is_not(None), t.runs.c.lease_expires_at > now)
-    with store.engine.connect() as conn:
+    with store.reader.connect() as conn:
         for state, limit in STATE_THRESHOLDS_S.items():
             if limit is None:
                 continue
@@ -174,7 +174,7 @@ def zombie_counts(store: SqlStore, now: float) -> dict[str, int]:
 
 def pending_approvals(store: SqlStore) -> tuple[int, float | None]:
     """(how many approval requests wait, when the oldest was opened)."""
-    with store.engine.connect() as conn:
+    with store.reader.connect() as conn:
         row = conn.execute(
             sa.select(sa.func.count(), sa.func.min(t.hitl_requests.c.created_at)).where(
                 t.hitl_requests.c.status == "pending"
@@ -186,7 +186,7 @@ def pending_approvals(store: SqlStore) -> tuple[int, float | None]:
 def decisions_of(store: SqlStore, request_id: str) -> list[dict[str, Any]]:
     """Every decision submitted on an approval request, oldest first (accepted and refused)."""
     d = t.hitl_decisions
-    with store.engine.connect() as conn:
+    with store.reader.connect() as conn:
         rows = conn.execute(
             sa.select(
                 d.c.approver, d.c.decision, d.c.break_glass, d.c.reason, d.c.outcome, d.c.refusal, d.c.at

@@ -36,8 +36,12 @@ def _login_redirect(request: Request) -> RedirectResponse:
 
 
 def _page(
-    request: Request, svc: Service, caller: Principal, template: str, status: int = 200, **context: Any
+    request: Request, svc: Service, caller: Principal, template: str, status: int = 200, *,
+    cursor: int | None = None, **context: Any
 ) -> HTMLResponse:
+    """Render a console page. `cursor` is the change-feed position the page's live updates start after:
+    pages that show Run state take it *before* reading that state, so a change committed while the page
+    was being built is delivered by the event stream instead of falling between the two reads."""
     token = request.cookies.get(SESSION_COOKIE, "")
     pending = len(svc.runtime.hitl.pending(caller.tenant_id))
     return TEMPLATES.TemplateResponse(
@@ -48,7 +52,7 @@ def _page(
             "csrf": svc.auth.signer.csrf_token(token),
             "pending_count": pending,
             "can_break_glass": BREAK_GLASS_ROLE in caller.identity.roles,
-            "cursor": queries.latest_cursor(svc.runtime.store),
+            "cursor": queries.latest_cursor(svc.runtime.store) if cursor is None else cursor,
             **context,
         },
         status_code=status,
@@ -109,12 +113,14 @@ def runs_page(request: Request, state: Annotated[str | None, Query()] = None) ->
     if caller is None:
         return _login_redirect(request)
     valid_state = state if state in {s.value for s in RunState} else None
+    cursor = queries.latest_cursor(svc.runtime.store)  # before the rows: see _page
     rows = queries.list_runs(svc.runtime.store, caller.tenant_id, state=valid_state, limit=100)
     return _page(
         request,
         svc,
         caller,
         "runs.html",
+        cursor=cursor,
         runs=rows,
         state_filter=valid_state,
         states=[s.value for s in RunState],
@@ -129,6 +135,7 @@ def run_page(request: Request, run_id: str) -> Page:
     caller = session_principal(request)
     if caller is None:
         return _login_redirect(request)
+    cursor = queries.latest_cursor(svc.runtime.store)  # before the Run is read: see _page
     try:
         run = svc.owned_run(caller, run_id)
     except ApiError:
@@ -144,6 +151,7 @@ def run_page(request: Request, run_id: str) -> Page:
         svc,
         caller,
         "run.html",
+        cursor=cursor,
         run=doc,
         trace=trace,
         verdicts=verdicts,
@@ -161,5 +169,7 @@ def approvals_page(request: Request) -> Page:
     if caller is None:
         return _login_redirect(request)
     svc.runtime.runs.expire_approvals()
+    cursor = queries.latest_cursor(svc.runtime.store)  # before the requests are read: see _page
     pending = [views.approval_document(svc.runtime, r) for r in svc.runtime.hitl.pending(caller.tenant_id)]
-    return _page(request, svc, caller, "approvals.html", approvals=pending, now=svc.runtime.store.clock.now())
+    return _page(request, svc, caller, "approvals.html", cursor=cursor, approvals=pending,
+                 now=svc.runtime.store.clock.now())
