@@ -175,7 +175,10 @@ def _plain(runs: int, folder: Path) -> list[float]:
 
 
 def _floor(runs: int, folder: Path, records_per_run: int, transitions_per_run: int) -> list[float]:
-    """Plain sqlite3: the same tables' inserts per Run, one commit per transition, SHA-256 per record."""
+    """Plain sqlite3: the same tables' inserts per Run, one commit per transition, SHA-256 per record, the
+    close chaining the outbox in its own transaction and time-ordered ids, as harness does."""
+    from harness.ids import ordered_id
+
     conn = sqlite3.connect(folder / "floor.db", isolation_level=None)
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute("PRAGMA synchronous=NORMAL")
@@ -185,14 +188,18 @@ def _floor(runs: int, folder: Path, records_per_run: int, transitions_per_run: i
         CREATE TABLE transitions (id INTEGER PRIMARY KEY, run_id TEXT, seq INT, from_state TEXT, to_state TEXT, at REAL);
         CREATE TABLE outbox (id INTEGER PRIMARY KEY, record_id TEXT UNIQUE, run_id TEXT, kind TEXT, payload TEXT);
         CREATE TABLE trace (seq INTEGER PRIMARY KEY, record_id TEXT UNIQUE, run_id TEXT, payload TEXT,
-                            prev_hash TEXT UNIQUE, hash TEXT UNIQUE);
+                            prev_hash TEXT, hash TEXT);
+        CREATE INDEX trace_run ON trace (run_id);
+        CREATE TRIGGER trace_linear BEFORE INSERT ON trace
+            WHEN NEW.prev_hash IS NOT (SELECT hash FROM trace WHERE seq = NEW.seq - 1) AND NEW.seq > 1
+            BEGIN SELECT RAISE(ABORT, 'fork'); END;
     """)
     per_commit = max(1, records_per_run // transitions_per_run)
     payload = json.dumps({"k": "x" * 200})
     prev, seq, times = "0" * 64, 0, []
     for _ in range(runs):
         started = time.perf_counter()
-        run_id = str(uuid.uuid4())
+        run_id = ordered_id()
         conn.execute("BEGIN IMMEDIATE")
         conn.execute("INSERT INTO runs VALUES (?, 'CREATED', 0, ?, NULL)", (run_id, payload))
         conn.execute("INSERT INTO jobs VALUES (?, 'pending', 'CREATED')", (run_id,))
@@ -205,9 +212,10 @@ def _floor(runs: int, folder: Path, records_per_run: int, transitions_per_run: i
                          (run_id, n + 1, f"S{n - 1}", f"S{n}", time.time()))
             conn.execute("UPDATE jobs SET status = 'running', snapshot = ? WHERE job_id = ?", (f"S{n}", run_id))
             conn.executemany("INSERT INTO outbox (record_id, run_id, kind, payload) VALUES (?, ?, 'r', ?)",
-                             [(str(uuid.uuid4()), run_id, payload) for _ in range(per_commit)])
-            conn.execute("COMMIT")
-        conn.execute("BEGIN IMMEDIATE")
+                             [(ordered_id(), run_id, payload) for _ in range(per_commit)])
+            if n < transitions_per_run - 1:
+                conn.execute("COMMIT")
+        # the last transition (the close) chains the outbox in its own transaction, as harness does
         rows = conn.execute("SELECT id, record_id, run_id, payload FROM outbox ORDER BY id").fetchall()
         chained = []
         for _, record_id, rid, body in rows:
