@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 from harness.context.tokenizer import (
     ANTHROPIC_MARGIN,
+    ENCODINGS,
     ApproxTokenizer,
     BpeTokenizer,
     ScaledTokenizer,
@@ -56,3 +60,19 @@ def test_an_explicit_encoding_wins_and_an_unknown_one_is_refused() -> None:
     assert tokenizer_for("scripted", None, "approx").name == "approx"
     with pytest.raises(InvalidRequestError, match="unknown token encoding"):
         BpeTokenizer("p99k_base")
+
+
+def test_the_known_encodings_are_those_the_package_ships() -> None:
+    """BpeTokenizer checks a name against ENCODINGS without loading the vocabularies; the list must be
+    exactly what bpe-openai provides."""
+    from bpe_openai import _bindings
+
+    assert sorted(ENCODINGS) == sorted(_bindings.supported_encodings())
+
+
+def test_the_vocabulary_loads_on_the_first_count_only() -> None:
+    """Building a tokenizer (every runtime does) costs nothing; the first count loads the encoding."""
+    code = ("import sys; from harness.context.tokenizer import BpeTokenizer; t = BpeTokenizer('cl100k_base'); "
+            "print('bpe_openai' in sys.modules); print(t.count('hello world')); print('bpe_openai' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["False", "2", "True"]

@@ -13,10 +13,10 @@ import math
 from functools import cache
 from typing import Any, Protocol
 
-from bpe_openai import _bindings  # the crate's own counter, no vocab copy
-
 from harness.errors import InvalidRequestError
 
+#: the encodings bpe-openai ships (a unit test keeps this in step with the package)
+ENCODINGS = ("cl100k_base", "o200k_base", "voyage3_base")
 #: chat formats spend a few tokens per message on role and separators (OpenAI documents 3-4)
 MESSAGE_OVERHEAD = 4
 #: Anthropic's tokenizer is not published; cl100k under-counts it by up to ~10-15% on English text
@@ -37,12 +37,13 @@ class BpeTokenizer:
     """An OpenAI byte-pair encoding (cl100k_base, o200k_base) from the bundled vocabulary."""
 
     def __init__(self, encoding: str) -> None:
+        if encoding not in ENCODINGS:
+            raise InvalidRequestError(f"unknown token encoding {encoding!r}; known: {', '.join(ENCODINGS)}")
         self.name = encoding
-        self._bpe = _load(encoding)
 
     def count(self, text: str) -> int:
         """Exact token count of `text` in this encoding (special-token text counts as plain text)."""
-        return int(self._bpe.count(text)) if text else 0
+        return int(_load(self.name).count(text)) if text else 0
 
 
 class ScaledTokenizer:
@@ -70,9 +71,10 @@ class ApproxTokenizer:
 
 @cache
 def _load(encoding: str) -> Any:
-    if encoding not in _bindings.supported_encodings():
-        raise InvalidRequestError(f"unknown token encoding {encoding!r}; "
-                                  f"known: {', '.join(_bindings.supported_encodings())}")
+    """The encoding's counter, loaded on the first count: importing the bindings maps both vocabularies
+    (~70 MB, ~0.4 s), which commands that never assemble a context (runs show, audit verify) skip."""
+    from bpe_openai import _bindings  # the crate's own counter, no vocab copy
+
     return _bindings.tokenizer_for_encoding(encoding)
 
 
