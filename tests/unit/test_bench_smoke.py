@@ -65,3 +65,14 @@ def test_sweeper_benchmark_runs() -> None:
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     assert report["large"]["final_runs"] == 500 and report["large"]["scan_ms"] > 0
+
+
+def test_the_profiling_tool_runs_in_every_mode() -> None:
+    """profile_run.py (issue 9's profiling pass) finishes on a tiny size: timing, self time by package, WAL
+    pages per transaction."""
+    tool = BENCH.parent / "profile_run.py"
+    for mode, expect in (([], "median wall"), (["--by-module"], "total (profiled)"), (["--wal"], "pages per Run")):
+        done = subprocess.run([sys.executable, str(tool), "--runs", "2", "--warmup", "1", *mode],
+                              capture_output=True, text=True, timeout=300, check=False)
+        assert done.returncode == 0, done.stderr
+        assert expect in done.stdout
