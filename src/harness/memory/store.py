@@ -17,6 +17,7 @@ from typing import Any, Literal
 import sqlalchemy as sa
 
 from harness.adapters.sql import schema as t
+from harness.adapters.sql.database import READ_ONLY
 from harness.audit.chain import content_hash
 from harness.context.errors import RecallError, ScopeViolationError
 from harness.context.secrets import SecretFilter
@@ -85,6 +86,8 @@ class MemoryStore:
     def __init__(self, engine: sa.Engine, clock: Clock, secret_filter: SecretFilter,
                  embedder: Embedder | None = None) -> None:
         self.engine = engine
+        #: the same pool for reads: on SQLite a recall or a lookup does not queue for the write lock
+        self.reader = engine.execution_options(**{READ_ONLY: True})
         self.clock = clock
         self.filter = secret_filter
         self.embedder = embedder
@@ -108,7 +111,7 @@ class MemoryStore:
             return []
         ids: list[str] = []
         fresh: list[dict[str, Any]] = []
-        with self.engine.connect() as conn:  # read first: embedding must not hold the database's write lock
+        with self.reader.connect() as conn:  # read first: embedding must not hold the database's write lock
             kept: dict[tuple[Any, ...], str] = {}  # (scope, content hash) -> id, for this call's own entries
             for row in rows:
                 key = (*_scope_key(row), row["content_hash"])
@@ -145,7 +148,7 @@ class MemoryStore:
         if k <= 0 or not query.strip():
             return []
         try:
-            with self.engine.connect() as conn:
+            with self.reader.connect() as conn:
                 fetch = 2 * k
                 while True:  # copies of one content (stored before write-back deduplicated) count once
                     ranked = self._rank(conn, scope, query, fetch, mode)
@@ -202,7 +205,7 @@ class MemoryStore:
     def entries_of_run(self, run_id: str) -> list[str]:
         """Ids of the entries a Run wrote back."""
         m = t.memory_entries
-        with self.engine.connect() as conn:
+        with self.reader.connect() as conn:
             return list(conn.execute(sa.select(m.c.entry_id).where(m.c.source_run_id == run_id)
                                      .order_by(m.c.id)).scalars())
 
