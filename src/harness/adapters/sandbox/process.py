@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import select
 import signal
@@ -26,6 +27,10 @@ from harness.adapters.sandbox.types import SandboxJob, SandboxOutcome
 
 RUNNER = Path(__file__).resolve().with_name("runner.py")
 STDERR_TAIL = 2_000
+#: how long a finished call waits for the last processes of its sandbox to be gone
+LINGER_S = 2.0
+
+_log = logging.getLogger("harness.sandbox")
 
 
 @dataclass(frozen=True)
@@ -69,6 +74,8 @@ def run_process(argv: Sequence[str], job: SandboxJob, *, isolation: str, env: di
         tail = _read(stderr, None)[-STDERR_TAIL:].decode("utf-8", "replace")
     duration = round((time.perf_counter() - started) * 1000, 3)
     outcome = interpret(job, ended, raw, bwrap_status=bwrap_status)
+    if uid is not None and not outcome.get("ok"):
+        _wait_until_gone(uid)  # a call that failed (a limit, a kill, a crash) may have left a crowd behind
     return SandboxOutcome(**{**outcome, "isolation": isolation, "stderr_tail": tail, "duration_ms": duration})
 
 
@@ -85,6 +92,36 @@ def _wait(proc: subprocess.Popen[bytes], wall_s: float) -> Exit:
     proc.returncode = os.waitstatus_to_exitcode(status)
     sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
     return Exit(proc.returncode, sig, usage.ru_utime + usage.ru_stime, timed_out)
+
+
+def _wait_until_gone(uid: int, limit_s: float = LINGER_S) -> None:
+    """Return once no process of the call's own uid is left. Processes the skill started in a new session
+    escape the group kill; the kernel kills them when the sandbox's PID namespace ends, but that finishes
+    shortly after the sandbox process itself is reaped. A call is over only when they are gone."""
+    deadline = time.monotonic() + limit_s
+    pause = 0.001
+    while _processes_of(uid):
+        if time.monotonic() > deadline:
+            _log.warning("processes of sandbox uid %d still exist %.1fs after the call ended", uid, limit_s)
+            return
+        time.sleep(pause)
+        pause = min(pause * 2, 0.05)
+
+
+def _processes_of(uid: int) -> bool:
+    """Whether any process (zombies included, until reaped) has `uid` as its real uid."""
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                with open(f"/proc/{entry.name}/status", "rb") as status:
+                    for line in status:
+                        if line.startswith(b"Uid:"):
+                            if int(line.split()[1]) == uid:
+                                return True
+                            break
+            except OSError:  # the process ended while we looked
+                continue
+    return False
 
 
 def kill_group(pgid: int) -> None:
