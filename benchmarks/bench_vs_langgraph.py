@@ -15,7 +15,7 @@ the same work: a Run shaped like the bundled example — prepare, plan, policy, 
 - floor:          plain sqlite3 doing harness's inserts for a Run, one commit per transition,
                   with the chain's SHA-256 per record — the cost of the persistence alone;
 - plain:          the same three skill functions called directly, no persistence — the work itself,
-                  so harness − plain is the harness's own overhead per Run (issue 3).
+                  so harness - plain is the harness's own overhead per Run (issue 3).
 
 Reported: per-Run median and p99 wall time, Runs/s, bytes on disk per Run, peak RSS, and ratios.
 """
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import itertools
 import json
 import os
 import resource
@@ -134,7 +135,7 @@ def _langgraph(runs: int, folder: Path, hitl: bool) -> list[float]:
     for name, fn in order:
         graph.add_node(name, fn)
     names = [START, *(n for n, _ in order), END]
-    for a, b in zip(names, names[1:], strict=False):
+    for a, b in itertools.pairwise(names):
         graph.add_edge(a, b)
     conn = sqlite3.connect(folder / "langgraph.db", check_same_thread=False)
     app = graph.compile(checkpointer=SqliteSaver(conn))
@@ -185,7 +186,8 @@ def _floor(runs: int, folder: Path, records_per_run: int, transitions_per_run: i
     conn.executescript("""
         CREATE TABLE runs (run_id TEXT PRIMARY KEY, state TEXT, version INT, request TEXT, context TEXT);
         CREATE TABLE jobs (job_id TEXT PRIMARY KEY, status TEXT, snapshot TEXT);
-        CREATE TABLE transitions (id INTEGER PRIMARY KEY, run_id TEXT, seq INT, from_state TEXT, to_state TEXT, at REAL);
+        CREATE TABLE transitions (id INTEGER PRIMARY KEY, run_id TEXT, seq INT, from_state TEXT, to_state TEXT,
+                                  at REAL);
         CREATE TABLE outbox (id INTEGER PRIMARY KEY, record_id TEXT UNIQUE, run_id TEXT, kind TEXT, payload TEXT);
         CREATE TABLE trace (seq INTEGER PRIMARY KEY, record_id TEXT UNIQUE, run_id TEXT, payload TEXT,
                             prev_hash TEXT, hash TEXT);
@@ -285,7 +287,7 @@ def harness_shape() -> dict[str, int]:
 def summarise(times: list[float]) -> dict[str, float]:
     """Median and p99 in ms, and Runs per second."""
     ordered = sorted(times)
-    p99 = ordered[min(len(ordered) - 1, int(round(0.99 * (len(ordered) - 1))))]
+    p99 = ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
     return {"median_ms": statistics.median(ordered) * 1000, "p99_ms": p99 * 1000,
             "runs_per_s": len(ordered) / sum(ordered)}
 
@@ -327,7 +329,7 @@ def table(report: dict[str, Any]) -> str:
         lines.append(f"| {name} | {r['median_ms']:.2f} | {r['p99_ms']:.2f} | {r['runs_per_s']:.1f} | "
                      f"{r['bytes_per_run']:.0f} | {r['peak_rss_mb']:.1f} |")
     if "harness_overhead_ms_per_run" in report:
-        lines += ["", f"harness overhead per Run (harness − plain, medians): "
+        lines += ["", f"harness overhead per Run (harness - plain, medians): "
                       f"{report['harness_overhead_ms_per_run']:.2f} ms"]
     lines += ["", "| ratio | median | p99 | Runs/s | bytes/Run | peak RSS |", "|---|---|---|---|---|---|"]
     for name, r in report.get("ratios", {}).items():

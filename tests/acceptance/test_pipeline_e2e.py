@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.config import Runtime
 from harness.audit.chain import content_hash
+from harness.config import Runtime
 from harness.errors import ContextError, InvalidRequestError
 from harness.pipeline.trace_recorder import policy_verdicts
 

@@ -407,9 +407,9 @@ class RunManager:
             return self._advance(run, S.POLICY_CHECK, S.REJECTED, f"policy rejected: {reasons}", records,
                                  context=context, result={"error": f"rejected by policy: {reasons}"})
         if decision.decision == "await_hitl":
-            if self.hitl.pending_count(caller.tenant_id, caller.user_id) >= self.hitl.settings.max_pending_per_requester:
-                reason = (f"hitl.rate_limit: {caller.user_id} already has "
-                          f"{self.hitl.settings.max_pending_per_requester} approval requests waiting")
+            most = self.hitl.settings.max_pending_per_requester
+            if self.hitl.pending_count(caller.tenant_id, caller.user_id) >= most:
+                reason = f"hitl.rate_limit: {caller.user_id} already has {most} approval requests waiting"
                 return self._advance(run, S.POLICY_CHECK, S.REJECTED, reason, records, context=context,
                                      result={"error": f"rejected by policy: {reason}"})
             req = self.hitl.new_request(run.run_id, caller.tenant_id, caller.user_id, decision.level,
