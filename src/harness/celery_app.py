@@ -40,6 +40,7 @@ def runtime() -> Runtime:
     with _lock:
         if _runtime is None:
             _runtime = build_runtime(Settings.from_env())
+            _runtime.runs.assembler.warm()
         return _runtime
 
 

@@ -66,6 +66,7 @@ def run(
 ) -> None:
     """Run a task in-process until it is final or waits for a human; show the state path live."""
     rt = runtime(db)
+    rt.runs.assembler.warm()  # the vocabulary loads before the Run, not inside its step 2
     known = rt.identities.find(tenant, user)
     roles = tuple(role) if role else (known.roles if known else ("support_agent",))
     if not json_:
@@ -213,6 +214,7 @@ def approvals(tenant: Annotated[str | None, typer.Option("--tenant")] = None, db
 def demo(db: DbOption = None, json_: JsonOption = False) -> None:
     """Run the bundled support example: a success, a human approval, a policy rejection and two failures."""
     rt = runtime(db)  # the default database, so `harness serve` afterwards shows these Runs
+    rt.runs.assembler.warm()  # the vocabulary loads before the Run, not inside its step 2
     scenarios = [
         ("success", "Where is order A-1001?", "alice"),
         ("approval (L2, self-confirm)", "Refund 42.50 EUR for order A-1001", "alice"),

@@ -43,6 +43,7 @@ def serve(
     logs.configure(json_lines=log_json, level=log_level)
     settings = ServiceSettings.from_env(worker_threads=workers, otel_exporter=otel)
     runtime = build_runtime(Settings.from_env(db=db))
+    runtime.runs.assembler.warm()
     app = create_app(runtime, settings)
     app.state.service.owns_runtime = True
     shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host

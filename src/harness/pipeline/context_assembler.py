@@ -68,6 +68,11 @@ class ContextAssembler:
         self.memory_share = memory_share
         self.memory_k = memory_k
 
+    def warm(self) -> None:
+        """Load the tokenizer's vocabulary now (long-running processes call this at start-up), so the
+        first Run served does not pay for it inside its context-assembly step."""
+        self.tokenizer.count("warm")
+
     def assemble(self, request: RunRequest, tools: Sequence[ToolSpec]) -> AssembledContext:
         """The context for `request`; a ContextError subclass says why there is none."""
         count = self.tokenizer.count
