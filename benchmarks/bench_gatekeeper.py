@@ -1,9 +1,11 @@
 """The gatekeeper (issue 4): policy decisions per second for a 5-call plan, time from an approval to the
-Run's EXECUTING, and a worker's memory with N parked Runs vs none (it must be flat: a parked Run holds
-no per-Run resources in any process).
+Run's EXECUTING, a worker's memory with N parked Runs vs none (it must be flat: a parked Run holds
+no per-Run resources in any process), and the budget check's read against the tenant's cost history (it
+must be flat too: the Run's costs and two running totals, not a sum over every cost ever recorded).
 
-    python benchmarks/bench_gatekeeper.py --parked 2000
-    python benchmarks/bench_gatekeeper.py --parked 20 --decisions 200 --json     # smoke
+    python benchmarks/bench_gatekeeper.py --parked 2000 --history 10000,1000000
+    python benchmarks/bench_gatekeeper.py --parked 20 --decisions 200 --history 1000,5000 --json     # smoke
+    python benchmarks/bench_gatekeeper.py --history 10000,1000000 --history-db postgresql+psycopg://...  # only that
 """
 
 from __future__ import annotations
@@ -76,6 +78,55 @@ def approval_to_executing(folder: Path, count: int) -> dict[str, float]:
     return {"median_ms": statistics.median(times) * 1000, "p99_ms": sorted(times)[int(0.99 * (len(times) - 1))] * 1000}
 
 
+#: what the budget check read before the running totals (migration 0008): sums over the tenant's whole history
+SUMS_BY_SCOPE = (
+    "SELECT COALESCE(SUM(CASE WHEN run_id = :run THEN usd ELSE 0.0 END), 0.0), "
+    "COALESCE(SUM(CASE WHEN user_id = :user THEN usd ELSE 0.0 END), 0.0), COALESCE(SUM(usd), 0.0) "
+    "FROM costs WHERE tenant_id = :tenant")
+HISTORY_REPEATS = 25
+
+
+def budget_check_vs_history(db: str, sizes: list[int]) -> list[dict[str, float]]:
+    """Median time of CostLedger.spent_by_scope (the Run's costs, the user's and the tenant's totals) and
+    of the sums it replaced, with the tenant's recorded costs grown to each size: 100 users, 4 costs per
+    Run. `db` must be empty (a SQLite path or a database URL)."""
+    import sqlalchemy as sa
+
+    from harness.adapters.sql import schema as t
+    from harness.adapters.sql.ledger import CostLedger, recount_totals
+    from harness.adapters.sql.store import SqlStore
+
+    store = SqlStore.open(db)
+    ledger, filled, out = CostLedger(store), 0, []
+    scope = {"tenant": "acme", "user": "u7", "run": "run-7"}
+    for size in sorted(sizes):
+        while filled < size:
+            chunk = range(filled, min(size, filled + 50_000))
+            with store.engine.begin() as conn:
+                conn.execute(t.costs.insert(), [
+                    {"run_id": f"run-{i // 4}", "tenant_id": "acme", "user_id": f"u{i // 4 % 100}", "source": "llm",
+                     "input_tokens": 100, "output_tokens": 20, "usd": 0.0001 + (i % 997) * 1e-7, "at": float(i)}
+                    for i in chunk])
+            filled = chunk[-1] + 1
+        with store.engine.begin() as conn:
+            recount_totals(conn, "acme")
+        totals, sums = [], []
+        for _ in range(HISTORY_REPEATS):
+            started = time.perf_counter()
+            now = ledger.spent_by_scope(tenant_id="acme", user_id=scope["user"], run_id=scope["run"])
+            totals.append(time.perf_counter() - started)
+        for _ in range(HISTORY_REPEATS):
+            started = time.perf_counter()
+            with store.reader.connect() as conn:
+                before = conn.execute(sa.text(SUMS_BY_SCOPE), scope).one()
+            sums.append(time.perf_counter() - started)
+        assert all(abs(a - float(b)) <= 1e-9 * (1 + abs(a)) for a, b in zip(now, before, strict=True)), (now, before)
+        out.append({"costs": float(size), "totals_ms": statistics.median(totals) * 1000,
+                    "sums_ms": statistics.median(sums) * 1000})
+    store.close()
+    return out
+
+
 def park(folder: Path, count: int) -> None:
     """Fill a database with `count` Runs parked in AWAITING_HITL (one requester each: the rate limit)."""
     rt = _runtime(folder)
@@ -116,8 +167,16 @@ def main() -> None:
     parser.add_argument("--parked", type=int, default=2000)
     parser.add_argument("--decisions", type=int, default=2000)
     parser.add_argument("--approvals", type=int, default=100)
+    parser.add_argument("--history", default="10000,100000",
+                        help="tenant cost histories to time the budget check on (comma-separated row counts)")
+    parser.add_argument("--history-db", help="an empty database (URL) for the history measurement, which then "
+                                             "runs alone; default: a temporary SQLite file")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    sizes = [int(n) for n in args.history.split(",")]
+    if args.history_db:
+        _print_history(budget_check_vs_history(args.history_db, sizes), args.json)
+        return
     report: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b, \
             tempfile.TemporaryDirectory() as c:
@@ -130,6 +189,7 @@ def main() -> None:
         full = worker_rss(Path(c))
         report["memory"] = {"parked": args.parked, "rss_mb_with_0": empty / 1024, "rss_mb_with_parked": full / 1024,
                             "growth_mb": (full - empty) / 1024}
+        report["budget_check"] = budget_check_vs_history(str(Path(a) / "history.db"), sizes)
     if args.json:
         print(json.dumps(report, indent=2))
         return
@@ -139,6 +199,16 @@ def main() -> None:
     print(f"approval -> EXECUTING: median {h['median_ms']:.2f} ms, p99 {h['p99_ms']:.2f} ms")
     print(f"worker peak RSS: {m['rss_mb_with_0']:.1f} MB with 0 parked, {m['rss_mb_with_parked']:.1f} MB with "
           f"{m['parked']} parked (growth {m['growth_mb']:+.1f} MB)")
+    _print_history(report["budget_check"], False)
+
+
+def _print_history(rows: list[dict[str, float]], as_json: bool) -> None:
+    if as_json:
+        print(json.dumps({"budget_check": rows}, indent=2))
+        return
+    for r in rows:
+        print(f"budget check with {r['costs']:,.0f} costs in the tenant: {r['totals_ms']:.3f} ms median "
+              f"(running totals), {r['sums_ms']:.3f} ms (sums over the history, before 0008)")
 
 
 if __name__ == "__main__":

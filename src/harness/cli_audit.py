@@ -119,16 +119,17 @@ def _print_reconcile(report: ReconcileReport) -> None:
     console.print(table)
     for name, count in report.counts.items():
         if count:
-            console.print(f"{name}: {count} run(s)")
+            console.print(f"{name}: {count} mismatch(es)")
     for m in report.mismatches:
-        console.print(f"  {m.check} {m.run_id}: {m.detail}")
+        console.print(f"  {m.check}{f' {m.run_id}' if m.run_id else ''}: {m.detail}")
 
 
 @audit_app.command("reconcile")
 @cli_errors
 @_audit_errors
 def reconcile_cmd(db: DbOption = None, json_: JsonOption = False, limit: LimitOption = 20) -> None:
-    """Check that final-state counts match their audit events and each Run agrees with its transitions."""
+    """Check that final-state counts match their audit events, each Run agrees with its transitions and
+    spend totals match the recorded costs."""
     report = reconcile(_open(db), limit=limit)
     if json_:
         emit(report.to_dict())

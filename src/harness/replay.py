@@ -35,6 +35,7 @@ from harness.adapters.llm.resilient import FallbackResponse
 from harness.adapters.llm.types import LLMRequest, LLMResponse
 from harness.adapters.sql import schema as t
 from harness.adapters.sql.blobs import BlobStore
+from harness.adapters.sql.ledger import recount_totals
 from harness.adapters.sql.store import RunRecord, SqlStore
 from harness.audit.chain import content_hash
 from harness.clock import FakeClock
@@ -356,6 +357,8 @@ def _seed(source: SqlStore, target: SqlStore, tenant_id: str, before: float) -> 
         if rows:
             with target.engine.begin() as conn:
                 conn.execute(sa.Table(name, sa.MetaData(), autoload_with=conn).insert(), rows)
+                if name == "costs":
+                    recount_totals(conn, tenant_id)  # the budget check reads the totals, not the rows
 
 
 def _replay_humans(rt: Runtime, clock: FakeClock, source: SqlStore, run_id: str, replay_id: str) -> None:

@@ -2,7 +2,10 @@
 
 For each final state, count(runs in it) == count(its FINAL_EVENT audit events). Per Run: its state is
 the last transition's target, the legacy job row mirrors it, it has at most one final transition and
-its transition seqs run 0, 1, 2, … without a hole, and a final Run has exactly one final event.
+its transition seqs run 0, 1, 2, … without a hole, and a final Run has exactly one final event. Apart
+from Runs (run_id None): every user's and tenant's spend total (SPEC G1) counts its recorded costs and
+sums their USD, the float sums to within a relative SPEND_TOLERANCE (the same amounts added in another
+order); a total with no recorded cost is named too.
 
 Every check is one set-based query (GROUP BY / joins), never a loop over Runs, so it scales to a
 million Runs; each lists at most `limit` offenders and counts them all.
@@ -17,6 +20,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from harness.adapters.sql import schema as t
+from harness.adapters.sql.ledger import TENANT_TOTAL
 from harness.adapters.sql.store import SqlStore
 from harness.kernel import FINAL, FINAL_EVENT
 from harness.kernel.projection import PROJECTION
@@ -24,6 +28,9 @@ from harness.kernel.projection import PROJECTION
 _FINAL_STATES = sorted(s.value for s in FINAL)
 _FINAL_EVENTS = sorted(FINAL_EVENT.values())
 _STATE_OF_EVENT = {event: state.value for state, event in FINAL_EVENT.items()}
+#: how far (relative, plus as much in absolute USD) a spend total may stray from its costs' sum: the same
+#: floats added in another order differ by a few ulps per addition, far below this for ~10**7 costs
+SPEND_TOLERANCE = 1e-9
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,6 +162,36 @@ def _orphan_final_events() -> sa.Select[Any]:
     )
 
 
+def _spend_totals() -> sa.Select[Any]:
+    c, s = t.costs, t.spend_totals
+    sums = sa.union_all(
+        sa.select(c.c.tenant_id, c.c.user_id, sa.func.sum(c.c.usd).label("usd"), sa.func.count().label("n"))
+        .group_by(c.c.tenant_id, c.c.user_id),
+        sa.select(c.c.tenant_id, sa.literal(TENANT_TOTAL), sa.func.sum(c.c.usd), sa.func.count())
+        .group_by(c.c.tenant_id),
+    ).subquery("sums")
+    off = sa.func.abs(s.c.usd - sums.c.usd) > SPEND_TOLERANCE * (1 + sa.func.abs(sums.c.usd))
+    wrong = (
+        sa.select(sa.null().label("run_id"), sums.c.tenant_id, sums.c.user_id, s.c.usd, s.c.cost_count,
+                  sums.c.usd.label("costs_usd"), sums.c.n)
+        .select_from(sums.outerjoin(s, sa.and_(s.c.tenant_id == sums.c.tenant_id, s.c.user_id == sums.c.user_id)))
+        .where(sa.or_(s.c.tenant_id.is_(None), s.c.cost_count != sums.c.n, off))
+    )
+    recorded = sa.exists().where(c.c.tenant_id == s.c.tenant_id,
+                                 sa.or_(s.c.user_id == TENANT_TOTAL, c.c.user_id == s.c.user_id))
+    stray = sa.select(sa.null(), s.c.tenant_id, s.c.user_id, s.c.usd, s.c.cost_count, sa.null(), sa.null()).where(
+        ~recorded)
+    return sa.select(sa.union_all(wrong, stray).subquery("spend"))
+
+
+def _describe_spend(row: tuple[Any, ...]) -> str:
+    tenant, user, usd, count, costs_usd, n = row
+    scope = f"tenant {tenant!r} " + (f"user {user!r}" if user != TENANT_TOTAL else "total")
+    total = "no total" if usd is None else f"total {usd!r} USD over {count} cost(s)"
+    recorded = "no recorded cost" if n is None else f"recorded costs sum to {costs_usd!r} USD over {n}"
+    return f"{scope}: {total}, {recorded}"
+
+
 #: each check: the query listing offenders (run_id first) and how to say what is wrong with one row
 CHECKS: dict[str, tuple[Callable[[], sa.Select[Any]], Callable[[tuple[Any, ...]], str]]] = {
     "state_vs_last_transition": (
@@ -167,6 +204,7 @@ CHECKS: dict[str, tuple[Callable[[], sa.Select[Any]], Callable[[tuple[Any, ...]]
     "final_event_per_run": (_final_event_per_run, lambda r: f"state {r[0]} with {r[1]} final events, not 1"),
     "orphan_final_event": (
         _orphan_final_events, lambda r: f"{r[0]} event but run state {r[1] or '(no such run)'}"),
+    "spend_totals": (_spend_totals, _describe_spend),
 }
 
 

@@ -376,8 +376,8 @@ class RunManager:
         context["plan_request_hash"] = llm_record.payload["request_hash"]
 
         def ledger_and_blobs(conn: sa.Connection) -> None:
-            self.ledger.insert(conn, cost)
             put(conn, contents_of(llm_values))
+            self.ledger.insert(conn, cost)  # last: it locks the tenant's spend total until the commit
 
         return self._advance(run, S.PLANNING, S.POLICY_CHECK, f"plan with {len(outcome.plan.steps)} steps",
                              records, context=context, also=ledger_and_blobs)

@@ -131,6 +131,19 @@ costs = sa.Table(
     sa.Column("at", sa.Double, nullable=False),
 )
 
+#: running totals of `costs` (0008), one row per user and one per tenant (user_id '': user ids are never
+#: empty), so a budget check reads two rows instead of summing the tenant's history. CostLedger.insert
+#: adds each cost in the cost's own transaction; `costs` stays the source of truth and reconcile checks
+#: the totals against its sums
+spend_totals = sa.Table(
+    "spend_totals",
+    metadata,
+    sa.Column("tenant_id", sa.String(128), primary_key=True),
+    sa.Column("user_id", sa.String(128), primary_key=True),
+    sa.Column("usd", sa.Double, nullable=False),
+    sa.Column("cost_count", sa.BigInteger, nullable=False),
+)
+
 hitl_requests = sa.Table(
     "hitl_requests",
     metadata,
