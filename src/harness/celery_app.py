@@ -60,7 +60,7 @@ def orphans(rt: Runtime, grace_s: float, limit: int = 1000) -> list[str]:
         .order_by(t.runs.c.last_state_change_at)
         .limit(limit)
     )
-    with rt.store.engine.connect() as conn:
+    with rt.store.reader.connect() as conn:
         return list(conn.execute(query).scalars())
 
 

@@ -248,7 +248,7 @@ class ReplayTools:
 def records_of(store: SqlStore, run_id: str) -> list[tuple[str, dict[str, Any]]]:
     """(kind, payload) of a Run's trace records in order: the chain, then any not yet drained."""
     chained = [(r.kind, r.data()) for r in store.trace_of(run_id)]
-    with store.engine.connect() as conn:
+    with store.reader.connect() as conn:
         pending = conn.execute(sa.select(t.outbox.c.kind, t.outbox.c.payload)
                                .where(t.outbox.c.run_id == run_id).order_by(t.outbox.c.id)).all()
     return chained + [(k, {"run_id": run_id, **json.loads(p)}) for k, p in pending]
@@ -350,7 +350,7 @@ def _seed(source: SqlStore, target: SqlStore, tenant_id: str, before: float) -> 
         query = sa.select(table).where(table.c.tenant_id == tenant_id, table.c[time_column] < before)
         if name == "memory_entries":
             query = query.where(sa.or_(table.c.source_run_id.is_(None), table.c.source_run_id.in_(succeeded)))
-        with source.engine.connect() as conn:
+        with source.reader.connect() as conn:
             rows = [dict(r._mapping) for r in conn.execute(query)]
         if name == "memory_entries":
             rows = [{**r, "source_run_id": None} for r in rows]
@@ -363,7 +363,7 @@ def _seed(source: SqlStore, target: SqlStore, tenant_id: str, before: float) -> 
 
 def _replay_humans(rt: Runtime, clock: FakeClock, source: SqlStore, run_id: str, replay_id: str) -> None:
     """Re-submit the Run's human decisions at their recorded moments; let timeouts fire as they did."""
-    with source.engine.connect() as conn:
+    with source.reader.connect() as conn:
         decisions = conn.execute(sa.select(t.hitl_decisions).where(t.hitl_decisions.c.run_id == run_id)
                                  .order_by(t.hitl_decisions.c.id)).all()
     for d in decisions:

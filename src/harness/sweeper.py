@@ -78,7 +78,7 @@ class ZombieSweeper:
         for state, threshold in self.thresholds.items():
             if threshold is None:
                 continue
-            with self.store.engine.connect() as conn:
+            with self.store.reader.connect() as conn:
                 rows = conn.execute(_STUCK, {"p_state": state.value, "p_cutoff": now - threshold,
                                              "p_limit": self.batch}).all()
             for row in rows:

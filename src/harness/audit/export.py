@@ -31,7 +31,7 @@ def _record_doc(rec: StoredTraceRecord) -> dict[str, Any]:
 
 
 def _pending_in_outbox(store: SqlStore, run_id: str) -> int:
-    with store.engine.connect() as conn:
+    with store.reader.connect() as conn:
         query = sa.select(sa.func.count()).select_from(t.outbox).where(t.outbox.c.run_id == run_id)
         return int(conn.execute(query).scalar_one())
 

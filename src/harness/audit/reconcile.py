@@ -211,7 +211,7 @@ CHECKS: dict[str, tuple[Callable[[], sa.Select[Any]], Callable[[tuple[Any, ...]]
 def reconcile(store: SqlStore, *, limit: int = 20) -> ReconcileReport:
     """Run every check; list at most `limit` offenders per check, count them all."""
     report = ReconcileReport()
-    with store.engine.connect() as conn:
+    with store.reader.connect() as conn:
         report.finals = _final_counts(conn)
         for name, (build, describe) in CHECKS.items():
             query = build()

@@ -162,7 +162,7 @@ class _Walk:
     def _seq_where(self, column: sa.Column[Any], digest: str) -> int | None:
         # neither hash column is indexed (migrations 0006, 0007): a scan of the table, done only to
         # explain a broken link that is listed (at most `limit` of them)
-        with self.store.engine.connect() as conn:
+        with self.store.reader.connect() as conn:
             found = conn.execute(sa.select(t.trace_records.c.seq).where(column == digest)).first()
         return int(found.seq) if found else None
 
@@ -198,7 +198,7 @@ def _transition_counts(store: SqlStore, report: ChainReport) -> None:
         .where(rows.c.n != recorded)
         .order_by(rows.c.run_id)
     )
-    with store.engine.connect() as conn:
+    with store.reader.connect() as conn:
         for r in conn.execute(query):
             kind = "run_trace_missing" if r.recorded == 0 else "transition_record_missing"
             report.add(Problem(kind, None, None, f"{r.n} transitions but {r.recorded} transition records",
@@ -211,7 +211,7 @@ def _runs_without_trace(store: SqlStore, report: ChainReport) -> None:
         return sa.exists().where(table.c.run_id == t.runs.c.run_id)
 
     query = sa.select(t.runs.c.run_id).where(~has(t.trace_records), ~has(t.outbox), ~has(t.transitions))
-    with store.engine.connect() as conn:
+    with store.reader.connect() as conn:
         for run_id in conn.execute(query.order_by(t.runs.c.run_id)).scalars():
             report.add(Problem("run_trace_missing", None, None, "the Run has no trace record", run_id=run_id))
 

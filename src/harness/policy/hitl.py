@@ -96,7 +96,7 @@ class HitlDesk:
 
     def pending_count(self, tenant_id: str, requester: str) -> int:
         """How many requests of this requester still wait (for the per-requester rate limit)."""
-        with self.store.engine.connect() as conn:
+        with self.store.reader.connect() as conn:
             return int(conn.execute(
                 sa.select(sa.func.count()).select_from(t.hitl_requests).where(
                     t.hitl_requests.c.tenant_id == tenant_id, t.hitl_requests.c.requester == requester,
@@ -130,7 +130,7 @@ class HitlDesk:
         query = sa.select(t.hitl_requests).where(t.hitl_requests.c.request_id == request_id)
         if tenant_id is not None:
             query = query.where(t.hitl_requests.c.tenant_id == tenant_id)
-        with self.store.engine.connect() as conn:
+        with self.store.reader.connect() as conn:
             row = conn.execute(query).first()
         if row is None:
             raise UnknownRequestError(f"no approval request with id {request_id!r}")
@@ -138,7 +138,7 @@ class HitlDesk:
 
     def for_run(self, run_id: str) -> list[HitlRequest]:
         """A Run's requests, oldest first."""
-        with self.store.engine.connect() as conn:
+        with self.store.reader.connect() as conn:
             rows = conn.execute(sa.select(t.hitl_requests).where(t.hitl_requests.c.run_id == run_id)
                                 .order_by(t.hitl_requests.c.created_at)).all()
         return [_request_from_row(r) for r in rows]
@@ -149,12 +149,12 @@ class HitlDesk:
                  .order_by(t.hitl_requests.c.deadline_at).limit(limit))
         if tenant_id is not None:
             query = query.where(t.hitl_requests.c.tenant_id == tenant_id)
-        with self.store.engine.connect() as conn:
+        with self.store.reader.connect() as conn:
             return [_request_from_row(r) for r in conn.execute(query)]
 
     def due(self, now: float, limit: int = 500) -> list[HitlRequest]:
         """Pending requests whose deadline has passed."""
-        with self.store.engine.connect() as conn:
+        with self.store.reader.connect() as conn:
             rows = conn.execute(sa.select(t.hitl_requests).where(
                 t.hitl_requests.c.status == "pending", t.hitl_requests.c.deadline_at <= now)
                 .order_by(t.hitl_requests.c.deadline_at).limit(limit)).all()
@@ -162,7 +162,7 @@ class HitlDesk:
 
     def approvals(self, request_id: str) -> list[str]:
         """Approvers whose approval of this request was accepted."""
-        with self.store.engine.connect() as conn:
+        with self.store.reader.connect() as conn:
             return list(conn.execute(sa.select(t.hitl_decisions.c.approver).where(
                 t.hitl_decisions.c.request_id == request_id, t.hitl_decisions.c.decision == "approve",
                 t.hitl_decisions.c.outcome == "accepted")).scalars())

@@ -17,6 +17,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import mysql, postgresql, sqlite
 
 from harness.adapters.sql import schema as t
+from harness.adapters.sql.database import READ_ONLY
 from harness.adapters.sql.raw import RawStatements
 from harness.adapters.sql.store import SqlStore, TraceRecordIn
 from harness.audit.chain import canonical_json, content_hash, text_hash
@@ -83,7 +84,7 @@ class BlobStore:
         wanted = sorted(set(hashes))
         if not wanted:
             return {}
-        with self.engine.connect() as conn:
+        with self.engine.execution_options(**{READ_ONLY: True}).connect() as conn:
             query = sa.select(blobs.c.hash, blobs.c.content).where(blobs.c.hash.in_(wanted))
             rows = conn.execute(query).all()
         return {r.hash: r.content for r in rows}

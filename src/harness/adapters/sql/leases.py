@@ -90,7 +90,7 @@ class Leases:
 
     def holds(self, lease: Lease) -> bool:
         """Whether this lease is still the Run's current one and unexpired (checked before side effects)."""
-        with self.store.engine.connect() as conn:
+        with self.store.reader.connect() as conn:
             row = conn.execute(_READ, {"p_run_id": lease.run_id}).first()
         return (row is not None and row.lease_owner == lease.owner and row.lease_epoch == lease.epoch
                 and row.lease_expires_at is not None and row.lease_expires_at > self.store.clock.now())

@@ -569,7 +569,7 @@ class SqlStore:
 
     def pending_records(self, limit: int) -> list[PendingRecord]:
         """The oldest `limit` records waiting in the outbox, oldest first (what a trace buffer relays)."""
-        with self.engine.connect() as conn:
+        with self.reader.connect() as conn:
             rows = conn.execute(q.OUTBOX_BATCH, {"p_limit": limit}).all()
         return [PendingRecord(r.record_id, r.run_id, r.kind, r.payload) for r in rows]
 
@@ -602,12 +602,12 @@ class SqlStore:
 
     def outbox_backlog(self) -> int:
         """How many records wait in the outbox to be chained."""
-        with self.engine.connect() as conn:
+        with self.reader.connect() as conn:
             return int(conn.execute(sa.select(sa.func.count()).select_from(t.outbox)).scalar_one())
 
     def chain_head(self) -> tuple[int, str]:
         """(seq, hash) of the newest chained record, as the chain head table says."""
-        with self.engine.connect() as conn:
+        with self.reader.connect() as conn:
             row = conn.execute(sa.select(t.chain_head.c.seq, t.chain_head.c.hash).where(t.chain_head.c.id == 1)).one()
         return int(row.seq), str(row.hash)
 
@@ -615,7 +615,7 @@ class SqlStore:
         """Every chained record from `start_seq`, in chain order, streamed in batches."""
         after = start_seq - 1
         while True:
-            with self.engine.connect() as conn:
+            with self.reader.connect() as conn:
                 rows = conn.execute(
                     sa.select(t.trace_records).where(t.trace_records.c.seq > after)
                     .order_by(t.trace_records.c.seq).limit(batch)
@@ -709,6 +709,6 @@ class SqlStore:
 
     def raise_if_corrupt(self) -> None:
         """Raise StoreError when the chain head table is missing its row (a damaged database)."""
-        with self.engine.connect() as conn:
+        with self.reader.connect() as conn:
             if conn.execute(sa.select(t.chain_head.c.id)).first() is None:
                 raise StoreError("chain_head row is missing: the database was damaged")

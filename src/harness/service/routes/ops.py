@@ -28,7 +28,7 @@ def get_job(job_id: str, caller: Caller, svc: Service = ServiceDep) -> JobDoc:
     """The legacy view of a Run: one of four statuses (pending, running, done, failed), and the live
     state as `run_state_snapshot`. Written only by the projector inside each state change."""
     svc.owned_run(caller, job_id)
-    with svc.runtime.store.engine.connect() as conn:
+    with svc.runtime.store.reader.connect() as conn:
         row = conn.execute(sa.select(t.jobs).where(t.jobs.c.job_id == job_id)).first()
     if row is None:
         raise not_found("job", job_id)
