@@ -103,9 +103,11 @@ def tenant_of(store: SqlStore, run_id: str) -> str | None:
 
 
 def changes_after(
-    store: SqlStore, tenant_id: str, cursor: int, *, run_id: str | None = None, limit: int = 500
+    store: SqlStore, tenant_id: str, cursor: int, *, run_id: str | None = None, limit: int = 500,
+    through: int | None = None,
 ) -> list[Change]:
-    """State changes committed after `cursor`, oldest first, for one Run or the whole tenant."""
+    """State changes committed after `cursor` (and up to `through`), oldest first, for one Run or the whole
+    tenant."""
     query = (
         sa.select(t.transitions)
         .join(t.runs, t.runs.c.run_id == t.transitions.c.run_id)
@@ -115,9 +117,19 @@ def changes_after(
     )
     if run_id is not None:
         query = query.where(t.transitions.c.run_id == run_id)
+    if through is not None:
+        query = query.where(t.transitions.c.id <= through)
     with store.reader.connect() as conn:
         rows = conn.execute(query).all()
     return [Change(r.id, r.run_id, r.seq, r.from_state, r.to_state, r.actor, r.reason, r.at) for r in rows]
+
+
+def change_ids_after(store: SqlStore, cursor: int, limit: int = 500) -> list[int]:
+    """The ids of every committed change after `cursor`, any tenant's, oldest first: where the feed has
+    holes (a change whose id was taken by a transaction not committed yet, or rolled back)."""
+    query = sa.select(t.transitions.c.id).where(t.transitions.c.id > cursor).order_by(t.transitions.c.id)
+    with store.reader.connect() as conn:
+        return [int(i) for i in conn.execute(query.limit(limit)).scalars()]
 
 
 def latest_cursor(store: SqlStore) -> int:

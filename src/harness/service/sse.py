@@ -24,6 +24,10 @@ from harness.service.queries import Change
 ANY_RUN = "*"
 SETTLED = frozenset({"SUCCEEDED", "CLOSED_REJECTED", "CLOSED_FAILED", "CLOSED_CANCELLED", "AWAITING_HITL"})
 KEEPALIVE_S = 15.0
+#: how long a tenant-wide stream waits at a hole in the change feed (see CommitHorizon)
+HOLE_GRACE_S = 2.0
+#: changes_after's page size: a full page means there may be more up to the horizon
+CHANGES_PER_READ = 500
 
 
 class ChangeHub:
@@ -80,6 +84,37 @@ async def wait_settled(hub: ChangeHub, store: SqlStore, run_id: str, timeout_s: 
             await _pause(woke, min(remaining, poll_s))
 
 
+class CommitHorizon:
+    """How far a tenant-wide stream may read the change feed without ever skipping a change.
+
+    Change ids come from one counter (a PostgreSQL sequence, a MySQL/MariaDB auto-increment) that a
+    transaction draws from when it inserts, not when it commits: with concurrent writers, change 11 can
+    commit before change 10. A stream that moved past 11 would never deliver 10. So a stream reads only
+    up to the end of the run of consecutive committed ids after its position; it waits at a hole for up
+    to `grace_s` (the transaction commits), then takes the hole for a rolled-back insert and goes on.
+    A single Run's changes cannot overtake each other (each waits for the Run's row), and SQLite has one
+    writer at a time, so only tenant-wide streams on the servers ever wait here.
+    """
+
+    def __init__(self, grace_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.grace_s = grace_s
+        self._clock = clock
+        self._hole: int | None = None
+        self._seen_at = 0.0
+
+    def through(self, position: int, committed: list[int]) -> int:
+        """The last id a stream at `position` may read, given the committed ids after it, ascending."""
+        expected = position + 1
+        for change_id in committed:
+            if change_id != expected:
+                if self._hole != expected:
+                    self._hole, self._seen_at = expected, self._clock()
+                if self._clock() - self._seen_at < self.grace_s:
+                    return expected - 1
+            expected = change_id + 1
+        return expected - 1
+
+
 def change_document(change: Change) -> dict[str, Any]:
     """What one event carries."""
     return {
@@ -116,14 +151,22 @@ async def change_stream(
     """
     ends = time.monotonic() + lifetime_s
     quiet_since = time.monotonic()
+    horizon = CommitHorizon(HOLE_GRACE_S) if run_id is None else None
     yield "retry: 1000\n\n"
     with hub.watch(run_id or ANY_RUN) as woke:
         while not stop() and time.monotonic() < ends:
             woke.clear()
-            changes = await run_in_threadpool(queries.changes_after, store, tenant_id, cursor, run_id=run_id)
+            through = None
+            if horizon is not None:  # read only as far as every earlier change has committed
+                committed = await run_in_threadpool(queries.change_ids_after, store, cursor)
+                through = horizon.through(cursor, committed)
+            changes = await run_in_threadpool(queries.changes_after, store, tenant_id, cursor, run_id=run_id,
+                                              through=through, limit=CHANGES_PER_READ)
             for change in changes:
                 cursor = change.cursor
                 yield _frame(change)
+            if through is not None and len(changes) < CHANGES_PER_READ:
+                cursor = max(cursor, through)  # other tenants' changes up to there: nothing of ours left
             if run_id is not None:
                 last = (
                     changes[-1].to_state
