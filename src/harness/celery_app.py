@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from typing import Any
 
 import sqlalchemy as sa
@@ -83,7 +84,9 @@ def make_app(broker: str | None = None) -> Celery:
 
     @app.task(name="harness.drive")
     def drive(run_id: str) -> str | None:
-        result = RunWorker(runtime(), ttl_s=lease_ttl).execute(run_id)
+        rt = runtime()
+        result = RunWorker(rt, ttl_s=lease_ttl).execute(run_id)
+        _prune_now_and_then(rt)
         return result.state if result else None
 
     @app.task(name="harness.sweep")
@@ -93,13 +96,26 @@ def make_app(broker: str | None = None) -> Celery:
         requeued = orphans(rt, grace_s=lease_ttl)
         for run_id in requeued:
             drive.delay(run_id)
+        pruned = rt.runs.prune_workdirs()
         return {"recovered": len(report.recovered), "requeued": len(requeued),
-                "approvals_expired": len(report.approvals_expired)}
+                "approvals_expired": len(report.approvals_expired), "workdirs_removed": len(pruned)}
 
     return app
 
 
 app = make_app()
+
+
+_last_prune = [0.0]
+
+
+def _prune_now_and_then(rt: Runtime) -> None:
+    """Every SWEEP_INTERVAL_S per worker process: remove the working directories on this host of Runs
+    that a sweeper (or a worker elsewhere) closed, since no listener here saw those closes."""
+    now = time.monotonic()
+    if now - _last_prune[0] >= SWEEP_INTERVAL_S:
+        _last_prune[0] = now
+        rt.runs.prune_workdirs()
 
 
 def submit(request: dict[str, Any], rt: Runtime | None = None) -> str:

@@ -34,12 +34,13 @@ def sweep(
         except KeyboardInterrupt:
             return
     report = sweeper.sweep_once()
+    pruned = rt.runs.prune_workdirs()  # this host's directories of Runs closed by any process
     if json_:
-        emit(_doc(report))
+        emit({**_doc(report), "workdirs_removed": pruned})
     else:
         typer.echo(f"detected {len(report.detected)}, recovered {len(report.recovered)}, lost to another writer "
                    f"{len(report.lost)}, healthy (heartbeating) {len(report.healthy)}, approvals expired "
-                   f"{len(report.approvals_expired)}")
+                   f"{len(report.approvals_expired)}, working directories removed {len(pruned)}")
 
 
 def worker(

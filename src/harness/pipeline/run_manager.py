@@ -197,6 +197,11 @@ class RunManager:
             raise ContextError(f"run {run_id} has no recorded assembled context")
         return AssembledContext.model_validate(json.loads(text)["context"])
 
+    def prune_workdirs(self) -> list[str]:
+        """Remove the working directories of final Runs whose close another process made (a sweeper
+        elsewhere); this process's own closes remove theirs at once. Returns the Runs pruned."""
+        return self.tools.prune(self.store.final_among)
+
     def cancel(self, run_id: str, *, by: str, reason: str = "cancelled by the user") -> RunResult:
         """Cancel a Run that has not finished; a Run already final is left as it is."""
         run = self.store.get_run(run_id)

@@ -168,6 +168,12 @@ class ToolController:
         """Remove the Run's working directory (when it reached its final state); False if it had none."""
         return self.workdirs.remove(run_id)
 
+    def prune(self, final_among: Callable[[Sequence[str]], set[str]], limit: int = 1_000) -> list[str]:
+        """Remove the working directories of Runs that are final: those closed by another process (a
+        sweeper elsewhere), whose close this process's listener never saw. Returns the Runs pruned."""
+        done = final_among(self.workdirs.run_ids(limit))
+        return sorted(run_id for run_id in done if self.workdirs.remove(run_id))
+
     def call(
         self,
         skill: Skill,

@@ -143,8 +143,9 @@ class EmbeddedWorker:
     # ------------------------------------------------------------------ housekeeping
 
     def housekeep(self) -> None:
-        """One pass: apply due approval timeouts (default-deny), sweep stuck Runs every
-        SWEEP_INTERVAL_S (the in-process sweeper of D1), then chain the outbox."""
+        """One pass: apply due approval timeouts (default-deny), sweep stuck Runs and prune the working
+        directories of Runs closed elsewhere every SWEEP_INTERVAL_S (the in-process sweeper of D1), then
+        chain the outbox."""
         for request_id in self.runtime.runs.expire_approvals():
             log.info("approval request timed out", extra={"request_id": request_id})
         now = time.monotonic()
@@ -153,6 +154,8 @@ class EmbeddedWorker:
             report = ZombieSweeper(self.runtime.store, self.runtime.machine).sweep_once()
             for run_id in report.recovered:
                 log.warning("zombie run closed by the sweeper", extra={"run_id": run_id})
+            for run_id in self.runtime.runs.prune_workdirs():
+                log.info("working directory of a Run closed elsewhere removed", extra={"run_id": run_id})
         self.runtime.store.drain_all()
 
     def _housekeeping(self) -> None:

@@ -7,6 +7,7 @@ machine). Run ids are checked before they become paths, so no id can name a fold
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 from pathlib import Path
@@ -31,6 +32,18 @@ class Workdirs:
         path = self.path(run_id).resolve()
         path.mkdir(mode=0o700, parents=True, exist_ok=True)
         return path
+
+    def run_ids(self, limit: int) -> list[str]:
+        """The Runs that have a directory here (at most `limit` of them)."""
+        if not self.root.is_dir():
+            return []
+        found = []
+        for entry in os.scandir(self.root):
+            if entry.is_dir(follow_symlinks=False) and _SAFE_ID.match(entry.name):
+                found.append(entry.name)
+                if len(found) >= limit:
+                    break
+        return found
 
     def remove(self, run_id: str) -> bool:
         """Delete the Run's directory and all it holds; False when there was none (or the id could

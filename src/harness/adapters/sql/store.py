@@ -23,6 +23,7 @@ from harness.clock import SystemClock
 from harness.errors import InvalidTransitionError, StoreError, UnknownRunError
 from harness.ids import ordered_id
 from harness.kernel import (
+    FINAL,
     RunState,
     audit_events_for,
     close_reason_on_entry,
@@ -651,6 +652,15 @@ class SqlStore:
         if found is None:
             raise UnknownRunError(run_id)
         return RunState(found[0])
+
+    def final_among(self, run_ids: Sequence[str]) -> set[str]:
+        """Which of these Runs are in a final state (ids of no Run are not)."""
+        if not run_ids:
+            return set()
+        final = [s.value for s in FINAL]
+        query = sa.select(t.runs.c.run_id).where(t.runs.c.run_id.in_(list(run_ids)), t.runs.c.state.in_(final))
+        with self.reader.connect() as conn:
+            return set(conn.execute(query).scalars())
 
     def list_runs(self, *, tenant_id: str | None = None, limit: int = 50) -> list[RunRecord]:
         """The newest Runs first."""
