@@ -26,6 +26,7 @@ A broken manifest is refused at load with the file and the field named.
 from __future__ import annotations
 
 import ast
+import functools
 import importlib
 import importlib.util
 import sys
@@ -184,7 +185,12 @@ class Skill:
 
     def validate_arguments(self, arguments: dict[str, Any]) -> None:
         """Raise jsonschema.ValidationError when the arguments do not fit the input schema."""
-        jsonschema.Draft202012Validator(self.manifest.input_schema).validate(arguments)
+        self._arguments_validator.validate(arguments)
+
+    @functools.cached_property
+    def _arguments_validator(self) -> jsonschema.Draft202012Validator:
+        """The input schema, compiled once per loaded skill (a manifest never changes under a Skill)."""
+        return jsonschema.Draft202012Validator(self.manifest.input_schema)
 
 
 def _first_error(exc: ValidationError) -> str:
