@@ -191,9 +191,9 @@ class RunManager:
         context = self.store.get_run(run_id).context or {}
         if "context" in context:
             return AssembledContext.model_validate(context["context"])
-        digest = context.get("plan_request_hash")
-        text = BlobStore(self.store.engine).raw([digest]).get(digest or "") if digest else None
-        if text is None or digest is None or not BlobStore.verified(digest, text):
+        digest: str = context.get("plan_request_hash", "")
+        text = BlobStore(self.store.engine).raw([digest]).get(digest) if digest else None
+        if text is None or not BlobStore.verified(digest, text):
             raise ContextError(f"run {run_id} has no recorded assembled context")
         return AssembledContext.model_validate(json.loads(text)["context"])
 

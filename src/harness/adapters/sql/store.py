@@ -192,11 +192,6 @@ def _without_run_id(payload: dict[str, Any], run_id: str | None) -> dict[str, An
     return {k: v for k, v in payload.items() if k != "run_id"}
 
 
-def _transition_row(r: Any) -> TransitionRow:
-    source = RunState(r.from_state) if r.from_state else None
-    return TransitionRow(r.seq, source, RunState(r.to_state), r.actor, r.reason, r.forced_by, r.at)
-
-
 def _transition_of(m: dict[str, Any]) -> TransitionRow:
     source = RunState(m["from_state"]) if m["from_state"] else None
     return TransitionRow(m["seq"], source, RunState(m["to_state"]), m["actor"], m["reason"], m["forced_by"], m["at"])
