@@ -34,7 +34,9 @@ BACKENDS = ("sqlite",)
 
 S = RunState
 ROUNDS = 5
-BULK_BATCHES, BULK_SIZE = 6, 200  # records queued per kill round, besides the real Runs' own
+#: records queued per kill round, besides the real Runs' own: enough that a drain in batches of 50 outlasts
+#: the kill's random delay (a drain of 1,200 records took only ~17 ms once the chain lost its random indexes)
+BULK_BATCHES, BULK_SIZE = 20, 200
 MAIN_PATH = [S.CREATED, S.PREPARING, S.PLANNING, S.POLICY_CHECK, S.EXECUTING]
 
 
@@ -132,7 +134,7 @@ def test_a_drainer_killed_mid_drain_neither_loses_nor_repeats_a_record(backend_u
             ready = ctx.Event()
             child = ctx.Process(target=_drainer, args=(db, 50, ready))
             start_forked(store, child)
-            _kill_after(child, ready, rng.uniform(0.0, 0.05))
+            _kill_after(child, ready, rng.uniform(0.0, 0.03))
             still_pending = _record_ids(store, t.outbox)
             newly_chained = _record_ids(store, t.trace_records) - chained
             assert still_pending <= pending
