@@ -12,12 +12,20 @@ the same work: a Run shaped like the bundled example — prepare, plan, policy, 
 - harness-hitl:   the same with one human approval (park in AWAITING_HITL, decide, resume);
 - langgraph:      the same graph in LangGraph with its durable SqliteSaver checkpointer;
 - langgraph-hitl: the same with one `interrupt()` and resume;
+- langgraph-sync: LangGraph with durability="sync": each checkpoint is written before the next step
+                  starts, as harness records a step before the next one (T6); LangGraph's default,
+                  "async", writes it while the next step already runs;
 - floor:          plain sqlite3 doing harness's inserts for a Run, one commit per transition,
                   with the chain's SHA-256 per record — the cost of the persistence alone;
 - plain:          the same three skill functions called directly, no persistence — the work itself,
                   so harness - plain is the harness's own overhead per Run (issue 3).
 
 Reported: per-Run median and p99 wall time, Runs/s, bytes on disk per Run, peak RSS, and ratios.
+
+Every SQLite file is opened with the same durability, `--synchronous` (default NORMAL: a commit survives
+a crash of the process, not of the machine; FULL: it survives power loss, at one fsync per commit).
+`--synchronous defaults` leaves each contender its own default instead: harness NORMAL, LangGraph's
+SqliteSaver sqlite3's FULL, which is not a like-for-like comparison (an fsync costs ~0.2 ms here).
 """
 
 from __future__ import annotations
@@ -39,10 +47,22 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-CONTENDERS = ("harness", "harness-hitl", "langgraph", "langgraph-hitl", "floor", "plain")
+CONTENDERS = ("harness", "harness-hitl", "langgraph", "langgraph-hitl", "langgraph-sync", "floor", "plain")
 
 
 # ---------------------------------------------------------------------------- contenders (child side)
+
+def _pragma(conn: sqlite3.Connection, synchronous: str) -> None:
+    """Open a contender's own sqlite3 connection as harness opens its files (WAL, `synchronous`)."""
+    conn.execute("PRAGMA journal_mode=WAL")
+    if synchronous != "defaults":
+        conn.execute(f"PRAGMA synchronous={synchronous}")
+
+
+def _synchronous_of(conn: Any) -> str:
+    """The synchronous level a connection really runs with."""
+    return {0: "OFF", 1: "NORMAL", 2: "FULL", 3: "EXTRA"}[int(conn.execute("PRAGMA synchronous").fetchone()[0])]
+
 
 def _harness(runs: int, folder: Path, hitl: bool) -> list[float]:
     from harness.config import Settings, build_runtime
@@ -53,6 +73,8 @@ def _harness(runs: int, folder: Path, hitl: bool) -> list[float]:
                                 data_dir=folder / "data", identities_file=EXAMPLE_DIR / "identities.yaml"))
     alice = rt.identities.resolve("alice")
     task = "bench-hitl A-1001" if hitl else "bench A-1001"
+    with rt.store.engine.connect() as conn:
+        EFFECTIVE["synchronous"] = _synchronous_of(conn.connection)
     times = []
     for i in range(runs):
         started = time.perf_counter()
@@ -68,7 +90,7 @@ def _harness(runs: int, folder: Path, hitl: bool) -> list[float]:
     return times
 
 
-def _langgraph(runs: int, folder: Path, hitl: bool) -> list[float]:
+def _langgraph(runs: int, folder: Path, hitl: bool, synchronous: str, durability: str = "async") -> list[float]:
     from typing import TypedDict
 
     from langgraph.checkpoint.sqlite import SqliteSaver
@@ -138,15 +160,17 @@ def _langgraph(runs: int, folder: Path, hitl: bool) -> list[float]:
     for a, b in itertools.pairwise(names):
         graph.add_edge(a, b)
     conn = sqlite3.connect(folder / "langgraph.db", check_same_thread=False)
+    _pragma(conn, synchronous)
+    EFFECTIVE["synchronous"] = _synchronous_of(conn)
     app = graph.compile(checkpointer=SqliteSaver(conn))
     times = []
     for _ in range(runs):
         thread = str(uuid.uuid4())
         config = {"configurable": {"thread_id": thread}}
         started = time.perf_counter()
-        result = app.invoke({"task": thread}, config)
+        result = app.invoke({"task": thread}, config, durability=durability)
         if hitl:
-            result = app.invoke(Command(resume={"approved": True}), config)
+            result = app.invoke(Command(resume={"approved": True}), config, durability=durability)
         times.append(time.perf_counter() - started)
         assert result["answer"] == "done"
     conn.close()
@@ -175,14 +199,14 @@ def _plain(runs: int, folder: Path) -> list[float]:
     return times
 
 
-def _floor(runs: int, folder: Path, records_per_run: int, transitions_per_run: int) -> list[float]:
+def _floor(runs: int, folder: Path, records_per_run: int, transitions_per_run: int, synchronous: str) -> list[float]:
     """Plain sqlite3: the same tables' inserts per Run, one commit per transition, SHA-256 per record, the
     close chaining the outbox in its own transaction and time-ordered ids, as harness does."""
     from harness.ids import ordered_id
 
     conn = sqlite3.connect(folder / "floor.db", isolation_level=None)
-    conn.execute("PRAGMA journal_mode=WAL")
-    conn.execute("PRAGMA synchronous=NORMAL")
+    _pragma(conn, "NORMAL" if synchronous == "defaults" else synchronous)  # harness's own default
+    EFFECTIVE["synchronous"] = _synchronous_of(conn)
     conn.executescript("""
         CREATE TABLE runs (run_id TEXT PRIMARY KEY, state TEXT, version INT, request TEXT, context TEXT);
         CREATE TABLE jobs (job_id TEXT PRIMARY KEY, status TEXT, snapshot TEXT);
@@ -237,24 +261,33 @@ def _folder_bytes(folder: Path, suffixes: tuple[str, ...]) -> int:
     return sum(p.stat().st_size for p in folder.iterdir() if p.is_file() and p.name.endswith(suffixes))
 
 
-def child(contender: str, runs: int, folder: Path, shape: dict[str, int]) -> dict[str, Any]:
+#: what the contender in this process really ran with (read back from its connection)
+EFFECTIVE: dict[str, str] = {}
+
+
+def child(contender: str, runs: int, folder: Path, shape: dict[str, int], synchronous: str) -> dict[str, Any]:
     """Run one contender in this (fresh) process and report its numbers."""
+    if synchronous != "defaults":
+        os.environ["HARNESS_SQLITE_SYNCHRONOUS"] = synchronous
+    else:
+        os.environ.pop("HARNESS_SQLITE_SYNCHRONOUS", None)
     if contender.startswith("harness"):
         times = _harness(runs, folder, contender.endswith("hitl"))
         db = ("bench.db", "bench.db-wal")
     elif contender.startswith("langgraph"):
-        times = _langgraph(runs, folder, contender.endswith("hitl"))
+        times = _langgraph(runs, folder, contender.endswith("hitl"), synchronous,
+                           "sync" if contender.endswith("sync") else "async")
         db = ("langgraph.db", "langgraph.db-wal")
     elif contender == "plain":
         times, db = _plain(runs, folder), ("ledger.jsonl",)
     else:
-        times = _floor(runs, folder, shape["records"], shape["transitions"])
+        times = _floor(runs, folder, shape["records"], shape["transitions"], synchronous)
         db = ("floor.db", "floor.db-wal")
     for name in db:
         if name.endswith(".db") and (folder / name).exists():
             with sqlite3.connect(folder / name) as conn:
                 conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-    return {"times": times, "bytes": _folder_bytes(folder, db), "peak_rss_kb": _peak_rss_kb()}
+    return {"times": times, "bytes": _folder_bytes(folder, db), "peak_rss_kb": _peak_rss_kb(), **EFFECTIVE}
 
 
 def _peak_rss_kb() -> int:
@@ -292,15 +325,15 @@ def summarise(times: list[float]) -> dict[str, float]:
             "runs_per_s": len(ordered) / sum(ordered)}
 
 
-def measure(runs: int, contenders: tuple[str, ...]) -> dict[str, Any]:
+def measure(runs: int, contenders: tuple[str, ...], synchronous: str = "NORMAL") -> dict[str, Any]:
     """Every contender in its own process, the same number of Runs each."""
     shape = harness_shape()
-    out: dict[str, Any] = {"runs": runs, "shape": shape, "results": {}}
+    out: dict[str, Any] = {"runs": runs, "synchronous": synchronous, "shape": shape, "results": {}}
     for contender in contenders:
         with tempfile.TemporaryDirectory() as tmp:
             proc = subprocess.run(
                 [sys.executable, __file__, "--child", contender, "--runs", str(runs), "--dir", tmp,
-                 "--shape", json.dumps(shape)],
+                 "--shape", json.dumps(shape), "--synchronous", synchronous],
                 capture_output=True, text=True, check=False)
             if proc.returncode != 0:
                 out["results"][contender] = {"error": proc.stderr.strip().splitlines()[-1:]}
@@ -308,10 +341,13 @@ def measure(runs: int, contenders: tuple[str, ...]) -> dict[str, Any]:
             raw = json.loads(proc.stdout.strip().splitlines()[-1])
             out["results"][contender] = {**summarise(raw["times"]), "bytes_per_run": raw["bytes"] / runs,
                                          "peak_rss_mb": raw["peak_rss_kb"] / 1024}
+            if "synchronous" in raw:
+                out["results"][contender]["synchronous"] = raw["synchronous"]
     res = out["results"]
     if "median_ms" in res.get("harness", {}) and "median_ms" in res.get("plain", {}):
         out["harness_overhead_ms_per_run"] = res["harness"]["median_ms"] - res["plain"]["median_ms"]
-    for ours, theirs in (("harness", "langgraph"), ("harness-hitl", "langgraph-hitl"), ("harness", "floor")):
+    for ours, theirs in (("harness", "langgraph"), ("harness", "langgraph-sync"), ("harness-hitl", "langgraph-hitl"),
+                         ("harness", "floor")):
         if "median_ms" in res.get(ours, {}) and "median_ms" in res.get(theirs, {}):
             out.setdefault("ratios", {})[f"{ours}/{theirs}"] = {
                 k: res[ours][k] / res[theirs][k] for k in ("median_ms", "p99_ms", "runs_per_s", "bytes_per_run",
@@ -321,13 +357,15 @@ def measure(runs: int, contenders: tuple[str, ...]) -> dict[str, Any]:
 
 def table(report: dict[str, Any]) -> str:
     """The results as a Markdown table."""
-    lines = ["| contender | median ms | p99 ms | Runs/s | bytes/Run | peak RSS MB |", "|---|---|---|---|---|---|"]
+    lines = [f"SQLite durability: synchronous={report['synchronous']}", "",
+             "| contender | median ms | p99 ms | Runs/s | bytes/Run | peak RSS MB | synchronous |",
+             "|---|---|---|---|---|---|---|"]
     for name, r in report["results"].items():
         if "error" in r:
-            lines.append(f"| {name} | error: {r['error']} | | | | |")
+            lines.append(f"| {name} | error: {r['error']} | | | | | |")
             continue
         lines.append(f"| {name} | {r['median_ms']:.2f} | {r['p99_ms']:.2f} | {r['runs_per_s']:.1f} | "
-                     f"{r['bytes_per_run']:.0f} | {r['peak_rss_mb']:.1f} |")
+                     f"{r['bytes_per_run']:.0f} | {r['peak_rss_mb']:.1f} | {r.get('synchronous', '—')} |")
     if "harness_overhead_ms_per_run" in report:
         lines += ["", f"harness overhead per Run (harness - plain, medians): "
                       f"{report['harness_overhead_ms_per_run']:.2f} ms"]
@@ -348,11 +386,13 @@ def main() -> None:
     parser.add_argument("--child", choices=CONTENDERS, help=argparse.SUPPRESS)
     parser.add_argument("--dir", help=argparse.SUPPRESS)
     parser.add_argument("--shape", help=argparse.SUPPRESS)
+    parser.add_argument("--synchronous", choices=("NORMAL", "FULL", "defaults"), default="NORMAL",
+                        help="SQLite durability for every contender (default NORMAL); 'defaults': each its own")
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(child(args.child, args.runs, Path(args.dir), json.loads(args.shape))))
+        print(json.dumps(child(args.child, args.runs, Path(args.dir), json.loads(args.shape), args.synchronous)))
         return
-    report = measure(args.runs, tuple(args.only))
+    report = measure(args.runs, tuple(args.only), args.synchronous)
     print(json.dumps(report, indent=2) if args.json else table(report))
 
 

@@ -37,12 +37,28 @@ def test_langgraph_comparison_runs_every_contender() -> None:
                           capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
-    for name in ("harness", "harness-hitl", "langgraph", "langgraph-hitl", "floor", "plain"):
+    for name in ("harness", "harness-hitl", "langgraph", "langgraph-hitl", "langgraph-sync", "floor", "plain"):
         result = report["results"][name]
         assert "error" not in result, (name, result)
         assert result["median_ms"] > 0 and result["bytes_per_run"] > 0 and result["peak_rss_mb"] > 0
-    assert set(report["ratios"]) == {"harness/langgraph", "harness-hitl/langgraph-hitl", "harness/floor"}
+    assert set(report["ratios"]) == {"harness/langgraph", "harness/langgraph-sync", "harness-hitl/langgraph-hitl",
+                                     "harness/floor"}
+    # like for like: every SQLite contender really ran with the same durability
+    assert report["synchronous"] == "NORMAL"
+    assert {report["results"][n]["synchronous"] for n in ("harness", "langgraph", "langgraph-sync", "floor")} == {
+        "NORMAL"}
     assert report["harness_overhead_ms_per_run"] > 0
+
+
+def test_langgraph_comparison_can_be_run_at_full_durability() -> None:
+    """--synchronous FULL reaches every contender's connection, harness's engine included."""
+    bench = BENCH.parent / "bench_vs_langgraph.py"
+    done = subprocess.run([sys.executable, str(bench), "--runs", "2", "--json", "--synchronous", "FULL",
+                           "--only", "harness", "langgraph", "floor"],
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert {r["synchronous"] for r in report["results"].values()} == {"FULL"}
 
 
 def test_gatekeeper_benchmark_runs() -> None:
