@@ -3,7 +3,8 @@
     python benchmarks/profile_run.py --runs 300                 # wall and CPU time per Run
     python benchmarks/profile_run.py --runs 200 --pyinstrument  # call tree (needs pyinstrument)
     python benchmarks/profile_run.py --runs 300 --by-module     # cProfile self time grouped by package
-    python benchmarks/profile_run.py --runs 50 --wal            # SQLite WAL pages each transaction writes
+    python benchmarks/profile_run.py --runs 50 --wal            # SQLite WAL pages, by transaction and by table
+    python benchmarks/profile_run.py --runs 500 --components    # wall time by component, no profiler
 
 The Run is the one bench_vs_langgraph.py measures: the bundled support example's skills, three tool
 calls, the scripted LLM, Cedar policy and memory on, a SQLite file in a temporary folder. Warm-up Runs
@@ -122,7 +123,81 @@ def wal_pages(rt: Any, one: Callable[[], None], folder: Path, runs: int) -> str:
     frame = page + FRAME_OVERHEAD
     lines = [f"{who[:80]:80s} {size / frame / runs:6.1f}" for who, size in written.most_common()]
     return "\n".join(["pages per Run, by transaction:", *lines,
-                      f"total {sum(written.values()) / frame / runs:.1f} pages ({page}-byte) per Run"])
+                      f"total {sum(written.values()) / frame / runs:.1f} pages ({page}-byte) per Run",
+                      "", "pages per Run, by table or index (page 1 is sqlite_schema's: the file grew):",
+                      *wal_btrees(folder, wal, runs)])
+
+
+def wal_btrees(folder: Path, wal: Path, runs: int) -> list[str]:
+    """Which table or index each WAL frame wrote, from the frame headers and SQLite's dbstat table."""
+    conn = sqlite3.connect(folder / "bench.db")
+    try:
+        owner = {int(pageno): str(name) for name, pageno in conn.execute("SELECT name, pageno FROM dbstat")}
+    except sqlite3.OperationalError:  # an SQLite built without SQLITE_ENABLE_DBSTAT_VTAB
+        return ["(this SQLite has no dbstat table)"]
+    finally:
+        conn.close()
+    data = wal.read_bytes()
+    page = int.from_bytes(data[8:12], "big")
+    counts: collections.Counter[str] = collections.Counter()
+    for offset in range(32, len(data) - FRAME_OVERHEAD + 1, page + FRAME_OVERHEAD):  # 32-byte WAL header
+        counts[owner.get(int.from_bytes(data[offset:offset + 4], "big"), "(freed since)")] += 1
+    return [f"{name:80s} {n / runs:6.1f}" for name, n in counts.most_common()]
+
+
+def components(one: Callable[[], None], runs: int) -> str:
+    """Wall time per Run in each component, measured with perf_counter around its entry point (no
+    profiler, so no profiler's distortion). Nested: a transition includes its commit and, at the close,
+    the drain; a step's record includes its commit."""
+    from harness.adapters.sql.store import SqlStore
+    from harness.pipeline.context_assembler import ContextAssembler
+    from harness.pipeline.gatekeeper import PolicyEngine
+    from harness.pipeline.plan_orchestrator import PlanOrchestrator
+    from harness.pipeline.run_manager import RunManager
+    from harness.pipeline.tool_controller import ToolController
+    from harness.state_machine import StateMachine
+
+    spent: collections.Counter[str] = collections.Counter()
+    originals: list[tuple[Any, str, Any]] = []
+
+    def clock(owner: Any, name: str, label: str) -> None:
+        original = getattr(owner, name)
+        originals.append((owner, name, original))
+
+        def timed_call(*args: Any, **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                spent[label] += time.perf_counter() - started
+        setattr(owner, name, timed_call)
+
+    timed_points = (
+        (RunManager, "create_run", "the whole Run"),
+        (SqlStore, "create_run", "creating the Run (CREATED committed)"),
+        (SqlStore, "_compare_and_set", "transitions (compare-and-set transactions)"),
+        (SqlStore, "drain_within", "  of which: chaining the outbox at the close"),
+        (sa.engine.Transaction, "commit", "commits (every transaction, reads included)"),
+        (SqlStore, "save_context", "step records (RunContext + traces, one transaction each)"),
+        (ContextAssembler, "assemble", "context assembly (tokenizer, memory recall)"),
+        (PlanOrchestrator, "plan", "planning (scripted LLM, plan validation)"),
+        (PolicyEngine, "evaluate", "policy (structural, Cedar, budgets, guardrails)"),
+        (ToolController, "call", "tool calls (validation, thread hop, skill, ToolTrace)"),
+        (StateMachine, "_closing_records", "closing records (RunTrace, memory write-back)"),
+        (SqlStore, "outcome_of", "the caller's result, read back"),
+    )
+    labels = [label for _owner, _name, label in timed_points]
+    for owner, name, label in timed_points:
+        clock(owner, name, label)
+    try:
+        for _ in range(runs):
+            one()
+    finally:
+        for owner, name, original in reversed(originals):
+            setattr(owner, name, original)
+    whole = spent["the whole Run"]
+    return "\n".join(f"{label:62s} {spent[label] / runs * 1000:7.3f} ms {spent[label] / whole * 100:5.1f}%"
+                     for label in labels)
 
 
 def main() -> None:
@@ -134,6 +209,7 @@ def main() -> None:
     mode.add_argument("--pyinstrument", action="store_true")
     mode.add_argument("--by-module", action="store_true")
     mode.add_argument("--wal", action="store_true")
+    mode.add_argument("--components", action="store_true")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
@@ -153,6 +229,8 @@ def main() -> None:
             print(by_module(one, args.runs))
         elif args.wal:
             print(wal_pages(rt, one, folder, args.runs))
+        elif args.components:
+            print(components(one, args.runs))
         else:
             print(timed(one, args.runs))
         rt.close()

@@ -18,6 +18,7 @@ import sqlalchemy as sa
 
 from harness.adapters.sql import schema as t
 from harness.adapters.sql.database import READ_ONLY
+from harness.adapters.sql.raw import RawStatements
 from harness.audit.chain import content_hash
 from harness.context.errors import RecallError, ScopeViolationError
 from harness.context.secrets import SecretFilter
@@ -88,6 +89,7 @@ class MemoryStore:
         self.engine = engine
         #: the same pool for reads: on SQLite a recall or a lookup does not queue for the write lock
         self.reader = engine.execution_options(**{READ_ONLY: True})
+        self._raw = RawStatements(engine.dialect)  # the write-back's lookups on the DBAPI cursor (issue 9)
         self.clock = clock
         self.filter = secret_filter
         self.embedder = embedder
@@ -115,7 +117,7 @@ class MemoryStore:
             kept: dict[tuple[Any, ...], str] = {}  # (scope, content hash) -> id, for this call's own entries
             for row in rows:
                 key = (*_scope_key(row), row["content_hash"])
-                same = kept.get(key) or _same_content(conn, row)
+                same = kept.get(key) or _same_content(conn, self._raw, row)
                 if same is None:
                     fresh.append(row)
                     same = kept[key] = row["entry_id"]
@@ -233,19 +235,30 @@ def _scope_key(row: dict[str, Any]) -> tuple[Any, ...]:
     return row["tenant_id"], row["scope"], row["team_id"], row["user_id"], row["session_id"]
 
 
-def _same_content(conn: sa.Connection, row: dict[str, Any]) -> str | None:
+def _same_content(conn: sa.Connection, raw: RawStatements, row: dict[str, Any]) -> str | None:
     """The id of the entry itself if it is already stored (a repeated write-back), else of an entry of the same
     scope with the same content that recall can see (its Run, if any, SUCCEEDED), else None. An entry of a
     Run that never succeeded does not count: it is never recalled."""
-    if conn.execute(_ENTRY_EXISTS, {"p_entry_id": row["entry_id"]}).first() is not None:
+    if _first(raw.execute(conn, _ENTRY_EXISTS, {"p_entry_id": row["entry_id"]})) is not None:
         return str(row["entry_id"])
     nulls = tuple(row[c] is None for c in _SCOPE_COLUMNS)
     query = _SAME_CONTENT.get(nulls)
     if query is None:
         query = _SAME_CONTENT[nulls] = _same_content_query(nulls)
-    found = conn.execute(query, {"p_tenant_id": row["tenant_id"], "p_content_hash": row["content_hash"],
-                                 "p_scope": row["scope"], **{f"p_{c}": row[c] for c in _SCOPE_COLUMNS}}).scalar()
+    found = _first(raw.execute(conn, query, {
+        "p_tenant_id": row["tenant_id"], "p_content_hash": row["content_hash"], "p_scope": row["scope"],
+        **{f"p_{c}": row[c] for c in _SCOPE_COLUMNS if row[c] is not None}}))
     return None if found is None else str(found)
+
+
+def _first(cursor: Any) -> Any:
+    """The first column of the cursor's first row (None when there is none); closes the cursor."""
+    try:
+        found = cursor.fetchone()
+    finally:
+        cursor.close()
+    return None if found is None else found[0]
+
 
 
 _SCOPE_COLUMNS = ("team_id", "user_id", "session_id")

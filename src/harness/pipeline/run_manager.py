@@ -173,15 +173,15 @@ class RunManager:
 
     def result(self, run_id: str) -> RunResult:
         """What the caller gets for a Run, in whatever state it is."""
-        run, transitions = self.store.run_with_transitions(run_id)
-        stored = run.result or {}
+        state, stored, path = self.store.outcome_of(run_id)
+        stored = stored or {}
         pending = [r for r in self.hitl.for_run(run_id) if r.status == "pending"] \
-            if run.state == S.AWAITING_HITL else []
+            if state == S.AWAITING_HITL else []
         return RunResult(
-            run_id=run_id, state=run.state.value, answer=stored.get("answer"),
+            run_id=run_id, state=state.value, answer=stored.get("answer"),
             artifacts=stored.get("artifacts", {}), trace_id=run_id, error=stored.get("error"),
             approval_request_id=pending[-1].request_id if pending else None,
-            path=tuple(t.to_state.value for t in transitions),
+            path=tuple(s.value for s in path),
         )
 
     def assembled_context(self, run_id: str) -> AssembledContext:

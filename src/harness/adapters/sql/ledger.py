@@ -105,8 +105,10 @@ class CostLedger:
         """(run, user, tenant) spend in one query: the budget check's three numbers. A read, on the
         read-only connection (on SQLite it does not queue for the write lock)."""
         with self.store.reader.connect() as conn:
-            row = conn.execute(_BY_SCOPE, {"p_tenant": tenant_id, "p_user": user_id, "p_run": run_id}).one()
-        return float(row.run_usd), float(row.user_usd), float(row.tenant_usd)
+            cursor = self._raw.execute(conn, _BY_SCOPE, {"p_tenant": tenant_id, "p_user": user_id, "p_run": run_id})
+            run_usd, user_usd, tenant_usd = cursor.fetchone()
+            cursor.close()
+        return float(run_usd), float(user_usd), float(tenant_usd)
 
     def spent(self, *, tenant_id: str, user_id: str | None = None, run_id: str | None = None) -> float:
         """USD recorded for a tenant, optionally narrowed to one user or one Run."""

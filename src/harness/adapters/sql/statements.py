@@ -17,6 +17,9 @@ b = sa.bindparam
 
 RUN_BY_ID = sa.select(t.runs).where(t.runs.c.run_id == b("p_run_id"))
 STATE_OF = sa.select(t.runs.c.state).where(t.runs.c.run_id == b("p_run_id"))
+OUTCOME_OF = sa.select(t.runs.c.state, t.runs.c.result).where(t.runs.c.run_id == b("p_run_id"))
+PATH_OF = sa.select(t.transitions.c.to_state).where(t.transitions.c.run_id == b("p_run_id")).order_by(
+    t.transitions.c.seq)
 RUN_FOR_CAS = sa.select(t.runs.c.state, t.runs.c.close_reason, t.runs.c.version, t.runs.c.lease_epoch).where(
     t.runs.c.run_id == b("p_run_id")
 )

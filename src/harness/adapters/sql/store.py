@@ -673,12 +673,22 @@ class SqlStore:
 
     def run_with_transitions(self, run_id: str) -> tuple[RunRecord, list[TransitionRow]]:
         """A Run and its state changes from one snapshot, in one round trip (what closing a Run needs)."""
-        with self.reader.connect() as conn:
+        with self.reader.connect() as conn, conn.begin():  # raw cursors do not autobegin: begin here
             found = self._raw.mappings(conn, q.RUN_BY_ID, {"p_run_id": run_id})
             if not found:
                 raise UnknownRunError(run_id)
             rows = self._raw.mappings(conn, q.TRANSITIONS_OF, {"p_run_id": run_id})
         return _run_of(found[0]), [_transition_of(r) for r in rows]
+
+    def outcome_of(self, run_id: str) -> tuple[RunState, dict[str, Any] | None, list[RunState]]:
+        """(state, result, path) of a Run from one snapshot: what its caller is answered, without the
+        request and RunContext a full read decodes."""
+        with self.reader.connect() as conn, conn.begin():
+            found = self._raw.execute(conn, q.OUTCOME_OF, {"p_run_id": run_id}).fetchone()
+            if found is None:
+                raise UnknownRunError(run_id)
+            path = [RunState(r[0]) for r in self._raw.execute(conn, q.PATH_OF, {"p_run_id": run_id}).fetchall()]
+        return RunState(found[0]), json.loads(found[1]) if found[1] else None, path
 
     def audit_events(self, *, run_id: str | None = None, event: str | None = None) -> list[AuditEvent]:
         """AuditLog events, oldest first, optionally for one Run or one event name."""
