@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import time
-import uuid
 
 
 def ordered_id() -> str:
@@ -22,4 +21,5 @@ def ordered_id() -> str:
     value |= ((rand >> 62) & 0xFFF) << 64  # rand_a, 12 bits
     value |= 0b10 << 62  # the RFC variant
     value |= rand & 0x3FFF_FFFF_FFFF_FFFF  # rand_b, 62 bits
-    return str(uuid.UUID(int=value))
+    h = f"{value:032x}"  # what str(uuid.UUID(int=value)) prints, without building the object
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"

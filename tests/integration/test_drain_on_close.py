@@ -54,3 +54,28 @@ def test_a_failing_drain_does_not_keep_the_run_from_closing(store: SqlStore,
     assert store.outbox_backlog() == 0
     assert "run" in {r.kind for r in store.trace_of(run.run_id)}
     assert verify_chain(store).ok
+
+
+def test_a_drain_that_fails_half_way_leaves_no_trace_of_its_half(store: SqlStore,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The drain chains part of the outbox, then the database refuses a statement (on PostgreSQL that
+    aborts the whole transaction until the savepoint is rolled back): what it chained is undone, the
+    Run still closes, and the chain stays whole and verifiable."""
+    run, _ = store.create_run(NewRun("acme", "alice", "s", {}))
+    head_before = store.chain_head()
+    real = store._drain_batch
+
+    def half_then_broken(conn: sa.Connection, batch_size: int) -> tuple[int, int]:
+        assert real(conn, 1) == (1, 1)  # one record chained and taken out of the outbox, inside the savepoint
+        conn.exec_driver_sql("SELECT no_such_column FROM trace_records")  # refused by the database
+        raise AssertionError("unreachable")
+
+    monkeypatch.setattr(store, "_drain_batch", half_then_broken)
+    StateMachine(store).transition(run.run_id, S.CREATED, S.FAILED, actor="sweeper", reason="stuck")
+    monkeypatch.undo()
+    assert store.get_run(run.run_id).state == S.CLOSED_FAILED
+    assert store.chain_head() == head_before  # the half-drain was rolled back with its savepoint
+    backlog = store.outbox_backlog()
+    assert backlog > 0
+    assert store.drain_all() == backlog
+    assert verify_chain(store).ok

@@ -10,7 +10,8 @@ whose parameters need no bind processing (str, int, float, None) may go through 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import contextlib
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -72,3 +73,26 @@ class RawStatements:
     def _translated(self, sql: str, args: Any, exc: Exception) -> BaseException:
         base = self._dialect.loaded_dbapi.Error
         return sa.exc.DBAPIError.instance(sql, args, exc, base, dialect=self._dialect)
+
+    @contextlib.contextmanager
+    def savepoint(self, conn: sa.Connection, name: str) -> Iterator[None]:
+        """A savepoint in the caller's transaction, on the DBAPI cursor: what is done inside is undone
+        alone when it raises (the exception goes on). SQLAlchemy's begin_nested() costs ~60 µs for
+        the same two statements (its whole execution path, twice). `name` is a fixed identifier."""
+        self._plain(conn, f"SAVEPOINT {name}")
+        try:
+            yield
+        except BaseException:
+            self._plain(conn, f"ROLLBACK TO SAVEPOINT {name}")
+            self._plain(conn, f"RELEASE SAVEPOINT {name}")
+            raise
+        self._plain(conn, f"RELEASE SAVEPOINT {name}")
+
+    def _plain(self, conn: sa.Connection, sql: str) -> None:
+        cursor = conn.connection.cursor()
+        try:
+            cursor.execute(sql)
+        except self._dialect.loaded_dbapi.Error as exc:
+            raise self._translated(sql, (), exc) from exc
+        finally:
+            cursor.close()

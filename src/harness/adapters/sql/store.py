@@ -553,7 +553,7 @@ class SqlStore:
             return 0
         total = 0
         try:
-            with conn.begin_nested():
+            with self._raw.savepoint(conn, "harness_drain"):
                 while True:
                     chained, processed = self._drain_batch(conn, batch_size)
                     total += chained
