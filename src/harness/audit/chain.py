@@ -24,9 +24,18 @@ def canonical_json(value: Any) -> str:
     return _CANONICAL.encode(value)
 
 
+#: what the encoder writes for a str when ensure_ascii is False (the C implementation where there is one)
+_JSON_STRING = json.encoder.encode_basestring
+
+
 def record_bytes(seq: int, record_id: str, run_id: str | None, kind: str, prev_hash: str, payload: str) -> bytes:
-    """The canonical bytes of one trace record."""
-    return _RECORD_ENCODER.encode([seq, record_id, run_id or "", kind, prev_hash, payload]).encode("utf-8")
+    """The canonical bytes of one trace record: exactly what `_RECORD_ENCODER.encode([...])` writes (the
+    same string escaping, an int as its repr), assembled directly, which is ~3x quicker for the ~25
+    records every Run chains."""
+    if type(seq) is not int:  # noqa: E721 - a bool or an int subclass would encode differently
+        return _RECORD_ENCODER.encode([seq, record_id, run_id or "", kind, prev_hash, payload]).encode("utf-8")
+    s = _JSON_STRING
+    return f"[{seq},{s(record_id)},{s(run_id or '')},{s(kind)},{s(prev_hash)},{s(payload)}]".encode()
 
 
 def record_hash(seq: int, record_id: str, run_id: str | None, kind: str, prev_hash: str, payload: str) -> str:
