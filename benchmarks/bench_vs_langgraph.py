@@ -20,7 +20,9 @@ the same work: a Run shaped like the bundled example — prepare, plan, policy, 
 - plain:          the same three skill functions called directly, no persistence — the work itself,
                   so harness - plain is the harness's own overhead per Run (issue 3).
 
-Reported: per-Run median and p99 wall time, Runs/s, bytes on disk per Run, peak RSS, and ratios.
+Reported: per-Run median and p99 wall time, Runs/s, bytes on disk per Run, peak RSS, and ratios. Each
+contender first makes `--warmup` Runs that are not timed (imports, caches, the tokenizer's vocabulary,
+LangGraph's first compile): the numbers are its steady state. Bytes per Run count every Run made.
 
 Every SQLite file is opened with the same durability, `--synchronous` (default NORMAL: a commit survives
 a crash of the process, not of the machine; FULL: it survives power loss, at one fsync per commit).
@@ -265,8 +267,10 @@ def _folder_bytes(folder: Path, suffixes: tuple[str, ...]) -> int:
 EFFECTIVE: dict[str, str] = {}
 
 
-def child(contender: str, runs: int, folder: Path, shape: dict[str, int], synchronous: str) -> dict[str, Any]:
-    """Run one contender in this (fresh) process and report its numbers."""
+def child(contender: str, runs: int, folder: Path, shape: dict[str, int], synchronous: str,
+          warmup: int = 0) -> dict[str, Any]:
+    """Run one contender in this (fresh) process and report its numbers (the warm-up Runs untimed)."""
+    runs += warmup  # every Run made, the untimed first ones included
     if synchronous != "defaults":
         os.environ["HARNESS_SQLITE_SYNCHRONOUS"] = synchronous
     else:
@@ -287,7 +291,8 @@ def child(contender: str, runs: int, folder: Path, shape: dict[str, int], synchr
         if name.endswith(".db") and (folder / name).exists():
             with sqlite3.connect(folder / name) as conn:
                 conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-    return {"times": times, "bytes": _folder_bytes(folder, db), "peak_rss_kb": _peak_rss_kb(), **EFFECTIVE}
+    return {"times": times[warmup:], "runs_made": runs, "bytes": _folder_bytes(folder, db),
+            "peak_rss_kb": _peak_rss_kb(), **EFFECTIVE}
 
 
 def _peak_rss_kb() -> int:
@@ -325,21 +330,22 @@ def summarise(times: list[float]) -> dict[str, float]:
             "runs_per_s": len(ordered) / sum(ordered)}
 
 
-def measure(runs: int, contenders: tuple[str, ...], synchronous: str = "NORMAL") -> dict[str, Any]:
+def measure(runs: int, contenders: tuple[str, ...], synchronous: str = "NORMAL", warmup: int = 20) -> dict[str, Any]:
     """Every contender in its own process, the same number of Runs each."""
     shape = harness_shape()
-    out: dict[str, Any] = {"runs": runs, "synchronous": synchronous, "shape": shape, "results": {}}
+    out: dict[str, Any] = {"runs": runs, "warmup": warmup, "synchronous": synchronous, "shape": shape,
+                           "results": {}}
     for contender in contenders:
         with tempfile.TemporaryDirectory() as tmp:
             proc = subprocess.run(
                 [sys.executable, __file__, "--child", contender, "--runs", str(runs), "--dir", tmp,
-                 "--shape", json.dumps(shape), "--synchronous", synchronous],
+                 "--shape", json.dumps(shape), "--synchronous", synchronous, "--warmup", str(warmup)],
                 capture_output=True, text=True, check=False)
             if proc.returncode != 0:
                 out["results"][contender] = {"error": proc.stderr.strip().splitlines()[-1:]}
                 continue
             raw = json.loads(proc.stdout.strip().splitlines()[-1])
-            out["results"][contender] = {**summarise(raw["times"]), "bytes_per_run": raw["bytes"] / runs,
+            out["results"][contender] = {**summarise(raw["times"]), "bytes_per_run": raw["bytes"] / raw["runs_made"],
                                          "peak_rss_mb": raw["peak_rss_kb"] / 1024}
             if "synchronous" in raw:
                 out["results"][contender]["synchronous"] = raw["synchronous"]
@@ -357,7 +363,8 @@ def measure(runs: int, contenders: tuple[str, ...], synchronous: str = "NORMAL")
 
 def table(report: dict[str, Any]) -> str:
     """The results as a Markdown table."""
-    lines = [f"SQLite durability: synchronous={report['synchronous']}", "",
+    lines = [f"SQLite durability: synchronous={report['synchronous']}; {report['runs']} timed Runs per contender "
+             f"after {report['warmup']} untimed", "",
              "| contender | median ms | p99 ms | Runs/s | bytes/Run | peak RSS MB | synchronous |",
              "|---|---|---|---|---|---|---|"]
     for name, r in report["results"].items():
@@ -381,6 +388,7 @@ def main() -> None:
     """Command line."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=200)
+    parser.add_argument("--warmup", type=int, default=20, help="untimed Runs each contender makes first")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--only", nargs="*", choices=CONTENDERS, default=list(CONTENDERS))
     parser.add_argument("--child", choices=CONTENDERS, help=argparse.SUPPRESS)
@@ -390,9 +398,10 @@ def main() -> None:
                         help="SQLite durability for every contender (default NORMAL); 'defaults': each its own")
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(child(args.child, args.runs, Path(args.dir), json.loads(args.shape), args.synchronous)))
+        print(json.dumps(child(args.child, args.runs, Path(args.dir), json.loads(args.shape), args.synchronous,
+                               args.warmup)))
         return
-    report = measure(args.runs, tuple(args.only), args.synchronous)
+    report = measure(args.runs, tuple(args.only), args.synchronous, args.warmup)
     print(json.dumps(report, indent=2) if args.json else table(report))
 
 

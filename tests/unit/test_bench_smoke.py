@@ -33,7 +33,7 @@ def test_kernel_benchmark_runs_and_its_baseline_does_the_same_writes() -> None:
 def test_langgraph_comparison_runs_every_contender() -> None:
     """The side-by-side benchmark (issue 9) finishes on a tiny size with every contender and every ratio."""
     bench = BENCH.parent / "bench_vs_langgraph.py"
-    done = subprocess.run([sys.executable, str(bench), "--runs", "3", "--json"],
+    done = subprocess.run([sys.executable, str(bench), "--runs", "3", "--warmup", "1", "--json"],
                           capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
@@ -48,6 +48,7 @@ def test_langgraph_comparison_runs_every_contender() -> None:
     assert {report["results"][n]["synchronous"] for n in ("harness", "langgraph", "langgraph-sync", "floor")} == {
         "NORMAL"}
     assert report["harness_overhead_ms_per_run"] > 0
+    assert report["warmup"] == 1 and all(len(raw) for raw in report["results"].values())
 
 
 def test_langgraph_comparison_can_be_run_at_full_durability() -> None:
