@@ -48,7 +48,7 @@ def test_langgraph_comparison_runs_every_contender() -> None:
     assert {report["results"][n]["synchronous"] for n in ("harness", "langgraph", "langgraph-sync", "floor")} == {
         "NORMAL"}
     assert report["harness_overhead_ms_per_run"] > 0
-    assert report["warmup"] == 1 and all(len(raw) for raw in report["results"].values())
+    assert report["warmup"] == 1
 
 
 def test_langgraph_comparison_can_be_run_at_full_durability() -> None:
