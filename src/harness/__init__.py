@@ -34,7 +34,23 @@ _EXPORTS = {
     "RunResult": "harness.pipeline.contracts",
 }
 
-__all__ = sorted([*_EXPORTS, "__version__"])
+__all__ = [  # spelled out for static tools; tests/unit/test_public_api.py keeps it equal to _EXPORTS
+    "BadInputError",
+    "CallerIdentity",
+    "CloseReason",
+    "HarnessError",
+    "InvalidRequestError",
+    "InvalidTransitionError",
+    "JobStatus",
+    "RunRequest",
+    "RunResult",
+    "RunState",
+    "Runtime",
+    "Settings",
+    "UnknownRunError",
+    "__version__",
+    "build_runtime",
+]
 
 
 def __getattr__(name: str) -> Any:

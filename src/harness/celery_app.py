@@ -31,24 +31,28 @@ log = logging.getLogger(__name__)
 S = RunState
 _ACTIVE = [s.value for s in RunState if s not in FINAL and s != S.AWAITING_HITL]
 
-_runtime: Runtime | None = None
-_lock = threading.Lock()
+class _Process:
+    """What this worker process holds: its runtime, built on first use (after the fork)."""
+
+    runtime: Runtime | None = None
+    lock = threading.Lock()
+
+
+_process = _Process()
 
 
 def runtime() -> Runtime:
     """This worker process's runtime, built on first use (after the fork)."""
-    global _runtime
-    with _lock:
-        if _runtime is None:
-            _runtime = build_runtime(Settings.from_env())
-            _runtime.runs.assembler.warm()
-        return _runtime
+    with _process.lock:
+        if _process.runtime is None:
+            _process.runtime = build_runtime(Settings.from_env())
+            _process.runtime.runs.assembler.warm()
+        return _process.runtime
 
 
 @worker_process_init.connect
 def _reset_after_fork(**_: Any) -> None:
-    global _runtime
-    _runtime = None  # never share a parent's connections with a forked child
+    _process.runtime = None  # never share a parent's connections with a forked child
 
 
 def orphans(rt: Runtime, grace_s: float, limit: int = 1000) -> list[str]:

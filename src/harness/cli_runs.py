@@ -57,10 +57,13 @@ def run(
     tenant: Tenant = "default",
     user: User = "alice",
     session: Session = "default",
-    role: Annotated[list[str] | None, typer.Option("--role", help="Caller roles (default: from the identity directory).")] = None,
+    role: Annotated[list[str] | None, typer.Option(
+        "--role", help="Caller roles (default: from the identity directory).")] = None,
     idempotency_key: Annotated[str | None, typer.Option("--idempotency-key", help="Repeat-safe submit key.")] = None,
-    wait: Annotated[bool, typer.Option("--wait", help="If the Run waits for approval, keep waiting for the decision.")] = False,
-    timeout: Annotated[float, typer.Option("--timeout", help="With --wait: give up waiting after this many seconds.")] = 3600.0,
+    wait: Annotated[bool, typer.Option(
+        "--wait", help="If the Run waits for approval, keep waiting for the decision.")] = False,
+    timeout: Annotated[float, typer.Option(
+        "--timeout", help="With --wait: give up waiting after this many seconds.")] = 3600.0,
     db: DbOption = None,
     json_: JsonOption = False,
 ) -> None:

@@ -114,15 +114,15 @@ def test_cancel_approve_and_timeout_races_resolve_to_one_outcome(test_runtime: R
         approver = CallerIdentity(tenant_id="t1", user_id=user, roles=tess.roles)
         kind = i % 3
         if kind == 0:
-            _race(rt, lambda: rt.runs.cancel(parked.run_id, by="t1/op"),
-                  lambda: rt.runs.decide(request_id, approver, "approve"))
+            _race(rt, lambda run_id=parked.run_id: rt.runs.cancel(run_id, by="t1/op"),
+                  lambda rid=request_id, who=approver: rt.runs.decide(rid, who, "approve"))
         elif kind == 1:
             clock.advance(3601)
-            _race(rt, lambda: rt.runs.cancel(parked.run_id, by="t1/op"), rt.runs.expire_approvals)
+            _race(rt, lambda run_id=parked.run_id: rt.runs.cancel(run_id, by="t1/op"), rt.runs.expire_approvals)
         else:
             deadline = rt.hitl.get(request_id).deadline_at
             clock.advance(deadline - clock.now() - 0.0005)
-            _race(rt, lambda: rt.runs.decide(request_id, approver, "approve"),
+            _race(rt, lambda rid=request_id, who=approver: rt.runs.decide(rid, who, "approve"),
                   lambda: clock.advance(0.001), rt.runs.expire_approvals)
             rt.runs.expire_approvals()  # the next sweep: a request nobody could decide in time times out
         final = rt.store.get_run(parked.run_id).state.value

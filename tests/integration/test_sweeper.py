@@ -104,7 +104,7 @@ def test_controller_timeout_and_sweeper_are_told_apart(store: SqlStore, machine:
     swept = stuck_in(store, S.EXECUTING)
     clock.advance(601)
     ZombieSweeper(store, machine).sweep_once()
-    timeout_row = {r: [t for t in store.transitions_of(r) if t.to_state == S.TIMEOUT][0] for r in (own, swept)}
+    timeout_row = {r: next(t for t in store.transitions_of(r) if t.to_state == S.TIMEOUT) for r in (own, swept)}
     assert timeout_row[own].forced_by is None and timeout_row[own].actor == "run_manager"
     assert timeout_row[swept].forced_by == "zombie_sweeper"
     assert not store.audit_events(run_id=own, event="zombie_detected")

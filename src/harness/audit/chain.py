@@ -32,7 +32,7 @@ def record_bytes(seq: int, record_id: str, run_id: str | None, kind: str, prev_h
     """The canonical bytes of one trace record: exactly what `_RECORD_ENCODER.encode([...])` writes (the
     same string escaping, an int as its repr), assembled directly, which is ~3x quicker for the ~25
     records every Run chains."""
-    if type(seq) is not int:  # noqa: E721 - a bool or an int subclass would encode differently
+    if type(seq) is not int:  # a bool or an int subclass would encode differently
         return _RECORD_ENCODER.encode([seq, record_id, run_id or "", kind, prev_hash, payload]).encode("utf-8")
     s = _JSON_STRING
     return f"[{seq},{s(record_id)},{s(run_id or '')},{s(kind)},{s(prev_hash)},{s(payload)}]".encode()

@@ -84,7 +84,7 @@ class CedarPermissions:
 
 def _cedar_safe(value: Any) -> Any:
     """Cedar has no floats or nulls: pass numbers as integers where exact, everything else as strings."""
-    if isinstance(value, bool) or isinstance(value, int) or isinstance(value, str):
+    if isinstance(value, bool | int | str):
         return value
     if isinstance(value, float):
         return int(value) if value.is_integer() else str(value)

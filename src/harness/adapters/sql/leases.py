@@ -21,7 +21,8 @@ _ACQUIRE = (
     t.runs.update()
     .where(
         t.runs.c.run_id == b("p_run_id"),
-        sa.or_(t.runs.c.lease_owner.is_(None), t.runs.c.lease_expires_at < b("p_now"), t.runs.c.lease_owner == b("owner")),
+        sa.or_(t.runs.c.lease_owner.is_(None), t.runs.c.lease_expires_at < b("p_now"),
+              t.runs.c.lease_owner == b("owner")),
     )
     # stall_count first: MySQL evaluates SET left to right on the updated row, so it must read the old
     # lease_owner before lease_owner is assigned (standard SQL, and MariaDB as harness configures it,

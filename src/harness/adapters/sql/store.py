@@ -163,7 +163,7 @@ class PendingRecord:
     payload: str
 
 
-class _WrongExit(Exception):
+class _WrongExitError(Exception):
     """TRACING asked to exit somewhere its close reason does not lead (rolls the transaction back)."""
 
     def __init__(self, reason: CloseReason | None) -> None:
@@ -349,7 +349,7 @@ class SqlStore:
         try:
             return self._compare_and_set(run_id, source, target, actor, reason, forced_by, lease_epoch,
                                          expected_version, records, context, result, also, now)
-        except _WrongExit as wrong:
+        except _WrongExitError as wrong:
             self._audit_illegal(run_id, source, target, actor, f"{reason} (close reason is {wrong.reason})")
             raise InvalidTransitionError(run_id, source.value, target.value) from None
 
@@ -377,7 +377,7 @@ class SqlStore:
             prior = CloseReason(row.close_reason) if row.close_reason else None
             if source == RunState.TRACING and target != RunState.FAILED and (
                     prior is None or target != final_state_for(prior)):
-                raise _WrongExit(prior)  # K3: TRACING's exit follows the close reason, never the caller
+                raise _WrongExitError(prior)  # K3: TRACING's exit follows the close reason, never the caller
             new_reason = close_reason_on_entry(source, target, prior)
             seq = row.version + 1
             values: dict[str, Any] = {
