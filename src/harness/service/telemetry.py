@@ -95,7 +95,7 @@ def exporter_for(name: str) -> SpanExporter | None:
         )
     except ImportError as exc:
         raise InvalidRequestError(
-            "otel exporter 'otlp' needs: pip install opentelemetry-exporter-otlp-proto-http"
+            "otel exporter 'otlp' needs the otlp extra: pip install 'harness-kernel[otlp]'"
         ) from exc
     exporter: SpanExporter = OTLPSpanExporter()
     return exporter
