@@ -34,7 +34,7 @@ class Collector:
         received = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+            def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
                 if self.path != "/v1/traces":
                     self.send_response(404)

@@ -90,7 +90,7 @@ def exporter_for(name: str) -> SpanExporter | None:
         return ConsoleSpanExporter()
     try:
         # optional package: only a deployment that exports over OTLP installs it
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import (  # type: ignore[import-not-found]
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import (  # type: ignore[import-not-found,unused-ignore]
             OTLPSpanExporter,
         )
     except ImportError as exc:
