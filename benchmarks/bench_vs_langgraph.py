@@ -45,6 +45,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -330,11 +331,15 @@ def summarise(times: list[float]) -> dict[str, float]:
             "runs_per_s": len(ordered) / sum(ordered)}
 
 
-def measure(runs: int, contenders: tuple[str, ...], synchronous: str = "NORMAL", warmup: int = 20) -> dict[str, Any]:
-    """Every contender in its own process, the same number of Runs each."""
-    shape = harness_shape()
-    out: dict[str, Any] = {"runs": runs, "warmup": warmup, "synchronous": synchronous, "shape": shape,
-                           "results": {}}
+_METRICS = ("median_ms", "p99_ms", "runs_per_s", "bytes_per_run", "peak_rss_mb")
+_PAIRS = (("harness", "langgraph"), ("harness", "langgraph-sync"), ("harness-hitl", "langgraph-hitl"),
+          ("harness", "floor"))
+
+
+def _one_round(runs: int, contenders: Sequence[str], synchronous: str, warmup: int,
+               shape: dict[str, int]) -> dict[str, dict[str, Any]]:
+    """Every contender once, each in its own fresh process, in the order given."""
+    results: dict[str, dict[str, Any]] = {}
     for contender in contenders:
         with tempfile.TemporaryDirectory() as tmp:
             proc = subprocess.run(
@@ -342,46 +347,79 @@ def measure(runs: int, contenders: tuple[str, ...], synchronous: str = "NORMAL",
                  "--shape", json.dumps(shape), "--synchronous", synchronous, "--warmup", str(warmup)],
                 capture_output=True, text=True, check=False)
             if proc.returncode != 0:
-                out["results"][contender] = {"error": proc.stderr.strip().splitlines()[-1:]}
+                results[contender] = {"error": proc.stderr.strip().splitlines()[-1:]}
                 continue
             raw = json.loads(proc.stdout.strip().splitlines()[-1])
-            out["results"][contender] = {**summarise(raw["times"]), "bytes_per_run": raw["bytes"] / raw["runs_made"],
-                                         "peak_rss_mb": raw["peak_rss_kb"] / 1024}
+            results[contender] = {**summarise(raw["times"]), "bytes_per_run": raw["bytes"] / raw["runs_made"],
+                                  "peak_rss_mb": raw["peak_rss_kb"] / 1024}
             if "synchronous" in raw:
-                out["results"][contender]["synchronous"] = raw["synchronous"]
+                results[contender]["synchronous"] = raw["synchronous"]
+    return results
+
+
+def measure(runs: int, contenders: tuple[str, ...], synchronous: str = "NORMAL", warmup: int = 20,
+            repeats: int = 1) -> dict[str, Any]:
+    """Every contender in its own process, the same number of Runs each, `repeats` rounds (the order
+    rotated each round, so no contender always runs first or last). A contender's numbers are the
+    median over the rounds; a ratio is the median of the ratios taken within each round (the same
+    machine conditions on both sides), with its range across rounds."""
+    shape = harness_shape()
+    rounds = []
+    for i in range(repeats):
+        order = list(contenders[i % len(contenders):]) + list(contenders[:i % len(contenders)])
+        rounds.append(_one_round(runs, order, synchronous, warmup, shape))
+    out: dict[str, Any] = {"runs": runs, "warmup": warmup, "repeats": repeats, "synchronous": synchronous,
+                           "shape": shape, "results": {}}
+    for contender in contenders:
+        done = [r[contender] for r in rounds if "error" not in r[contender]]
+        if not done:
+            out["results"][contender] = rounds[-1][contender]
+            continue
+        merged: dict[str, Any] = {k: statistics.median(d[k] for d in done) for k in _METRICS}
+        merged["median_ms_range"] = [min(d["median_ms"] for d in done), max(d["median_ms"] for d in done)]
+        if "synchronous" in done[0]:
+            merged["synchronous"] = done[0]["synchronous"]
+        out["results"][contender] = merged
     res = out["results"]
     if "median_ms" in res.get("harness", {}) and "median_ms" in res.get("plain", {}):
         out["harness_overhead_ms_per_run"] = res["harness"]["median_ms"] - res["plain"]["median_ms"]
-    for ours, theirs in (("harness", "langgraph"), ("harness", "langgraph-sync"), ("harness-hitl", "langgraph-hitl"),
-                         ("harness", "floor")):
-        if "median_ms" in res.get(ours, {}) and "median_ms" in res.get(theirs, {}):
-            out.setdefault("ratios", {})[f"{ours}/{theirs}"] = {
-                k: res[ours][k] / res[theirs][k] for k in ("median_ms", "p99_ms", "runs_per_s", "bytes_per_run",
-                                                           "peak_rss_mb") if res[theirs][k]}
+    for ours, theirs in _PAIRS:
+        within = [{k: r[ours][k] / r[theirs][k] for k in _METRICS if r[theirs][k]} for r in rounds
+                  if "median_ms" in r.get(ours, {}) and "median_ms" in r.get(theirs, {})]
+        if within:
+            ratio: dict[str, Any] = {k: statistics.median(w[k] for w in within) for k in within[0]}
+            ratio["median_ms_range"] = [min(w["median_ms"] for w in within), max(w["median_ms"] for w in within)]
+            out.setdefault("ratios", {})[f"{ours}/{theirs}"] = ratio
     return out
 
 
 def table(report: dict[str, Any]) -> str:
     """The results as a Markdown table."""
     lines = [f"SQLite durability: synchronous={report['synchronous']}; {report['runs']} timed Runs per contender "
-             f"after {report['warmup']} untimed", "",
+             f"after {report['warmup']} untimed; {report['repeats']} round(s), medians over the rounds "
+             f"(ranges in brackets)", "",
              "| contender | median ms | p99 ms | Runs/s | bytes/Run | peak RSS MB | synchronous |",
              "|---|---|---|---|---|---|---|"]
     for name, r in report["results"].items():
         if "error" in r:
             lines.append(f"| {name} | error: {r['error']} | | | | | |")
             continue
-        lines.append(f"| {name} | {r['median_ms']:.2f} | {r['p99_ms']:.2f} | {r['runs_per_s']:.1f} | "
+        lines.append(f"| {name} | {r['median_ms']:.2f}{_span(r)} | {r['p99_ms']:.2f} | {r['runs_per_s']:.1f} | "
                      f"{r['bytes_per_run']:.0f} | {r['peak_rss_mb']:.1f} | {r.get('synchronous', '—')} |")
     if "harness_overhead_ms_per_run" in report:
         lines += ["", f"harness overhead per Run (harness - plain, medians): "
                       f"{report['harness_overhead_ms_per_run']:.2f} ms"]
     lines += ["", "| ratio | median | p99 | Runs/s | bytes/Run | peak RSS |", "|---|---|---|---|---|---|"]
     for name, r in report.get("ratios", {}).items():
-        lines.append(f"| {name} | " + " | ".join(f"{r.get(k, float('nan')):.2f}" for k in
-                                                  ("median_ms", "p99_ms", "runs_per_s", "bytes_per_run",
-                                                   "peak_rss_mb")) + " |")
+        cells = [f"{r.get(k, float('nan')):.2f}" for k in _METRICS]
+        cells[0] += _span(r)
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _span(r: dict[str, Any]) -> str:
+    low, high = r.get("median_ms_range", (None, None))
+    return f" [{low:.2f}-{high:.2f}]" if low is not None and low != high else ""
 
 
 def main() -> None:
@@ -389,6 +427,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=200)
     parser.add_argument("--warmup", type=int, default=20, help="untimed Runs each contender makes first")
+    parser.add_argument("--repeats", type=int, default=1, help="rounds of every contender (medians over rounds)")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--only", nargs="*", choices=CONTENDERS, default=list(CONTENDERS))
     parser.add_argument("--child", choices=CONTENDERS, help=argparse.SUPPRESS)
@@ -401,7 +440,7 @@ def main() -> None:
         print(json.dumps(child(args.child, args.runs, Path(args.dir), json.loads(args.shape), args.synchronous,
                                args.warmup)))
         return
-    report = measure(args.runs, tuple(args.only), args.synchronous, args.warmup)
+    report = measure(args.runs, tuple(args.only), args.synchronous, args.warmup, max(1, args.repeats))
     print(json.dumps(report, indent=2) if args.json else table(report))
 
 
