@@ -31,6 +31,7 @@ log = logging.getLogger(__name__)
 S = RunState
 _ACTIVE = [s.value for s in RunState if s not in FINAL and s != S.AWAITING_HITL]
 
+
 class _Process:
     """What this worker process holds: its runtime, built on first use (after the fork)."""
 
