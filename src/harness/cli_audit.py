@@ -1,4 +1,4 @@
-"""`harness audit …`: verify, reconcile, checkpoint, export, drain (SPEC A3, A3b, A4, K8).
+"""`harness audit …`: verify, reconcile, checkpoint, rotate-key, export, drain (SPEC A3, A3b, A4, K8).
 
 verify and reconcile exit 1 when they find a problem; a database refusing a checkpoint or an export
 because its history no longer matches a signed checkpoint also exits 1. Bad input exits 2.
@@ -26,6 +26,7 @@ from harness.audit.checkpoint import (
     json_dumps,
     latest_checkpoint,
     publish_checkpoint,
+    rotate_key,
 )
 from harness.audit.export import export_run
 from harness.audit.reconcile import ReconcileReport, reconcile
@@ -150,6 +151,30 @@ def checkpoint_cmd(db: DbOption = None, json_: JsonOption = False, dir_: DirOpti
         emit(doc)
     else:
         Console().print(f"published {cp.path}: tree size {cp.tree_size}, root {cp.root_hash}")
+
+
+@audit_app.command("rotate-key")
+@cli_errors
+@_audit_errors
+def rotate_key_cmd(
+    db: DbOption = None,
+    json_: JsonOption = False,
+    dir_: DirOption = None,
+    new_key: Annotated[Path | None, typer.Option(
+        "--new-key", help="The new Ed25519 private key (PEM, mode 0600). Default: generate one in place of "
+                          "the directory's checkpoint-key.pem (not when HARNESS_CHECKPOINT_KEY is set).")] = None,
+) -> None:
+    """Change the checkpoint signing key: publish a checkpoint signed by the new key and endorsed by the
+    current one, so verifiers who trust the first key trust the new one; the old key signs nothing more."""
+    cp, key_path = rotate_key(_open(db), checkpoint_dir(dir_), new_key)
+    endorsement = cp.doc["endorsement"]
+    doc = {**cp.summary(), "path": str(cp.path), "endorsed_by": endorsement["by_key_id"],
+           "key_file": str(key_path)}
+    if json_:
+        emit(doc)
+    else:
+        Console().print(f"published {cp.path}: signed by the new key {cp.doc['key_id'][:16]}…, endorsed by "
+                        f"{endorsement['by_key_id'][:16]}…; the new private key is {key_path}")
 
 
 def _write_export(doc: dict[str, Any], output: Path, json_: bool) -> None:

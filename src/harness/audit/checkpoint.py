@@ -9,7 +9,13 @@ chain head, cannot reproduce the signed roots.
 The signing key is HARNESS_CHECKPOINT_KEY (a PEM file) or, by default, ``checkpoint-key.pem`` in the
 directory, generated on first use with mode 0600. Keeping the key beside the checkpoints is the
 convenient default, not the strong one: a separate key path keeps a directory writer from re-signing.
-The public key is published as ``public-key.pem`` beside the checkpoints.
+The first key's public key is published as ``public-key.pem`` beside the checkpoints (the one auditors
+pin), and every key's as ``public-keys/<key id>.pem``.
+
+Rotating the key (`rotate_key`, `harness audit rotate-key`) publishes a checkpoint signed by the new
+key that carries an endorsement signed by the current one; from then on only the new key may sign.
+A signing key that changes without a rotation is refused, so a misconfigured key never produces
+checkpoints nobody can trust.
 """
 
 from __future__ import annotations
@@ -36,10 +42,12 @@ from harness.audit.standalone import (
     PUBLIC_KEY_FILE,
     FormatError,
     check_checkpoint,
+    endorsement_message,
     key_id_of,
     load_public_key,
-    signature_problem,
+    raw_public_key,
     signed_message,
+    walk_keys,
 )
 from harness.errors import BadInputError, StoreError
 
@@ -47,6 +55,7 @@ DEFAULT_DIR = "harness-checkpoints"
 DIR_ENV = "HARNESS_CHECKPOINT_DIR"
 KEY_ENV = "HARNESS_CHECKPOINT_KEY"
 KEY_FILE = "checkpoint-key.pem"
+PUBLIC_KEYS_DIR = "public-keys"
 _NAME = re.compile(r"^checkpoint-(\d{8})\.json$")
 
 
@@ -146,13 +155,26 @@ def public_key(directory: Path) -> Ed25519PublicKey:
 
 
 def _publish_public_key(directory: Path, key: Ed25519PublicKey) -> None:
+    """`public-keys/<key id>.pem` for every key that signs here; `public-key.pem` for the first."""
     pem = key.public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
-    path = directory / PUBLIC_KEY_FILE
-    if path.exists():
-        if key_id_of(public_key(directory)) != key_id_of(key):
-            raise CheckpointError(f"{path} belongs to another signing key: not mixing keys in {directory}")
-        return
-    _write_new(path, pem)
+    (directory / PUBLIC_KEYS_DIR).mkdir(exist_ok=True)
+    for path in (directory / PUBLIC_KEYS_DIR / f"{key_id_of(key)}.pem", directory / PUBLIC_KEY_FILE):
+        if not path.exists():
+            _write_new(path, pem)
+
+
+def current_key(directory: Path, checkpoints: list[Checkpoint] | None = None) -> Ed25519PublicKey | None:
+    """The key that signed the directory's newest checkpoint, trusted from the first published key
+    through every endorsement (None when there is no checkpoint); CheckpointError when the directory's
+    history does not hold (an unendorsed key, a bad signature)."""
+    checkpoints = list_checkpoints(directory) if checkpoints is None else checkpoints
+    if not checkpoints:
+        return None
+    for cp, (key, problem) in zip(checkpoints, walk_keys([cp.doc for cp in checkpoints], [public_key(directory)]),
+                                  strict=True):
+        if key is None:
+            raise CheckpointError(f"{cp.path.name}: {problem}")
+    return key
 
 
 # ---------------------------------------------------------------------- files
@@ -234,13 +256,11 @@ def build_tree(store: SqlStore, size: int, head_hash: str | None = None) -> merk
     return merkle.MerkleTree.from_leaves(leaf_hashes(store, size, head_hash))
 
 
-def _previous_block(previous: Checkpoint | None, tree: merkle.MerkleTree, key: Ed25519PublicKey) -> Any:
-    """The consistency proof from the last checkpoint, refusing to sign over a rewritten history."""
+def _previous_block(previous: Checkpoint | None, tree: merkle.MerkleTree) -> Any:
+    """The consistency proof from the last checkpoint (whose signature the caller has checked),
+    refusing to sign over a rewritten history."""
     if previous is None:
         return None
-    problem = signature_problem(previous.doc, key)
-    if problem:
-        raise CheckpointError(f"{previous.path.name}: {problem}")
     if previous.tree_size > tree.size:
         raise TamperedHistoryError(
             f"{previous.path.name} covers {previous.tree_size} records but the chain holds {tree.size}"
@@ -255,33 +275,88 @@ def _previous_block(previous: Checkpoint | None, tree: merkle.MerkleTree, key: E
     }
 
 
-def publish_checkpoint(store: SqlStore, directory: Path) -> Checkpoint:
-    """Drain the outbox, sign the tree head of the whole chain and write it as the next checkpoint."""
+def publish_checkpoint(store: SqlStore, directory: Path, *, key: Ed25519PrivateKey | None = None,
+                       endorsed_by: Ed25519PrivateKey | None = None) -> Checkpoint:
+    """Drain the outbox, sign the tree head of the whole chain and write it as the next checkpoint.
+
+    The signing key is `key`, else the configured one (signing_key). It must be the key of the newest
+    checkpoint, unless `endorsed_by` is that key: then the checkpoint carries its endorsement of the
+    new key (a rotation, see rotate_key)."""
     directory.mkdir(parents=True, exist_ok=True)
-    key = signing_key(directory)
+    key = key or signing_key(directory)
     pub = key.public_key()
+    checkpoints = list_checkpoints(directory)
+    signer = current_key(directory, checkpoints) if checkpoints else None
+    if endorsed_by is not None and (signer is None or key_id_of(endorsed_by.public_key()) != key_id_of(signer)):
+        raise CheckpointError("only the key that signed the newest checkpoint can endorse the next key")
+    if signer is not None and endorsed_by is None and key_id_of(signer) != key_id_of(pub):
+        raise CheckpointError(
+            f"the signing key {key_id_of(pub)[:16]}… is not the key of {checkpoints[-1].path.name} "
+            f"({key_id_of(signer)[:16]}…): to change keys, rotate with `harness audit rotate-key`; after a "
+            f"rotation, point {KEY_ENV} at the new key")
     _publish_public_key(directory, pub)
     store.drain_all()
     size, head_hash = store.chain_head()
     tree = build_tree(store, size, head_hash)
-    previous = latest_checkpoint(directory)
-    head = {
+    previous = checkpoints[-1] if checkpoints else None
+    head: dict[str, Any] = {
         "tree_size": size,
         "root_hash": tree.root().hex(),
         "timestamp": store.clock.now(),
         "chain_head_hash": head_hash,
         "key_id": key_id_of(pub),
     }
-    doc = {
+    doc: dict[str, Any] = {
         "format": CHECKPOINT_FORMAT,
         **head,
         "signature": base64.b64encode(key.sign(signed_message(head))).decode("ascii"),
-        "previous": _previous_block(previous, tree, pub),
+        "previous": _previous_block(previous, tree),
     }
+    if endorsed_by is not None:
+        by = key_id_of(endorsed_by.public_key())
+        doc["endorsement"] = {
+            "public_key": raw_public_key(pub), "by_key_id": by,
+            "signature": base64.b64encode(endorsed_by.sign(endorsement_message(head["key_id"], by, head))).decode(),
+        }
     serial = previous.serial + 1 if previous else 1
     path = directory / f"checkpoint-{serial:08d}.json"
     _write_new(path, (json_dumps(doc) + "\n").encode("utf-8"))
     return Checkpoint(serial, path, doc)
+
+
+def rotate_key(store: SqlStore, directory: Path, new_key: Path | None = None) -> tuple[Checkpoint, Path]:
+    """Change the signing key: publish a checkpoint signed by the new key and endorsed by the current
+    one; returns it and the path of the new private key.
+
+    With `new_key` (a PEM file, mode 0600) that key is used, and HARNESS_CHECKPOINT_KEY must then name it.
+    Without it a new key replaces the directory's own ``checkpoint-key.pem`` (the retired key is gone
+    from the directory); with HARNESS_CHECKPOINT_KEY set a new key path is required, as harness writes
+    no key outside the checkpoint directory."""
+    signer = current_key(directory)
+    if signer is None:
+        raise CheckpointError(f"no checkpoint in {directory} yet: there is no key to rotate from")
+    old = signing_key(directory)
+    if key_id_of(old.public_key()) != key_id_of(signer):
+        raise CheckpointError("the configured signing key did not sign the newest checkpoint, so it cannot "
+                              "endorse a new key")
+    if new_key is not None:
+        key = _read_private_key(new_key)
+        if key_id_of(key.public_key()) == key_id_of(signer):
+            raise CheckpointError(f"{new_key} is the current signing key: give a new one")
+        return publish_checkpoint(store, directory, key=key, endorsed_by=old), new_key
+    if os.environ.get(KEY_ENV):
+        raise CheckpointError(f"{KEY_ENV} names the signing key: give the new key with --new-key, then point "
+                              f"{KEY_ENV} at it")
+    staged = directory / f".{KEY_FILE}.next"
+    staged.unlink(missing_ok=True)
+    key = _create_private_key(staged)
+    try:
+        checkpoint = publish_checkpoint(store, directory, key=key, endorsed_by=old)
+    except BaseException:
+        staged.unlink(missing_ok=True)
+        raise
+    os.replace(staged, directory / KEY_FILE)
+    return checkpoint, directory / KEY_FILE
 
 
 def json_dumps(doc: Any) -> str:

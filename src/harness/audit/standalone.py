@@ -6,7 +6,10 @@ It is also the authority on the two document formats (the checkpoint publisher i
 
 - checkpoint (``harness-checkpoint/1``): a signed tree head ``{tree_size, root_hash, timestamp,
   chain_head_hash, key_id}`` with an Ed25519 signature over ``signed_message(head)``, plus an unsigned
-  ``previous`` block carrying the consistency proof from the checkpoint published before it;
+  ``previous`` block carrying the consistency proof from the checkpoint published before it, and, on
+  the first checkpoint a new signing key signs, an ``endorsement``: the retiring key's signature over
+  the new key and this tree head (``endorsement_message``), so trust passes from the first key to the
+  next without anyone fetching a key out of band again (key rotation);
 - export (``harness-export/1``): a Run's records with their inclusion proofs against one checkpoint.
 
 Console script ``harness-verify``: exit 0 valid, 1 invalid, 2 bad input.
@@ -34,6 +37,7 @@ from harness.audit import merkle
 from harness.audit.chain import canonical_json, record_bytes, record_hash
 
 CHECKPOINT_FORMAT = "harness-checkpoint/1"
+ENDORSEMENT_FORMAT = "harness-key-endorsement/1"
 EXPORT_FORMAT = "harness-export/1"
 PUBLIC_KEY_FILE = "public-key.pem"
 HEAD_FIELDS = ("tree_size", "root_hash", "timestamp", "chain_head_hash", "key_id")
@@ -93,6 +97,10 @@ def check_checkpoint(doc: Any) -> dict[str, Any]:
         _count(previous.get("tree_size"), "previous.tree_size")
         _hex32(previous.get("root_hash"), "previous.root_hash")
         hex_proof(previous.get("consistency_proof"), "previous.consistency_proof")
+    endorsement = doc.get("endorsement")
+    if endorsement is not None and (not isinstance(endorsement, dict) or any(
+            not isinstance(endorsement.get(f), str) for f in ("public_key", "by_key_id", "signature"))):
+        raise FormatError("endorsement must be an object of strings public_key, by_key_id and signature")
     return doc
 
 
@@ -100,6 +108,20 @@ def signed_message(head: dict[str, Any]) -> bytes:
     """The exact bytes a checkpoint's signature covers: the format tag and the canonical tree head."""
     fields = {name: head[name] for name in HEAD_FIELDS}
     return (CHECKPOINT_FORMAT + "\n" + canonical_json(fields)).encode("utf-8")
+
+
+def endorsement_message(new_key_id: str, by_key_id: str, head: dict[str, Any]) -> bytes:
+    """The exact bytes an endorsement's signature covers: the new key, the endorsing key and the tree
+    head of the checkpoint it appears on (an endorsement cannot be carried over to another head)."""
+    fields = {"new_key_id": new_key_id, "by_key_id": by_key_id, "tree_size": head["tree_size"],
+              "root_hash": head["root_hash"], "chain_head_hash": head["chain_head_hash"]}
+    return (ENDORSEMENT_FORMAT + "\n" + canonical_json(fields)).encode("utf-8")
+
+
+def raw_public_key(public_key: Ed25519PublicKey) -> str:
+    """A public key as base64 of its raw 32 bytes (how an endorsement carries it)."""
+    raw = public_key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    return base64.b64encode(raw).decode("ascii")
 
 
 def key_id_of(public_key: Ed25519PublicKey) -> str:
@@ -129,6 +151,66 @@ def signature_problem(checkpoint: dict[str, Any], public_key: Ed25519PublicKey) 
     except (InvalidSignature, binascii.Error, ValueError):
         return "checkpoint signature is invalid (the tree head or the signature was altered)"
     return None
+
+
+def key_for(checkpoint: dict[str, Any], trusted: Sequence[Ed25519PublicKey]) -> tuple[Ed25519PublicKey | None, str]:
+    """(key, "") with the key that signed `checkpoint` when it is trusted: one of `trusted`, or a new key
+    one of them endorsed on this very checkpoint; else (None, why not). The checkpoint's own signature
+    is checked separately (signature_problem)."""
+    by_id = {key_id_of(k): k for k in trusted}
+    signer = checkpoint["key_id"]
+    if signer in by_id:
+        return by_id[signer], ""
+    endorsement = checkpoint.get("endorsement")
+    if endorsement is None:
+        return None, (f"checkpoint was signed by key {signer[:16]}…, which is not a trusted key and no trusted "
+                      "key endorsed: check the sequence from the checkpoint that introduced it, or pass its "
+                      "public key (public-keys/<key id>.pem) obtained out of band")
+    endorser = by_id.get(endorsement["by_key_id"])
+    if endorser is None:
+        return None, (f"checkpoint was signed by key {signer[:16]}…, endorsed by key "
+                      f"{endorsement['by_key_id'][:16]}…, which is not a trusted key either")
+    try:
+        new_key = Ed25519PublicKey.from_public_bytes(base64.b64decode(endorsement["public_key"], validate=True))
+    except (binascii.Error, ValueError):
+        return None, "the endorsement's public_key is not a base64 Ed25519 public key"
+    if key_id_of(new_key) != signer:
+        return None, "the endorsed key is not the key that signed the checkpoint"
+    try:
+        endorser.verify(base64.b64decode(endorsement["signature"], validate=True),
+                        endorsement_message(signer, endorsement["by_key_id"], checkpoint))
+    except (InvalidSignature, binascii.Error, ValueError):
+        return None, "the endorsement's signature is invalid (the endorsement or the tree head was altered)"
+    return new_key, ""
+
+
+def walk_keys(checkpoints: Sequence[dict[str, Any]], trusted: Sequence[Ed25519PublicKey]) -> list[
+        tuple[Ed25519PublicKey | None, str]]:
+    """For each checkpoint (oldest first), the key it was signed by — trusting `trusted` at the start,
+    then only the key of the last good checkpoint or one it endorsed: a retired key signs nothing
+    later — or None and why not (a key nobody trusted endorsed, a signature that does not hold)."""
+    current: list[Ed25519PublicKey] = list(trusted)
+    walked: list[tuple[Ed25519PublicKey | None, str]] = []
+    for cp in checkpoints:
+        key, problem = signed_by_trusted(cp, current)
+        walked.append((key, problem))
+        if key is not None:
+            current = [key]
+    return walked
+
+
+def signed_by_trusted(checkpoint: dict[str, Any], trusted: Sequence[Ed25519PublicKey]) -> tuple[
+        Ed25519PublicKey | None, str]:
+    """(key, "") when the checkpoint is signed, validly, by a trusted key or one a trusted key endorsed
+    on it; else (None, why not)."""
+    key, problem = key_for(checkpoint, trusted)
+    if key is not None:
+        problem = signature_problem(checkpoint, key) or ""
+    return (key, "") if key is not None and not problem else (None, problem)
+
+
+def _trusted(public_key: Ed25519PublicKey | Sequence[Ed25519PublicKey]) -> list[Ed25519PublicKey]:
+    return [public_key] if isinstance(public_key, Ed25519PublicKey) else list(public_key)
 
 
 # ---------------------------------------------------------------------- results
@@ -196,13 +278,15 @@ def _completeness(records: list[dict[str, Any]], result: VerifyResult) -> None:
         )
 
 
-def verify_export(export: Any, checkpoint: Any, public_key: Ed25519PublicKey) -> VerifyResult:
-    """Check every record of an export against a signed checkpoint (inclusion proofs, RFC 9162)."""
+def verify_export(export: Any, checkpoint: Any,
+                  public_key: Ed25519PublicKey | Sequence[Ed25519PublicKey]) -> VerifyResult:
+    """Check every record of an export against a signed checkpoint (inclusion proofs, RFC 9162). The
+    checkpoint must be signed by one of the trusted keys, or by a key one of them endorsed on it."""
     result = VerifyResult("export")
     check_checkpoint(checkpoint)
     if not isinstance(export, dict) or export.get("format") != EXPORT_FORMAT:
         raise FormatError(f"an export must be a JSON object with format {EXPORT_FORMAT!r}")
-    problem = signature_problem(checkpoint, public_key)
+    _, problem = signed_by_trusted(checkpoint, _trusted(public_key))
     if problem:
         result.failures.append(problem)
         return result
@@ -219,9 +303,9 @@ def verify_export(export: Any, checkpoint: Any, public_key: Ed25519PublicKey) ->
     if not isinstance(records, list):
         raise FormatError("export.records must be a list")
     for i, rec in enumerate(records):
-        problem = _check_record(rec, i, str(export.get("run_id")), size, root)
-        if problem:
-            result.failures.append(problem)
+        record_problem = _check_record(rec, i, str(export.get("run_id")), size, root)
+        if record_problem:
+            result.failures.append(record_problem)
         result.checked += 1
     if result.ok:
         _completeness(records, result)
@@ -232,43 +316,68 @@ def verify_export(export: Any, checkpoint: Any, public_key: Ed25519PublicKey) ->
 
 
 def verify_consistency(
-    old: Any, new: Any, public_key: Ed25519PublicKey, proof: Sequence[bytes] | None = None
+    old: Any, new: Any, public_key: Ed25519PublicKey | Sequence[Ed25519PublicKey],
+    proof: Sequence[bytes] | None = None,
 ) -> VerifyResult:
-    """Check that checkpoint `new` extends `old` append-only; the proof defaults to the one `new` embeds."""
+    """Check that checkpoint `new` extends `old` append-only; the proof defaults to the one `new` embeds.
+    Both must be signed by trusted keys (`new` may be signed by a key that `old`'s key endorsed on it)."""
     result = VerifyResult("consistency", checked=2)
     check_checkpoint(old)
     check_checkpoint(new)
-    for name, cp in (("old", old), ("new", new)):
-        problem = signature_problem(cp, public_key)
-        if problem:
-            result.failures.append(f"{name}: {problem}")
+    trusted = _trusted(public_key)
+    old_key, problem = signed_by_trusted(old, trusted)
+    if problem:
+        result.failures.append(f"old: {problem}")
+    _, problem = signed_by_trusted(new, trusted + ([old_key] if old_key is not None else []))
+    if problem:
+        result.failures.append(f"new: {problem}")
     if result.failures:
         return result
-    if old["tree_size"] > new["tree_size"]:
-        result.failures.append(f"tree size shrank from {old['tree_size']} to {new['tree_size']}")
-        return result
-    if proof is None:
-        previous = new.get("previous") or {}
-        if (previous.get("tree_size"), previous.get("root_hash")) != (old["tree_size"], old["root_hash"]):
-            result.failures.append("new does not embed a proof from old: give every checkpoint in between")
-            return result
-        proof = hex_proof(previous["consistency_proof"], "previous.consistency_proof")
-    roots = bytes.fromhex(old["root_hash"]), bytes.fromhex(new["root_hash"])
-    if not merkle.verify_consistency(old["tree_size"], new["tree_size"], *roots, proof):
-        result.failures.append(
-            f"consistency proof from tree size {old['tree_size']} to {new['tree_size']} does not hold: "
-            "the history the old checkpoint signed was rewritten"
-        )
+    extension = _extension_problem(old, new, proof)
+    if extension:
+        result.failures.append(extension)
     return result
 
 
-def verify_sequence(checkpoints: Sequence[Any], public_key: Ed25519PublicKey) -> VerifyResult:
-    """Check each checkpoint against the one before it, through the proofs they embed."""
+def _extension_problem(old: dict[str, Any], new: dict[str, Any], proof: Sequence[bytes] | None) -> str | None:
+    """Why `new`'s tree is not an append-only extension of `old`'s, or None."""
+    if old["tree_size"] > new["tree_size"]:
+        return f"tree size shrank from {old['tree_size']} to {new['tree_size']}"
+    if proof is None:
+        previous = new.get("previous") or {}
+        if (previous.get("tree_size"), previous.get("root_hash")) != (old["tree_size"], old["root_hash"]):
+            return "new does not embed a proof from old: give every checkpoint in between"
+        proof = hex_proof(previous["consistency_proof"], "previous.consistency_proof")
+    roots = bytes.fromhex(old["root_hash"]), bytes.fromhex(new["root_hash"])
+    if not merkle.verify_consistency(old["tree_size"], new["tree_size"], *roots, proof):
+        return (f"consistency proof from tree size {old['tree_size']} to {new['tree_size']} does not hold: "
+                "the history the old checkpoint signed was rewritten")
+    return None
+
+
+def verify_sequence(checkpoints: Sequence[Any], public_key: Ed25519PublicKey | Sequence[Ed25519PublicKey]
+                    ) -> VerifyResult:
+    """Check each checkpoint against the one before it, through the proofs they embed, and that each is
+    signed by a trusted key: `public_key` at the start, then whichever key the one before it endorsed
+    (a key rotation), never a retired one."""
     result = VerifyResult("consistency")
-    for old, new in itertools.pairwise(checkpoints):
-        step = verify_consistency(old, new, public_key)
+    for cp in checkpoints:
+        check_checkpoint(cp)
+    walked = walk_keys(checkpoints, _trusted(public_key))
+    result.failures.extend(f"checkpoint #{i + 1} (tree size {cp['tree_size']}): {problem}"
+                           for i, (cp, (_, problem)) in enumerate(zip(checkpoints, walked, strict=True)) if problem)
+    keys = [key for key, _ in walked]
+    for (old, new), (old_key, new_key) in zip(itertools.pairwise(checkpoints), itertools.pairwise(keys),
+                                              strict=True):
         result.checked += 1
-        result.failures.extend(f"{old['tree_size']} -> {new['tree_size']}: {f}" for f in step.failures)
+        if old_key is None or new_key is None:
+            continue  # already reported
+        problem = _extension_problem(old, new, None)
+        if problem:
+            result.failures.append(f"{old['tree_size']} -> {new['tree_size']}: {problem}")
+        if new_key is not old_key and "endorsement" in new:
+            result.notes.append(f"signing key rotated at tree size {new['tree_size']}: "
+                                f"{key_id_of(old_key)[:16]}… endorsed {key_id_of(new_key)[:16]}…")
     return result
 
 
@@ -284,14 +393,38 @@ def _read_json(path: str) -> Any:
         raise FormatError(f"{path} is not valid JSON: {exc}") from None
 
 
-def _public_key(option: str | None, checkpoint_path: str, notes: list[str]) -> Ed25519PublicKey:
-    path = Path(option) if option else Path(checkpoint_path).parent / PUBLIC_KEY_FILE
-    if not option:
-        notes.append(f"public key read from {path}; pass --public-key with a key obtained out of band")
+def _public_keys(options: Sequence[str] | None, checkpoint_path: str, notes: list[str]) -> list[Ed25519PublicKey]:
+    """The trusted keys: every --public-key, else the first key published beside the checkpoint."""
+    paths = [Path(o) for o in options] if options else [Path(checkpoint_path).parent / PUBLIC_KEY_FILE]
+    if not options:
+        notes.append(f"public key read from {paths[0]}; pass --public-key with a key obtained out of band")
+    keys = []
+    for path in paths:
+        try:
+            keys.append(load_public_key(path.read_bytes()))
+        except OSError as exc:
+            raise FormatError(f"cannot read public key {path}: {exc.strerror}") from None
+    return keys
+
+
+def _through_rotations(trusted: list[Ed25519PublicKey], checkpoint_path: str,
+                       notes: list[str]) -> list[Ed25519PublicKey]:
+    """The trusted keys plus the key that signs at `checkpoint_path` when the checkpoints beside it, up to
+    it, pass trust on to it through endorsements (the checkpoint directory's own history)."""
+    target = Path(checkpoint_path)
+    history = sorted(p for p in target.parent.glob("checkpoint-*.json") if p.name <= target.name)
+    if len(history) < 2 or target.resolve() not in {p.resolve() for p in history}:
+        return trusted
     try:
-        return load_public_key(path.read_bytes())
-    except OSError as exc:
-        raise FormatError(f"cannot read public key {path}: {exc.strerror}") from None
+        docs = [check_checkpoint(_read_json(str(p))) for p in history]
+    except FormatError:
+        return trusted
+    last = walk_keys(docs, trusted)[-1][0]
+    if last is None or key_id_of(last) in {key_id_of(k) for k in trusted}:
+        return trusted
+    notes.append(f"{target.name} is signed by key {key_id_of(last)[:16]}…, trusted through the key "
+                 f"rotation(s) recorded in the {len(history)} checkpoints up to it")
+    return [*trusted, last]
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -303,7 +436,9 @@ def _parser() -> argparse.ArgumentParser:
     cons = sub.add_parser("consistency", help="check that each checkpoint extends the one before it")
     cons.add_argument("checkpoints", nargs="+", metavar="CHECKPOINT")
     for p in (exp, cons):
-        p.add_argument("--public-key", help="PEM file (default: public-key.pem beside the checkpoint)")
+        p.add_argument("--public-key", action="append",
+                       help="a trusted PEM public key, repeatable (default: public-key.pem beside the checkpoint, "
+                            "the first key that signed there; later keys are trusted through its endorsements)")
         p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
     return parser
 
@@ -311,13 +446,13 @@ def _parser() -> argparse.ArgumentParser:
 def _run(args: argparse.Namespace) -> VerifyResult:
     notes: list[str] = []
     if args.command == "export":
-        key = _public_key(args.public_key, args.checkpoint, notes)
-        result = verify_export(_read_json(args.export), _read_json(args.checkpoint), key)
+        keys = _through_rotations(_public_keys(args.public_key, args.checkpoint, notes), args.checkpoint, notes)
+        result = verify_export(_read_json(args.export), _read_json(args.checkpoint), keys)
     else:
         if len(args.checkpoints) < 2:
             raise FormatError("give at least two checkpoints, oldest first")
-        key = _public_key(args.public_key, args.checkpoints[-1], notes)
-        result = verify_sequence([_read_json(p) for p in args.checkpoints], key)
+        keys = _public_keys(args.public_key, args.checkpoints[-1], notes)
+        result = verify_sequence([_read_json(p) for p in args.checkpoints], keys)
     result.notes[:0] = notes
     return result
 

@@ -26,7 +26,7 @@ from harness.adapters.sql.store import SqlStore, StoredTraceRecord
 from harness.audit import merkle
 from harness.audit.chain import GENESIS_HASH, record_bytes, record_hash
 from harness.audit.checkpoint import CheckpointError, list_checkpoints, public_key
-from harness.audit.standalone import signature_problem
+from harness.audit.standalone import walk_keys
 
 #: how far from its current seq a moved record's original seq is searched, to tell "reordered" from "edited"
 _MOVE_WINDOW = 64
@@ -221,16 +221,15 @@ def _check_checkpoints(walk: _Walk, directory: Path) -> None:
     report = walk.report
     try:
         checkpoints = list_checkpoints(directory)
-        key = public_key(directory) if checkpoints else None
+        # each checkpoint's key must be trusted from the first published key through endorsements
+        walked = walk_keys([cp.doc for cp in checkpoints], [public_key(directory)]) if checkpoints else []
     except CheckpointError as exc:
         report.add(Problem("checkpoint_invalid", None, None, str(exc)))
         return
     good = 0
-    for cp in checkpoints:
+    for cp, (key, problem) in zip(checkpoints, walked, strict=True):
         report.checkpoints_checked += 1
-        assert key is not None
-        problem = signature_problem(cp.doc, key)
-        if problem:
+        if key is None:
             report.add(Problem("checkpoint_invalid", None, None, f"{cp.path.name}: {problem}"))
             continue
         if cp.tree_size > walk.acc.size:
