@@ -36,12 +36,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 import jsonschema
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from harness.audit.chain import content_hash
 from harness.errors import ManifestError
 from harness.pipeline.contracts import SKILL_ID
+from harness.yamlfile import read_yaml
 
 
 class Risk(BaseModel):
@@ -203,12 +203,7 @@ def _first_error(exc: ValidationError) -> str:
 
 def load_manifest(path: Path) -> Skill:
     """Load and validate one manifest; import its entrypoint unless it runs in a sandbox."""
-    try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ManifestError(f"{path}: cannot read: {exc.strerror}") from exc
-    except yaml.YAMLError as exc:
-        raise ManifestError(f"{path}: not valid YAML: {exc}") from exc
+    raw = read_yaml(path, ManifestError)
     if not isinstance(raw, dict):
         raise ManifestError(f"{path}: a manifest must be a mapping of fields")
     try:

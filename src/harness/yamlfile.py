@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -13,15 +13,20 @@ from harness.errors import BadInputError
 M = TypeVar("M", bound=BaseModel)
 
 
+def read_yaml(path: Path, error: type[BadInputError] = BadInputError, what: str = "") -> Any:
+    """The parsed YAML file at `path`; `error` naming the file when it cannot be read or parsed."""
+    try:
+        return yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise error(f"{path}: cannot read{' ' + what if what else ''}: {exc.strerror}") from exc
+    except yaml.YAMLError as exc:
+        raise error(f"{path}: not valid YAML: {exc}") from exc
+
+
 def load_yaml_model(path: str | Path, model: type[M], what: str, error: type[BadInputError] = BadInputError) -> M:
     """`model` validated from the YAML file at `path`; `error` naming the file (and field) otherwise."""
     path = Path(path)
-    try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise error(f"{path}: cannot read {what}: {exc.strerror}") from exc
-    except yaml.YAMLError as exc:
-        raise error(f"{path}: not valid YAML: {exc}") from exc
+    raw = read_yaml(path, error, what)
     try:
         return model.model_validate(raw or {})
     except ValidationError as exc:

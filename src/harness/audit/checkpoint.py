@@ -286,7 +286,7 @@ def publish_checkpoint(store: SqlStore, directory: Path, *, key: Ed25519PrivateK
     key = key or signing_key(directory)
     pub = key.public_key()
     checkpoints = list_checkpoints(directory)
-    signer = current_key(directory, checkpoints) if checkpoints else None
+    signer = current_key(directory, checkpoints)
     if endorsed_by is not None and (signer is None or key_id_of(endorsed_by.public_key()) != key_id_of(signer)):
         raise CheckpointError("only the key that signed the newest checkpoint can endorse the next key")
     if signer is not None and endorsed_by is None and key_id_of(signer) != key_id_of(pub):

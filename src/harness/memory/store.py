@@ -239,25 +239,16 @@ def _same_content(conn: sa.Connection, raw: RawStatements, row: dict[str, Any]) 
     """The id of the entry itself if it is already stored (a repeated write-back), else of an entry of the same
     scope with the same content that recall can see (its Run, if any, SUCCEEDED), else None. An entry of a
     Run that never succeeded does not count: it is never recalled."""
-    if _first(raw.execute(conn, _ENTRY_EXISTS, {"p_entry_id": row["entry_id"]})) is not None:
+    if raw.fetchone(conn, _ENTRY_EXISTS, {"p_entry_id": row["entry_id"]}) is not None:
         return str(row["entry_id"])
     nulls = tuple(row[c] is None for c in _SCOPE_COLUMNS)
     query = _SAME_CONTENT.get(nulls)
     if query is None:
         query = _SAME_CONTENT[nulls] = _same_content_query(nulls)
-    found = _first(raw.execute(conn, query, {
+    found = raw.fetchone(conn, query, {
         "p_tenant_id": row["tenant_id"], "p_content_hash": row["content_hash"], "p_scope": row["scope"],
-        **{f"p_{c}": row[c] for c in _SCOPE_COLUMNS if row[c] is not None}}))
-    return None if found is None else str(found)
-
-
-def _first(cursor: Any) -> Any:
-    """The first column of the cursor's first row (None when there is none); closes the cursor."""
-    try:
-        found = cursor.fetchone()
-    finally:
-        cursor.close()
-    return None if found is None else found[0]
+        **{f"p_{c}": row[c] for c in _SCOPE_COLUMNS if row[c] is not None}})
+    return None if found is None else str(found[0])
 
 
 

@@ -105,9 +105,8 @@ class CostLedger:
         """(run, user, tenant) spend in one query: the budget check's three numbers. A read, on the
         read-only connection (on SQLite it does not queue for the write lock)."""
         with self.store.reader.connect() as conn:
-            cursor = self._raw.execute(conn, _BY_SCOPE, {"p_tenant": tenant_id, "p_user": user_id, "p_run": run_id})
-            run_usd, user_usd, tenant_usd = cursor.fetchone()
-            cursor.close()
+            run_usd, user_usd, tenant_usd = self._raw.fetchone(
+                conn, _BY_SCOPE, {"p_tenant": tenant_id, "p_user": user_id, "p_run": run_id})
         return float(run_usd), float(user_usd), float(tenant_usd)
 
     def spent(self, *, tenant_id: str, user_id: str | None = None, run_id: str | None = None) -> float:

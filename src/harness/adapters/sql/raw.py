@@ -48,6 +48,22 @@ class RawStatements:
             raise self._translated(sql, args, exc) from exc
         return cursor
 
+    def fetchone(self, conn: sa.Connection, stmt: Any, params: Mapping[str, Any] | None = None) -> Any:
+        """Run a SELECT and return its first row as a tuple (None when there is none); closes the cursor."""
+        cursor = self.execute(conn, stmt, params)
+        try:
+            return cursor.fetchone()
+        finally:
+            cursor.close()
+
+    def fetchall(self, conn: sa.Connection, stmt: Any, params: Mapping[str, Any] | None = None) -> list[Any]:
+        """Run a SELECT and return its rows as tuples; closes the cursor."""
+        cursor = self.execute(conn, stmt, params)
+        try:
+            return list(cursor.fetchall())
+        finally:
+            cursor.close()
+
     def mappings(self, conn: sa.Connection, stmt: Any, params: Mapping[str, Any] | None = None) -> list[
             dict[str, Any]]:
         """Run a SELECT of plain columns (no result processing needed) and return its rows as dicts."""

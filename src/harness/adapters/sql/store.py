@@ -360,8 +360,8 @@ class SqlStore:
         also: Callable[[sa.Connection], object] | None, now: float,
     ) -> TransitionResult:
         with self.engine.begin() as conn:
-            found = self._raw.execute(conn, q.RUN_FOR_CAS_LOCKED if self._locks_rows else q.RUN_FOR_CAS,
-                                      {"p_run_id": run_id}).fetchone()
+            found = self._raw.fetchone(conn, q.RUN_FOR_CAS_LOCKED if self._locks_rows else q.RUN_FOR_CAS,
+                                       {"p_run_id": run_id})
             if found is None:
                 raise UnknownRunError(run_id)
             row = _CasRow(*found)
@@ -502,12 +502,12 @@ class SqlStore:
         trigger refuses any record whose prev_hash is not the hash of the record at seq - 1 (migration
         0007), so concurrent chainers can never fork the chain.
         """
-        seq, prev = self._raw.execute(conn, q.HEAD_LOCKED if self._locks_rows else q.HEAD).fetchone()
+        seq, prev = self._raw.fetchone(conn, q.HEAD_LOCKED if self._locks_rows else q.HEAD)
         if not records:
             return 0
         # one probe of the record_id index per record: cheaper than rendering an IN list of the batch
         seen = {r.record_id for r in records
-                if self._raw.execute(conn, q.CHAINED_ID, {"p_id": r.record_id}).fetchone() is not None}
+                if self._raw.fetchone(conn, q.CHAINED_ID, {"p_id": r.record_id}) is not None}
         rows = []
         for r in records:
             if r.record_id in seen:
@@ -534,9 +534,9 @@ class SqlStore:
             return self._drain_batch(conn, batch_size)
 
     def _drain_batch(self, conn: sa.Connection, batch_size: int) -> tuple[int, int]:
-        self._raw.execute(conn, q.HEAD_LOCKED if self._locks_rows else q.HEAD).fetchone()
+        self._raw.fetchone(conn, q.HEAD_LOCKED if self._locks_rows else q.HEAD)
         pending = [_OutboxRow(*r) for r in
-                   self._raw.execute(conn, q.OUTBOX_BATCH, {"p_limit": batch_size}).fetchall()]
+                   self._raw.fetchall(conn, q.OUTBOX_BATCH, {"p_limit": batch_size})]
         if not pending:
             return 0, 0
         chained = self.chain_batch(conn, [PendingRecord(p.record_id, p.run_id, p.kind, p.payload)
@@ -643,7 +643,7 @@ class SqlStore:
     def state_of(self, run_id: str) -> RunState:
         """Only the Run's state: the cheap check made between steps (cancelled? swept?)."""
         with self.reader.connect() as conn:
-            found = self._raw.execute(conn, q.STATE_OF, {"p_run_id": run_id}).fetchone()
+            found = self._raw.fetchone(conn, q.STATE_OF, {"p_run_id": run_id})
         if found is None:
             raise UnknownRunError(run_id)
         return RunState(found[0])
@@ -684,10 +684,10 @@ class SqlStore:
         """(state, result, path) of a Run from one snapshot: what its caller is answered, without the
         request and RunContext a full read decodes."""
         with self.reader.connect() as conn, conn.begin():
-            found = self._raw.execute(conn, q.OUTCOME_OF, {"p_run_id": run_id}).fetchone()
+            found = self._raw.fetchone(conn, q.OUTCOME_OF, {"p_run_id": run_id})
             if found is None:
                 raise UnknownRunError(run_id)
-            path = [RunState(r[0]) for r in self._raw.execute(conn, q.PATH_OF, {"p_run_id": run_id}).fetchall()]
+            path = [RunState(r[0]) for r in self._raw.fetchall(conn, q.PATH_OF, {"p_run_id": run_id})]
         return RunState(found[0]), json.loads(found[1]) if found[1] else None, path
 
     def audit_events(self, *, run_id: str | None = None, event: str | None = None) -> list[AuditEvent]:
