@@ -16,20 +16,17 @@ import threading
 import time
 from typing import Any
 
-import sqlalchemy as sa
 from celery import Celery
 from celery.signals import worker_process_init
 
-from harness.adapters.sql import schema as t
 from harness.config import Runtime, Settings, build_runtime
-from harness.kernel import FINAL, RunState
+from harness.kernel import RunState
 from harness.kernel.thresholds import SWEEP_INTERVAL_S
 from harness.sweeper import ZombieSweeper
 from harness.worker import RunWorker
 
 log = logging.getLogger(__name__)
 S = RunState
-_ACTIVE = [s.value for s in RunState if s not in FINAL and s != S.AWAITING_HITL]
 
 
 class _Process:
@@ -58,22 +55,14 @@ def _reset_after_fork(**_: Any) -> None:
 
 def orphans(rt: Runtime, grace_s: float, limit: int = 1000) -> list[str]:
     """Active Runs nobody holds a live lease on and that have not moved for `grace_s`: their worker died."""
-    now = rt.store.clock.now()
-    query = (
-        sa.select(t.runs.c.run_id)
-        .where(t.runs.c.state.in_(_ACTIVE), t.runs.c.last_state_change_at < now - grace_s,
-               sa.or_(t.runs.c.lease_expires_at.is_(None), t.runs.c.lease_expires_at < now))
-        .order_by(t.runs.c.last_state_change_at)
-        .limit(limit)
-    )
-    with rt.store.reader.connect() as conn:
-        return list(conn.execute(query).scalars())
+    return rt.store.unowned_runs(grace_s, limit)
 
 
 def make_app(broker: str | None = None) -> Celery:
     """The Celery application with the harness tasks and the sweep schedule."""
     app = Celery("harness", broker=broker or os.environ.get("HARNESS_BROKER_URL", "redis://127.0.0.1:6379/0"))
-    lease_ttl = float(os.environ.get("HARNESS_LEASE_TTL_S", "60"))
+    settings = Settings.from_env()
+    lease_ttl = settings.lease_ttl_s
     app.conf.update(
         task_serializer="json",
         accept_content=["json"],
@@ -82,9 +71,7 @@ def make_app(broker: str | None = None) -> Celery:
         worker_prefetch_multiplier=1,
         broker_connection_retry_on_startup=True,
         broker_transport_options={"visibility_timeout": max(lease_ttl * 2, 30)},
-        beat_schedule={"harness-sweep": {"task": "harness.sweep",
-                                         "schedule": float(os.environ.get("HARNESS_SWEEP_INTERVAL_S",
-                                                                          SWEEP_INTERVAL_S))}},
+        beat_schedule={"harness-sweep": {"task": "harness.sweep", "schedule": settings.sweep_interval_s}},
     )
 
     @app.task(name="harness.drive")
@@ -97,12 +84,15 @@ def make_app(broker: str | None = None) -> Celery:
     @app.task(name="harness.sweep")
     def sweep() -> dict[str, int]:
         rt = runtime()
-        report = ZombieSweeper(rt.store, rt.machine, expire_approvals=rt.runs.expire_approvals).sweep_once()
+        report = ZombieSweeper(rt.store, rt.machine, thresholds=rt.settings.thresholds(),
+                               expire_approvals=rt.runs.expire_approvals, resume=drive.delay,
+                               resume_decisions=rt.runs.resume_decisions,
+                               max_stalls=rt.settings.max_stalls).sweep_once()
         requeued = orphans(rt, grace_s=lease_ttl)
         for run_id in requeued:
             drive.delay(run_id)
         pruned = rt.runs.prune_workdirs()
-        return {"recovered": len(report.recovered), "requeued": len(requeued),
+        return {"recovered": len(report.recovered), "requeued": len(requeued), "resumed": len(report.resumed),
                 "approvals_expired": len(report.approvals_expired), "workdirs_removed": len(pruned)}
 
     return app

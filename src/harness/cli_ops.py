@@ -9,24 +9,34 @@ import typer
 
 from harness.cli_runs import runtime
 from harness.cli_support import DbOption, JsonOption, emit
-from harness.kernel.thresholds import SWEEP_INTERVAL_S
 from harness.sweeper import SweepReport, ZombieSweeper
 
 
 def _doc(report: SweepReport) -> dict[str, object]:
     return {"detected": report.detected, "recovered": report.recovered, "lost": report.lost,
-            "healthy": report.healthy, "approvals_expired": report.approvals_expired}
+            "healthy": report.healthy, "resumed": report.resumed, "approvals_expired": report.approvals_expired,
+            "decisions_resumed": report.decisions_resumed}
 
 
 def sweep(
     once: Annotated[bool, typer.Option("--once/--forever", help="One pass, or keep sweeping.")] = True,
-    interval: Annotated[float, typer.Option("--interval", help="Seconds between passes.")] = SWEEP_INTERVAL_S,
+    interval: Annotated[float | None, typer.Option(
+        "--interval", help="Seconds between passes (default: the sweep interval setting).")] = None,
+    resume: Annotated[bool, typer.Option(
+        "--resume/--no-resume",
+        help="Drive stuck Runs that can still be resumed here, instead of closing them (off: this command "
+             "is the backstop that closes what no worker picked up).")] = False,
     db: DbOption = None,
     json_: JsonOption = False,
 ) -> None:
-    """Find Runs stuck past their state's threshold and close them; expire overdue approvals."""
+    """Find Runs stuck past their state's threshold and close (or resume) them; expire overdue approvals;
+    carry out decided approvals whose Run did not move."""
     rt = runtime(db)
-    sweeper = ZombieSweeper(rt.store, rt.machine, expire_approvals=rt.runs.expire_approvals)
+    sweeper = ZombieSweeper(rt.store, rt.machine, thresholds=rt.settings.thresholds(),
+                            expire_approvals=rt.runs.expire_approvals,
+                            resume=rt.runs.drive if resume else None,
+                            resume_decisions=rt.runs.resume_decisions, max_stalls=rt.settings.max_stalls)
+    interval = interval if interval is not None else rt.settings.sweep_interval_s
     if not once:
         typer.echo(f"sweeping every {interval:g}s; Ctrl-C to stop", err=True)
         try:
@@ -39,8 +49,9 @@ def sweep(
         emit({**_doc(report), "workdirs_removed": pruned})
     else:
         typer.echo(f"detected {len(report.detected)}, recovered {len(report.recovered)}, lost to another writer "
-                   f"{len(report.lost)}, healthy (heartbeating) {len(report.healthy)}, approvals expired "
-                   f"{len(report.approvals_expired)}, working directories removed {len(pruned)}")
+                   f"{len(report.lost)}, healthy (heartbeating) {len(report.healthy)}, resumed "
+                   f"{len(report.resumed)}, approvals expired {len(report.approvals_expired)}, decided approvals "
+                   f"carried out {len(report.decisions_resumed)}, working directories removed {len(pruned)}")
 
 
 def worker(

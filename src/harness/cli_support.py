@@ -1,6 +1,7 @@
 """What every CLI command shares: the --db option, JSON output and the exit-code contract (SPEC U1).
 
-Exit codes: 0 success; 1 a check failed; 2 bad usage or bad input, reason on stderr, never a traceback.
+Exit codes: 0 success; 1 a check failed, or a decision or cancel was refused (it took no effect); 2 bad
+usage or bad input, reason on stderr, never a traceback.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import sqlalchemy.exc
 import typer
 
 from harness.adapters.sql.store import SqlStore
-from harness.errors import BadInputError, HarnessError, InvalidTransitionError
+from harness.errors import BadInputError, ConflictError, HarnessError, InvalidTransitionError
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -56,6 +57,8 @@ def cli_errors(fn: Callable[P, R]) -> Callable[P, R]:
             return fn(*args, **kwargs)
         except (BadInputError, InvalidTransitionError) as exc:
             fail(str(exc))
+        except ConflictError as exc:  # the command lost a race and changed nothing: refused, like a decision
+            fail(str(exc), EXIT_CHECK_FAILED)
         except HarnessError as exc:
             fail(f"{type(exc).__name__}: {exc}")
         except OSError as exc:

@@ -24,6 +24,7 @@ from harness.errors import InvalidRequestError
 from harness.examples.support import EXAMPLE_DIR
 from harness.identity import IdentityDirectory
 from harness.kernel import FINAL, RunState
+from harness.kernel.thresholds import Thresholds, parse_overrides
 from harness.memory.store import open_memory
 from harness.memory.writeback import MemoryWriteBack
 from harness.pipeline.context_assembler import ContextAssembler
@@ -36,6 +37,7 @@ from harness.policy.hitl import HitlDesk
 from harness.ports import Clock, LLMProvider, ResultSink, TraceBuffer
 from harness.skills import SkillRegistry
 from harness.state_machine import Listener, StateMachine
+from harness.yamlfile import read_yaml
 
 
 class Settings(BaseModel):
@@ -70,12 +72,35 @@ class Settings(BaseModel):
     memory: Literal["off", "lexical", "semantic"] = "lexical"
     memory_write_scope: Literal["user", "session"] = "user"
     memory_share: float = Field(default=0.25, ge=0.0, le=0.9)
+    #: leases (one driver per Run): how long a driver's lease lives without a heartbeat (it heartbeats
+    #: every third of it), and how many times a Run's lease may be taken over from a dead driver before
+    #: the Run is failed as poison instead of resumed again
+    lease_ttl_s: float = Field(default=30.0, gt=0)
+    max_stalls: int = Field(default=3, ge=1)
+    #: the sweeper: how often it passes, per-state thresholds in seconds overriding the defaults (by state
+    #: name; EXECUTING's default follows execution_limit_s), the heartbeat ceiling as a multiple of a
+    #: state's threshold, and how long a decided approval may wait for its Run to move
+    sweep_interval_s: float = Field(default=30.0, gt=0)
+    state_thresholds: dict[str, float] = Field(default_factory=dict)
+    heartbeat_ceiling_factor: float = Field(default=2.0, ge=1.0)
+    decided_approval_s: float = Field(default=30.0, gt=0)
+    #: a Run nobody drives is picked up by the embedded worker once it has not moved for this long
+    redrive_grace_s: float = Field(default=2.0, ge=0)
+
+    def thresholds(self) -> Thresholds:
+        """The sweeper's thresholds these settings describe."""
+        try:
+            return Thresholds.build(self.state_thresholds, execution_limit_s=self.execution_limit_s,
+                                    ceiling_factor=self.heartbeat_ceiling_factor, decided_s=self.decided_approval_s)
+        except ValueError as exc:
+            raise InvalidRequestError(f"invalid settings: state_thresholds: {exc}") from exc
 
     @classmethod
     def from_env(cls, **overrides: object) -> Settings:
-        """Settings from HARNESS_* environment variables, then explicit overrides."""
+        """Settings from the file HARNESS_CONFIG_FILE names (YAML, keys as the fields here), then
+        HARNESS_* environment variables, then explicit overrides."""
         env = os.environ
-        values: dict[str, object] = {}
+        values: dict[str, object] = _config_file(env.get("HARNESS_CONFIG_FILE"))
         if env.get("HARNESS_SKILLS_DIRS"):
             values["skills_dirs"] = tuple(Path(p) for p in env["HARNESS_SKILLS_DIRS"].split(os.pathsep) if p)
         for key, name in (("policy_file", "HARNESS_POLICY_FILE"), ("llm_rules", "HARNESS_LLM_RULES"),
@@ -88,14 +113,47 @@ class Settings(BaseModel):
             if env.get(name):
                 values[key] = env[name]
         for key in ("llm_model", "llm_fallback_model", "llm_base_url", "llm_api_key_env", "llm_pricing",
-                    "llm_stream", "llm_plan_mode", "llm_timeout_s"):
+                    "llm_stream", "llm_plan_mode", "llm_timeout_s", "lease_ttl_s", "max_stalls", "sweep_interval_s",
+                    "heartbeat_ceiling_factor", "decided_approval_s", "redrive_grace_s"):
             if env.get(f"HARNESS_{key.upper()}"):
                 values[key] = env[f"HARNESS_{key.upper()}"]
+        if env.get("HARNESS_STATE_THRESHOLDS"):
+            try:
+                values["state_thresholds"] = parse_overrides(env["HARNESS_STATE_THRESHOLDS"])
+            except ValueError as exc:
+                raise InvalidRequestError(f"invalid settings: HARNESS_STATE_THRESHOLDS: {exc}") from exc
         values.update({k: v for k, v in overrides.items() if v is not None})
         try:
-            return cls.model_validate(values)
+            settings = cls.model_validate(values)
         except ValueError as exc:
             raise InvalidRequestError(f"invalid settings: {exc}") from exc
+        settings.thresholds()  # a bad threshold is named now, not at the first sweep
+        return settings
+
+
+#: fields of Settings that are paths: in a config file they are relative to the file's folder
+_PATH_FIELDS = ("skills_dirs", "policy_file", "llm_rules", "llm_pricing", "identities_file", "data_dir")
+
+
+def _config_file(name: str | None) -> dict[str, object]:
+    """The settings a YAML config file holds (HARNESS_CONFIG_FILE); {} when none is named."""
+    if not name:
+        return {}
+    path = Path(name)
+    raw = read_yaml(path, InvalidRequestError, "the config file")
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise InvalidRequestError(f"{path}: the config file must be a mapping of setting names to values")
+    values: dict[str, object] = dict(raw)
+    base = path.resolve().parent
+    for key in _PATH_FIELDS:
+        value = values.get(key)
+        if isinstance(value, str):
+            values[key] = str(base / value)
+        elif isinstance(value, list):
+            values[key] = [str(base / str(v)) for v in value]
+    return values
 
 
 @dataclass
@@ -185,4 +243,9 @@ def build_runtime(settings: Settings | None = None, *, clock: Clock | None = Non
     )
     tools.child_runs = runs  # AgentInvoke creates child Runs through the same kernel (T4)
     identities = IdentityDirectory.from_file(settings.identities_file)
-    return Runtime(settings, store, machine, registry, policy, hitl, tools, TraceRecorder(store), runs, identities)
+    runtime = Runtime(settings, store, machine, registry, policy, hitl, tools, TraceRecorder(store), runs, identities)
+    from harness.worker import RunWorker  # the worker drives a Runtime: wired once the Runtime exists
+
+    # every drive holds the Run's lease (K5b, T6), as the thread that drives it (owner host:pid:thread)
+    runs.driver = lambda run_id: RunWorker(runtime).execute(run_id)
+    return runtime

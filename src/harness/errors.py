@@ -7,6 +7,8 @@
     │   ├── ManifestError             a skill manifest that cannot be loaded
     │   └── PolicyConfigError         a policy file that cannot be loaded
     ├── InvalidTransitionError        (from, to) is not in the transition table
+    ├── ConflictError                 the Run moved on first; the request changed nothing (HTTP 409)
+    │   └── CancelRefusedError        a cancel lost to the close it raced (names the state)
     ├── StoreError                    the database failed or holds something it should not
     │   └── FencedError               this worker's lease on the Run was taken over (K5b)
     ├── ProviderError                 an LLM provider call failed (retryable or not, SPEC T3)
@@ -57,6 +59,19 @@ class InvalidTransitionError(HarnessError):
         self.run_id = run_id
         self.source = source
         self.target = target
+
+
+class ConflictError(HarnessError):
+    """The request raced another change to the same Run and lost; nothing was changed by it."""
+
+
+class CancelRefusedError(ConflictError):
+    """A cancel found the Run already closing or closed: it took no effect. `state` is where it is."""
+
+    def __init__(self, run_id: str, state: str) -> None:
+        super().__init__(f"run {run_id} is already {state}; the cancel took no effect")
+        self.run_id = run_id
+        self.state = state
 
 
 class StoreError(HarnessError):

@@ -87,6 +87,34 @@ class StateMachine:
             self.advance(run_id, target, reason=outcome.close_reason, forced_by=forced_by, lease_epoch=lease_epoch)
         return outcome
 
+    def transition_in(
+        self,
+        conn: sa.Connection,
+        run_id: str,
+        source: RunState,
+        target: RunState,
+        *,
+        actor: str,
+        reason: str,
+        lease_epoch: int | None = None,
+        records: Sequence[TraceRecordIn] = (),
+        context: dict[str, Any] | None = _UNSET,
+        result: dict[str, Any] | None = _UNSET,
+    ) -> TransitionResult:
+        """The compare-and-set inside the caller's transaction (see SqlStore.transition_in). Nothing is
+        told and nothing moves on until the caller has committed and calls `settle` with the outcome."""
+        return self.store.transition_in(conn, run_id, source, target, actor=actor, reason=reason,
+                                        lease_epoch=lease_epoch, records=records, context=context, result=result)
+
+    def settle(self, outcome: TransitionResult, *, forced_by: str | None = None) -> None:
+        """After the transaction of `transition_in` committed: tell the listeners, and carry a Run that
+        landed in a transient state on through the funnel."""
+        if not outcome.applied:
+            return
+        self._notify(outcome.run_id, outcome.source, outcome.target)
+        if outcome.target in TRANSIENT:
+            self.advance(outcome.run_id, outcome.target, reason=outcome.close_reason, forced_by=forced_by)
+
     def advance(
         self,
         run_id: str,

@@ -1,11 +1,21 @@
 """The zombie sweeper (SPEC S1-S3, seed 000 §6): finds Runs that outlived their state's threshold and
-forces the mapped transition through the same compare-and-set every other writer uses.
+moves them on through the same compare-and-set every other writer uses.
 
-It writes `zombie_detected` before acting and `zombie_recovered` (forced_by=zombie_sweeper) after a
-forced transition it won; a sweeper that loses to another writer (a second sweeper, the worker
-itself) finds its attempt audited as a lost race and moves on, so several sweepers may run at once.
-A Run whose worker still heartbeats its lease is healthy and left alone. Approval requests past
-their deadline time out through the gatekeeper's default-deny path (G3).
+A stuck Run that can still be resumed (its worker died before it finished a side-effect-free step, or
+between steps) is handed back to a driver (`resume`: the embedded worker, or a Celery queue) rather
+than failed: sweeping is the backstop for Runs nobody can resume. A Run stuck in a transient state only
+lacks its funnel, and one stuck in TRACING only its close: the sweeper completes both with the reason
+the Run was entered with (K3), and fails a TRACING Run only when its close cannot be completed. Anything
+else stuck is forced as seed 000 §6.1 maps it, writing `zombie_detected` before acting and
+`zombie_recovered` (forced_by=zombie_sweeper) after a forced transition it won; a sweeper that loses to
+another writer (a second sweeper, the worker itself) finds its attempt audited as a lost race and moves
+on, so several sweepers may run at once.
+
+A Run whose worker still heartbeats its lease is healthy, until its state's heartbeat ceiling (a
+multiple of its threshold): past it the Run is forced on even with a heartbeat (S2). A Run whose workers
+keep dying (its lease taken over `max_stalls` times) is no longer resumed. Approval requests past their
+deadline time out through the gatekeeper's default-deny path (G3), and decided requests whose Run did
+not move are carried out (`resume_decisions`).
 
 The scan uses the (state, last_state_change_at) index per non-final state, so its cost depends on the
 number of stuck Runs, not on how many Runs have ever finished.
@@ -17,13 +27,14 @@ import logging
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Literal
 
 import sqlalchemy as sa
 
 from harness.adapters.sql import schema as t
 from harness.adapters.sql.store import SqlStore
-from harness.kernel import TRANSIENT, RunState
-from harness.kernel.thresholds import STATE_THRESHOLDS_S
+from harness.kernel import TRANSIENT, RunState, final_state_for
+from harness.kernel.thresholds import DEFAULT, Thresholds
 from harness.state_machine import StateMachine
 
 S = RunState
@@ -39,9 +50,13 @@ FORCED: Mapping[RunState, RunState] = {
     S.EXECUTING: S.TIMEOUT,
     S.TRACING: S.FAILED,
 }
+#: states a driver can resume a Run from (steps ①-④ are side-effect free, EXECUTING skips completed
+#: steps and refuses to repeat a non-idempotent one whose outcome is unknown, T6)
+RESUMABLE = frozenset({S.CREATED, S.PREPARING, S.PLANNING, S.POLICY_CHECK, S.EXECUTING})
 
 _STUCK = (
-    sa.select(t.runs.c.run_id, t.runs.c.version, t.runs.c.last_state_change_at, t.runs.c.lease_expires_at)
+    sa.select(t.runs.c.run_id, t.runs.c.version, t.runs.c.last_state_change_at, t.runs.c.lease_expires_at,
+              t.runs.c.stall_count, t.runs.c.close_reason)
     .where(t.runs.c.state == sa.bindparam("p_state"), t.runs.c.last_state_change_at < sa.bindparam("p_cutoff"))
     .order_by(t.runs.c.last_state_change_at)
     .limit(sa.bindparam("p_limit"))
@@ -56,62 +71,112 @@ class SweepReport:
     recovered: list[str] = field(default_factory=list)
     lost: list[str] = field(default_factory=list)
     healthy: list[str] = field(default_factory=list)
+    #: stuck but resumable: handed back to a driver instead of being forced
+    resumed: list[str] = field(default_factory=list)
     approvals_expired: list[str] = field(default_factory=list)
+    #: decided approval requests whose Run had not moved, now carried out
+    decisions_resumed: list[str] = field(default_factory=list)
 
 
 class ZombieSweeper:
-    """Finds and closes stuck Runs."""
+    """Finds stuck Runs and resumes or closes them."""
 
-    def __init__(self, store: SqlStore, machine: StateMachine, *,
-                 thresholds: Mapping[RunState, float | None] = STATE_THRESHOLDS_S,
-                 expire_approvals: Callable[[], list[str]] | None = None, batch: int = 500) -> None:
+    def __init__(self, store: SqlStore, machine: StateMachine, *, thresholds: Thresholds = DEFAULT,
+                 expire_approvals: Callable[[], list[str]] | None = None,
+                 resume: Callable[[str], object] | None = None,
+                 resume_decisions: Callable[[float], list[str]] | None = None,
+                 max_stalls: int = 3, batch: int = 500) -> None:
         self.store = store
         self.machine = machine
         self.thresholds = thresholds
         self.expire_approvals = expire_approvals
+        self.resume = resume
+        self.resume_decisions = resume_decisions
+        self.max_stalls = max_stalls
         self.batch = batch
 
     def sweep_once(self) -> SweepReport:
         """One pass over every non-final state."""
         report = SweepReport()
         now = self.store.clock.now()
-        for state, threshold in self.thresholds.items():
+        for state, threshold in self.thresholds.per_state.items():
             if threshold is None:
                 continue
+            ceiling = self.thresholds.ceiling(state) or threshold
             with self.store.reader.connect() as conn:
                 rows = conn.execute(_STUCK, {"p_state": state.value, "p_cutoff": now - threshold,
                                              "p_limit": self.batch}).all()
             for row in rows:
-                if row.lease_expires_at is not None and row.lease_expires_at > now:
+                age = now - row.last_state_change_at
+                leased = row.lease_expires_at is not None and row.lease_expires_at > now
+                if leased and age < ceiling:
                     report.healthy.append(row.run_id)  # its worker still heartbeats: a long step, not a zombie
                     continue
-                self._force(row.run_id, row.version, state, now - row.last_state_change_at, threshold, report)
+                if (not leased and self.resume is not None and state in RESUMABLE and age < ceiling
+                        and row.stall_count < self.max_stalls):
+                    self.store.audit(row.run_id, "zombie_resumed", SWEEPER, {
+                        "state": state.value, "stuck_for_s": round(age, 3), "threshold_s": threshold})
+                    self.resume(row.run_id)
+                    report.resumed.append(row.run_id)
+                    continue
+                self._force(row.run_id, row.version, state, age, threshold, ceiling, leased, report)
         if self.expire_approvals is not None:
             report.approvals_expired = self.expire_approvals()
+        if self.resume_decisions is not None:
+            report.decisions_resumed = self.resume_decisions(self.thresholds.decided_s)
+            for run_id in report.decisions_resumed:
+                if self.resume is not None:
+                    self.resume(run_id)
         return report
 
-    def _force(self, run_id: str, version: int, state: RunState, age: float, threshold: float,
-               report: SweepReport) -> None:
-        detail = {"state": state.value, "stuck_for_s": round(age, 3), "threshold_s": threshold, "layer": "sweeper"}
+    def _force(self, run_id: str, version: int, state: RunState, age: float, threshold: float, ceiling: float,
+               leased: bool, report: SweepReport) -> None:
+        detail = {"state": state.value, "stuck_for_s": round(age, 3), "threshold_s": threshold, "layer": "sweeper",
+                  "heartbeat_ceiling_s": ceiling if leased else None}
         self.store.audit(run_id, "zombie_detected", SWEEPER, detail)
         report.detected.append(run_id)
-        # a transient state only lacks its funnel step; anything else is forced as seed 000 §6.1 maps it
-        target = S.TRACING if state in TRANSIENT else FORCED[state]
         reason = f"zombie: {state.value} for {age:.0f}s (threshold {threshold:.0f}s)"
-        if state in TRANSIENT:  # its close reason (and result) are already set; only the funnel is missing
-            outcome = self.machine.transition(run_id, state, target, actor=SWEEPER, forced_by=SWEEPER,
-                                              expected_version=version, reason=reason)
+        if leased:
+            reason += f", past its heartbeat ceiling of {ceiling:.0f}s"
+        close = self._finish_close(run_id, version, age, ceiling) if state == S.TRACING else "fail"
+        if close in ("retry", "lost"):
+            report.lost.append(run_id)
+            return
+        if close == "closed":
+            applied = True
+        elif state in TRANSIENT:  # its close reason (and result) are already set; only the funnel is missing
+            applied = self.machine.transition(run_id, state, S.TRACING, actor=SWEEPER, forced_by=SWEEPER,
+                                              expected_version=version, reason=reason).applied
         else:
-            outcome = self.machine.transition(
-                run_id, state, target, actor=SWEEPER, forced_by=SWEEPER, expected_version=version, reason=reason,
-                result={"error": f"zombie_sweeper: stuck in {state.value} for {age:.0f}s"})
+            applied = self.machine.transition(
+                run_id, state, FORCED[state], actor=SWEEPER, forced_by=SWEEPER, expected_version=version,
+                reason=reason, result={"error": f"zombie_sweeper: stuck in {state.value} for {age:.0f}s"}).applied
         final = self.store.get_run(run_id).state
-        if outcome.applied:
+        if applied:
             self.store.audit(run_id, "zombie_recovered", SWEEPER,
                              {**detail, "forced_by": SWEEPER, "final_state": final.value})
             report.recovered.append(run_id)
         else:
             report.lost.append(run_id)
+
+    def _finish_close(self, run_id: str, version: int, age: float, ceiling: float
+                      ) -> Literal["closed", "lost", "retry", "fail"]:
+        """Complete a TRACING Run's close with the reason it entered TRACING with (K3): everything but the
+        trace was done. "fail" (the caller then forces TRACING → FAILED) only when the close cannot be
+        completed: no close reason on record, or it keeps failing past the heartbeat ceiling."""
+        run = self.store.get_run(run_id)
+        if run.version != version:
+            return "lost"
+        if run.close_reason is None:
+            return "fail"
+        try:
+            outcome = self.machine.transition(
+                run_id, S.TRACING, final_state_for(run.close_reason), actor=SWEEPER, forced_by=SWEEPER,
+                expected_version=version, reason=f"zombie: TRACING for {age:.0f}s; the close completed")
+        except Exception:  # the close itself failed (a closing hook, the database): retry at the next sweep
+            log.exception("closing the stuck TRACING run %s failed", run_id)
+            return "retry" if age < ceiling else "fail"
+        return "closed" if outcome.applied else "lost"
 
     def run_forever(self, interval_s: float, stop: threading.Event) -> None:
         """Sweep every `interval_s` seconds until `stop` is set (the in-process sweeper of D1)."""

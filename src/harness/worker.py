@@ -58,11 +58,12 @@ class Fence:
 class RunWorker:
     """Drives Runs for one process or thread."""
 
-    def __init__(self, runtime: Runtime, *, owner: str | None = None, ttl_s: float = 60.0, max_stalls: int = 3) -> None:
+    def __init__(self, runtime: Runtime, *, owner: str | None = None, ttl_s: float | None = None,
+                 max_stalls: int | None = None) -> None:
         self.runtime = runtime
         self.owner = owner or default_owner()
-        self.leases = Leases(runtime.store, ttl_s=ttl_s)
-        self.max_stalls = max_stalls
+        self.leases = Leases(runtime.store, ttl_s=ttl_s or runtime.settings.lease_ttl_s)
+        self.max_stalls = max_stalls or runtime.settings.max_stalls
 
     def execute(self, run_id: str) -> RunResult | None:
         """Drive the Run if this worker can take its lease; None when another live worker holds it."""

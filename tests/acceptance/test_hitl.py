@@ -138,8 +138,8 @@ def test_approval_after_the_timeout_is_refused_and_audited(test_runtime: Runtime
     assert test_runtime.store.audit_events(run_id=parked.run_id, event="hitl_decision_refused")
 
 
-def test_break_glass_is_traced_and_still_needs_a_permitted_identity(test_runtime: Runtime) -> None:
-    """Break-glass completes an L4 approval alone, only for a permitted approver with a reason, and is traced."""
+def test_break_glass_is_traced_and_still_needs_a_permitted_identity(test_runtime: Runtime, call_log: Path) -> None:
+    """Break-glass needs the role and a reason, is traced, and never stands in for L4's second person."""
     parked = park(test_runtime, "ship prod", DEPLOYER)
     request_id = parked.approval_request_id or ""
     no_role, _ = test_runtime.runs.decide(request_id, who("pat", "prod_approver"), "approve", break_glass=True,
@@ -150,9 +150,16 @@ def test_break_glass_is_traced_and_still_needs_a_permitted_identity(test_runtime
     assert not no_reason.accepted and "reason" in (no_reason.refusal or "")
     ok, result = test_runtime.runs.decide(request_id, who("quinn", "prod_approver", "break_glass"), "approve",
                                           break_glass=True, reason="INC-42 outage")
-    assert ok.accepted and result.state == "SUCCEEDED"
+    assert ok.accepted and ok.effect == "recorded" and ok.approvals == 1
+    assert result.state == "AWAITING_HITL" and calls(call_log) == []  # one person, however privileged
+    again, _ = test_runtime.runs.decide(request_id, who("quinn", "prod_approver", "break_glass"), "approve",
+                                        break_glass=True, reason="INC-42 still down")
+    assert not again.accepted and "once" in (again.refusal or "")
+    second, result = test_runtime.runs.decide(request_id, who("pat", "prod_approver"), "approve")
+    assert second.accepted and result.state == "SUCCEEDED"
     approve = [t for t in hitl_traces(test_runtime, parked.run_id) if t["event"] == "approve"]
-    assert approve[-1]["break_glass"] is True and approve[-1]["reason"] == "INC-42 outage"
+    assert approve[0]["break_glass"] is True and approve[0]["reason"] == "INC-42 outage"
+    assert approve[1]["break_glass"] is False
 
 
 def test_approval_bound_to_other_actions_is_refused(test_runtime: Runtime) -> None:

@@ -10,7 +10,8 @@ from pathlib import Path
 
 from harness.clock import FakeClock
 from harness.config import Runtime, Settings, build_runtime
-from harness.pipeline.contracts import CallerIdentity
+from harness.errors import ConflictError
+from harness.pipeline.contracts import CallerIdentity, RunResult
 
 from ..conftest import FIXTURES
 
@@ -87,18 +88,24 @@ def test_restart_with_a_thousand_parked_runs(tmp_path: Path) -> None:
         rt.close()
 
 
-def _race(rt: Runtime, *actions: object) -> None:
+def _race(rt: Runtime, *actions: object) -> list[object]:
+    """Run the actions at once; returns what each returned, or the ConflictError of a refused cancel."""
     barrier = threading.Barrier(len(actions))
+    results: list[object] = []
 
     def go(action: object) -> None:
         barrier.wait()
-        action()  # type: ignore[operator]
+        try:
+            results.append(action())  # type: ignore[operator]
+        except ConflictError as exc:  # a cancel that lost says so; it is a result, not a failure
+            results.append(exc)
 
     threads = [threading.Thread(target=go, args=(a,)) for a in actions]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
+    return results
 
 
 def test_cancel_approve_and_timeout_races_resolve_to_one_outcome(test_runtime: Runtime, clock: FakeClock) -> None:
@@ -113,12 +120,14 @@ def test_cancel_approve_and_timeout_races_resolve_to_one_outcome(test_runtime: R
         request_id = parked.approval_request_id or ""
         approver = CallerIdentity(tenant_id="t1", user_id=user, roles=tess.roles)
         kind = i % 3
+        cancels: list[object] = []
         if kind == 0:
-            _race(rt, lambda run_id=parked.run_id: rt.runs.cancel(run_id, by="t1/op"),
-                  lambda rid=request_id, who=approver: rt.runs.decide(rid, who, "approve"))
+            cancels = _race(rt, lambda run_id=parked.run_id: rt.runs.cancel(run_id, by="t1/op"),
+                            lambda rid=request_id, who=approver: rt.runs.decide(rid, who, "approve"))
         elif kind == 1:
             clock.advance(3601)
-            _race(rt, lambda run_id=parked.run_id: rt.runs.cancel(run_id, by="t1/op"), rt.runs.expire_approvals)
+            cancels = _race(rt, lambda run_id=parked.run_id: rt.runs.cancel(run_id, by="t1/op"),
+                            rt.runs.expire_approvals)
         else:
             deadline = rt.hitl.get(request_id).deadline_at
             clock.advance(deadline - clock.now() - 0.0005)
@@ -127,6 +136,12 @@ def test_cancel_approve_and_timeout_races_resolve_to_one_outcome(test_runtime: R
             rt.runs.expire_approvals()  # the next sweep: a request nobody could decide in time times out
         final = rt.store.get_run(parked.run_id).state.value
         outcomes[final] += 1
+        # a cancel either took effect (the Run ended cancelled) or said it did not: never a quiet no-op
+        for answer in cancels:
+            if isinstance(answer, RunResult):  # only a cancel answers with a bare RunResult
+                assert answer.state == final == "CLOSED_CANCELLED", (answer.state, final)
+            elif isinstance(answer, ConflictError):
+                assert final != "CLOSED_CANCELLED", answer
         path = [t.to_state.value for t in rt.store.transitions_of(parked.run_id)]
         finals = [s for s in path if s in ("SUCCEEDED", "CLOSED_REJECTED", "CLOSED_FAILED", "CLOSED_CANCELLED")]
         assert len(finals) == 1 and path[-1] == final, (i, path, rt.hitl.get(request_id).status,

@@ -9,7 +9,10 @@ from pathlib import Path
 import pytest
 
 from tests.integration.test_sweeper import (
+    test_a_heartbeat_hides_a_run_only_until_its_ceiling,
     test_a_heartbeating_long_step_is_not_swept,
+    test_a_resumable_stuck_run_is_handed_back_not_failed,
+    test_a_tracing_run_whose_close_cannot_be_completed_is_failed,
     test_controller_timeout_and_sweeper_are_told_apart,
     test_each_stuck_state_is_forced_to_its_mapped_end,
     test_lease_takeover_fences_the_old_worker,
@@ -18,7 +21,10 @@ from tests.integration.test_sweeper import (
 )
 
 __all__ = [
+    "test_a_heartbeat_hides_a_run_only_until_its_ceiling",
     "test_a_heartbeating_long_step_is_not_swept",
+    "test_a_resumable_stuck_run_is_handed_back_not_failed",
+    "test_a_tracing_run_whose_close_cannot_be_completed_is_failed",
     "test_controller_timeout_and_sweeper_are_told_apart",
     "test_each_stuck_state_is_forced_to_its_mapped_end",
     "test_lease_takeover_fences_the_old_worker",

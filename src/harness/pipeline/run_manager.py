@@ -29,9 +29,9 @@ from harness.adapters.sql.blobs import (
     save_context_with_blobs,
 )
 from harness.adapters.sql.ledger import CostLedger
-from harness.adapters.sql.store import NewRun, RunRecord, SqlStore, TraceRecordIn
+from harness.adapters.sql.store import NewRun, RunRecord, SqlStore, TraceRecordIn, TransitionResult
 from harness.context.trace import context_records
-from harness.errors import ContextError, InvalidRequestError, PlanError, ProviderError
+from harness.errors import CancelRefusedError, ContextError, InvalidRequestError, PlanError, ProviderError
 from harness.kernel import FINAL, TRANSIENT, RunState
 from harness.kernel.events import LOST_RACE
 from harness.pipeline.context_assembler import ContextAssembler
@@ -55,13 +55,16 @@ from harness.pipeline.trace_recorder import (
     error_trace,
     step_trace,
 )
-from harness.policy.hitl import Decision, HitlDesk, plan_actions
+from harness.policy.hitl import Decision, HitlDesk, HitlRequest, plan_actions
 from harness.ports import Fence, ResultSink
 from harness.skills import Skill
 from harness.state_machine import StateMachine
 
 S = RunState
 MANAGER = "run_manager"
+#: a cancel that keeps losing races to the Run's own steps gives up after this many tries (each lost race
+#: means the Run moved one step on, so a handful covers every path to a cancellable state)
+_CANCEL_ATTEMPTS = 8
 
 
 @dataclasses.dataclass
@@ -116,6 +119,11 @@ class RunManager:
         self.sink = sink
         self.execution_limit_s = execution_limit_s
         self._context_lock = threading.Lock()
+        #: drives a Run under its lease (the composition root sets a RunWorker's `execute`): every entry
+        #: point that drives — `harness run`, a decision's resume, a child Run — holds the Run's lease and
+        #: heartbeats it, so a second driver never starts while it lives (K5b, T6). It returns None when
+        #: another live driver holds the lease.
+        self.driver: Callable[[str], RunResult | None] | None = None
 
     # ------------------------------------------------------------------ entry points
 
@@ -141,7 +149,12 @@ class RunManager:
 
         Under a worker's `fence` (K5b) every transition carries the lease epoch and every side effect
         is preceded by a check that the lease is still held; a drive whose lease was taken over stops.
+        Without a fence the Run's lease is taken first (see `driver`); when another live driver holds it,
+        the Run is left to that driver and its current result returned.
         """
+        if fence is None and self.driver is not None:
+            leased = self.driver(run_id)
+            return leased if leased is not None else self.result(run_id)
         token = _DRIVE.set(_Drive(run_id, fence))
         try:
             return self._drive(run_id)
@@ -203,77 +216,117 @@ class RunManager:
         return self.tools.prune(self.store.final_among)
 
     def cancel(self, run_id: str, *, by: str, reason: str = "cancelled by the user") -> RunResult:
-        """Cancel a Run that has not finished; a Run already final is left as it is."""
-        run = self.store.get_run(run_id)
-        if run.state in FINAL or run.state in (S.TRACING, S.REJECTED, S.FAILED, S.TIMEOUT, S.CANCELLED):
-            # the cancel lost to whatever closed the Run first; the attempt is still on record
-            self.store.audit(run_id, LOST_RACE, by, {"attempted_to": S.CANCELLED.value, "actual": run.state.value,
-                                                     "reason": reason})
-            return self.result(run_id)
-        if run.state == S.CREATED:
-            self._advance(run, S.CREATED, S.PREPARING, "request accepted")
-            run = self.store.get_run(run_id)
-        outcome = self.machine.transition(run_id, run.state, S.CANCELLED, actor=by, reason=reason)
-        if outcome.applied:
-            for request in self.hitl.for_run(run_id):
-                if request.status == "pending":
-                    self.hitl.close(request.request_id, "cancelled")
-        return self.result(run_id)
+        """Cancel a Run that has not finished: it ends CLOSED_CANCELLED, or CancelRefusedError says it had
+        already begun to close (or closed) and the cancel took no effect. Never a success that changed
+        nothing: a cancel that loses a race to a step of the Run (an approval, a plan, a step) tries again
+        from the state the Run moved to. A call already in flight finishes and is traced; the Run's next
+        step does not start, because every step checks the Run is still EXECUTING in the database."""
+        state = self.store.state_of(run_id)
+        for _ in range(_CANCEL_ATTEMPTS):
+            if state in FINAL or state in TRANSIENT or state == S.TRACING:
+                break
+            if state == S.CREATED:  # CREATED has no edge to CANCELLED: accept the request, then cancel it
+                outcome = self.machine.transition(run_id, S.CREATED, S.PREPARING, actor=by,
+                                                  reason="request accepted (to be cancelled)")
+            else:
+                outcome = self.machine.transition(run_id, state, S.CANCELLED, actor=by, reason=reason,
+                                                  also=lambda conn: self.hitl.cancel_pending(conn, run_id))
+                if outcome.applied:
+                    return self.result(run_id)
+            state = self.store.state_of(run_id)
+        # the cancel lost to whatever closed the Run first; the attempt is still on record
+        self.store.audit(run_id, LOST_RACE, by, {"attempted_to": S.CANCELLED.value, "actual": state.value,
+                                                 "reason": reason})
+        raise CancelRefusedError(run_id, state.value)
 
     def decide(self, request_id: str, approver: CallerIdentity, decision: str, *, approved_hash: str | None = None,
                break_glass: bool = False, reason: str = "", resume: bool = True) -> tuple[Decision, RunResult]:
-        """Record a human decision (persisted first, G4), then drive the Run accordingly."""
+        """Record a human decision and the Run's move it causes in one transaction (G4: the decision is
+        durable no later than its effect), then drive the approved Run on."""
         if decision not in ("approve", "reject"):
             raise InvalidRequestError(f"decision must be approve or reject, not {decision!r}")
-        verdict = self.hitl.decide(request_id, approver, decision,  # type: ignore[arg-type]
-                                   approved_hash=approved_hash, break_glass=break_glass, reason=reason)
-        run_id = verdict.request.run_id
         who = f"{approver.tenant_id}/{approver.user_id}"
-        if verdict.effect == "approved":
-            step = step_trace(run_id, 7, {"request_id": request_id}, {"approved_by": who}, 0.0)
-            outcome = self.machine.transition(run_id, S.AWAITING_HITL, S.EXECUTING, actor=who,
-                                              reason=f"approved ({verdict.request.level})" +
-                                                     (" by break-glass" if break_glass else ""),
-                                              records=_records(step))
-            if outcome.applied and resume:
+
+        def move(conn: sa.Connection, request: HitlRequest, effect: str) -> TransitionResult:
+            if effect == "approved":
+                step = step_trace(request.run_id, 7, {"request_id": request.request_id}, {"approved_by": who}, 0.0)
+                return self.machine.transition_in(
+                    conn, request.run_id, S.AWAITING_HITL, S.EXECUTING, actor=who,
+                    reason=f"approved ({request.level})" + (" by break-glass" if break_glass else ""),
+                    records=_records(step))
+            why = reason or "no reason given"
+            return self.machine.transition_in(conn, request.run_id, S.AWAITING_HITL, S.REJECTED, actor=who,
+                                              reason=f"rejected by an approver: {why}",
+                                              result={"error": f"rejected by {who}: {why}"})
+
+        verdict = self.hitl.decide(request_id, approver, decision,  # type: ignore[arg-type]
+                                   approved_hash=approved_hash, break_glass=break_glass, reason=reason, move=move)
+        run_id = verdict.request.run_id
+        if verdict.transition is not None:
+            self.machine.settle(verdict.transition)
+            if verdict.effect == "approved" and resume:
                 return verdict, self.drive(run_id)
-        elif verdict.effect == "rejected":
-            self.machine.transition(run_id, S.AWAITING_HITL, S.REJECTED, actor=who,
-                                    reason=f"rejected by an approver: {reason or 'no reason given'}",
-                                    result={"error": f"rejected by {who}: {reason or 'no reason given'}"})
         return verdict, self.result(run_id)
 
     def expire_approvals(self) -> list[str]:
-        """Apply every due approval timeout (default-deny, G3); L3 may escalate to L4 by config."""
+        """Apply every due approval timeout (default-deny, G3); L3 may escalate to L4 by config. Each is
+        one transaction with the Run's move (or the escalation's new request)."""
         handled = []
-        now = self.store.clock.now()
-        for request in self.hitl.due(now):
-            if request.level == "L3" and self.hitl.settings.l3_timeout_action == "escalate":
-                if not self.hitl.close(request.request_id, "escalated"):
-                    self._timeout_lost(request.run_id, request.request_id)
-                    continue
-                escalated = self.hitl.new_request(request.run_id, request.tenant_id, request.requester, "L4",
-                                                  request.actions)
-                with self.store.engine.begin() as conn:
-                    self.hitl.insert(conn, escalated, escalated_from=request.request_id)
-                    self.store.enqueue(conn, [HITLTrace(
-                        run_id=request.run_id, request_id=escalated.request_id, event="escalated", level="L4",
-                        actions_hash=request.actions_hash, waited_s=round(now - request.created_at, 3),
-                        timeout_action="escalate", reason=f"L3 request {request.request_id} timed out").to_record()],
-                        now)
-            elif self.hitl.close(request.request_id, "timed_out"):
-                trace = HITLTrace(run_id=request.run_id, request_id=request.request_id, event="timeout",
-                                  level=request.level, actions_hash=request.actions_hash,
-                                  waited_s=round(now - request.created_at, 3), timeout_action="reject",
-                                  reason="no decision before the deadline: default-deny")
-                self.machine.transition(request.run_id, S.AWAITING_HITL, S.TIMEOUT, actor="gatekeeper",
-                                        reason="approval timed out (default-deny)", records=_records(trace),
-                                        result={"error": "approval timed out: default-deny"})
-            else:
+        for request in self.hitl.due(self.store.clock.now()):
+            expiry = self.hitl.expire(request.request_id, self._timeout_move)
+            if expiry.outcome == "lost":
                 self._timeout_lost(request.run_id, request.request_id)
                 continue
+            if expiry.transition is not None:
+                self.machine.settle(expiry.transition)
             handled.append(request.request_id)
         return handled
+
+    def resume_decisions(self, older_than_s: float) -> list[str]:
+        """Carry out decisions whose Run did not move (the sweeper's backstop; deciding commits the move
+        with the decision, so only an older version's crash or a damaged database leaves any): an
+        approved request moves its Run to EXECUTING, a rejected or timed-out one closes it, an escalated
+        one gets its L4 request. Returns the Runs moved to EXECUTING, for a driver to resume."""
+        to_drive = []
+        for request in self.hitl.stranded(self.store.clock.now() - older_than_s):
+            with self.store.engine.begin() as conn:
+                if self.store.lock_run(conn, request.run_id) != S.AWAITING_HITL:
+                    continue
+                outcome = self._carry_out(conn, request)
+            self.store.audit(request.run_id, "hitl_decision_resumed", "zombie_sweeper",
+                             {"request_id": request.request_id, "status": request.status})
+            if outcome is not None:
+                self.machine.settle(outcome, forced_by="zombie_sweeper")
+                if outcome.target == S.EXECUTING:
+                    to_drive.append(request.run_id)
+        return to_drive
+
+    def _carry_out(self, conn: sa.Connection, request: HitlRequest) -> TransitionResult | None:
+        run_id, actor = request.run_id, "zombie_sweeper"
+        if request.status == "approved":
+            return self.machine.transition_in(conn, run_id, S.AWAITING_HITL, S.EXECUTING, actor=actor,
+                                              reason=f"approved ({request.level}); resumed by the sweeper")
+        if request.status == "rejected":
+            return self.machine.transition_in(conn, run_id, S.AWAITING_HITL, S.REJECTED, actor=actor,
+                                              reason="rejected by an approver; closed by the sweeper",
+                                              result={"error": "rejected by an approver"})
+        if request.status == "timed_out":
+            return self._timeout_move(conn, request)
+        if request.status == "escalated":
+            self.hitl.open_escalation(conn, request)
+            return None
+        return self.machine.transition_in(conn, run_id, S.AWAITING_HITL, S.CANCELLED, actor=actor,
+                                          reason=f"its approval request was {request.status}")
+
+    def _timeout_move(self, conn: sa.Connection, request: HitlRequest) -> TransitionResult:
+        """AWAITING_HITL → TIMEOUT for a request past its deadline, inside the expiry's transaction."""
+        trace = HITLTrace(run_id=request.run_id, request_id=request.request_id, event="timeout",
+                          level=request.level, actions_hash=request.actions_hash,
+                          waited_s=round(self.store.clock.now() - request.created_at, 3), timeout_action="reject",
+                          reason="no decision before the deadline: default-deny")
+        return self.machine.transition_in(conn, request.run_id, S.AWAITING_HITL, S.TIMEOUT, actor="gatekeeper",
+                                          reason="approval timed out (default-deny)", records=_records(trace),
+                                          result={"error": "approval timed out: default-deny"})
 
     def _timeout_lost(self, run_id: str, request_id: str) -> None:
         """A timeout found its request already decided or cancelled: record the losing attempt."""
@@ -499,8 +552,9 @@ class RunManager:
         approval = context.get("approval")
         if approval is None:
             return None
-        request = self.hitl.get(approval["request_id"])
-        if request.status != "approved" or request.actions_hash != approval["actions_hash"]:
+        # the request the plan opened, or the escalation that replaced it: both bind these actions
+        request = self.hitl.approved_for(run_id, approval["actions_hash"])
+        if request is None:
             return {}
         return {a["step_id"]: a for a in request.actions}
 
@@ -537,7 +591,13 @@ class RunManager:
                                 f"outcome of {step.id} unknown: its worker died during the call and "
                                 f"{skill.id} is not idempotent, so it is not run again")
         if not skill.manifest.idempotent:
-            self._mark_started(run.run_id, step)
+            refusal = self._mark_started(run.run_id, step)
+            if refusal == "superseded":
+                return fail("superseded", "the Run left EXECUTING (cancelled or swept) or its lease was taken over")
+            if refusal is not None:
+                return self._refuse(run, step, "outcome_unknown",
+                                    f"outcome of {step.id} unknown: the database already records it as "
+                                    f"{refusal} by another drive, so {skill.id} is not run again")
         call = self.tools.call(skill, arguments, run_id=run.run_id, step_id=step.id, output_key=step.output_key,
                                caller=request.caller, deadline=deadline,
                                may_fall_back=self._fallback_check(run, step, arguments))
@@ -565,13 +625,20 @@ class RunManager:
             context["steps"] = dict(context.get("steps", {}))
         return context
 
-    def _mark_started(self, run_id: str, step: PlanStep) -> None:
+    def _mark_started(self, run_id: str, step: PlanStep) -> str | None:
         """Record that a non-idempotent call is about to run, so a worker that takes over after a crash
-        knows its outcome is unknown instead of repeating it (T6)."""
+        knows its outcome is unknown instead of repeating it (T6). The mark is a conditional write, judged
+        in the database at this moment, not against the Run as read when this drive began: it is refused
+        ("superseded") unless the Run is still EXECUTING under this drive's lease, or with the status the
+        database already holds for the step when another drive got there first. None: marked."""
         with self._context_lock:
             context = self._live_context(run_id)
-            context["steps"][step.id] = {"step_id": step.id, "output_key": step.output_key, "status": "started"}
-            self.store.save_context(run_id, context)
+            entry = {"step_id": step.id, "output_key": step.output_key, "status": "started"}
+            refusal = self.store.mark_step_started(run_id, step.id, {**context, "steps": {
+                **context["steps"], step.id: entry}}, lease_epoch=self._epoch(run_id))
+            if refusal is None:
+                context["steps"][step.id] = entry
+            return refusal
 
     def _record_step(self, run_id: str, outcome: dict[str, Any], traces: list[TraceModel],
                      values: tuple[Any, ...] = ()) -> None:

@@ -272,6 +272,7 @@ class ToolController:
             duration_ms=round(go.duration_ms, 3),
             status="ok" if failure is None else "refused" if refused else "error",
             error_code=None if failure is None else error_code(failure), fallback_from=fallback_from,
+            idempotent=skill.manifest.idempotent,
         )
 
     def close(self) -> None:

@@ -4,25 +4,31 @@ A request names the Run, the level, who may decide, the deadline and the exact a
 hash). A decision is persisted before it drives the state machine (G4) and is refused unless it is
 bound to that Run, to the same actions hash, and comes from an authenticated identity of the same
 tenant with the level's role; the requester cannot approve its own L3/L4 request; one person counts
-once; L4 needs two distinct approvers; any reject is final. Break-glass (G5) lets a permitted
-identity complete the approval without waiting for a second approver; it is marked in the trace.
-Request status changes are compare-and-set (`WHERE status = 'pending'`), so a decision, a timeout
-and a cancel on the same request resolve to exactly one outcome.
+once, by a unique row per accepted approval; L4 needs two distinct approvers; any reject is final.
+Break-glass (G5, amended) shortens the wait only: a permitted identity's approval is marked in the trace
+and its Run resumes at once, but it never counts for more than one person.
+
+Every decision, timeout and cancel on a request is one transaction that locks the Run's row, then the
+request's row, judges against what it locked, and commits the request's new status together with the
+Run's state change; so they resolve to exactly one outcome, and no decided request is left behind by a
+transition that did not happen.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import sqlalchemy as sa
 
 from harness.adapters.sql import schema as t
-from harness.adapters.sql.store import SqlStore
+from harness.adapters.sql.store import SqlStore, TransitionResult
 from harness.audit.chain import canonical_json, content_hash
-from harness.errors import BadInputError
+from harness.errors import BadInputError, StoreError
 from harness.ids import ordered_id
+from harness.kernel import RunState
 from harness.pipeline.contracts import CallerIdentity, Plan
 from harness.pipeline.trace_recorder import HITLTrace
 from harness.policy.config import Hitl, Level
@@ -62,6 +68,12 @@ class Decision:
     refusal: str | None
     approvals: int
     trace: HITLTrace
+    #: the Run's state change the decision caused, committed with it (None when it caused none)
+    transition: TransitionResult | None = None
+
+
+#: moves the Run for a decision that completed its request, inside the decision's transaction
+Mover = Callable[[sa.Connection, "HitlRequest", Literal["approved", "rejected"]], TransitionResult]
 
 
 def plan_actions(plan: Plan) -> list[dict[str, Any]]:
@@ -161,60 +173,110 @@ class HitlDesk:
         return [_request_from_row(r) for r in rows]
 
     def approvals(self, request_id: str) -> list[str]:
-        """Approvers whose approval of this request was accepted."""
+        """Approvers whose approval of this request was accepted (each person once)."""
         with self.store.reader.connect() as conn:
-            return list(conn.execute(sa.select(t.hitl_decisions.c.approver).where(
-                t.hitl_decisions.c.request_id == request_id, t.hitl_decisions.c.decision == "approve",
-                t.hitl_decisions.c.outcome == "accepted")).scalars())
+            return self._approvals(conn, request_id)
 
     # ------------------------------------------------------------------ decisions
 
     def decide(self, request_id: str, approver: CallerIdentity, decision: Literal["approve", "reject"], *,
-               approved_hash: str | None = None, break_glass: bool = False, reason: str = "") -> Decision:
-        """Judge and persist one decision. Accepted approvals that complete the request and accepted
-        rejects close the request; the caller then drives the Run (the decision is already durable)."""
-        request = self.get(request_id)
+               approved_hash: str | None = None, break_glass: bool = False, reason: str = "",
+               move: Mover | None = None) -> Decision:
+        """Judge and persist one decision, and the state change it causes, in one transaction.
+
+        The Run's row and then the request's row are locked first, so every rule is judged against the
+        request as it is at the commit, not as an earlier read saw it: several processes deciding at once
+        serialize here. An accepted approval is also a row of hitl_approvals, unique per request and
+        person, so one person counts once whatever happens (G4). A decision that completes the request
+        (the last approval needed, or any reject) closes it and calls `move` in the same transaction,
+        which moves the Run (AWAITING_HITL → EXECUTING / REJECTED): the decision and its effect commit
+        together or not at all, so no decided request ever waits for a transition that never came.
+        """
+        for attempt in range(2):
+            try:
+                return self._decide_once(request_id, approver, decision, approved_hash, break_glass, reason, move)
+            except sa.exc.IntegrityError:
+                # only a decider that skipped the row locks can collide on the uniqueness of an approval;
+                # the retry reads the committed approval and refuses the repeat
+                if attempt:
+                    raise
+        raise AssertionError("unreachable")
+
+    def _decide_once(self, request_id: str, approver: CallerIdentity, decision: Literal["approve", "reject"],
+                     approved_hash: str | None, break_glass: bool, reason: str, move: Mover | None) -> Decision:
+        run_id = self.get(request_id).run_id
         who = f"{approver.tenant_id}/{approver.user_id}"
-        refusal = self._refusal(request, approver, decision, approved_hash, break_glass, reason)
-        now = self.store.clock.now()
-        prior = self.approvals(request_id)
         effect: Literal["approved", "rejected", "recorded", "refused"] = "refused"
+        moved: TransitionResult | None = None
         with self.store.engine.begin() as conn:
+            run_state = self.store.lock_run(conn, run_id)
+            request = self._locked(conn, request_id)
+            now = self.store.clock.now()
+            prior = self._approvals(conn, request_id)
+            refusal = self._refusal(request, approver, decision, approved_hash, break_glass, reason, prior)
+            if refusal is None and run_state != RunState.AWAITING_HITL:
+                refusal = f"the Run no longer waits for this decision (it is {run_state.value})"
+            decision_id = ordered_id()
             if refusal is None:
                 count = len(prior) + (1 if decision == "approve" else 0)
-                complete = decision == "reject" or count >= request.required_approvals or break_glass
-                if complete:
-                    status = "approved" if decision == "approve" else "rejected"
-                    moved = conn.execute(t.hitl_requests.update().where(
-                        t.hitl_requests.c.request_id == request_id, t.hitl_requests.c.status == "pending")
-                        .values(status=status, decided_at=now)).rowcount
-                    if moved != 1:
-                        refusal = "the request was decided, timed out or cancelled concurrently"
-                    else:
-                        effect = "approved" if status == "approved" else "rejected"
+                if decision == "approve":
+                    conn.execute(t.hitl_approvals.insert().values(
+                        request_id=request_id, approver=who, decision_id=decision_id, at=now))
+                # break-glass shortens the wait only: it never stands in for a second person (G5)
+                if decision == "reject" or count >= request.required_approvals:
+                    effect = "approved" if decision == "approve" else "rejected"
+                    self._set_status(conn, request_id, effect, now)
+                    if move is not None:
+                        moved = move(conn, request, effect)
+                        if not moved.applied:  # cannot happen under the Run's lock; never half-decide
+                            raise StoreError(f"run {run_id} moved while its decision held the lock")
                 else:
                     effect = "recorded"
             conn.execute(t.hitl_decisions.insert().values(
-                decision_id=ordered_id(), request_id=request_id, run_id=request.run_id, approver=who,
+                decision_id=decision_id, request_id=request_id, run_id=run_id, approver=who,
                 decision=decision, actions_hash=approved_hash or request.actions_hash, break_glass=break_glass,
                 reason=reason, outcome="refused" if refusal else "accepted", refusal=refusal, at=now,
             ))
             trace = HITLTrace(
-                run_id=request.run_id, request_id=request_id, event="refused" if refusal else decision,
+                run_id=run_id, request_id=request_id, event="refused" if refusal else decision,
                 level=request.level, approver=who, actions_hash=request.actions_hash,
                 waited_s=round(now - request.created_at, 3), break_glass=break_glass,
                 reason=refusal or reason,
             )
             self.store.enqueue(conn, [trace.to_record()], now)
             if refusal:
-                self.store.write_audit(conn, request.run_id, "hitl_decision_refused", who,
+                self.store.write_audit(conn, run_id, "hitl_decision_refused", who,
                                        {"request_id": request_id, "decision": decision, "refusal": refusal})
         approvals = len(prior) + (1 if decision == "approve" and refusal is None else 0)
         return Decision(request, refusal is None, effect if refusal is None else "refused", refusal, approvals,
-                        trace)
+                        trace, moved)
+
+    def _locked(self, conn: sa.Connection, request_id: str) -> HitlRequest:
+        """The request's row, locked until the caller's transaction ends (the Run's row is locked first)."""
+        query = sa.select(t.hitl_requests).where(t.hitl_requests.c.request_id == request_id)
+        if conn.dialect.name != "sqlite":  # SQLite: the transaction already holds the write lock
+            query = query.with_for_update()
+        row = conn.execute(query).first()
+        if row is None:
+            raise UnknownRequestError(f"no approval request with id {request_id!r}")
+        return _request_from_row(row)
+
+    @staticmethod
+    def _approvals(conn: sa.Connection, request_id: str) -> list[str]:
+        return list(conn.execute(sa.select(t.hitl_approvals.c.approver).where(
+            t.hitl_approvals.c.request_id == request_id)).scalars())
+
+    @staticmethod
+    def _set_status(conn: sa.Connection, request_id: str, status: str, now: float) -> None:
+        """Close a pending request; the caller holds its row's lock, so it is still pending."""
+        moved = conn.execute(t.hitl_requests.update().where(
+            t.hitl_requests.c.request_id == request_id, t.hitl_requests.c.status == "pending")
+            .values(status=status, decided_at=now)).rowcount
+        if moved != 1:
+            raise StoreError(f"approval request {request_id} changed while its row was locked")
 
     def _refusal(self, request: HitlRequest, approver: CallerIdentity, decision: str, approved_hash: str | None,
-                 break_glass: bool, reason: str) -> str | None:
+                 break_glass: bool, reason: str, prior: list[str]) -> str | None:
         """Why this decision may not count, or None when it may."""
         if approver.tenant_id != request.tenant_id:
             return "approver belongs to another tenant"
@@ -234,8 +296,8 @@ class HitlDesk:
                     return f"the requester cannot approve their own {request.level} request"
                 if not set(approver.roles) & set(request.approver_roles):
                     return f"{request.level} needs one of the roles {list(request.approver_roles)}"
-                if f"{approver.tenant_id}/{approver.user_id}" in self.approvals(request.request_id):
-                    return "this approver has already approved; one person counts once"
+            if f"{approver.tenant_id}/{approver.user_id}" in prior:
+                return "this approver has already approved; one person counts once"
         elif not (is_requester or set(approver.roles) & set(request.approver_roles)
                   or set(approver.roles) & set(self.settings.approvers.get("L3", []))):
             return "only the requester or a permitted approver may reject"
@@ -248,9 +310,83 @@ class HitlDesk:
 
     # ------------------------------------------------------------------ timeouts and cancellation
 
-    def close(self, request_id: str, status: Literal["timed_out", "cancelled", "escalated"]) -> bool:
-        """Compare-and-set a pending request to a closing status; False when something else won."""
+    def expire(self, request_id: str, timeout_move: Callable[[sa.Connection, HitlRequest], TransitionResult]
+               ) -> Expiry:
+        """Apply a due request's deadline in one transaction (default-deny, G3): an L3 request escalates
+        to a new L4 request on the same Run when configured, any other request times out and
+        `timeout_move` moves its Run (AWAITING_HITL → TIMEOUT) in the same transaction. So a request is
+        never closed without its successor or its Run's move. A request that was decided or cancelled
+        first, or is no longer due, is left alone ("lost"); a pending request of a Run that no longer
+        waits is closed as cancelled ("orphaned")."""
+        run_id = self.get(request_id).run_id
         with self.store.engine.begin() as conn:
-            return conn.execute(t.hitl_requests.update().where(
-                t.hitl_requests.c.request_id == request_id, t.hitl_requests.c.status == "pending")
-                .values(status=status, decided_at=self.store.clock.now())).rowcount == 1
+            run_state = self.store.lock_run(conn, run_id)
+            request = self._locked(conn, request_id)
+            now = self.store.clock.now()
+            if request.status != "pending" or now < request.deadline_at:
+                return Expiry("lost", request)
+            if run_state != RunState.AWAITING_HITL:
+                self._set_status(conn, request_id, "cancelled", now)
+                self.store.write_audit(conn, run_id, "hitl_request_orphaned", "gatekeeper", {
+                    "request_id": request_id, "run_state": run_state.value})
+                return Expiry("orphaned", request)
+            if request.level == "L3" and self.settings.l3_timeout_action == "escalate":
+                self._set_status(conn, request_id, "escalated", now)
+                return Expiry("escalated", request, escalated=self.open_escalation(conn, request))
+            self._set_status(conn, request_id, "timed_out", now)
+            return Expiry("timed_out", request, transition=timeout_move(conn, request))
+
+    def cancel_pending(self, conn: sa.Connection, run_id: str) -> int:
+        """Close the Run's pending requests as cancelled, inside the caller's transaction (the Run's
+        cancel); returns how many were closed."""
+        return int(conn.execute(t.hitl_requests.update().where(
+            t.hitl_requests.c.run_id == run_id, t.hitl_requests.c.status == "pending")
+            .values(status="cancelled", decided_at=self.store.clock.now())).rowcount)
+
+    def stranded(self, decided_before: float, limit: int = 200) -> list[HitlRequest]:
+        """The newest request of each Run that waits in AWAITING_HITL with no pending request, decided
+        (or closed) before `decided_before`: a decision whose Run did not move. Deciding commits the Run's
+        move with the decision, so only a database written by an older version, or damaged, has any; the
+        sweeper carries them out (`RunManager.resume_decisions`)."""
+        r, runs = t.hitl_requests, t.runs
+        pending = t.hitl_requests.alias("p")
+        newer = t.hitl_requests.alias("n")
+        query = (
+            sa.select(r).join(runs, runs.c.run_id == r.c.run_id)
+            .where(runs.c.state == RunState.AWAITING_HITL.value, r.c.status != "pending",
+                   r.c.decided_at < decided_before,
+                   ~sa.exists().where(pending.c.run_id == r.c.run_id, pending.c.status == "pending"),
+                   ~sa.exists().where(newer.c.run_id == r.c.run_id, newer.c.created_at > r.c.created_at))
+            .order_by(r.c.decided_at).limit(limit)
+        )
+        with self.store.reader.connect() as conn:
+            return [_request_from_row(row) for row in conn.execute(query)]
+
+    def open_escalation(self, conn: sa.Connection, request: HitlRequest) -> HitlRequest:
+        """Open the L4 request that replaces an escalated L3 one, inside the caller's transaction."""
+        now = self.store.clock.now()
+        escalated = self.new_request(request.run_id, request.tenant_id, request.requester, "L4", request.actions)
+        self.insert(conn, escalated, escalated_from=request.request_id)
+        self.store.enqueue(conn, [HITLTrace(
+            run_id=request.run_id, request_id=escalated.request_id, event="escalated", level="L4",
+            actions_hash=request.actions_hash, waited_s=round(now - request.created_at, 3),
+            timeout_action="escalate", reason=f"L3 request {request.request_id} timed out").to_record()], now)
+        return escalated
+
+    def approved_for(self, run_id: str, actions_hash_: str) -> HitlRequest | None:
+        """The Run's approved request for exactly these actions, if any: the original request or the
+        escalation that replaced it (both bind the same actions hash)."""
+        for request in reversed(self.for_run(run_id)):
+            if request.status == "approved" and request.actions_hash == actions_hash_:
+                return request
+        return None
+
+
+@dataclass(frozen=True)
+class Expiry:
+    """What applying a request's deadline did."""
+
+    outcome: Literal["timed_out", "escalated", "lost", "orphaned"]
+    request: HitlRequest
+    escalated: HitlRequest | None = None
+    transition: TransitionResult | None = None

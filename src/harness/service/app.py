@@ -118,7 +118,7 @@ def build_service(
             housekeeping_interval_s=settings.housekeeping_interval_s,
         ),
         hub=ChangeHub(),
-        metrics=Metrics(runtime.store),
+        metrics=Metrics(runtime.store, runtime.settings.thresholds()),
         telemetry=telemetry,
         owns_runtime=owns,
     )

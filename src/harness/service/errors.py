@@ -14,7 +14,14 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from harness.errors import BadInputError, HarnessError, InvalidTransitionError, UnknownRunError
+from harness.errors import (
+    BadInputError,
+    CancelRefusedError,
+    ConflictError,
+    HarnessError,
+    InvalidTransitionError,
+    UnknownRunError,
+)
 from harness.policy.hitl import UnknownRequestError
 
 log = logging.getLogger("harness.service")
@@ -84,6 +91,11 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(BadInputError)
     async def _bad_input(_request: Request, exc: BadInputError) -> JSONResponse:
         return JSONResponse(_body("invalid_request", str(exc)), status_code=422)
+
+    @app.exception_handler(ConflictError)
+    async def _lost_race(_request: Request, exc: ConflictError) -> JSONResponse:
+        extra = {"state": exc.state} if isinstance(exc, CancelRefusedError) else {}
+        return JSONResponse(_body("conflict", str(exc), **extra), status_code=409)
 
     @app.exception_handler(InvalidTransitionError)
     async def _conflict(_request: Request, exc: InvalidTransitionError) -> JSONResponse:

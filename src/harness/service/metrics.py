@@ -16,6 +16,7 @@ from prometheus_client.registry import Collector
 
 from harness.adapters.sql.store import SqlStore
 from harness.kernel import FINAL, RunState
+from harness.kernel.thresholds import DEFAULT, Thresholds
 from harness.service import queries
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -25,8 +26,9 @@ _WAIT_BUCKETS = (1, 5, 15, 60, 300, 900, 3600, 4 * 3600, 24 * 3600, float("inf")
 class DatabaseCollector(Collector):
     """Gauges computed from the database at each scrape."""
 
-    def __init__(self, store: SqlStore) -> None:
+    def __init__(self, store: SqlStore, thresholds: Thresholds = DEFAULT) -> None:
         self.store = store
+        self.thresholds = thresholds
 
     def collect(self) -> Iterator[Metric]:
         """The gauges, freshly read."""
@@ -39,7 +41,7 @@ class DatabaseCollector(Collector):
         zombies = GaugeMetricFamily(
             "harness_zombie_runs", "Runs whose state outlived its threshold.", labels=["state"]
         )
-        for state, n in queries.zombie_counts(self.store, now).items():
+        for state, n in queries.zombie_counts(self.store, now, self.thresholds).items():
             zombies.add_metric([state], n)
         yield zombies
         yield GaugeMetricFamily(
@@ -67,7 +69,7 @@ class DatabaseCollector(Collector):
 class Metrics:
     """This service's metrics registry (one per app, so tests and several apps do not collide)."""
 
-    def __init__(self, store: SqlStore) -> None:
+    def __init__(self, store: SqlStore, thresholds: Thresholds = DEFAULT) -> None:
         self.registry = CollectorRegistry()
         self.transitions = Counter(
             "harness_transitions",
@@ -88,7 +90,7 @@ class Metrics:
             buckets=_WAIT_BUCKETS,
             registry=self.registry,
         )
-        self.registry.register(DatabaseCollector(store))
+        self.registry.register(DatabaseCollector(store, thresholds))
 
     def on_transition(self, _run_id: str, source: RunState, target: RunState) -> None:
         """State machine listener."""

@@ -15,7 +15,7 @@ import sqlalchemy as sa
 from harness.adapters.sql import schema as t
 from harness.adapters.sql.store import SqlStore
 from harness.kernel import FINAL, RunState
-from harness.kernel.thresholds import STATE_THRESHOLDS_S
+from harness.kernel.thresholds import DEFAULT, Thresholds
 
 
 @dataclass(frozen=True)
@@ -147,18 +147,20 @@ def runs_by_state(store: SqlStore) -> dict[str, int]:
     return counts
 
 
-def zombie_counts(store: SqlStore, now: float) -> dict[str, int]:
-    """Runs whose state has outlived its threshold (kernel.thresholds), by state.
+def zombie_counts(store: SqlStore, now: float, thresholds: Thresholds = DEFAULT) -> dict[str, int]:
+    """Runs whose state has outlived its threshold (a deployment's own, see kernel.thresholds), by state.
 
-    A Run whose worker still heartbeats its lease is healthy however long it takes; a Run waiting for
-    a human is stuck only once its pending request's deadline has passed.
+    A Run whose worker still heartbeats its lease is healthy until its state's heartbeat ceiling; a Run
+    waiting for a human is stuck once its pending request's deadline has passed, or once its request was
+    decided and the Run did not move.
     """
     counts: dict[str, int] = {}
     healthy_lease = sa.and_(t.runs.c.lease_expires_at.is_not(None), t.runs.c.lease_expires_at > now)
     with store.reader.connect() as conn:
-        for state, limit in STATE_THRESHOLDS_S.items():
+        for state, limit in thresholds.per_state.items():
             if limit is None:
                 continue
+            ceiling = thresholds.ceiling(state) or limit
             counts[state.value] = int(
                 conn.execute(
                     sa.select(sa.func.count())
@@ -166,19 +168,23 @@ def zombie_counts(store: SqlStore, now: float) -> dict[str, int]:
                     .where(
                         t.runs.c.state == state.value,
                         t.runs.c.last_state_change_at < now - limit,
-                        sa.not_(healthy_lease),
+                        sa.or_(sa.not_(healthy_lease), t.runs.c.last_state_change_at < now - ceiling),
                     )
                 ).scalar_one()
             )
+        waiting = t.runs.c.state == RunState.AWAITING_HITL.value
+        overdue = sa.and_(t.hitl_requests.c.status == "pending", t.hitl_requests.c.deadline_at < now)
+        pending = t.hitl_requests.alias("p")
+        decided = sa.and_(
+            t.hitl_requests.c.status != "pending",
+            t.hitl_requests.c.decided_at < now - thresholds.decided_s,
+            ~sa.exists().where(pending.c.run_id == t.runs.c.run_id, pending.c.status == "pending"),
+        )
         counts[RunState.AWAITING_HITL.value] = int(
             conn.execute(
                 sa.select(sa.func.count(sa.distinct(t.runs.c.run_id)))
                 .select_from(t.runs.join(t.hitl_requests, t.hitl_requests.c.run_id == t.runs.c.run_id))
-                .where(
-                    t.runs.c.state == RunState.AWAITING_HITL.value,
-                    t.hitl_requests.c.status == "pending",
-                    t.hitl_requests.c.deadline_at < now,
-                )
+                .where(waiting, sa.or_(overdue, decided))
             ).scalar_one()
         )
     return counts

@@ -1,9 +1,12 @@
 """The service's embedded worker (SPEC D1, U2): drives accepted Runs in a bounded thread pool, and a
-housekeeping loop applies approval timeouts and drains the trace outbox.
+housekeeping loop applies approval timeouts, sweeps and drains the trace outbox.
 
 Capacity is reserved before a Run is created, so a full worker answers "busy" without leaving an
-accepted Run that nobody will drive. A Run that raises while being driven stays in its state and is
-logged with its run_id; the zombie sweeper closes it if it is stuck.
+accepted Run that nobody will drive. Nothing accepted is lost: on start, and at every sweep, the worker
+also picks up every Run that should be moving and that nobody drives (no live lease) — Runs accepted or
+resumed before this process (or another replica) died. Each drive holds the Run's lease, so several
+replicas on one database never drive one Run twice. A Run that raises while being driven stays in its
+state and is logged with its run_id; it is picked up again, and the zombie sweeper is the backstop.
 """
 
 from __future__ import annotations
@@ -16,7 +19,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 
 from harness.config import Runtime
-from harness.kernel.thresholds import SWEEP_INTERVAL_S
 from harness.service.errors import ApiError
 from harness.service.logs import run_context
 from harness.sweeper import ZombieSweeper
@@ -53,6 +55,8 @@ class EmbeddedWorker:
         self._housekeeper: threading.Thread | None = None
         self._in_flight = 0
         self._last_sweep = time.monotonic()
+        #: Runs this worker has queued or is driving, so the re-drive does not queue them twice
+        self._queued: set[str] = set()
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -67,6 +71,7 @@ class EmbeddedWorker:
                 target=self._housekeeping, name="harness-housekeeping", daemon=True
             )
             self._housekeeper.start()
+        self.redrive()  # Runs accepted before a restart are driven, not left to the sweeper
 
     def stop(self, timeout_s: float = 10.0) -> None:
         """Stop taking work, let Runs in flight reach their next stop, and end the loop."""
@@ -113,17 +118,19 @@ class EmbeddedWorker:
         with self._lock:
             pool = self._pool
             self._in_flight += 1
+            self._queued.add(run_id)
         holds_slot = admission is not None
         if admission is not None:
             admission.handed_over = True
         if pool is None:
-            self._done(holds_slot)
+            self._done(holds_slot, run_id)
             raise ApiError(503, "stopping", "the service is shutting down")
         return pool.submit(self._drive, run_id, holds_slot)
 
-    def _done(self, holds_slot: bool) -> None:
+    def _done(self, holds_slot: bool, run_id: str | None = None) -> None:
         with self._lock:
             self._in_flight -= 1
+            self._queued.discard(run_id or "")
         if holds_slot:
             self._slots.release()
 
@@ -138,20 +145,48 @@ class EmbeddedWorker:
             except Exception:  # one Run's failure must not take the worker down
                 log.exception("driving the run failed", extra={"run_id": run_id})
             finally:
-                self._done(holds_slot)
+                self._done(holds_slot, run_id)
+
+    def redrive(self) -> list[str]:
+        """Queue every Run that should be moving and that nobody drives (no live lease, unchanged for the
+        re-drive grace): accepted before a restart, or left by a driver that died. Returns them."""
+        if self._pool is None:
+            return []
+        settings = self.runtime.settings
+        with self._lock:
+            queued = set(self._queued)
+        picked = [r for r in self.runtime.store.unowned_runs(settings.redrive_grace_s) if r not in queued]
+        for run_id in picked:
+            log.info("picking up a run nobody drives", extra={"run_id": run_id})
+            try:
+                self.drive(run_id)
+            except ApiError:  # stopping
+                break
+        return picked
+
+    def _resume(self, run_id: str) -> None:
+        """The sweeper hands back a stuck Run that can still be resumed."""
+        with self._lock:
+            if run_id in self._queued:
+                return
+        self.drive(run_id)
 
     # ------------------------------------------------------------------ housekeeping
 
     def housekeep(self) -> None:
-        """One pass: apply due approval timeouts (default-deny), sweep stuck Runs and prune the working
-        directories of Runs closed elsewhere every SWEEP_INTERVAL_S (the in-process sweeper of D1), then
-        chain the outbox."""
+        """One pass: apply due approval timeouts (default-deny) and pick up Runs nobody drives; at every
+        sweep interval sweep stuck Runs (the in-process sweeper of D1) and prune the working directories
+        of Runs closed elsewhere; then chain the outbox."""
         for request_id in self.runtime.runs.expire_approvals():
             log.info("approval request timed out", extra={"request_id": request_id})
+        self.redrive()
+        settings = self.runtime.settings
         now = time.monotonic()
-        if now - self._last_sweep >= SWEEP_INTERVAL_S:
+        if now - self._last_sweep >= settings.sweep_interval_s:
             self._last_sweep = now
-            report = ZombieSweeper(self.runtime.store, self.runtime.machine).sweep_once()
+            report = ZombieSweeper(self.runtime.store, self.runtime.machine, thresholds=settings.thresholds(),
+                                   resume=self._resume, resume_decisions=self.runtime.runs.resume_decisions,
+                                   max_stalls=settings.max_stalls).sweep_once()
             for run_id in report.recovered:
                 log.warning("zombie run closed by the sweeper", extra={"run_id": run_id})
             for run_id in self.runtime.runs.prune_workdirs():

@@ -115,7 +115,7 @@ chain_head = sa.Table(
 )
 
 #: tables that only ever receive INSERTs; triggers refuse UPDATE and DELETE
-APPEND_ONLY = ("transitions", "audit_events", "trace_records", "costs", "hitl_decisions")
+APPEND_ONLY = ("transitions", "audit_events", "trace_records", "costs", "hitl_decisions", "hitl_approvals")
 
 costs = sa.Table(
     "costs",
@@ -178,6 +178,19 @@ hitl_decisions = sa.Table(
     sa.Column("outcome", sa.String(16), nullable=False),
     sa.Column("refusal", sa.Text),
     sa.Column("at", sa.Double, nullable=False),
+)
+
+#: one row per accepted approval (0009): UNIQUE(request_id, approver) makes "one person counts once" hold
+#: in the decision's own transaction, against concurrent deciders in any process (SPEC G4)
+hitl_approvals = sa.Table(
+    "hitl_approvals",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("request_id", ID, nullable=False),
+    sa.Column("approver", sa.String(256), nullable=False),
+    sa.Column("decision_id", ID, nullable=False),
+    sa.Column("at", sa.Double, nullable=False),
+    sa.UniqueConstraint("request_id", "approver", name="uq_hitl_approvals_person"),
 )
 
 #: long-term memory (SPEC C2, C5); the columns that define an entry's scope are set, the others NULL:

@@ -24,6 +24,10 @@ RUN_FOR_CAS = sa.select(t.runs.c.state, t.runs.c.close_reason, t.runs.c.version,
     t.runs.c.run_id == b("p_run_id")
 )
 RUN_FOR_CAS_LOCKED = RUN_FOR_CAS.with_for_update()
+RUN_FOR_STEP = sa.select(t.runs.c.state, t.runs.c.lease_epoch, t.runs.c.context).where(
+    t.runs.c.run_id == b("p_run_id")
+)
+RUN_FOR_STEP_LOCKED = RUN_FOR_STEP.with_for_update()
 RUN_INSERT = t.runs.insert()
 TRANSITION_INSERT = t.transitions.insert()
 TRANSITIONS_OF = sa.select(t.transitions).where(t.transitions.c.run_id == b("p_run_id")).order_by(t.transitions.c.seq)

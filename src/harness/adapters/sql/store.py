@@ -347,63 +347,102 @@ class SqlStore:
             raise InvalidTransitionError(run_id, source.value, target.value)
         now = self.clock.now()
         try:
-            return self._compare_and_set(run_id, source, target, actor, reason, forced_by, lease_epoch,
-                                         expected_version, records, context, result, also, now)
+            with self.engine.begin() as conn:
+                return self._compare_and_set(conn, run_id, source, target, actor, reason, forced_by, lease_epoch,
+                                             expected_version, records, context, result, also, now)
         except _WrongExitError as wrong:
             self._audit_illegal(run_id, source, target, actor, f"{reason} (close reason is {wrong.reason})")
             raise InvalidTransitionError(run_id, source.value, target.value) from None
 
+    def transition_in(
+        self,
+        conn: sa.Connection,
+        run_id: str,
+        source: RunState,
+        target: RunState,
+        *,
+        actor: str,
+        reason: str,
+        forced_by: str | None = None,
+        lease_epoch: int | None = None,
+        expected_version: int | None = None,
+        records: Sequence[TraceRecordIn] = (),
+        context: dict[str, Any] | None = _UNSET,
+        result: dict[str, Any] | None = _UNSET,
+    ) -> TransitionResult:
+        """The compare-and-set of `transition`, inside the caller's transaction: for a state change that must
+        commit together with other writes or not at all (a human decision and the move it causes).
+
+        Illegal pairs raise InvalidTransitionError (the caller's transaction then rolls back); TRACING's
+        exit is not taken here (closing is the state machine's). A lost race is audited in the caller's
+        transaction and reported in the result.
+        """
+        source, target = RunState(source), RunState(target)
+        if not is_legal(source, target) or source == RunState.TRACING:
+            raise InvalidTransitionError(run_id, source.value, target.value)
+        return self._compare_and_set(conn, run_id, source, target, actor, reason, forced_by, lease_epoch,
+                                     expected_version, records, context, result, None, self.clock.now())
+
+    def lock_run(self, conn: sa.Connection, run_id: str) -> RunState:
+        """Lock the Run's row for the rest of the caller's transaction (SQLite: the transaction already
+        holds the write lock) and return its state. Writers that also touch a Run's approval requests lock
+        the Run first, so they never deadlock on each other."""
+        found = self._raw.fetchone(conn, q.RUN_FOR_CAS_LOCKED if self._locks_rows else q.RUN_FOR_CAS,
+                                   {"p_run_id": run_id})
+        if found is None:
+            raise UnknownRunError(run_id)
+        return RunState(found[0])
+
     def _compare_and_set(
-        self, run_id: str, source: RunState, target: RunState, actor: str, reason: str, forced_by: str | None,
-        lease_epoch: int | None, expected_version: int | None, records: Sequence[TraceRecordIn],
-        context: dict[str, Any] | None, result: dict[str, Any] | None,
+        self, conn: sa.Connection, run_id: str, source: RunState, target: RunState, actor: str, reason: str,
+        forced_by: str | None, lease_epoch: int | None, expected_version: int | None,
+        records: Sequence[TraceRecordIn], context: dict[str, Any] | None, result: dict[str, Any] | None,
         also: Callable[[sa.Connection], object] | None, now: float,
     ) -> TransitionResult:
-        with self.engine.begin() as conn:
-            found = self._raw.fetchone(conn, q.RUN_FOR_CAS_LOCKED if self._locks_rows else q.RUN_FOR_CAS,
-                                       {"p_run_id": run_id})
-            if found is None:
-                raise UnknownRunError(run_id)
-            row = _CasRow(*found)
-            actual = RunState(row.state)
-            fenced = lease_epoch is not None and row.lease_epoch != lease_epoch
-            stale = expected_version is not None and row.version != expected_version
-            if actual != source or fenced or stale:
-                self._audit(conn, run_id, LOST_RACE, actor, now, {
-                    "attempted_from": source.value, "attempted_to": target.value, "actual": actual.value,
-                    "reason": reason, "fenced": fenced, "stale": stale, "forced_by": forced_by,
-                })
-                return TransitionResult(run_id, source, target, False, actual, fenced=fenced)
-            prior = CloseReason(row.close_reason) if row.close_reason else None
-            if source == RunState.TRACING and target != RunState.FAILED and (
-                    prior is None or target != final_state_for(prior)):
-                raise _WrongExitError(prior)  # K3: TRACING's exit follows the close reason, never the caller
-            new_reason = close_reason_on_entry(source, target, prior)
-            seq = row.version + 1
-            values: dict[str, Any] = {
-                "p_run_id": run_id,
-                "p_state": source.value,
-                "p_version": row.version,
-                "state": target.value,
-                "close_reason": new_reason.value if new_reason else None,
-                "version": seq,
-                "last_state_change_at": now,
-            }
-            if context is not _UNSET:
-                values["context"] = canonical_json(context) if context is not None else None
-            if result is not _UNSET:
-                values["result"] = canonical_json(result) if result is not None else None
-            cas = q.run_cas_update(context is not _UNSET, result is not _UNSET)
-            updated = self._raw.execute(conn, cas, values)
-            if updated.rowcount != 1:
-                self._audit(conn, run_id, LOST_RACE, actor, now, {
-                    "attempted_from": source.value, "attempted_to": target.value, "actual": "changed concurrently",
-                    "reason": reason, "fenced": False, "forced_by": forced_by,
-                })
-                return TransitionResult(run_id, source, target, False, actual)
-            self._write_change(conn, run_id, seq, source, target, actor, reason, forced_by, now, records)
-            if also is not None:
-                also(conn)
+        found = self._raw.fetchone(conn, q.RUN_FOR_CAS_LOCKED if self._locks_rows else q.RUN_FOR_CAS,
+                                   {"p_run_id": run_id})
+        if found is None:
+            raise UnknownRunError(run_id)
+        row = _CasRow(*found)
+        actual = RunState(row.state)
+        fenced = lease_epoch is not None and row.lease_epoch != lease_epoch
+        stale = expected_version is not None and row.version != expected_version
+        if actual != source or fenced or stale:
+            self._audit(conn, run_id, LOST_RACE, actor, now, {
+                "attempted_from": source.value, "attempted_to": target.value, "actual": actual.value,
+                "reason": reason, "fenced": fenced, "stale": stale, "forced_by": forced_by,
+            })
+            return TransitionResult(run_id, source, target, False, actual, fenced=fenced)
+        prior = CloseReason(row.close_reason) if row.close_reason else None
+        if source == RunState.TRACING and target != RunState.FAILED and (
+                prior is None or target != final_state_for(prior)):
+            raise _WrongExitError(prior)  # K3: TRACING's exit follows the close reason, never the caller
+        new_reason = close_reason_on_entry(source, target, prior)
+        seq = row.version + 1
+        values: dict[str, Any] = {
+            "p_run_id": run_id,
+            "p_state": source.value,
+            "p_version": row.version,
+            "state": target.value,
+            "close_reason": new_reason.value if new_reason else None,
+            "version": seq,
+            "last_state_change_at": now,
+        }
+        if context is not _UNSET:
+            values["context"] = canonical_json(context) if context is not None else None
+        if result is not _UNSET:
+            values["result"] = canonical_json(result) if result is not None else None
+        cas = q.run_cas_update(context is not _UNSET, result is not _UNSET)
+        updated = self._raw.execute(conn, cas, values)
+        if updated.rowcount != 1:
+            self._audit(conn, run_id, LOST_RACE, actor, now, {
+                "attempted_from": source.value, "attempted_to": target.value, "actual": "changed concurrently",
+                "reason": reason, "fenced": False, "forced_by": forced_by,
+            })
+            return TransitionResult(run_id, source, target, False, actual)
+        self._write_change(conn, run_id, seq, source, target, actor, reason, forced_by, now, records)
+        if also is not None:
+            also(conn)
         return TransitionResult(run_id, source, target, True, target, seq=seq, close_reason=new_reason)
 
     def _write_change(
@@ -665,6 +704,22 @@ class SqlStore:
         with self.reader.connect() as conn:
             return [_run_from_row(r) for r in conn.execute(query)]
 
+    def unowned_runs(self, grace_s: float, limit: int = 1000) -> list[str]:
+        """Runs a driver should be driving and nobody is: in a state that moves on by itself (not final,
+        not waiting for a human), with no live lease, unchanged for `grace_s` — their driver died or
+        never started. Oldest first."""
+        now = self.clock.now()
+        active = [s.value for s in RunState if s not in FINAL and s != RunState.AWAITING_HITL]
+        query = (
+            sa.select(t.runs.c.run_id)
+            .where(t.runs.c.state.in_(active), t.runs.c.last_state_change_at <= now - grace_s,
+                   sa.or_(t.runs.c.lease_expires_at.is_(None), t.runs.c.lease_expires_at < now))
+            .order_by(t.runs.c.last_state_change_at)
+            .limit(limit)
+        )
+        with self.reader.connect() as conn:
+            return list(conn.execute(query).scalars())
+
     def transitions_of(self, run_id: str) -> list[TransitionRow]:
         """A Run's state changes in order, CREATED first."""
         with self.reader.connect() as conn:
@@ -721,6 +776,26 @@ class SqlStore:
                 also(conn)
             self._raw.execute(conn, q.CONTEXT_UPDATE, {"p_run_id": run_id, "context": canonical_json(context)})
             self.enqueue(conn, records, self.clock.now())
+
+    def mark_step_started(self, run_id: str, step_id: str, context: dict[str, Any], *,
+                          lease_epoch: int | None) -> str | None:
+        """Write the RunContext with a non-idempotent step marked started, if and only if, at this moment,
+        the Run is EXECUTING, under `lease_epoch` when given, and its stored RunContext has no entry for
+        the step yet (T6, K5b). Returns None when marked, "superseded" when the Run left EXECUTING or its
+        lease moved on, or the status the stored entry already has (another drive reached the step)."""
+        with self.engine.begin() as conn:
+            found = self._raw.fetchone(conn, q.RUN_FOR_STEP_LOCKED if self._locks_rows else q.RUN_FOR_STEP,
+                                       {"p_run_id": run_id})
+            if found is None:
+                raise UnknownRunError(run_id)
+            state, epoch, stored = found
+            if state != RunState.EXECUTING.value or (lease_epoch is not None and epoch != lease_epoch):
+                return "superseded"
+            entry = (json.loads(stored) if stored else {}).get("steps", {}).get(step_id)
+            if entry is not None:
+                return str(entry.get("status") or "started")
+            self._raw.execute(conn, q.CONTEXT_UPDATE, {"p_run_id": run_id, "context": canonical_json(context)})
+        return None
 
     def raise_if_corrupt(self) -> None:
         """Raise StoreError when the chain head table is missing its row (a damaged database)."""

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Header, Query, Request, Response, Security
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from harness.kernel import FINAL, RunState
+from harness.kernel import RunState
 from harness.pipeline.contracts import RunRequest
 from harness.service import queries, views
 from harness.service.auth import OPERATOR_ROLES, Principal, principal
@@ -132,12 +132,12 @@ async def get_run(
 def cancel_run(
     run_id: str, caller: Caller, body: CancelBody | None = None, svc: Service = ServiceDep
 ) -> RunDoc:
-    """Cancel a Run that has not finished. Its requester or an operator may; a finished Run is a 409."""
+    """Cancel a Run that has not finished: the answer is the Run CLOSED_CANCELLED. Its requester or an
+    operator may. A Run that already closed, or began to close first (its cancel lost the race), is a 409
+    whose `state` says where the Run is: the cancel took no effect."""
     run = svc.owned_run(caller, run_id)
     if run.user_id != caller.identity.user_id and not caller.has_any(OPERATOR_ROLES):
         raise ApiError(403, "forbidden", "only the Run's requester or an operator may cancel it")
-    if run.state in FINAL or run.state == RunState.TRACING:
-        raise ApiError(409, "conflict", f"the Run is already {run.state.value}; it cannot be cancelled")
     reason = body.reason if body else "cancelled by the user"
     svc.runtime.runs.cancel(run_id, by=caller.name, reason=reason)
     return views.run_document(svc.runtime, svc.runtime.store.get_run(run_id))
