@@ -126,6 +126,59 @@ def test_level_3_timeout_escalates_to_level_4(test_runtime: Runtime, clock: Fake
     assert test_runtime.runs.result(parked.run_id).state == "CLOSED_REJECTED"
 
 
+def test_an_escalated_request_executes_once_two_approvers_approve(test_runtime: Runtime, clock: FakeClock,
+                                                                   call_log: Path) -> None:
+    """An L3 request escalated to L4 on timeout, approved by two distinct approvers, executes the approved
+    action once and the Run SUCCEEDS (the escalation binds the same actions as the request it replaced)."""
+    parked = park(test_runtime, "purge cache")
+    clock.advance(3601)
+    test_runtime.runs.expire_approvals()
+    escalated = test_runtime.hitl.for_run(parked.run_id)[-1]
+    assert escalated.level == "L4" and escalated.status == "pending"
+    first, state = test_runtime.runs.decide(escalated.request_id, who("pat", "prod_approver"), "approve")
+    assert first.effect == "recorded" and state.state == "AWAITING_HITL"
+    second, result = test_runtime.runs.decide(escalated.request_id, who("quinn", "prod_approver"), "approve")
+    assert second.effect == "approved" and result.state == "SUCCEEDED", result.error
+    assert [c["step"] for c in calls(call_log)] == ["a"]
+    assert_audit_clean(test_runtime)
+
+
+@pytest.mark.parametrize("status,expected", [("approved", "SUCCEEDED"), ("rejected", "CLOSED_REJECTED"),
+                                             ("timed_out", "CLOSED_REJECTED"), ("escalated", "AWAITING_HITL")])
+def test_a_decision_whose_run_did_not_move_is_carried_out_by_the_sweeper(
+        test_runtime: Runtime, clock: FakeClock, call_log: Path, status: str, expected: str) -> None:
+    """A request decided while its Run stayed in AWAITING_HITL (what an older version's crash between the two
+    commits left) is counted as stuck once it has waited past the decided-approval threshold, and the sweep
+    carries the decision out: approved Runs execute, rejected and timed-out ones close, an escalated one
+    gets its L4 request."""
+    from harness.service.queries import zombie_counts
+    from harness.sweeper import ZombieSweeper
+
+    parked = park(test_runtime, "purge cache" if status == "escalated" else "update T-1")
+    with test_runtime.store.engine.begin() as conn:
+        conn.execute(sa.text("UPDATE hitl_requests SET status = :s, decided_at = :at WHERE request_id = :r"),
+                     {"s": status, "at": clock.now(), "r": parked.approval_request_id})
+    thresholds = test_runtime.settings.thresholds()
+    resumed: list[str] = []
+    sweeper = ZombieSweeper(test_runtime.store, test_runtime.machine, thresholds=thresholds, resume=resumed.append,
+                            resume_decisions=test_runtime.runs.resume_decisions)
+    assert zombie_counts(test_runtime.store, clock.now(), thresholds)["AWAITING_HITL"] == 0
+    assert sweeper.sweep_once().decisions_resumed == []
+    clock.advance(thresholds.decided_s + 1)
+    assert zombie_counts(test_runtime.store, clock.now(), thresholds)["AWAITING_HITL"] == 1
+    report = sweeper.sweep_once()
+    if status == "approved":
+        assert report.decisions_resumed == resumed == [parked.run_id]
+        assert test_runtime.runs.drive(parked.run_id).state == expected
+        assert [c["step"] for c in calls(call_log)] == ["a"]
+    else:
+        assert test_runtime.runs.result(parked.run_id).state == expected and calls(call_log) == []
+    if status == "escalated":
+        assert [r.level for r in test_runtime.hitl.for_run(parked.run_id)] == ["L3", "L4"]
+    assert zombie_counts(test_runtime.store, clock.now(), thresholds)["AWAITING_HITL"] == 0
+    assert test_runtime.store.audit_events(run_id=parked.run_id, event="hitl_decision_resumed")
+
+
 def test_approval_after_the_timeout_is_refused_and_audited(test_runtime: Runtime, clock: FakeClock) -> None:
     """A decision that arrives after the deadline never approves and is recorded as refused."""
     parked = park(test_runtime, "update T-2")

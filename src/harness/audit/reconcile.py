@@ -5,7 +5,8 @@ the last transition's target, the legacy job row mirrors it, it has at most one 
 its transition seqs run 0, 1, 2, … without a hole, and a final Run has exactly one final event. Apart
 from Runs (run_id None): every user's and tenant's spend total (SPEC G1) counts its recorded costs and
 sums their USD, the float sums to within a relative SPEND_TOLERANCE (the same amounts added in another
-order); a total with no recorded cost is named too.
+order); a total with no recorded cost is named too. A non-idempotent step called more than once (its
+ToolTraces) is named: the duplicate side effect the lease and the start mark exist to prevent.
 
 Every check is one set-based query (GROUP BY / joins), never a loop over Runs, so it scales to a
 million Runs; each lists at most `limit` offenders and counts them all.
@@ -13,6 +14,7 @@ million Runs; each lists at most `limit` offenders and counts them all.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -208,6 +210,22 @@ CHECKS: dict[str, tuple[Callable[[], sa.Select[Any]], Callable[[tuple[Any, ...]]
 }
 
 
+def _repeated_calls(conn: sa.Connection) -> list[Mismatch]:
+    """Non-idempotent steps whose skill was called more than once (T6: never a silent duplicate), from the
+    ToolTraces chained or waiting in the outbox. A refused call never ran and does not count; records
+    written before ToolTraces said whether the skill is idempotent are not judged."""
+    calls: dict[tuple[str, str], list[str]] = {}
+    for table in (t.trace_records, t.outbox):
+        rows = conn.execute(sa.select(table.c.run_id, table.c.payload).where(table.c.kind == "tool"))
+        for run_id, payload in rows:
+            call = json.loads(payload)
+            if call.get("idempotent") is False and call.get("status") != "refused":
+                calls.setdefault((run_id, call["step_id"]), []).append(call.get("skill_id", "?"))
+    return [Mismatch("repeated_non_idempotent_call", run_id,
+                     f"step {step_id} called {len(skills)} times ({', '.join(skills)}), but its skill is not "
+                     "idempotent") for (run_id, step_id), skills in calls.items() if len(skills) > 1]
+
+
 def reconcile(store: SqlStore, *, limit: int = 20) -> ReconcileReport:
     """Run every check; list at most `limit` offenders per check, count them all."""
     report = ReconcileReport()
@@ -220,4 +238,7 @@ def reconcile(store: SqlStore, *, limit: int = 20) -> ReconcileReport:
             if total:
                 for row in conn.execute(query.limit(limit)):
                     report.mismatches.append(Mismatch(name, row[0], describe(tuple(row[1:]))))
+        repeated = _repeated_calls(conn)
+        report.counts["repeated_non_idempotent_call"] = len(repeated)
+        report.mismatches.extend(repeated[:limit])
     return report

@@ -342,7 +342,8 @@ class RunManager:
                                           records=records or [], lease_epoch=self._epoch(run.run_id), **kwargs)
         if not outcome.applied:
             return self.store.get_run(run.run_id)
-        changes: dict[str, Any] = {"state": target, "version": outcome.seq, "close_reason": outcome.close_reason}
+        changes: dict[str, Any] = {"state": target, "version": outcome.seq, "close_reason": outcome.close_reason,
+                                   "last_state_change_at": self.store.clock.now()}
         for key in ("context", "result"):
             if key in kwargs:
                 changes[key] = kwargs[key]
@@ -527,12 +528,15 @@ class RunManager:
         return self._advance(run, S.EXECUTING, S.TRACING, "every step succeeded", records, result=result)
 
     def _deadline(self, run: RunRecord) -> float:
-        """time.monotonic() by which execution must end: the execution limit (T5), or sooner when the Run
-        is a child whose parent gave it only what was left of its own budget (deadline_at, T4)."""
-        limit = self.execution_limit_s
+        """time.monotonic() by which execution must end: the execution limit (T5) counted from when the Run
+        entered EXECUTING (so a drive resumed after a crash does not start the clock again), or sooner when
+        the Run is a child whose parent gave it only what was left of its own budget (deadline_at, T4)."""
+        now = self.store.clock.now()
+        entered = run.last_state_change_at if run.state == S.EXECUTING else now
+        remaining = self.execution_limit_s - max(0.0, now - entered)
         if run.deadline_at is not None:
-            limit = min(limit, max(0.0, run.deadline_at - self.store.clock.now()))
-        return time.monotonic() + limit
+            remaining = min(remaining, run.deadline_at - now)
+        return time.monotonic() + max(0.0, remaining)
 
     def _fallback_check(self, run: RunRecord, step: PlanStep,
                         arguments: dict[str, Any]) -> Callable[[Skill], bool]:
