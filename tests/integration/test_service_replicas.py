@@ -40,6 +40,7 @@ from ..conftest import FIXTURES
 
 pytestmark = pytest.mark.slow
 USERS = ["dan", "pat", "quinn", *(f"u{i}" for i in range(40))]
+FINAL_STATES = frozenset(s.value for s in FINAL)
 ROLES = {"dan": ["tester", "deployer"], "pat": ["prod_approver"], "quinn": ["prod_approver"]}
 
 
@@ -160,14 +161,56 @@ def _post(replicas: list[Replica], start: int, path: str, *, body: dict[str, Any
     raise AssertionError(f"no replica answered POST {path}")
 
 
+def _submit(replicas: list[Replica], count: int) -> dict[int, str]:
+    """Submit `count` Runs across the replicas (even: L1 echo, odd: an L2 update its requester confirms);
+    every fifth is submitted again with the same idempotency key, as a client that lost the answer would."""
+    run_of: dict[int, str] = {}
+    for i in range(count):
+        task = f"echo run {i}" if i % 2 == 0 else f"update T-{i}"
+        answer = _post(replicas, i, "/api/v1/runs", body={"task": task, "idempotency_key": f"k{i}"}, user=f"u{i}")
+        assert answer.status_code in (200, 202), answer.text
+        run_of[i] = answer.json()["run_id"]
+        if i % 5 == 0:
+            again = _post(replicas, i + 1, "/api/v1/runs", body={"task": task, "idempotency_key": f"k{i}"},
+                          user=f"u{i}")
+            assert again.status_code == 200 and again.json()["run_id"] == run_of[i], again.text
+        time.sleep(0.05)
+    return run_of
+
+
+def _confirm(replicas: list[Replica], run_of: dict[int, str]) -> None:
+    """Each requester of an update confirms it (L2) once it waits, through whichever replica answers."""
+    pending = {i for i in run_of if i % 2 == 1}
+    deadline = time.monotonic() + 120
+    while pending and time.monotonic() < deadline:
+        for i in sorted(pending):
+            doc = _get(replicas, i, f"/api/v1/runs/{run_of[i]}", f"u{i}")
+            if doc["state"] == "AWAITING_HITL" and doc.get("approval_request_id"):
+                answer = _post(replicas, i, f"/api/v1/approvals/{doc['approval_request_id']}/decision",
+                               body={"decision": "approve"}, user=f"u{i}")
+                if answer.status_code in (200, 403, 409):
+                    pending.discard(i)
+            elif doc["state"] in FINAL_STATES or doc["state"] == "EXECUTING":
+                pending.discard(i)
+        time.sleep(0.2)
+    assert not pending, pending
+
+
+def _wait_final(store: SqlStore, run_ids: list[str], timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if all(store.get_run(r).state.value in FINAL_STATES for r in run_ids):
+            return
+        time.sleep(0.3)
+
+
 def test_every_accepted_run_is_executed_across_replica_kills(replicas: list[Replica], backend_url: str,
                                                               call_log: Path) -> None:
     """40 Runs (half need their requester's confirmation) accepted and approved through two replicas while one
     is SIGKILLed and restarted three times: every accepted Run ends SUCCEEDED (or, for a call that was in
-    flight at a kill, the honest "outcome unknown"), none is closed by the sweeper, and a retried submit
-    with the same idempotency key is the same Run."""
+    flight at a kill, the honest "outcome unknown"), none is closed by the sweeper, no side effect ran twice,
+    and a retried submit with the same idempotency key is the same Run."""
     rng = random.Random(7)
-    run_of: dict[int, str] = {}
     stop = threading.Event()
 
     def killer() -> None:
@@ -181,42 +224,14 @@ def test_every_accepted_run_is_executed_across_replica_kills(replicas: list[Repl
     chaos = threading.Thread(target=killer)
     chaos.start()
     try:
-        for i in range(40):
-            task = f"echo run {i}" if i % 2 == 0 else f"update T-{i}"
-            answer = _post(replicas, i, "/api/v1/runs", body={"task": task, "idempotency_key": f"k{i}"},
-                           user=f"u{i}")
-            assert answer.status_code in (200, 202), answer.text
-            run_of[i] = answer.json()["run_id"]
-            if i % 5 == 0:  # the client did not see the answer and retries: the same Run comes back
-                again = _post(replicas, i + 1, "/api/v1/runs", body={"task": task, "idempotency_key": f"k{i}"},
-                              user=f"u{i}")
-                assert again.status_code == 200 and again.json()["run_id"] == run_of[i], again.text
-            time.sleep(0.05)
-        pending = {i for i in run_of if i % 2 == 1}
-        deadline = time.monotonic() + 120
-        while pending and time.monotonic() < deadline:  # each requester confirms its own update (L2)
-            for i in sorted(pending):
-                doc = _get(replicas, i, f"/api/v1/runs/{run_of[i]}", f"u{i}")
-                if doc["state"] == "AWAITING_HITL" and doc.get("approval_request_id"):
-                    answer = _post(replicas, i, f"/api/v1/approvals/{doc['approval_request_id']}/decision",
-                                   body={"decision": "approve"}, user=f"u{i}")
-                    if answer.status_code in (200, 403, 409):
-                        pending.discard(i)
-                elif doc["state"] in {s.value for s in FINAL} or doc["state"] == "EXECUTING":
-                    pending.discard(i)
-            time.sleep(0.2)
-        assert not pending, pending
+        run_of = _submit(replicas, 40)
+        _confirm(replicas, run_of)
     finally:
         stop.set()
         chaos.join()
     store = SqlStore.open(backend_url)
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            states = {i: store.get_run(r).state.value for i, r in run_of.items()}
-            if all(s in {f.value for f in FINAL} for s in states.values()):
-                break
-            time.sleep(0.3)
+        _wait_final(store, list(run_of.values()))
         results = {i: store.get_run(r) for i, r in run_of.items()}
         unknown = [i for i, r in results.items() if r.state.value == "CLOSED_FAILED"
                    and "unknown" in str((r.result or {}).get("error"))]
@@ -228,7 +243,7 @@ def test_every_accepted_run_is_executed_across_replica_kills(replicas: list[Repl
                 t.transitions.c.forced_by == "zombie_sweeper")).scalar_one()
         assert swept == 0
         keys = Counter(c["key"] for c in calls(call_log))
-        assert all(n == 1 for n in keys.values()), keys.most_common(3)  # no side effect ran twice
+        assert all(n == 1 for n in keys.values()), keys.most_common(3)
         store.drain_all()
         assert reconcile(store).ok
         print(f"accepted {len(run_of)}, succeeded {outcome['SUCCEEDED']}, outcome unknown {len(unknown)}")
