@@ -82,6 +82,7 @@ def _fill_append_only(store: SqlStore) -> None:
         conn.execute(t.hitl_decisions.insert(), {
             "decision_id": "d1", "request_id": "r1", "run_id": run_id, "approver": "a", "decision": "approve",
             "actions_hash": "0" * 64, "break_glass": False, "reason": "ok", "outcome": "accepted", "at": now})
+        conn.execute(t.hitl_approvals.insert(), {"request_id": "r1", "approver": "a", "decision_id": "d1", "at": now})
         conn.execute(blobs.insert(), {"hash": "f" * 64, "content": "{}"})
 
 
@@ -98,7 +99,7 @@ def test_append_only_tables_refuse_update_delete_truncate(backend_url: str) -> N
         for table in APPEND_ONLY:
             before = _count(store, table)
             assert before > 0, table
-            column = "hash" if table == "blobs" else "run_id"
+            column = {"blobs": "hash", "hitl_approvals": "approver"}.get(table, "run_id")
             statements = [f"UPDATE {table} SET {column} = {column}", f"DELETE FROM {table}"]
             if store.engine.dialect.name != "sqlite":  # SQLite has no TRUNCATE: DELETE without WHERE is it
                 statements.append(f"TRUNCATE TABLE {table}")
