@@ -72,7 +72,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     )
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 90  # a loaded machine starts the service slowly
         while time.monotonic() < deadline:
             try:
                 if httpx.get(f"{base}/health", timeout=1).status_code == 401:
