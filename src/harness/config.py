@@ -7,6 +7,7 @@ the working directory, the scripted LLM and the bundled support example's skills
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -27,6 +28,7 @@ from harness.kernel import FINAL, RunState
 from harness.memory.store import open_memory
 from harness.memory.writeback import MemoryWriteBack
 from harness.pipeline.context_assembler import ContextAssembler
+from harness.pipeline.contracts import MAX_CHAIN_DEPTH, RunResult
 from harness.pipeline.gatekeeper import PolicyEngine
 from harness.pipeline.plan_orchestrator import PlanOrchestrator
 from harness.pipeline.run_manager import RunManager
@@ -60,6 +62,9 @@ class Settings(BaseModel):
     identities_file: Path = EXAMPLE_DIR / "identities.yaml"
     data_dir: Path = Path("harness-data")
     execution_limit_s: float = Field(default=600.0, gt=0)
+    #: how many levels of child Runs (AgentInvoke) a Run may start when its caller gives no
+    #: chain_remaining, and the most a caller may give
+    chain_depth: int = Field(default=4, ge=0, le=MAX_CHAIN_DEPTH)
     sandbox: Literal["auto", "bwrap", "rlimit"] = "auto"
     #: Redis Streams between the outbox and the hash chain (SPEC D2), e.g. redis://127.0.0.1:6379/0;
     #: None drains the outbox straight into the chain
@@ -82,6 +87,7 @@ class Settings(BaseModel):
                           ("data_dir", "HARNESS_DATA_DIR"), ("llm", "HARNESS_LLM"),
                           ("identities_file", "HARNESS_IDENTITIES"),
                           ("execution_limit_s", "HARNESS_EXECUTION_LIMIT_S"), ("sandbox", "HARNESS_SANDBOX"),
+                          ("chain_depth", "HARNESS_CHAIN_DEPTH"),
                           ("tokenizer", "HARNESS_TOKENIZER"), ("memory", "HARNESS_MEMORY"),
                           ("memory_write_scope", "HARNESS_MEMORY_WRITE_SCOPE"),
                           ("trace_buffer", "HARNESS_TRACE_BUFFER")):
@@ -182,7 +188,18 @@ def build_runtime(settings: Settings | None = None, *, clock: Clock | None = Non
         store=store, machine=machine, assembler=assembler, orchestrator=PlanOrchestrator(
             provider, registry, max_attempts=1 if isinstance(provider, GuardedProvider) else 3),
         policy=policy, tools=tools, hitl=hitl, ledger=ledger, sink=sink, execution_limit_s=settings.execution_limit_s,
+        chain_depth=settings.chain_depth,
     )
     tools.child_runs = runs  # AgentInvoke creates child Runs through the same kernel (T4)
     identities = IdentityDirectory.from_file(settings.identities_file)
-    return Runtime(settings, store, machine, registry, policy, hitl, tools, TraceRecorder(store), runs, identities)
+    runtime = Runtime(settings, store, machine, registry, policy, hitl, tools, TraceRecorder(store), runs, identities)
+    runs.children.leased_drive = _leased_drive(runtime)
+    return runtime
+
+
+def _leased_drive(runtime: Runtime) -> Callable[[str], RunResult | None]:
+    """Drive a Run under its lease, as a worker does: how a child Run is driven by its parent, and how a
+    parent whose child ended is resumed (None when another live driver holds the lease)."""
+    from harness.worker import RunWorker  # the worker module builds on this one
+
+    return lambda run_id: RunWorker(runtime).execute(run_id)
