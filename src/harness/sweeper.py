@@ -85,10 +85,22 @@ class ZombieSweeper:
                 if row.lease_expires_at is not None and row.lease_expires_at > now:
                     report.healthy.append(row.run_id)  # its worker still heartbeats: a long step, not a zombie
                     continue
-                self._force(row.run_id, row.version, state, now - row.last_state_change_at, threshold, report)
+                # rounded once, as recorded: a replay re-applies the sweep from the record (force)
+                age = round(now - row.last_state_change_at, 3)
+                self._force(row.run_id, row.version, state, age, threshold, report)
         if self.expire_approvals is not None:
             report.approvals_expired = self.expire_approvals()
         return report
+
+    def force(self, run_id: str, state: RunState, stuck_for_s: float, threshold_s: float) -> bool:
+        """Force one Run on as a sweep that found it stuck in `state` for `stuck_for_s` would: how a replay
+        re-applies a recorded sweep (A5). False when it is not in that state or the force lost its race."""
+        run = self.store.get_run(run_id)
+        if run.state != state:
+            return False
+        report = SweepReport()
+        self._force(run_id, run.version, state, stuck_for_s, threshold_s, report)
+        return bool(report.recovered)
 
     def _force(self, run_id: str, version: int, state: RunState, age: float, threshold: float,
                report: SweepReport) -> None:
