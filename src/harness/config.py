@@ -121,6 +121,7 @@ class Runtime:
 
     def close(self) -> None:
         """Release threads and connections."""
+        self.runs.children.close()
         self.tools.close()
         self.store.close()
 

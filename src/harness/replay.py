@@ -326,6 +326,9 @@ def replay(run_id: str, source: SqlStore, settings: Settings | None = None) -> R
         rt.machine.subscribe(lambda _rid, _s, _t: follow())
         request = RunRequest.model_validate({**run.request, "retry_of": None})
         new, _ = rt.runs.submit(request)
+        if run.deadline_at is not None:  # a child Run: due when its parent gave it, its approvals too
+            with rt.store.engine.begin() as conn:
+                conn.execute(t.runs.update().where(t.runs.c.run_id == new.run_id).values(deadline_at=run.deadline_at))
         events.begin(rt, clock, new.run_id)
         _settle(rt, new.run_id, lambda: rt.runs.drive(new.run_id))
         _replay_humans(rt, clock, source, run_id, new.run_id, events)

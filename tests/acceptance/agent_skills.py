@@ -27,6 +27,7 @@ def nap(args, ctx):
     return {"slept": args["seconds"]}
 
 def purge(args, ctx):
+    time.sleep(0.3)  # long enough for a waiting parent to look at its child mid-call
     with open(os.environ["HARNESS_TEST_CALL_LOG"], "a") as log:  # the side effect tests count
         log.write(json.dumps({"skill": "test.purge", "key": ctx.idempotency_key}) + "\\n")
     return {"purged": args["what"]}

@@ -30,6 +30,7 @@ from harness.pipeline.contracts import CallerIdentity
 from harness.replay import replay
 from harness.sweeper import ZombieSweeper
 from harness.worker import RunWorker
+from tests.acceptance.agent_skills import agent_settings
 from tests.integration.conftest import backend_url, pytest_generate_tests, servers
 from tests.replay.test_replay import cli, replayed, tamper
 
@@ -324,5 +325,34 @@ def test_replay_of_cancelled_and_swept_runs_on_every_backend(backend_url: str, t
             assert BlobStore(rt.store.engine).available()
             report = replayed(rt, run_id, call_log)
             assert report.ok, report.divergences
+    finally:
+        rt.close()
+
+
+@pytest.mark.parametrize("limit_s", [30.0, 1.0])
+def test_a_parent_and_its_parked_child_both_replay(tmp_path: Path, clock: FakeClock, call_log: Path,
+                                                   limit_s: float) -> None:
+    """A parent that waited for its child's approval, and the child, each replay without divergence:
+    approved in time (both succeed), or cut off by the parent's deadline (the parent times out, the
+    child is cancelled by it while waiting)."""
+    rt = build_runtime(agent_settings(tmp_path, limit_s), clock=clock)
+    rt.runs.children.poll_s = 0.05
+    try:
+        submitted = rt.runs.submit({"task": "delegate purge cache", **TESS})[0]
+        thread = threading.Thread(target=rt.runs.drive, args=(submitted.run_id,))
+        thread.start()
+        if limit_s > 1.0:
+            deadline = time.monotonic() + 30
+            while not rt.hitl.pending("t1"):
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+            rt.runs.decide(rt.hitl.pending("t1")[0].request_id, LEE, "approve")
+        thread.join(30)
+        (child,) = [r for r in rt.store.list_runs(tenant_id="t1") if r.parent_run_id == submitted.run_id]
+        expected = ("SUCCEEDED", "SUCCEEDED") if limit_s > 1.0 else ("CLOSED_FAILED", "CLOSED_CANCELLED")
+        assert (rt.store.state_of(submitted.run_id).value, rt.store.state_of(child.run_id).value) == expected
+        for run_id in (submitted.run_id, child.run_id):
+            report = replayed(rt, run_id, call_log)
+            assert report.ok, (run_id, report.divergences)
     finally:
         rt.close()

@@ -1,8 +1,9 @@
 """Child Runs (AgentInvoke, SPEC T4; seed 004 §3.5): a parent waits for its child like a slow tool call.
 
 The parent's AgentInvoke step creates the child (tool_kinds.AgentCalls) and then waits here, in
-EXECUTING, until the child is final: it drives the child under the child's lease when nobody else does,
-and while the child waits for a human it sleeps on a poll, proving each time that it still holds its own
+EXECUTING, until the child is final: it drives the child under the child's lease until the child first
+parks for a human (after that, the decision's process drives it on), and while the child waits it
+sleeps on a poll, proving each time that it still holds its own
 lease (its worker's, or one taken here for a drive that has none, heartbeated by the poll) so that no
 second driver and no sweeper takes it for dead. The wait ends
 
@@ -13,9 +14,11 @@ second driver and no sweeper takes it for dead. The wait ends
 
 A child that ends while nobody drives its parent (the parent's process died) wakes it: the child's close
 notes its parent (a closing hook), and once that close has committed the parent is resumed in this
-process under its lease — unless a live driver holds it, which then sees the end at its next poll. A
-waiter in this process is woken at once. A parent nobody can resume here (its lease is still held by a
-dead process) is resumed by whatever re-drives unowned Runs, or closed by the sweeper at its deadline.
+process, on a thread of its own (the listeners of the child's close, such as live views, run first and
+in order), under its lease — unless a live driver holds it, which then sees the end at its next poll.
+A waiter in this process is woken at once. The process does not exit before such a resumption ends
+(`harness approve` of a child finishes its parent's work). A parent nobody can resume here (its lease is
+still held by a dead process) is resumed by whatever re-drives unowned Runs, or closed by the sweeper.
 """
 
 from __future__ import annotations
@@ -61,6 +64,7 @@ class ChildRuns:
         self._lock = threading.Lock()
         self._driving: Counter[str] = Counter()
         self._closing: dict[str, str] = {}
+        self._wakers: list[threading.Thread] = []
         runs.machine.on_close(self._note_close)
         runs.machine.subscribe(self._on_change)
 
@@ -90,10 +94,13 @@ class ChildRuns:
         """Drive or wait for the child until it is final, time.monotonic() passes `until`, or the parent
         stops being this drive's (see the module docstring)."""
         hold: _ParentHold | None = None  # taken once there is something to wait for
+        ours = self._parents_to_drive(child_id)
         try:
             while True:
                 state = self.store.state_of(child_id)
-                if state not in FINAL and state != S.AWAITING_HITL and not self.driven_here(child_id):
+                if state == S.AWAITING_HITL:
+                    ours = False  # from now on whoever decides drives it
+                elif ours and state not in FINAL and not self.driven_here(child_id):
                     self._drive(child_id)
                     state = self.store.state_of(child_id)
                 if state in FINAL:
@@ -115,6 +122,14 @@ class ChildRuns:
         finally:
             if hold is not None:
                 hold.release()
+
+    def _parents_to_drive(self, child_id: str) -> bool:
+        """Whether driving the child is this wait's job: until it first parks for a human it is its
+        parent's (a re-attached parent picks up where its dead process stopped); once it has parked, the
+        process that records the decision drives it on, and the parent only waits for its end. (Past a
+        decision a second driver could repeat the child's side effects: the lease keeps out only
+        drivers that hold one.)"""
+        return all(x.to_state != S.AWAITING_HITL for x in self.store.transitions_of(child_id))
 
     def _drive(self, child_id: str) -> None:
         if self.leased_drive is not None:
@@ -149,17 +164,34 @@ class ChildRuns:
         self.wake(parent_id)
 
     def wake(self, parent_id: str) -> None:
-        """Resume a parent whose child ended, unless it is driven in this process (its waiter was just
-        woken) or elsewhere (a live lease: that driver sees the end at its next poll)."""
-        if self.driven_here(parent_id) or self.leased_drive is None:
+        """Resume a parent whose child ended, on a thread of its own, unless it is driven in this process
+        (its waiter was just woken) or not waiting; a live driver elsewhere keeps it (lease)."""
+        drive = self.leased_drive
+        if drive is None or self.driven_here(parent_id):
             return
         try:
-            if self.store.state_of(parent_id) == S.EXECUTING:
-                self.leased_drive(parent_id)
+            if self.store.state_of(parent_id) != S.EXECUTING:
+                return
         except UnknownRunError:
             return
-        except Exception:  # the child's close stands whatever happens to its parent's resumption
-            log.exception("resuming parent run %s after its child ended failed", parent_id)
+
+        def resume() -> None:
+            try:
+                drive(parent_id)
+            except Exception:  # the child's close stands whatever happens to its parent's resumption
+                log.exception("resuming parent run %s after its child ended failed", parent_id)
+
+        thread = threading.Thread(target=resume, name=f"harness-wake-{parent_id}")  # not a daemon: see above
+        with self._lock:
+            self._wakers = [w for w in self._wakers if w.is_alive()] + [thread]
+        thread.start()
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Let resumptions of parents in flight finish (before the runtime's connections close)."""
+        with self._lock:
+            wakers, self._wakers = self._wakers, []
+        for thread in wakers:
+            thread.join(timeout_s)
 
 
 class _ParentHold:
