@@ -19,7 +19,9 @@ and the final result. Blobs are checked against their hashes as they are read, s
 recording is named as such. The first divergence is the earliest in pipeline order.
 
 Limits: budget and memory state are seeded from the source (costs and memory of the tenant before
-the Run began); other shared state (e.g. other Runs' pending approvals) is not reconstructed.
+the Run began); other shared state (e.g. other Runs' pending approvals) is not reconstructed; a
+failure that came from real time passing between steps (the execution limit checked before a step)
+is not reproduced by a replay whose calls are instant.
 """
 
 from __future__ import annotations
