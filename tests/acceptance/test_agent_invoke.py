@@ -374,3 +374,13 @@ def test_the_api_and_console_show_which_parent_an_approval_serves(tmp_path: Path
         assert runtime.runs.result(parent_id).answer == "child said purged cache" and purges(call_log) == 1
     finally:
         runtime.close()
+
+
+def test_a_run_holding_a_childs_key_is_never_taken_for_the_child(rt: Runtime) -> None:
+    """A Run someone created in advance with the key of a parent's child (agent:<parent>:<step>) is not
+    adopted as that child: the parent's step fails with agent_key_conflict and the impostor is untouched."""
+    parent = rt.runs.submit({"task": "delegate hello", **TESTER})[0]
+    impostor = rt.runs.submit({"task": "say forged", "idempotency_key": f"agent:{parent.run_id}:a", **TESTER})[0]
+    result = rt.runs.drive(parent.run_id)
+    assert result.state == "CLOSED_FAILED" and "agent_key_conflict" in (result.error or "")
+    assert rt.store.get_run(impostor.run_id).state == RunState.CREATED and children(rt, parent.run_id) == []

@@ -32,7 +32,7 @@ from harness.sweeper import ZombieSweeper
 from harness.worker import RunWorker
 from tests.acceptance.agent_skills import agent_settings
 from tests.integration.conftest import backend_url, pytest_generate_tests, servers
-from tests.replay.test_replay import cli, replayed, tamper
+from tests.replay.test_replay import cli, cli_settings, replayed, tamper
 
 __all__ = ["backend_url", "pytest_generate_tests", "servers"]  # fixtures and the backend parametrization
 
@@ -133,18 +133,25 @@ def swept_created(rt: Runtime, clock: FakeClock) -> str:
     return run.run_id
 
 
-def swept_mid_plan(rt: Runtime, clock: FakeClock) -> str:
-    """The worker dies as step b starts, step a done and traced: the sweeper times out EXECUTING."""
+def driven_dying_in(rt: Runtime, task: str, step_id: str) -> str:
+    """Submit and drive a Run whose worker dies as step `step_id`'s call starts (after its started mark)."""
     real = rt.runs.tools.call
 
-    def die_in_b(*args: Any, **kwargs: Any) -> Any:
-        if kwargs["step_id"] == "b":
+    def die(*args: Any, **kwargs: Any) -> Any:
+        if kwargs["step_id"] == step_id:
             raise Crash
         return real(*args, **kwargs)
 
-    rt.runs.tools.call = die_in_b  # type: ignore[method-assign]
-    run_id = driven(rt, "fail")
-    rt.runs.tools.call = real  # type: ignore[method-assign]
+    rt.runs.tools.call = die  # type: ignore[method-assign]
+    try:
+        return driven(rt, task)
+    finally:
+        rt.runs.tools.call = real  # type: ignore[method-assign]
+
+
+def swept_mid_plan(rt: Runtime, clock: FakeClock) -> str:
+    """The worker dies as step b starts, step a done and traced: the sweeper times out EXECUTING."""
+    run_id = driven_dying_in(rt, "fail", "b")
     sweep(rt, clock)
     return run_id
 
@@ -206,16 +213,7 @@ def poisoned(rt: Runtime, clock: FakeClock) -> str:
 
 def outcome_unknown(rt: Runtime, _clock: FakeClock) -> str:
     """The worker died during a non-idempotent call; the next drive refuses to repeat it."""
-    real = rt.runs.tools.call
-
-    def die_in_b(*args: Any, **kwargs: Any) -> Any:
-        if kwargs["step_id"] == "b":
-            raise Crash
-        return real(*args, **kwargs)
-
-    rt.runs.tools.call = die_in_b  # type: ignore[method-assign]
-    run_id = driven(rt, "hang 0.01")
-    rt.runs.tools.call = real  # type: ignore[method-assign]
+    run_id = driven_dying_in(rt, "hang 0.01", "b")
     rt.runs.drive(run_id)
     assert "outcome of b unknown" in (rt.runs.result(run_id).error or "")
     return run_id
@@ -297,12 +295,7 @@ def test_a_cancel_the_replay_never_reaches_is_reported(test_runtime: Runtime, cl
 def test_cli_replay_of_cancelled_and_swept_runs_exits_0(test_runtime: Runtime, clock: FakeClock, call_log: Path,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """`harness replay` of a cancelled Run and of a swept Run reports no divergence and exits 0."""
-    settings = test_runtime.settings
-    for key, value in (("HARNESS_SKILLS_DIRS", str(settings.skills_dirs[0])),
-                       ("HARNESS_POLICY_FILE", str(settings.policy_file)),
-                       ("HARNESS_LLM_RULES", str(settings.llm_rules)),
-                       ("HARNESS_IDENTITIES", str(settings.identities_file))):
-        monkeypatch.setenv(key, value)
+    settings = cli_settings(test_runtime, monkeypatch)
     runs = [cancelled_waiting(test_runtime, clock), swept_from(S.TRACING)(test_runtime, clock)]
     for run_id in runs:
         done = CliRunner().invoke(cli(), [run_id, "--db", settings.db or "", "--json"])
