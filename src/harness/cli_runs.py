@@ -60,6 +60,9 @@ def run(
     role: Annotated[list[str] | None, typer.Option(
         "--role", help="Caller roles (default: from the identity directory).")] = None,
     idempotency_key: Annotated[str | None, typer.Option("--idempotency-key", help="Repeat-safe submit key.")] = None,
+    chain_remaining: Annotated[int | None, typer.Option(
+        "--chain-remaining", min=0, help="How many levels of child Runs the Run may start "
+                                         "(default: HARNESS_CHAIN_DEPTH).")] = None,
     wait: Annotated[bool, typer.Option(
         "--wait", help="If the Run waits for approval, keep waiting for the decision.")] = False,
     timeout: Annotated[float, typer.Option(
@@ -75,7 +78,7 @@ def run(
     if not json_:
         rt.machine.subscribe(lambda run_id, source, target: typer.echo(f"  {source.value:>13} → {target.value}"))
     request = {"task": task, "tenant_id": tenant, "user_id": user, "session_id": session, "roles": list(roles),
-               "idempotency_key": idempotency_key}
+               "idempotency_key": idempotency_key, "chain_remaining": chain_remaining}
     result = rt.runs.create_run(request)
     if wait and result.state == RunState.AWAITING_HITL.value:
         result = wait_for_decision(rt, result.run_id, timeout)
@@ -200,9 +203,11 @@ def approvals(tenant: Annotated[str | None, typer.Option("--tenant")] = None, db
     rt = runtime(db)
     rt.runs.expire_approvals()
     pending = rt.hitl.pending(tenant)
+    parents = rt.hitl.parent_runs(pending)
     docs = [{"request_id": r.request_id, "run_id": r.run_id, "tenant_id": r.tenant_id, "requester": r.requester,
              "level": r.level, "required_approvals": r.required_approvals, "approver_roles": list(r.approver_roles),
-             "deadline_at": r.deadline_at, "actions": r.actions, "actions_hash": r.actions_hash} for r in pending]
+             "deadline_at": r.deadline_at, "actions": r.actions, "actions_hash": r.actions_hash,
+             "parent_run_id": parents.get(r.request_id)} for r in pending]
     if json_:
         emit({"pending": docs})
         return
@@ -210,6 +215,8 @@ def approvals(tenant: Annotated[str | None, typer.Option("--tenant")] = None, db
         typer.echo("no approval requests are waiting")
     for d, request in zip(docs, pending, strict=True):
         typer.echo(f"{d['request_id']}  {d['level']}  run {d['run_id']}  by {d['tenant_id']}/{d['requester']}")
+        if d["parent_run_id"]:
+            typer.echo(f"    a child Run: its parent Run {d['parent_run_id']} waits for it")
         for action in request.actions:
             typer.echo(f"    {action['step_id']}: {action['skill']} {json.dumps(action['arguments'])}")
 

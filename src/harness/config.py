@@ -28,6 +28,7 @@ from harness.kernel.thresholds import Thresholds, parse_overrides
 from harness.memory.store import open_memory
 from harness.memory.writeback import MemoryWriteBack
 from harness.pipeline.context_assembler import ContextAssembler
+from harness.pipeline.contracts import MAX_CHAIN_DEPTH
 from harness.pipeline.gatekeeper import PolicyEngine
 from harness.pipeline.plan_orchestrator import PlanOrchestrator
 from harness.pipeline.run_manager import RunManager
@@ -62,6 +63,9 @@ class Settings(BaseModel):
     identities_file: Path = EXAMPLE_DIR / "identities.yaml"
     data_dir: Path = Path("harness-data")
     execution_limit_s: float = Field(default=600.0, gt=0)
+    #: how many levels of child Runs (AgentInvoke) a Run may start when its caller gives no
+    #: chain_remaining, and the most a caller may give
+    chain_depth: int = Field(default=4, ge=0, le=MAX_CHAIN_DEPTH)
     sandbox: Literal["auto", "bwrap", "rlimit"] = "auto"
     #: Redis Streams between the outbox and the hash chain (SPEC D2), e.g. redis://127.0.0.1:6379/0;
     #: None drains the outbox straight into the chain
@@ -107,6 +111,7 @@ class Settings(BaseModel):
                           ("data_dir", "HARNESS_DATA_DIR"), ("llm", "HARNESS_LLM"),
                           ("identities_file", "HARNESS_IDENTITIES"),
                           ("execution_limit_s", "HARNESS_EXECUTION_LIMIT_S"), ("sandbox", "HARNESS_SANDBOX"),
+                          ("chain_depth", "HARNESS_CHAIN_DEPTH"),
                           ("tokenizer", "HARNESS_TOKENIZER"), ("memory", "HARNESS_MEMORY"),
                           ("memory_write_scope", "HARNESS_MEMORY_WRITE_SCOPE"),
                           ("trace_buffer", "HARNESS_TRACE_BUFFER")):
@@ -173,6 +178,7 @@ class Runtime:
 
     def close(self) -> None:
         """Release threads and connections."""
+        self.runs.children.close()
         self.tools.close()
         self.store.close()
 
@@ -240,6 +246,7 @@ def build_runtime(settings: Settings | None = None, *, clock: Clock | None = Non
         store=store, machine=machine, assembler=assembler, orchestrator=PlanOrchestrator(
             provider, registry, max_attempts=1 if isinstance(provider, GuardedProvider) else 3),
         policy=policy, tools=tools, hitl=hitl, ledger=ledger, sink=sink, execution_limit_s=settings.execution_limit_s,
+        chain_depth=settings.chain_depth,
     )
     tools.child_runs = runs  # AgentInvoke creates child Runs through the same kernel (T4)
     identities = IdentityDirectory.from_file(settings.identities_file)
@@ -248,4 +255,5 @@ def build_runtime(settings: Settings | None = None, *, clock: Clock | None = Non
 
     # every drive holds the Run's lease (K5b, T6), as the thread that drives it (owner host:pid:thread)
     runs.driver = lambda run_id: RunWorker(runtime).execute(run_id)
+    runs.children.leased_drive = runs.driver
     return runtime

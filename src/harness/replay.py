@@ -8,7 +8,10 @@ rules, the Run manager's bookkeeping — but the model and the tools answer from
 - `ReplayTools` returns each step's recorded result; no skill is ever called, so nothing happens
   outside the temporary database;
 - recorded human decisions are re-submitted (same approver identity, same moment on a fake clock),
-  and approval timeouts fire when the recording says they did.
+  and approval timeouts fire when the recording says they did;
+- what came from outside the pipeline — a cancel, a sweeper's forced close, a worker failed as poison
+  input, a worker that died during a call — is re-applied where the recording says it landed
+  (replay_events), so a faithful replay of any final Run reports no divergence.
 
 Then what the replay did is compared with what the Run did: manifests, each LLM request, the plan,
 every policy verdict, the HITL events, each tool call's arguments and result hashes, the state path,
@@ -16,11 +19,14 @@ and the final result. Blobs are checked against their hashes as they are read, s
 recording is named as such. The first divergence is the earliest in pipeline order.
 
 Limits: budget and memory state are seeded from the source (costs and memory of the tenant before
-the Run began); other shared state (e.g. other Runs' pending approvals) is not reconstructed.
+the Run began); other shared state (e.g. other Runs' pending approvals) is not reconstructed; a
+failure that came from real time passing between steps (the execution limit checked before a step)
+is not reproduced by a replay whose calls are instant.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import tempfile
 from collections.abc import Callable, Iterator
@@ -45,6 +51,7 @@ from harness.kernel import FINAL, RunState
 from harness.pipeline.contracts import RunRequest, StepOutcome
 from harness.pipeline.tool_controller import CallResult, ToolController
 from harness.pipeline.trace_recorder import ToolTrace, policy_verdicts
+from harness.replay_events import OutsideEvents, ReplayStopped, WorkerDied, move_to, outside_events
 from harness.skills import Skill
 
 
@@ -152,6 +159,17 @@ class Recording:
         return [p for k, p in self.records
                 if k == "tool" and p["step_id"] == step_id and p["status"] != "refused"]
 
+    def called_steps(self) -> int:
+        """How many steps the tool controller was asked to run (each ToolTrace group is one call)."""
+        return len({p["step_id"] for k, p in self.records if k == "tool" and p["status"] != "refused"})
+
+    def crashed_steps(self) -> set[str]:
+        """Steps whose worker died during the call: marked started, then refused as outcome unknown."""
+        refused = {p["step_id"] for k, p in self.records
+                   if k == "tool" and p["status"] == "refused" and p.get("error_code") == "outcome_unknown"}
+        steps: dict[str, dict[str, Any]] = (self.run.context or {}).get("steps", {})
+        return {s for s in refused if steps.get(s, {}).get("status") == "started"}
+
     def outcome(self, step_id: str) -> dict[str, Any]:
         """The StepOutcome the Run recorded in its context for a step, or {}."""
         steps: dict[str, dict[str, Any]] = (self.run.context or {}).get("steps", {})
@@ -180,8 +198,9 @@ class ReplayProvider:
 
     name = "replay"
 
-    def __init__(self, recording: Recording) -> None:
+    def __init__(self, recording: Recording, events: OutsideEvents) -> None:
         self.recording = recording
+        self.events = events
         self._served: dict[str, int] = {}
 
     def complete(self, request: LLMRequest) -> LLMResponse:
@@ -189,6 +208,7 @@ class ReplayProvider:
         answers = self.recording.answers(request.purpose)
         index = self._served.get(request.purpose, 0)
         if index >= len(answers):
+            self.events.model_call_unrecorded()
             raise ProviderError(f"replay: no recorded answer for {request.purpose} call #{index + 1}",
                                 kind="replay_missing", retryable=False)
         answer = answers[index]
@@ -210,9 +230,10 @@ class ReplayedFailureError(Exception):
 class ReplayTools:
     """The tool controller with every call answered from the recording; skills are never invoked."""
 
-    def __init__(self, real: ToolController, recording: Recording) -> None:
+    def __init__(self, real: ToolController, recording: Recording, events: OutsideEvents) -> None:
         self._real = real
         self.recording = recording
+        self.events = events
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._real, name)
@@ -220,6 +241,7 @@ class ReplayTools:
     def call(self, skill: Skill, arguments: dict[str, Any], *, run_id: str, step_id: str, output_key: str,
              **_context: Any) -> CallResult:
         """The recorded outcome of this step, with the arguments the replay passed hashed afresh."""
+        self.events.before_tool_call(step_id)
         recorded = self.recording.tool_traces(step_id)
         if not recorded:
             recorded = [{"skill_id": skill.id, "skill_version": skill.manifest.version, "attempts": 0,
@@ -242,6 +264,7 @@ class ReplayTools:
         outcome = StepOutcome(step_id=step_id, output_key=output_key, status=final["status"], output=output,
                               error=error, attempts=final["attempts"] or 1, duration_ms=final["duration_ms"])
         failure = None if error is None else ReplayedFailureError(error.split(": ", 1)[-1])
+        self.events.after_tool_call()
         return CallResult(outcome, traces[-1], failure, traces)
 
 
@@ -294,14 +317,23 @@ def replay(run_id: str, source: SqlStore, settings: Settings | None = None) -> R
     if not recording.has_contents and any(k in ("llm", "tool") for k, _ in records_of(source, run_id)):
         raise ReplayError(f"run {run_id} was recorded without its contents (before blob recording)")
     base = settings or Settings.from_env()
-    with _scratch_runtime(base, run.created_at, recording) as (rt, clock):
+    # the budget the Run was given is an input: a lower setting today must not refuse the replay
+    chain = run.request.get("chain_remaining")
+    base = base.model_copy(update={"chain_depth": max(base.chain_depth, chain if isinstance(chain, int) else 0)})
+    events = OutsideEvents(outside_events(source, run_id), plan_answers=len(recording.answers("plan")),
+                           tool_steps=recording.called_steps(), crashed_steps=recording.crashed_steps())
+    with _scratch_runtime(base, run.created_at, recording, events) as (rt, clock):
         _seed(source, rt.store, run.tenant_id, run.created_at)
         follow = _follow_clock(clock, [x.at for x in source.transitions_of(run_id)])
         rt.machine.subscribe(lambda _rid, _s, _t: follow())
         request = RunRequest.model_validate({**run.request, "retry_of": None})
         new, _ = rt.runs.submit(request)
-        rt.runs.drive(new.run_id)
-        _replay_humans(rt, clock, source, run_id, new.run_id)
+        if run.deadline_at is not None:  # a child Run: due when its parent gave it, its approvals too
+            with rt.store.engine.begin() as conn:
+                conn.execute(t.runs.update().where(t.runs.c.run_id == new.run_id).values(deadline_at=run.deadline_at))
+        events.begin(rt, clock, new.run_id)
+        _settle(rt, new.run_id, lambda: rt.runs.drive(new.run_id))
+        _replay_humans(rt, clock, source, run_id, new.run_id, events)
         rt.store.drain_all()
         expected, actual = RunFacts.of(source, run_id), RunFacts.of(rt.store, new.run_id)
         divergences = recording.problems + compare(expected, actual)
@@ -311,16 +343,32 @@ def replay(run_id: str, source: SqlStore, settings: Settings | None = None) -> R
         return ReplayReport(run_id, new.run_id, divergences, summary)
 
 
+def _settle(rt: Runtime, replay_id: str, step: Callable[[], object]) -> None:
+    """Run one step of the replay (a drive, a decision): a drive stopped by an outside close ends it, and
+    a drive whose recorded worker died mid-call is followed by a new drive, as a new worker took over."""
+    for _ in range(64):  # bounded: each recorded crash happens once
+        try:
+            step()
+            return
+        except ReplayStopped:
+            return
+        except WorkerDied:
+            step = functools.partial(rt.runs.drive, replay_id)  # the new worker's drive
+
+
 @contextmanager
-def _scratch_runtime(base: Settings, start: float,
-                     recording: Recording) -> Iterator[tuple[Runtime, FakeClock]]:
+def _scratch_runtime(base: Settings, start: float, recording: Recording,
+                     events: OutsideEvents) -> Iterator[tuple[Runtime, FakeClock]]:
     """A runtime on a temporary database and folder, answering from the recording."""
     with tempfile.TemporaryDirectory(prefix="harness-replay-") as tmp:
         clock = FakeClock(start)
         scratch = Path(tmp)
         settings = base.model_copy(update={"db": str(scratch / "replay.db"), "data_dir": scratch / "data"})
-        rt = build_runtime(settings, clock=clock, provider=ReplayProvider(recording))
-        rt.runs.tools = cast(ToolController, ReplayTools(rt.runs.tools, recording))
+        rt = build_runtime(settings, clock=clock, provider=ReplayProvider(recording, events))
+        rt.runs.tools = cast(ToolController, ReplayTools(rt.runs.tools, recording, events))
+        # the replay is the scratch database's only driver, on a clock that jumps to recorded moments: a
+        # lease would seem to lapse at every jump and fence the drive, so it drives without one
+        rt.runs.driver = None
         try:
             yield rt, clock
         finally:
@@ -361,29 +409,36 @@ def _seed(source: SqlStore, target: SqlStore, tenant_id: str, before: float) -> 
                     recount_totals(conn, tenant_id)  # the budget check reads the totals, not the rows
 
 
-def _replay_humans(rt: Runtime, clock: FakeClock, source: SqlStore, run_id: str, replay_id: str) -> None:
-    """Re-submit the Run's human decisions at their recorded moments; let timeouts fire as they did."""
+def _replay_humans(rt: Runtime, clock: FakeClock, source: SqlStore, run_id: str, replay_id: str,
+                   events: OutsideEvents) -> None:
+    """Re-submit the Run's human decisions, apply its approval timeouts (and escalations) and any outside
+    event that came while it waited (a cancel), each at its recorded moment, in that order."""
     with source.reader.connect() as conn:
         decisions = conn.execute(sa.select(t.hitl_decisions).where(t.hitl_decisions.c.run_id == run_id)
                                  .order_by(t.hitl_decisions.c.id)).all()
-    for d in decisions:
-        _move_to(clock, d.at)
-        rt.runs.expire_approvals()
-        pending = [r for r in rt.hitl.for_run(replay_id) if r.status == "pending"]
-        tenant, _, user = d.approver.partition("/")
-        approver = rt.identities.find(tenant, user)
-        if not pending or approver is None:
-            continue  # the divergence shows in the HITL events and the path
-        rt.runs.decide(pending[-1].request_id, approver, d.decision, break_glass=d.break_glass,
-                       reason=d.reason)
-    transitions = source.transitions_of(run_id)
+        timeouts = conn.execute(sa.select(t.hitl_requests.c.decided_at).where(
+            t.hitl_requests.c.run_id == run_id, t.hitl_requests.c.status.in_(("timed_out", "escalated")),
+            t.hitl_requests.c.decided_at.is_not(None))).scalars().all()
+    moments: list[tuple[float, int, Callable[[], object]]] = [
+        (float(at), 0, rt.runs.expire_approvals) for at in timeouts]
+    moments += [(event.at, 1, functools.partial(events.apply_waiting, event)) for event in events.while_waiting()]
+    moments += [(float(d.at), 2, functools.partial(_decide_as_recorded, rt, replay_id, d)) for d in decisions]
+    for at, _, action in sorted(moments, key=lambda m: (m[0], m[1])):
+        move_to(clock, at)
+        _settle(rt, replay_id, action)
     if rt.store.get_run(replay_id).state == RunState.AWAITING_HITL:
-        leaving = [x.at for x in transitions if x.from_state == RunState.AWAITING_HITL]
+        leaving = [x.at for x in source.transitions_of(run_id) if x.from_state == RunState.AWAITING_HITL]
         if leaving:
-            _move_to(clock, leaving[-1])
-            rt.runs.expire_approvals()
+            move_to(clock, leaving[-1])
+            _settle(rt, replay_id, rt.runs.expire_approvals)
 
 
-def _move_to(clock: FakeClock, at: float) -> None:
-    if at > clock.now():
-        clock.advance(at - clock.now())
+def _decide_as_recorded(rt: Runtime, replay_id: str, decision: sa.Row[Any]) -> None:
+    """Submit one recorded decision on the replayed Run's pending request, as the same identity."""
+    rt.runs.expire_approvals()
+    pending = [r for r in rt.hitl.for_run(replay_id) if r.status == "pending"]
+    tenant, _, user = decision.approver.partition("/")
+    approver = rt.identities.find(tenant, user)
+    if pending and approver is not None:  # otherwise the divergence shows in the HITL events and the path
+        rt.runs.decide(pending[-1].request_id, approver, decision.decision, break_glass=decision.break_glass,
+                       reason=decision.reason)

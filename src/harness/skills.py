@@ -19,7 +19,8 @@ A manifest is a YAML file::
     breaker: {failure_threshold: 5, reset_timeout_s: 30}
 
 An `llm` skill has no entrypoint: its `prompt` (with ``{argument}`` placeholders) goes to the Runtime's
-LLM provider. An `agent` skill's `prompt` becomes the task of a child Run (SPEC T4).
+LLM provider. An `agent` skill's `prompt` becomes the task of a child Run (SPEC T4); its `timeout_s`
+bounds the whole child Run, a wait for a human approval included (capped by the parent's remaining time).
 A broken manifest is refused at load with the file and the field named.
 """
 

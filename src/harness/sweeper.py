@@ -107,7 +107,7 @@ class ZombieSweeper:
                 rows = conn.execute(_STUCK, {"p_state": state.value, "p_cutoff": now - threshold,
                                              "p_limit": self.batch}).all()
             for row in rows:
-                age = now - row.last_state_change_at
+                age = round(now - row.last_state_change_at, 3)  # rounded once, as recorded: a replay re-applies it
                 leased = row.lease_expires_at is not None and row.lease_expires_at > now
                 if leased and age < ceiling:
                     report.healthy.append(row.run_id)  # its worker still heartbeats: a long step, not a zombie
@@ -128,6 +128,17 @@ class ZombieSweeper:
                 if self.resume is not None:
                     self.resume(run_id)
         return report
+
+    def force(self, run_id: str, state: RunState, stuck_for_s: float, threshold_s: float) -> bool:
+        """Force one Run on as a sweep that found it stuck in `state` for `stuck_for_s` would: how a replay
+        re-applies a recorded sweep (A5). False when it is not in that state or the force lost its race."""
+        run = self.store.get_run(run_id)
+        if run.state != state:
+            return False
+        report = SweepReport()
+        ceiling = self.thresholds.ceiling(state) or threshold_s
+        self._force(run_id, run.version, state, stuck_for_s, threshold_s, ceiling, False, report)
+        return bool(report.recovered)
 
     def _force(self, run_id: str, version: int, state: RunState, age: float, threshold: float, ceiling: float,
                leased: bool, report: SweepReport) -> None:

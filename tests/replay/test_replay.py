@@ -89,8 +89,8 @@ def test_a_recording_with_a_policy_record_per_verdict_replays(test_runtime: Runt
     replay's single PolicyTrace is read against them without a divergence."""
     evaluate = test_runtime.policy.evaluate
 
-    def one_record_per_verdict(plan: Plan, caller: CallerIdentity, run_id: str) -> Evaluation:
-        evaluation = evaluate(plan, caller, run_id)
+    def one_record_per_verdict(plan: Plan, caller: CallerIdentity, run_id: str, **rules: int | None) -> Evaluation:
+        evaluation = evaluate(plan, caller, run_id, **rules)
         old = tuple(OneVerdictPolicyTrace(run_id=run_id, **v.model_dump()) for v in evaluation.decision.verdicts)
         return Evaluation(evaluation.decision, old)  # type: ignore[arg-type]  # only to_record() is used
 
@@ -190,17 +190,22 @@ def cli() -> typer.Typer:
     return app
 
 
-def test_cli_exit_codes_follow_u1(test_runtime: Runtime, call_log: Path,
-                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    """`harness replay` exits 0 with no divergence, 1 on divergence, 2 for an unknown Run; --json prints
-    one document naming the first divergence."""
-    settings = test_runtime.settings
+def cli_settings(rt: Runtime, monkeypatch: pytest.MonkeyPatch) -> Settings:
+    """Point the command line's environment at the runtime's skills, policy, rules and identities."""
+    settings = rt.settings
     for key, value in (("HARNESS_SKILLS_DIRS", str(settings.skills_dirs[0])),
                        ("HARNESS_POLICY_FILE", str(settings.policy_file)),
                        ("HARNESS_LLM_RULES", str(settings.llm_rules)),
                        ("HARNESS_IDENTITIES", str(settings.identities_file))):
         monkeypatch.setenv(key, value)
-    db = settings.db or ""
+    return settings
+
+
+def test_cli_exit_codes_follow_u1(test_runtime: Runtime, call_log: Path,
+                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """`harness replay` exits 0 with no divergence, 1 on divergence, 2 for an unknown Run; --json prints
+    one document naming the first divergence."""
+    db = cli_settings(test_runtime, monkeypatch).db or ""
     good = test_runtime.runs.create_run({"task": "echo hi", **TESS})
     bad = test_runtime.runs.create_run({"task": "echo there", **TESS})
     test_runtime.store.drain_all()

@@ -15,6 +15,8 @@ IDENT = r"^[A-Za-z0-9][A-Za-z0-9_.:@\-]{0,127}$"
 Ident = Annotated[str, Field(pattern=IDENT)]
 STEP_ID = r"^[A-Za-z][A-Za-z0-9_\-]{0,63}$"
 SKILL_ID = r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)*$"
+#: the most levels of child Runs any request may ask for (a deployment's own limit is usually lower)
+MAX_CHAIN_DEPTH = 64
 
 
 class Contract(BaseModel):
@@ -66,6 +68,10 @@ class RunRequest(Contract):
     metadata: dict[str, str] = Field(default_factory=dict)
     team_id: Ident | None = None
     memory: MemoryRequest | None = None
+    #: the caller's remaining delegation budget (seed 004 §4.1): how many more levels of child Runs
+    #: (AgentInvoke) this Run may start. None takes the deployment's default depth; a child gets one
+    #: less than its parent; at 0 the gatekeeper refuses any AgentInvoke in the plan.
+    chain_remaining: int | None = Field(default=None, ge=0, le=MAX_CHAIN_DEPTH)
 
     @field_validator("task")
     @classmethod

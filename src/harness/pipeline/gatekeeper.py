@@ -74,8 +74,11 @@ class PolicyEngine:
             self._visible[key] = cached
         return cached
 
-    def evaluate(self, plan: Plan, caller: CallerIdentity, run_id: str) -> Evaluation:
-        """The unified decision on a plan, with every rule's verdict."""
+    def evaluate(self, plan: Plan, caller: CallerIdentity, run_id: str, *,
+                 chain_remaining: int | None = None) -> Evaluation:
+        """The unified decision on a plan, with every rule's verdict. `chain_remaining` is the Run's
+        delegation budget (seed 004 §4.1): with none left, a step that would start a child Run is
+        rejected here, before any side effect; None skips the rule."""
         started = time.perf_counter()
         verdicts: list[Verdict] = []
         levels: list[Level] = []
@@ -89,6 +92,8 @@ class PolicyEngine:
             if skill is None or structural.decision == "reject":
                 continue
             verdicts.append(next(permissions))
+            if skill.manifest.call_kind == "agent" and chain_remaining is not None:
+                verdicts.append(self._delegation(step, skill, chain_remaining))
             guard_verdicts = self._guardrails(step, step.tool_call.arguments)
             verdicts.extend(guard_verdicts)
             level = level_for(skill.manifest.risk)
@@ -153,6 +158,17 @@ class PolicyEngine:
                         decision="pass" if allowed else "reject",
                         reason=f"{who} {'may' if allowed else 'may not'} call {skill.id} [{why}]")
                 for (step, skill), (allowed, why) in zip(steps, answers, strict=True)]
+
+    @staticmethod
+    def _delegation(step: PlanStep, skill: Skill, chain_remaining: int) -> Verdict:
+        """A step that starts a child Run spends one level of the Run's delegation budget."""
+        if chain_remaining <= 0:
+            return Verdict(rule_id="budget.delegation", family="budget", decision="reject", step_id=step.id,
+                           reason=f"step {step.id}: {skill.id} would start a child Run, but this Run may not "
+                                  "delegate further (chain_remaining is 0)")
+        return Verdict(rule_id="budget.delegation", family="budget", decision="pass", step_id=step.id,
+                       reason=f"step {step.id}: {skill.id} starts a child Run, which may delegate "
+                              f"{chain_remaining - 1} level(s) further")
 
     def _guardrails(self, step: PlanStep, arguments: dict[str, Any]) -> list[Verdict]:
         out = []

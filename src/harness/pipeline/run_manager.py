@@ -31,9 +31,17 @@ from harness.adapters.sql.blobs import (
 from harness.adapters.sql.ledger import CostLedger
 from harness.adapters.sql.store import NewRun, RunRecord, SqlStore, TraceRecordIn, TransitionResult
 from harness.context.trace import context_records
-from harness.errors import CancelRefusedError, ContextError, InvalidRequestError, PlanError, ProviderError
+from harness.errors import (
+    CancelRefusedError,
+    ContextError,
+    InvalidRequestError,
+    PlanError,
+    ProviderError,
+    UnknownRunError,
+)
 from harness.kernel import FINAL, TRANSIENT, RunState
 from harness.kernel.events import LOST_RACE
+from harness.pipeline.child_runs import ChildRuns
 from harness.pipeline.context_assembler import ContextAssembler
 from harness.pipeline.contracts import (
     AssembledContext,
@@ -47,6 +55,7 @@ from harness.pipeline.contracts import (
 from harness.pipeline.gatekeeper import PolicyEngine
 from harness.pipeline.plan_orchestrator import PlanOrchestrator, StepRun, resolve
 from harness.pipeline.tool_controller import ToolController
+from harness.pipeline.tool_kinds import ChildWait
 from harness.pipeline.trace_recorder import (
     CostTrace,
     HITLTrace,
@@ -107,7 +116,8 @@ class RunManager:
 
     def __init__(self, *, store: SqlStore, machine: StateMachine, assembler: ContextAssembler,
                  orchestrator: PlanOrchestrator, policy: PolicyEngine, tools: ToolController, hitl: HitlDesk,
-                 ledger: CostLedger, sink: ResultSink | None = None, execution_limit_s: float = 600.0) -> None:
+                 ledger: CostLedger, sink: ResultSink | None = None, execution_limit_s: float = 600.0,
+                 chain_depth: int = 4) -> None:
         self.store = store
         self.machine = machine
         self.assembler = assembler
@@ -118,19 +128,23 @@ class RunManager:
         self.ledger = ledger
         self.sink = sink
         self.execution_limit_s = execution_limit_s
+        #: the delegation budget of a Run whose caller gives none, and the most a caller may give (§4.1)
+        self.chain_depth = chain_depth
         self._context_lock = threading.Lock()
         #: drives a Run under its lease (the composition root sets a RunWorker's `execute`): every entry
         #: point that drives — `harness run`, a decision's resume, a child Run — holds the Run's lease and
         #: heartbeats it, so a second driver never starts while it lives (K5b, T6). It returns None when
         #: another live driver holds the lease.
         self.driver: Callable[[str], RunResult | None] | None = None
+        #: child Runs (AgentInvoke): the parent's wait, and waking a parent whose child ended (T4)
+        self.children = ChildRuns(self)
 
     # ------------------------------------------------------------------ entry points
 
     def submit(self, raw: RunRequest | dict[str, Any]) -> tuple[RunRecord, bool]:
         """Validate and durably create a Run in CREATED (step ①); (run, created) — an idempotency key
         already used by the tenant returns the existing Run with created False."""
-        request = parse_request(raw)
+        request = self._with_chain_budget(parse_request(raw))
         if request.retry_of is not None:
             self.store.get_run(request.retry_of)  # a retry must name a Run that exists
         return self.store.create_run(NewRun(
@@ -138,6 +152,17 @@ class RunManager:
             request=request.model_dump(mode="json"), idempotency_key=request.idempotency_key,
             retry_of=request.retry_of,
         ))
+
+    def _with_chain_budget(self, request: RunRequest) -> RunRequest:
+        """The request with its delegation budget settled: the deployment's default when the caller gave
+        none (stored with the Run, so a later change of the setting does not change a Run's budget)."""
+        if request.chain_remaining is None:
+            return request.model_copy(update={"chain_remaining": self.chain_depth})
+        if request.chain_remaining > self.chain_depth:
+            raise InvalidRequestError(
+                f"invalid run request: chain_remaining: {request.chain_remaining} levels of child Runs is more "
+                f"than this deployment allows ({self.chain_depth}, set by HARNESS_CHAIN_DEPTH)")
+        return request
 
     def create_run(self, raw: RunRequest | dict[str, Any]) -> RunResult:
         """Submit and drive a Run until it is final or waits for a human."""
@@ -157,9 +182,14 @@ class RunManager:
             return leased if leased is not None else self.result(run_id)
         token = _DRIVE.set(_Drive(run_id, fence))
         try:
-            return self._drive(run_id)
+            with self.children.driving(run_id):
+                return self._drive(run_id)
         finally:
             _DRIVE.reset(token)
+
+    def await_child(self, parent_id: str, child_id: str, until: float) -> ChildWait:
+        """Drive or wait for a child Run of the Run this drive executes (AgentInvoke, T4)."""
+        return self.children.await_child(parent_id, child_id, until, _fence_for(parent_id))
 
     def _drive(self, run_id: str) -> RunResult:
         run = self.store.get_run(run_id)
@@ -455,7 +485,8 @@ class RunManager:
         plan = Plan.model_validate(context["plan"])
         caller = request.caller
         started = time.perf_counter()
-        evaluation = self.policy.evaluate(plan, caller, run.run_id)
+        chain = self.chain_depth if request.chain_remaining is None else request.chain_remaining
+        evaluation = self.policy.evaluate(plan, caller, run.run_id, chain_remaining=chain)
         decision = evaluation.decision
         elapsed = (time.perf_counter() - started) * 1000
         context["policy"] = {"decision": decision.decision, "level": decision.level}
@@ -473,6 +504,9 @@ class RunManager:
                                      result={"error": f"rejected by policy: {reason}"})
             req = self.hitl.new_request(run.run_id, caller.tenant_id, caller.user_id, decision.level,
                                         plan_actions(plan))
+            if run.deadline_at is not None and run.deadline_at < req.deadline_at:
+                # a child's approval is useless once its parent stopped waiting (T4): due by then
+                req = dataclasses.replace(req, deadline_at=run.deadline_at)
             context["approval"] = {"request_id": req.request_id, "actions_hash": req.actions_hash,
                                    "level": req.level}
             records += _records(HITLTrace(run_id=run.run_id, request_id=req.request_id, event="requested",
@@ -573,6 +607,8 @@ class RunManager:
             return fail("superseded", "this worker's lease on the Run was taken over (fenced)")
         if time.monotonic() > deadline:
             return fail("run_time_limit", f"the Run's execution limit of {self.execution_limit_s:.3g}s passed")
+        if run.parent_run_id is not None and (gone := self._parent_gone(run)) is not None:
+            return fail("superseded", gone)
         skill = self.tools.registry.get(step.tool_call.skill)
         action = {"step_id": step.id, "skill": step.tool_call.skill, "arguments": step.tool_call.arguments}
         if skill is None or (approved is not None and approved.get(step.id) != action):
@@ -589,12 +625,14 @@ class RunManager:
         if blocked is not None:
             return self._refuse(run, step, "policy_refused", f"{blocked.rule_id}: {blocked.reason}")
         earlier = (run.context or {}).get("steps", {}).get(step.id, {})
-        if earlier.get("status") == "started" and not skill.manifest.idempotent:
+        # a child Run is found again by its key, never started twice: an AgentInvoke call re-attaches (T4)
+        once_only = not skill.manifest.idempotent and skill.manifest.call_kind != "agent"
+        if earlier.get("status") == "started" and once_only:
             # T6: a previous worker died during this call; running it again could repeat its side effect
             return self._refuse(run, step, "outcome_unknown",
                                 f"outcome of {step.id} unknown: its worker died during the call and "
                                 f"{skill.id} is not idempotent, so it is not run again")
-        if not skill.manifest.idempotent:
+        if once_only:
             refusal = self._mark_started(run.run_id, step)
             if refusal == "superseded":
                 return fail("superseded", "the Run left EXECUTING (cancelled or swept) or its lease was taken over")
@@ -611,6 +649,21 @@ class RunManager:
         if call.exception is not None:
             return StepRun(step.id, step.output_key, False, error=call.outcome.error, error_code=call.trace.error_code)
         return StepRun(step.id, step.output_key, True, output=call.outcome.output)
+
+    def _parent_gone(self, run: RunRecord) -> str | None:
+        """For a child Run: why nobody waits for it any more (its parent left EXECUTING), after cancelling
+        it; None while its parent waits. Checked before each step, so an approval that arrives after
+        the parent was cancelled or swept starts nothing."""
+        assert run.parent_run_id is not None
+        try:
+            state = self.store.state_of(run.parent_run_id).value
+        except UnknownRunError:
+            state = "gone"
+        if state == S.EXECUTING.value:
+            return None
+        reason = f"its parent Run {run.parent_run_id} is {state}: nobody waits for its result"
+        self.cancel(run.run_id, by=MANAGER, reason=reason)
+        return reason
 
     def _refuse(self, run: RunRecord, step: PlanStep, code: str, message: str) -> StepRun:
         trace = ToolTrace(run_id=run.run_id, step_id=step.id, skill_id=step.tool_call.skill, skill_version="-",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
@@ -174,70 +175,104 @@ class LlmCalls:
                 from exc
 
 
+@dataclass(frozen=True)
+class ChildWait:
+    """How a parent's wait for its child ended: the child's final result, or why the parent stopped
+    waiting first ("deadline": its own deadline passed and the child was cancelled; "superseded": the
+    parent left EXECUTING, or lost its lease to a driver that will re-attach to the same child)."""
+
+    result: RunResult | None
+    stopped: Literal["deadline", "superseded"] | None = None
+    detail: str = ""
+
+
 class ChildDriver(Protocol):
-    """What AgentInvoke needs of the Run manager: its store, and driving and cancelling a Run."""
+    """What AgentInvoke needs of the Run manager: its store, the default delegation depth, and waiting
+    for a child Run until it ends (driving it under its lease when nobody else does)."""
 
     store: SqlStore
+    chain_depth: int
 
-    def drive(self, run_id: str) -> RunResult:
-        """Carry the Run until it is final or waits for a human."""
-        ...
-
-    def cancel(self, run_id: str, *, by: str, reason: str = ...) -> RunResult:
-        """Cancel a Run that has not finished."""
+    def await_child(self, parent_id: str, child_id: str, until: float) -> ChildWait:
+        """Drive or wait for the child until it is final, or until time.monotonic() passes `until`."""
         ...
 
 
 class AgentCalls:
     """AgentInvoke: the manifest's prompt becomes the task of a child Run, created and driven through the
-    same kernel with the parent's caller, linked both ways, and due by the parent's remaining time."""
+    same kernel with the parent's caller, linked both ways, and due by the parent's remaining time.
 
-    def __init__(self, runs: Callable[[], ChildDriver | None], *, max_depth: int = 4) -> None:
+    The child is created once: its idempotency key is the parent's (run, step), so a re-run of the step —
+    after the parent's worker died, say — re-attaches to the same child. A child that waits for a human
+    leaves the parent waiting in EXECUTING, as for any slow call, until the child ends or the time given
+    to it passes (then the child is cancelled and the step times out)."""
+
+    def __init__(self, runs: Callable[[], ChildDriver | None]) -> None:
         self.runs = runs
-        self.max_depth = max_depth
 
     def __call__(self, call: Attempt) -> Any:
         runs, skill, ctx, caller = self.runs(), call.skill, call.ctx, call.caller
         if runs is None:
             raise ToolCallError("agent_unavailable", f"{skill.id} needs a Run manager to start child Runs")
         parent = runs.store.get_run(ctx.run_id)
-        if self._depth(runs, parent.parent_run_id) + 1 > self.max_depth:
-            raise ToolCallError("agent_depth_limit", f"{skill.id}: Runs nest {self.max_depth} deep at most")
+        remaining = self._chain_remaining(runs, parent.request.get("chain_remaining"), parent.parent_run_id)
+        if remaining <= 0:  # the gatekeeper refuses such a plan; this guards a fallback or an older Run
+            raise ToolCallError("agent_depth_limit", f"{skill.id}: this Run may not start child Runs "
+                                                     "(its delegation budget, chain_remaining, is spent)")
         request = RunRequest(
             task=render_prompt(skill, call.arguments), tenant_id=caller.tenant_id, user_id=caller.user_id,
             session_id=parent.session_id, roles=caller.roles, idempotency_key=f"agent:{ctx.idempotency_key}",
             metadata={"parent_run_id": ctx.run_id, "parent_step_id": ctx.step_id, "agent_skill": skill.id},
+            chain_remaining=remaining - 1,
         )
+        now = runs.store.clock.now()
         # The idempotency key makes a re-run of this step find its child instead of starting a second one.
         child, created = runs.store.create_run(NewRun(
             tenant_id=request.tenant_id, user_id=request.user_id, session_id=request.session_id,
             request=request.model_dump(mode="json"), idempotency_key=request.idempotency_key,
-            parent_run_id=ctx.run_id, deadline_at=runs.store.clock.now() + call.timeout,
+            parent_run_id=ctx.run_id, deadline_at=now + call.timeout,
         ))
         call.info["child_run_id"] = child.run_id
+        detail = {"parent_run_id": ctx.run_id, "parent_step_id": ctx.step_id, "skill": skill.id}
         if created:
-            runs.store.audit(child.run_id, "agent_invoked", "tool_controller", {
-                "parent_run_id": ctx.run_id, "parent_step_id": ctx.step_id, "skill": skill.id,
-                "deadline_s": round(call.timeout, 3)})
-        return self._outcome(runs, runs.drive(child.run_id), skill)
+            runs.store.audit(child.run_id, "agent_invoked", "tool_controller",
+                             {**detail, "deadline_s": round(call.timeout, 3)})
+        elif child.parent_run_id != ctx.run_id:
+            raise ToolCallError("agent_key_conflict", f"{skill.id}: the child Run key {request.idempotency_key} "
+                                                      f"belongs to Run {child.run_id}, not a child of this Run")
+        else:
+            runs.store.audit(child.run_id, "agent_reattached", "tool_controller",
+                             {**detail, "state": child.state.value})
+        # a re-attached child keeps the time it was first given: the parent's budget does not restart
+        due_in = call.timeout if child.deadline_at is None else min(call.timeout, max(0.0, child.deadline_at - now))
+        waited = runs.await_child(ctx.run_id, child.run_id, time.monotonic() + due_in)
+        if waited.stopped == "deadline":
+            raise call.late()
+        if waited.result is None:
+            raise ToolCallError("superseded", f"{skill.id}: stopped waiting for child Run {child.run_id}: "
+                                              f"{waited.detail}")
+        return self._outcome(waited.result, skill)
 
     @staticmethod
-    def _outcome(runs: ChildDriver, result: RunResult, skill: Skill) -> dict[str, Any]:
+    def _outcome(result: RunResult, skill: Skill) -> dict[str, Any]:
         if result.state == "SUCCEEDED":
             return {"run_id": result.run_id, "answer": result.answer, "artifacts": result.artifacts}
-        if result.state == "AWAITING_HITL":
-            # The parent's step cannot hold a thread for a human: the child is cancelled, not left dangling.
-            runs.cancel(result.run_id, by="tool_controller", reason="its parent cannot wait for approval")
-            raise ToolCallError("child_needs_approval",
-                                f"child Run {result.run_id} of {skill.id} needs human approval; cancelled")
-        code = "child_run_timeout" if "TIMEOUT" in result.path else "child_run_failed"
-        raise ToolCallError(code, f"child Run {result.run_id} of {skill.id} ended {result.state}: "
-                                  f"{result.error}")
+        if result.state == "CLOSED_REJECTED":
+            code = "child_run_rejected"
+        elif result.state == "CLOSED_CANCELLED":
+            code = "child_run_cancelled"
+        else:
+            code = "child_run_timeout" if "TIMEOUT" in result.path else "child_run_failed"
+        raise ToolCallError(code, f"child Run {result.run_id} of {skill.id} ended {result.state}: {result.error}")
 
     @staticmethod
-    def _depth(runs: ChildDriver, parent_id: str | None) -> int:
+    def _chain_remaining(runs: ChildDriver, recorded: Any, parent_id: str | None) -> int:
+        """The parent's delegation budget: as its request recorded it, or for a Run created before
+        requests carried one, the default depth less its ancestors."""
+        if isinstance(recorded, int):
+            return recorded
         depth = 0
         while parent_id is not None:
             depth += 1
             parent_id = runs.store.get_run(parent_id).parent_run_id
-        return depth
+        return runs.chain_depth - depth

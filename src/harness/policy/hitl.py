@@ -172,6 +172,18 @@ class HitlDesk:
                 .order_by(t.hitl_requests.c.deadline_at).limit(limit)).all()
         return [_request_from_row(r) for r in rows]
 
+    def parent_runs(self, requests: list[HitlRequest]) -> dict[str, str]:
+        """For requests of child Runs (AgentInvoke): the parent Run each one serves, by request id. The
+        link is stored once, on the child's Run; approval documents show it from there."""
+        run_ids = sorted({r.run_id for r in requests})
+        if not run_ids:
+            return {}
+        with self.store.reader.connect() as conn:
+            rows = conn.execute(sa.select(t.runs.c.run_id, t.runs.c.parent_run_id).where(
+                t.runs.c.run_id.in_(run_ids), t.runs.c.parent_run_id.is_not(None))).all()
+        parents = {str(row.run_id): str(row.parent_run_id) for row in rows}
+        return {r.request_id: parents[r.run_id] for r in requests if r.run_id in parents}
+
     def approvals(self, request_id: str) -> list[str]:
         """Approvers whose approval of this request was accepted (each person once)."""
         with self.store.reader.connect() as conn:

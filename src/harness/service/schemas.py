@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from harness.pipeline.contracts import Ident, Message
+from harness.pipeline.contracts import MAX_CHAIN_DEPTH, Ident, Message
 
 HEX64 = r"^[0-9a-f]{64}$"
 
@@ -32,6 +32,10 @@ class CreateRunBody(Body):
     idempotency_key: str | None = Field(default=None, min_length=1, max_length=200)
     retry_of: str | None = Field(default=None, min_length=1, max_length=64)
     metadata: dict[str, str] = Field(default_factory=dict, max_length=50)
+    chain_remaining: int | None = Field(
+        default=None, ge=0, le=MAX_CHAIN_DEPTH,
+        description="Your remaining delegation budget: how many levels of child Runs this Run may start "
+                    "(default and maximum: the deployment's HARNESS_CHAIN_DEPTH).")
 
 
 class CancelBody(Body):
@@ -198,6 +202,8 @@ class ApprovalDoc(BaseModel):
     created_at: dt.datetime
     deadline_at: dt.datetime
     decisions: list[DecisionRecordDoc]
+    parent_run_id: str | None = Field(
+        default=None, description="For a child Run's request: the parent Run waiting for it.")
 
 
 class ApprovalList(BaseModel):

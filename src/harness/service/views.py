@@ -133,8 +133,10 @@ def trace_document(rt: Runtime, run: RunRecord) -> schemas.TraceDoc:
 
 def approval_document(rt: Runtime, request: HitlRequest) -> schemas.ApprovalDoc:
     """An approval request with its Run's task and every decision submitted so far."""
+    parent_run_id = None
     try:
-        task = task_of(rt.store.get_run(request.run_id))
+        run = rt.store.get_run(request.run_id)
+        task, parent_run_id = task_of(run), run.parent_run_id
     except UnknownRunError:  # a request whose Run vanished still shows; the task is just unknown
         task = ""
     decisions = [
@@ -156,4 +158,5 @@ def approval_document(rt: Runtime, request: HitlRequest) -> schemas.ApprovalDoc:
         created_at=when(request.created_at),
         deadline_at=when(request.deadline_at),
         decisions=decisions,
+        parent_run_id=parent_run_id,
     )
