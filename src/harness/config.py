@@ -28,6 +28,7 @@ from harness.memory.store import open_memory
 from harness.memory.writeback import MemoryWriteBack
 from harness.pipeline.context_assembler import ContextAssembler
 from harness.pipeline.gatekeeper import PolicyEngine
+from harness.pipeline.limits import RequestLimits
 from harness.pipeline.plan_orchestrator import PlanOrchestrator
 from harness.pipeline.run_manager import RunManager
 from harness.pipeline.tool_controller import ToolController
@@ -70,6 +71,8 @@ class Settings(BaseModel):
     memory: Literal["off", "lexical", "semantic"] = "lexical"
     memory_write_scope: Literal["user", "session"] = "user"
     memory_share: float = Field(default=0.25, ge=0.0, le=0.9)
+    #: how large a Run request may be (HARNESS_MAX_* variables, harness.pipeline.limits)
+    limits: RequestLimits = RequestLimits()
 
     @classmethod
     def from_env(cls, **overrides: object) -> Settings:
@@ -91,6 +94,7 @@ class Settings(BaseModel):
                     "llm_stream", "llm_plan_mode", "llm_timeout_s"):
             if env.get(f"HARNESS_{key.upper()}"):
                 values[key] = env[f"HARNESS_{key.upper()}"]
+        values["limits"] = RequestLimits.from_env()
         values.update({k: v for k, v in overrides.items() if v is not None})
         try:
             return cls.model_validate(values)
@@ -182,6 +186,7 @@ def build_runtime(settings: Settings | None = None, *, clock: Clock | None = Non
         store=store, machine=machine, assembler=assembler, orchestrator=PlanOrchestrator(
             provider, registry, max_attempts=1 if isinstance(provider, GuardedProvider) else 3),
         policy=policy, tools=tools, hitl=hitl, ledger=ledger, sink=sink, execution_limit_s=settings.execution_limit_s,
+        limits=settings.limits,
     )
     tools.child_runs = runs  # AgentInvoke creates child Runs through the same kernel (T4)
     identities = IdentityDirectory.from_file(settings.identities_file)

@@ -45,6 +45,8 @@ from harness.pipeline.contracts import (
     render_template,
 )
 from harness.pipeline.gatekeeper import PolicyEngine
+from harness.pipeline.intake import admit
+from harness.pipeline.limits import RequestLimits
 from harness.pipeline.plan_orchestrator import PlanOrchestrator, StepRun, resolve
 from harness.pipeline.tool_controller import ToolController
 from harness.pipeline.trace_recorder import (
@@ -104,7 +106,8 @@ class RunManager:
 
     def __init__(self, *, store: SqlStore, machine: StateMachine, assembler: ContextAssembler,
                  orchestrator: PlanOrchestrator, policy: PolicyEngine, tools: ToolController, hitl: HitlDesk,
-                 ledger: CostLedger, sink: ResultSink | None = None, execution_limit_s: float = 600.0) -> None:
+                 ledger: CostLedger, sink: ResultSink | None = None, execution_limit_s: float = 600.0,
+                 limits: RequestLimits | None = None) -> None:
         self.store = store
         self.machine = machine
         self.assembler = assembler
@@ -115,14 +118,16 @@ class RunManager:
         self.ledger = ledger
         self.sink = sink
         self.execution_limit_s = execution_limit_s
+        self.limits = limits or RequestLimits()
         self._context_lock = threading.Lock()
 
     # ------------------------------------------------------------------ entry points
 
     def submit(self, raw: RunRequest | dict[str, Any]) -> tuple[RunRecord, bool]:
         """Validate and durably create a Run in CREATED (step ①); (run, created) — an idempotency key
-        already used by the tenant returns the existing Run with created False."""
-        request = parse_request(raw)
+        already used by the tenant returns the existing Run with created False. A request over its
+        limits (harness.pipeline.intake) creates nothing."""
+        request = admit(parse_request(raw), self.limits, self.assembler.filter)
         if request.retry_of is not None:
             self.store.get_run(request.retry_of)  # a retry must name a Run that exists
         return self.store.create_run(NewRun(

@@ -14,7 +14,14 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from harness.errors import BadInputError, HarnessError, InvalidTransitionError, UnknownRunError
+from harness.errors import (
+    BadInputError,
+    HarnessError,
+    IdempotencyConflictError,
+    InvalidTransitionError,
+    RequestTooLargeError,
+    UnknownRunError,
+)
 from harness.policy.hitl import UnknownRequestError
 
 log = logging.getLogger("harness.service")
@@ -80,6 +87,14 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(UnknownRequestError)
     async def _unknown_request(_request: Request, exc: UnknownRequestError) -> JSONResponse:
         return JSONResponse(_body("not_found", str(exc)), status_code=404)
+
+    @app.exception_handler(RequestTooLargeError)
+    async def _too_large(_request: Request, exc: RequestTooLargeError) -> JSONResponse:
+        return JSONResponse(_body("request_too_large", str(exc)), status_code=413)
+
+    @app.exception_handler(IdempotencyConflictError)
+    async def _idempotency_conflict(_request: Request, exc: IdempotencyConflictError) -> JSONResponse:
+        return JSONResponse(_body("idempotency_conflict", str(exc), run_id=exc.run_id), status_code=409)
 
     @app.exception_handler(BadInputError)
     async def _bad_input(_request: Request, exc: BadInputError) -> JSONResponse:
