@@ -17,8 +17,14 @@ from typer.testing import CliRunner
 from harness.adapters.sql import schema as t
 from harness.config import Runtime, Settings, build_runtime
 from harness.pipeline.limits import RequestLimits
-from tests.acceptance.api_helpers import ORDER_STATUS, key, make_client, make_runtime
-from tests.acceptance.api_helpers import client_fixture, runtime_fixture  # noqa: F401 - fixtures
+from tests.acceptance.api_helpers import (  # noqa: F401 - fixtures
+    ORDER_STATUS,
+    client_fixture,
+    key,
+    make_client,
+    make_runtime,
+    runtime_fixture,
+)
 
 MB = 1024 * 1024
 

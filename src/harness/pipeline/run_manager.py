@@ -45,7 +45,7 @@ from harness.pipeline.contracts import (
     render_template,
 )
 from harness.pipeline.gatekeeper import PolicyEngine
-from harness.pipeline.intake import admit
+from harness.pipeline.intake import admit, body_hash
 from harness.pipeline.limits import RequestLimits
 from harness.pipeline.plan_orchestrator import PlanOrchestrator, StepRun, resolve
 from harness.pipeline.tool_controller import ToolController
@@ -125,15 +125,16 @@ class RunManager:
 
     def submit(self, raw: RunRequest | dict[str, Any]) -> tuple[RunRecord, bool]:
         """Validate and durably create a Run in CREATED (step ①); (run, created) — an idempotency key
-        already used by the tenant returns the existing Run with created False. A request over its
-        limits (harness.pipeline.intake) creates nothing."""
+        the caller (tenant and user) already used returns that Run with created False, or raises
+        IdempotencyConflictError if it came with another request. A request over its limits
+        (harness.pipeline.intake) creates nothing."""
         request = admit(parse_request(raw), self.limits, self.assembler.filter)
         if request.retry_of is not None:
             self.store.get_run(request.retry_of)  # a retry must name a Run that exists
         return self.store.create_run(NewRun(
             tenant_id=request.tenant_id, user_id=request.user_id, session_id=request.session_id,
             request=request.model_dump(mode="json"), idempotency_key=request.idempotency_key,
-            retry_of=request.retry_of,
+            retry_of=request.retry_of, request_hash=body_hash(request),
         ))
 
     def create_run(self, raw: RunRequest | dict[str, Any]) -> RunResult:

@@ -16,7 +16,7 @@ from harness.service.core import Service
 from harness.service.errors import ApiError
 from harness.service.routes.common import ServiceDep, errors
 from harness.service.schemas import CancelBody, CreateRunBody, RunDoc, RunList, TraceDoc
-from harness.service.sse import change_stream, wait_settled
+from harness.service.sse import change_stream, guarded, wait_settled
 
 router = APIRouter(prefix="/api/v1", tags=["runs"])
 Caller = Annotated[Principal, Security(principal)]
@@ -182,7 +182,7 @@ def _stream(svc: Service, tenant_id: str, run_id: str | None, cursor: int) -> St
         stop=lambda: svc.stopping,
     )
     return StreamingResponse(
-        frames,
+        guarded(frames),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )
