@@ -45,6 +45,8 @@ class Settings(BaseModel):
     model_config = ConfigDict(extra="forbid")
     db: str | None = None
     skills_dirs: tuple[Path, ...] = (EXAMPLE_DIR / "skills",)
+    #: installed packages whose modules may be skill entrypoints (besides files in a skill's folder)
+    skill_packages: tuple[str, ...] = ()
     policy_file: Path = EXAMPLE_DIR / "policy.yaml"
     llm: Literal["scripted", "openai", "anthropic"] = "scripted"
     llm_rules: Path = EXAMPLE_DIR / "llm_rules.yaml"
@@ -81,6 +83,8 @@ class Settings(BaseModel):
         values: dict[str, object] = {}
         if env.get("HARNESS_SKILLS_DIRS"):
             values["skills_dirs"] = tuple(Path(p) for p in env["HARNESS_SKILLS_DIRS"].split(os.pathsep) if p)
+        if env.get("HARNESS_SKILL_PACKAGES"):
+            values["skill_packages"] = tuple(p.strip() for p in env["HARNESS_SKILL_PACKAGES"].split(",") if p.strip())
         for key, name in (("policy_file", "HARNESS_POLICY_FILE"), ("llm_rules", "HARNESS_LLM_RULES"),
                           ("data_dir", "HARNESS_DATA_DIR"), ("llm", "HARNESS_LLM"),
                           ("identities_file", "HARNESS_IDENTITIES"),
@@ -166,7 +170,7 @@ def build_runtime(settings: Settings | None = None, *, clock: Clock | None = Non
     if settings.trace_buffer and store.trace_buffer is None:
         store.trace_buffer = open_trace_buffer(settings.trace_buffer)
     machine = StateMachine(store)
-    registry = SkillRegistry.from_dirs(*settings.skills_dirs)
+    registry = SkillRegistry.from_dirs(*settings.skills_dirs, packages=settings.skill_packages)
     ledger = CostLedger(store)
     policy = PolicyEngine.from_file(settings.policy_file, registry, ledger)
     hitl = HitlDesk(store, policy.policy.hitl)
