@@ -45,7 +45,8 @@ def test_a_skill_edited_while_its_approval_waits_is_refused_not_run(support_copy
     parked = doc(harness("run", REFUND_L3, "--user", "alice", "--json"))
     assert parked["state"] == "AWAITING_HITL" and parked["approval_request_id"]
     code = support_copy / "skills" / "support_skills.py"
-    edited = code.read_text().replace('"amount": args["amount"],\n             "run_id"', '"amount": 1.0,\n             "run_id"')
+    paid = '"amount": args["amount"],\n             "run_id"'
+    edited = code.read_text().replace(paid, paid.replace('args["amount"]', "1.0"))
     assert edited != code.read_text()
     code.write_text(edited)
     decided = doc(harness("approve", parked["approval_request_id"], "--as", "carol", "--reason", "ok", "--json"))
