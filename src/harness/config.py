@@ -183,6 +183,7 @@ def build_runtime(settings: Settings | None = None, *, clock: Clock | None = Non
     memory = open_memory(settings.memory, store.engine, store.clock, secret_filter)
     if memory is not None:
         machine.on_close(MemoryWriteBack(memory, settings.memory_write_scope))  # C5: SUCCEEDED only
+    identities = IdentityDirectory.from_file(settings.identities_file)
     encoding = None if settings.tokenizer == "auto" else settings.tokenizer
     assembler = ContextAssembler(tokenizer_for(settings.llm, settings.llm_model, encoding), memory=memory,
                                  secret_filter=secret_filter, memory_share=settings.memory_share)
@@ -190,8 +191,7 @@ def build_runtime(settings: Settings | None = None, *, clock: Clock | None = Non
         store=store, machine=machine, assembler=assembler, orchestrator=PlanOrchestrator(
             provider, registry, max_attempts=1 if isinstance(provider, GuardedProvider) else 3),
         policy=policy, tools=tools, hitl=hitl, ledger=ledger, sink=sink, execution_limit_s=settings.execution_limit_s,
-        limits=settings.limits,
+        limits=settings.limits, roles_of=identities.roles_of,
     )
     tools.child_runs = runs  # AgentInvoke creates child Runs through the same kernel (T4)
-    identities = IdentityDirectory.from_file(settings.identities_file)
     return Runtime(settings, store, machine, registry, policy, hitl, tools, TraceRecorder(store), runs, identities)

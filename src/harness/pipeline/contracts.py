@@ -64,8 +64,9 @@ class RunRequest(Contract):
     tenant_id: Ident = "default"
     user_id: Ident = "anonymous"
     session_id: Ident = "default"
-    roles: tuple[Annotated[str, Field(pattern=IDENT)], ...] = Field(default=("support_agent",),
-                                                                   max_length=limits.ROLES_CEILING)
+    #: the caller's roles; a request that does not name them gets its identity's roles from the identity
+    #: directory at submit, and an identity the directory does not know gets none
+    roles: tuple[Annotated[str, Field(pattern=IDENT)], ...] = Field(default=(), max_length=limits.ROLES_CEILING)
     history: tuple[Message, ...] = Field(default=(), max_length=limits.HISTORY_MESSAGES_CEILING)
     token_budget: int = Field(default=8_000, ge=256, le=2_000_000)
     idempotency_key: Annotated[str, Field(min_length=1, max_length=200)] | None = None

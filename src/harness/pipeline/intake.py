@@ -6,12 +6,15 @@
    the memory query — with the same filter the context assembler uses (SPEC C4, amended): the filtered
    request is what is stored, traced, shown and returned; the raw secret is never stored anywhere.
    A text the filter cannot clean refuses the request, naming the field.
-3. The body's digest (the filtered request without the caller's identity and the key itself) is what an
+3. A request that names no roles gets its identity's roles from the identity directory, and none when
+   the directory does not know it: no role is ever assumed by default.
+4. The body's digest (the filtered request without the caller's identity and the key itself) is what an
    idempotency key is bound to: the same key with another body is a conflict, not the old Run.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from pydantic import ValidationError
@@ -52,9 +55,18 @@ def redact(request: RunRequest, scrub: SecretFilter) -> RunRequest:
         raise InvalidRequestError(f"invalid run request: {where}: {err['msg']} (after removing secrets)") from exc
 
 
-def admit(request: RunRequest, limits: RequestLimits, scrub: SecretFilter) -> RunRequest:
-    """The request as it will be stored: within its limits, with its secrets removed."""
+#: the roles the identity directory gives an identity (tenant, user); () for one it does not know
+RolesOf = Callable[[str, str], tuple[str, ...]]
+
+
+def admit(request: RunRequest, limits: RequestLimits, scrub: SecretFilter,
+          roles_of: RolesOf | None = None) -> RunRequest:
+    """The request as it will be stored: within its limits, with its secrets removed, and with roles:
+    those it names, else its identity's from the directory — none for an unknown identity."""
     check_request(request, limits, len(canonical_json(request.model_dump(mode="json")).encode("utf-8")))
+    if "roles" not in request.model_fields_set:
+        request = request.model_copy(update={"roles": roles_of(request.tenant_id, request.user_id) if roles_of
+                                              else ()})
     return request
 
 

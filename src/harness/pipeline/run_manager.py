@@ -45,7 +45,7 @@ from harness.pipeline.contracts import (
     render_template,
 )
 from harness.pipeline.gatekeeper import PolicyEngine
-from harness.pipeline.intake import admit, body_hash
+from harness.pipeline.intake import RolesOf, admit, body_hash
 from harness.pipeline.limits import RequestLimits
 from harness.pipeline.plan_orchestrator import PlanOrchestrator, StepRun, resolve
 from harness.pipeline.tool_controller import ToolController
@@ -107,7 +107,7 @@ class RunManager:
     def __init__(self, *, store: SqlStore, machine: StateMachine, assembler: ContextAssembler,
                  orchestrator: PlanOrchestrator, policy: PolicyEngine, tools: ToolController, hitl: HitlDesk,
                  ledger: CostLedger, sink: ResultSink | None = None, execution_limit_s: float = 600.0,
-                 limits: RequestLimits | None = None) -> None:
+                 limits: RequestLimits | None = None, roles_of: RolesOf | None = None) -> None:
         self.store = store
         self.machine = machine
         self.assembler = assembler
@@ -119,6 +119,7 @@ class RunManager:
         self.sink = sink
         self.execution_limit_s = execution_limit_s
         self.limits = limits or RequestLimits()
+        self.roles_of = roles_of  # the identity directory's roles for a request that names none
         self._context_lock = threading.Lock()
 
     # ------------------------------------------------------------------ entry points
@@ -128,7 +129,7 @@ class RunManager:
         the caller (tenant and user) already used returns that Run with created False, or raises
         IdempotencyConflictError if it came with another request. A request over its limits
         (harness.pipeline.intake) creates nothing."""
-        request = admit(parse_request(raw), self.limits, self.assembler.filter)
+        request = admit(parse_request(raw), self.limits, self.assembler.filter, self.roles_of)
         if request.retry_of is not None:
             self.store.get_run(request.retry_of)  # a retry must name a Run that exists
         return self.store.create_run(NewRun(
