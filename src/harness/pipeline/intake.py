@@ -5,7 +5,7 @@
 2. Secrets are removed from every free-text field — the task, each history message, the metadata and
    the memory query — with the same filter the context assembler uses (SPEC C4, amended): the filtered
    request is what is stored, traced, shown and returned; the raw secret is never stored anywhere.
-   A text the filter cannot clean refuses the request, naming the field.
+   A filter that fails refuses the request (SecretFilterError naming the field): nothing is created.
 3. A request that names no roles gets its identity's roles from the identity directory, and none when
    the directory does not know it: no role is ever assumed by default.
 4. The body's digest (the filtered request without the caller's identity and the key itself) is what an
@@ -33,8 +33,8 @@ IDENTITY_FIELDS = ("tenant_id", "user_id", "roles", "idempotency_key")
 def _clean(scrub: SecretFilter, field: str, text: str) -> str:
     try:
         return scrub.scrub(text).text
-    except SecretFilterError as exc:
-        raise InvalidRequestError(f"invalid run request: {field}: {exc}") from exc
+    except SecretFilterError as exc:  # the request is refused: nothing is stored that was not filtered
+        raise SecretFilterError(f"{field}: {exc}; the request was not accepted") from exc
 
 
 def redact(request: RunRequest, scrub: SecretFilter) -> RunRequest:
@@ -67,7 +67,7 @@ def admit(request: RunRequest, limits: RequestLimits, scrub: SecretFilter,
     if "roles" not in request.model_fields_set:
         request = request.model_copy(update={"roles": roles_of(request.tenant_id, request.user_id) if roles_of
                                               else ()})
-    return request
+    return redact(request, scrub)
 
 
 def body_hash(request: RunRequest) -> str:
