@@ -196,7 +196,11 @@ def test_an_outage_is_a_json_503_and_health_checks_writes(backend: str, backend_
                 assert client.get(f"/api/v1/runs/{before['run_id']}", headers=alice).status_code == 200
 
                 if outage.can_refuse_connections:
-                    outage.refuse_connections()
+                    with client.stream("GET", "/api/v1/events", headers=alice) as stream:
+                        assert stream.status_code == 200
+                        outage.refuse_connections()  # mid-stream: the stream ends with an error event
+                        frames = "".join(stream.iter_text())
+                    assert "event: error" in frames and '"database_unavailable"' in frames, frames
                     json_error(client.post("/api/v1/runs", json={"task": ORDER_STATUS}, headers=alice), 503,
                                "database_unavailable")
                     json_error(client.get(f"/api/v1/runs/{before['run_id']}", headers=alice), 503,
