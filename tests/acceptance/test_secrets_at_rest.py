@@ -11,7 +11,6 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 import yaml
-from fastapi.testclient import TestClient
 
 from harness.adapters.sql import schema as t
 from harness.context.prose_secrets import normalise
