@@ -58,7 +58,8 @@ def run(
     user: User = "alice",
     session: Session = "default",
     role: Annotated[list[str] | None, typer.Option(
-        "--role", help="Caller roles (default: from the identity directory).")] = None,
+        "--role", help="Act with only this one of your roles (repeatable). Roles come from the identity "
+                       "directory; this can narrow them, never add one.")] = None,
     idempotency_key: Annotated[str | None, typer.Option("--idempotency-key", help="Repeat-safe submit key.")] = None,
     chain_remaining: Annotated[int | None, typer.Option(
         "--chain-remaining", min=0, help="How many levels of child Runs the Run may start "
@@ -73,8 +74,7 @@ def run(
     """Run a task in-process until it is final or waits for a human; show the state path live."""
     rt = runtime(db)
     rt.runs.assembler.warm()  # the vocabulary loads before the Run, not inside its step 2
-    known = rt.identities.find(tenant, user)
-    roles = tuple(role) if role else (known.roles if known else ("support_agent",))
+    roles = caller_roles(rt, tenant, user, role)
     if not json_:
         rt.machine.subscribe(lambda run_id, source, target: typer.echo(f"  {source.value:>13} → {target.value}"))
     request = {"task": task, "tenant_id": tenant, "user_id": user, "session_id": session, "roles": list(roles),
@@ -86,6 +86,21 @@ def run(
         emit(result_document(rt, result))
     else:
         print_result(result)
+
+
+def caller_roles(rt: Runtime, tenant: str, user: str, narrowed_to: list[str] | None) -> tuple[str, ...]:
+    """The roles the identity directory gives tenant/user (none for an identity it does not know, with a
+    note on stderr), narrowed to `narrowed_to` when given; claiming a role it does not hold is bad input."""
+    held = rt.identities.roles_of(tenant, user)
+    if rt.identities.find(tenant, user) is None:
+        typer.echo(f"note: {tenant}/{user} is not in the identity directory, so it has no roles", err=True)
+    if not narrowed_to:
+        return held
+    claimed = [r for r in narrowed_to if r not in held]
+    if claimed:
+        fail(f"--role {claimed[0]}: {tenant}/{user} does not hold it (its roles: {', '.join(held) or 'none'}); "
+             "--role can only narrow the roles of the identity directory")
+    return tuple(r for r in held if r in narrowed_to)
 
 
 def wait_for_decision(rt: Runtime, run_id: str, timeout: float) -> RunResult:
@@ -236,7 +251,7 @@ def demo(db: DbOption = None, json_: JsonOption = False) -> None:
     for label, task, user in scenarios:
         if not json_:
             typer.echo(f"\n== {label}: {task!r}")
-        result = rt.runs.create_run({"task": task, "user_id": user, "roles": ["support_agent"]})
+        result = rt.runs.create_run({"task": task, "user_id": user})  # roles: from the identity directory
         if result.approval_request_id:
             approver = rt.identities.resolve(user)
             if not json_:

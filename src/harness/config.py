@@ -30,6 +30,7 @@ from harness.memory.writeback import MemoryWriteBack
 from harness.pipeline.context_assembler import ContextAssembler
 from harness.pipeline.contracts import MAX_CHAIN_DEPTH
 from harness.pipeline.gatekeeper import PolicyEngine
+from harness.pipeline.limits import RequestLimits
 from harness.pipeline.plan_orchestrator import PlanOrchestrator
 from harness.pipeline.run_manager import RunManager
 from harness.pipeline.tool_controller import ToolController
@@ -47,6 +48,8 @@ class Settings(BaseModel):
     model_config = ConfigDict(extra="forbid")
     db: str | None = None
     skills_dirs: tuple[Path, ...] = (EXAMPLE_DIR / "skills",)
+    #: installed packages whose modules may be skill entrypoints (besides files in a skill's folder)
+    skill_packages: tuple[str, ...] = ()
     policy_file: Path = EXAMPLE_DIR / "policy.yaml"
     llm: Literal["scripted", "openai", "anthropic"] = "scripted"
     llm_rules: Path = EXAMPLE_DIR / "llm_rules.yaml"
@@ -98,6 +101,8 @@ class Settings(BaseModel):
                                     ceiling_factor=self.heartbeat_ceiling_factor, decided_s=self.decided_approval_s)
         except ValueError as exc:
             raise InvalidRequestError(f"invalid settings: state_thresholds: {exc}") from exc
+    #: how large a Run request may be (HARNESS_MAX_* variables, harness.pipeline.limits)
+    limits: RequestLimits = RequestLimits()
 
     @classmethod
     def from_env(cls, **overrides: object) -> Settings:
@@ -107,6 +112,8 @@ class Settings(BaseModel):
         values: dict[str, object] = _config_file(env.get("HARNESS_CONFIG_FILE"))
         if env.get("HARNESS_SKILLS_DIRS"):
             values["skills_dirs"] = tuple(Path(p) for p in env["HARNESS_SKILLS_DIRS"].split(os.pathsep) if p)
+        if env.get("HARNESS_SKILL_PACKAGES"):
+            values["skill_packages"] = tuple(p.strip() for p in env["HARNESS_SKILL_PACKAGES"].split(",") if p.strip())
         for key, name in (("policy_file", "HARNESS_POLICY_FILE"), ("llm_rules", "HARNESS_LLM_RULES"),
                           ("data_dir", "HARNESS_DATA_DIR"), ("llm", "HARNESS_LLM"),
                           ("identities_file", "HARNESS_IDENTITIES"),
@@ -127,6 +134,7 @@ class Settings(BaseModel):
                 values["state_thresholds"] = parse_overrides(env["HARNESS_STATE_THRESHOLDS"])
             except ValueError as exc:
                 raise InvalidRequestError(f"invalid settings: HARNESS_STATE_THRESHOLDS: {exc}") from exc
+        values["limits"] = RequestLimits.from_env()
         values.update({k: v for k, v in overrides.items() if v is not None})
         try:
             settings = cls.model_validate(values)
@@ -226,7 +234,7 @@ def build_runtime(settings: Settings | None = None, *, clock: Clock | None = Non
     if settings.trace_buffer and store.trace_buffer is None:
         store.trace_buffer = open_trace_buffer(settings.trace_buffer)
     machine = StateMachine(store)
-    registry = SkillRegistry.from_dirs(*settings.skills_dirs)
+    registry = SkillRegistry.from_dirs(*settings.skills_dirs, packages=settings.skill_packages)
     ledger = CostLedger(store)
     policy = PolicyEngine.from_file(settings.policy_file, registry, ledger)
     hitl = HitlDesk(store, policy.policy.hitl)
@@ -239,6 +247,7 @@ def build_runtime(settings: Settings | None = None, *, clock: Clock | None = Non
     memory = open_memory(settings.memory, store.engine, store.clock, secret_filter)
     if memory is not None:
         machine.on_close(MemoryWriteBack(memory, settings.memory_write_scope))  # C5: SUCCEEDED only
+    identities = IdentityDirectory.from_file(settings.identities_file)
     encoding = None if settings.tokenizer == "auto" else settings.tokenizer
     assembler = ContextAssembler(tokenizer_for(settings.llm, settings.llm_model, encoding), memory=memory,
                                  secret_filter=secret_filter, memory_share=settings.memory_share)
@@ -246,10 +255,9 @@ def build_runtime(settings: Settings | None = None, *, clock: Clock | None = Non
         store=store, machine=machine, assembler=assembler, orchestrator=PlanOrchestrator(
             provider, registry, max_attempts=1 if isinstance(provider, GuardedProvider) else 3),
         policy=policy, tools=tools, hitl=hitl, ledger=ledger, sink=sink, execution_limit_s=settings.execution_limit_s,
-        chain_depth=settings.chain_depth,
+        chain_depth=settings.chain_depth, limits=settings.limits, roles_of=identities.roles_of,
     )
     tools.child_runs = runs  # AgentInvoke creates child Runs through the same kernel (T4)
-    identities = IdentityDirectory.from_file(settings.identities_file)
     runtime = Runtime(settings, store, machine, registry, policy, hitl, tools, TraceRecorder(store), runs, identities)
     from harness.worker import RunWorker  # the worker drives a Runtime: wired once the Runtime exists
 

@@ -3,6 +3,8 @@
     HarnessError
     ├── BadInputError                 the caller's input is wrong (CLI exit 2, HTTP 4xx)
     │   ├── InvalidRequestError       a malformed RunRequest or argument
+    │   │   └── RequestTooLargeError  a request over its size limit (HTTP 413)
+    │   ├── IdempotencyConflictError  an idempotency key reused with another request (HTTP 409)
     │   ├── UnknownRunError           no Run with that id
     │   ├── ManifestError             a skill manifest that cannot be loaded
     │   └── PolicyConfigError         a policy file that cannot be loaded
@@ -33,6 +35,18 @@ class BadInputError(HarnessError):
 
 class InvalidRequestError(BadInputError):
     """A malformed request or argument."""
+
+
+class RequestTooLargeError(InvalidRequestError):
+    """The request as a whole is larger than its limit."""
+
+
+class IdempotencyConflictError(BadInputError):
+    """The caller reused an idempotency key with a request other than the one it first came with."""
+
+    def __init__(self, message: str, run_id: str) -> None:
+        super().__init__(message)
+        self.run_id = run_id
 
 
 class UnknownRunError(BadInputError):

@@ -71,6 +71,11 @@ class IdentityDirectory:
         entry = self._entries.get(f"{tenant}/{user}")
         return CallerIdentity(tenant_id=tenant, user_id=user, roles=tuple(entry.roles)) if entry else None
 
+    def roles_of(self, tenant: str, user: str) -> tuple[str, ...]:
+        """The identity's roles; none for an identity the directory does not know."""
+        entry = self._entries.get(f"{tenant}/{user}")
+        return tuple(entry.roles) if entry else ()
+
     def by_api_key_hash(self, digest: str) -> CallerIdentity | None:
         """The identity whose API key hashes to `digest`."""
         for name, entry in self._entries.items():

@@ -5,7 +5,7 @@ A manifest is a YAML file::
     id: orders.lookup
     version: 1.0.0
     description: Look up an order by id.
-    entrypoint: skills.py:lookup_order        # file relative to the manifest, or module.path:function
+    entrypoint: skills.py:lookup_order        # a file in the manifest's folder, or allowed_package.module:function
     input_schema: {type: object, required: [order_id], properties: {order_id: {type: string}}}
     risk: {access: read, space: project, impact: low}
     retry: {max_attempts: 3, backoff_s: 0.2, max_backoff_s: 5}
@@ -26,12 +26,8 @@ A broken manifest is refused at load with the file and the field named.
 
 from __future__ import annotations
 
-import ast
 import functools
-import importlib
-import importlib.util
-import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -39,10 +35,15 @@ from typing import Any, Literal
 import jsonschema
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from harness import skill_code
 from harness.audit.chain import content_hash
 from harness.errors import ManifestError
 from harness.pipeline.contracts import SKILL_ID
+from harness.skill_code import Entrypoint
 from harness.yamlfile import read_yaml
+
+__all__ = ["BreakerSettings", "Entrypoint", "Limits", "Manifest", "RetryPolicy", "Risk", "Skill", "SkillContext",
+           "SkillFn", "SkillRegistry", "load_manifest"]
 
 
 class Risk(BaseModel):
@@ -161,15 +162,6 @@ def _runs_elsewhere(args: dict[str, Any], ctx: SkillContext) -> Any:
 
 
 @dataclass(frozen=True)
-class Entrypoint:
-    """Where a python skill's function lives: a file beside the manifest, or an importable module."""
-
-    function: str
-    file: Path | None = None
-    module: str | None = None
-
-
-@dataclass(frozen=True)
 class Skill:
     """A loaded skill: its manifest, the manifest's hash, and the function that runs it."""
 
@@ -202,8 +194,11 @@ def _first_error(exc: ValidationError) -> str:
     return f"{'.'.join(str(p) for p in err['loc'])}: {message}"
 
 
-def load_manifest(path: Path) -> Skill:
-    """Load and validate one manifest; import its entrypoint unless it runs in a sandbox."""
+def load_manifest(path: Path, packages: Sequence[str] = ()) -> Skill:
+    """Load and validate one manifest; import its entrypoint unless it runs in a sandbox. The manifest
+    hash covers the manifest and, for a python skill, its code (harness.skill_code): a change to either
+    is a new version that a Run pinned to the old one refuses (T1). `packages` are the installed
+    packages whose modules may be entrypoints besides files in the manifest's folder."""
     raw = read_yaml(path, ManifestError)
     if not isinstance(raw, dict):
         raise ManifestError(f"{path}: a manifest must be a mapping of fields")
@@ -211,73 +206,15 @@ def load_manifest(path: Path) -> Skill:
         manifest = Manifest.model_validate(raw)
     except ValidationError as exc:
         raise ManifestError(f"{path}: {_first_error(exc)}") from exc
-    digest = content_hash(raw)
     if manifest.entrypoint is None:
-        return Skill(manifest, digest, path, _runs_elsewhere)
-    entry = _locate_entrypoint(path, manifest.entrypoint)
+        return Skill(manifest, content_hash(raw), path, _runs_elsewhere)
+    entry = skill_code.locate(path, manifest.entrypoint, packages)
+    digest = content_hash({"manifest": raw, "code": dict(entry.pin)})
     if manifest.sandbox:
         # Importing would run the skill's module-level code unsandboxed: only check it is there.
-        _check_without_import(path, entry)
+        skill_code.check_defined(path, entry)
         return Skill(manifest, digest, path, _runs_elsewhere, entry)
-    return Skill(manifest, digest, path, _import_entrypoint(path, entry), entry)
-
-
-def _locate_entrypoint(manifest_path: Path, entrypoint: str) -> Entrypoint:
-    target, func = entrypoint.rsplit(":", 1)
-    if target.endswith(".py"):
-        return Entrypoint(func, file=(manifest_path.parent / target).resolve())
-    return Entrypoint(func, module=target)
-
-
-def _check_without_import(manifest_path: Path, entry: Entrypoint) -> None:
-    if entry.file is None:
-        try:
-            found = importlib.util.find_spec(entry.module or "")
-        except (ImportError, ValueError) as exc:
-            raise ManifestError(f"{manifest_path}: entrypoint: cannot find module {entry.module!r}: {exc}") \
-                from exc
-        if found is None:
-            raise ManifestError(f"{manifest_path}: entrypoint: cannot find module {entry.module!r}")
-        return
-    try:
-        tree = ast.parse(entry.file.read_text(encoding="utf-8"), str(entry.file))
-    except OSError as exc:
-        raise ManifestError(f"{manifest_path}: entrypoint: cannot read {entry.file}: {exc.strerror}") from exc
-    except SyntaxError as exc:
-        raise ManifestError(f"{manifest_path}: entrypoint: {entry.file} is not valid Python: {exc}") from exc
-    defined = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
-    if entry.function not in defined:
-        raise ManifestError(f"{manifest_path}: entrypoint: {entry.file.name} defines no function "
-                            f"{entry.function!r}")
-
-
-def _import_entrypoint(manifest_path: Path, entry: Entrypoint) -> SkillFn:
-    target = str(entry.file) if entry.file is not None else entry.module or ""
-    try:
-        if entry.file is not None:
-            name = f"harness_skill_{content_hash(str(entry.file))[:16]}"
-            module = sys.modules.get(name)
-            if module is None:
-                spec = importlib.util.spec_from_file_location(name, entry.file)
-                if spec is None or spec.loader is None:
-                    raise ManifestError(f"{manifest_path}: entrypoint: cannot load {entry.file}")
-                module = importlib.util.module_from_spec(spec)
-                sys.modules[name] = module
-                try:
-                    spec.loader.exec_module(module)
-                except BaseException:
-                    del sys.modules[name]  # a broken file must not be found half-loaded next time
-                    raise
-        else:
-            module = importlib.import_module(target)
-    except ManifestError:
-        raise
-    except (OSError, ImportError, SyntaxError) as exc:
-        raise ManifestError(f"{manifest_path}: entrypoint: cannot import {target!r}: {exc}") from exc
-    fn = getattr(module, entry.function, None)
-    if not callable(fn):
-        raise ManifestError(f"{manifest_path}: entrypoint: {target!r} has no function {entry.function!r}")
-    return fn  # type: ignore[no-any-return]
+    return Skill(manifest, digest, path, skill_code.load(path, manifest.id, entry), entry)
 
 
 class SkillRegistry:
@@ -311,13 +248,14 @@ class SkillRegistry:
                                 f"higher than {skill.id}'s {mine}")
 
     @classmethod
-    def from_dirs(cls, *dirs: Path) -> SkillRegistry:
-        """Load every `*.yaml` manifest under the given folders."""
+    def from_dirs(cls, *dirs: Path, packages: Sequence[str] = ()) -> SkillRegistry:
+        """Load every `*.yaml` manifest under the given folders; entrypoints may also be modules of the
+        installed `packages` (the allow-list, HARNESS_SKILL_PACKAGES)."""
         skills: list[Skill] = []
         for folder in dirs:
             if not folder.is_dir():
                 raise ManifestError(f"{folder}: skills folder does not exist")
-            skills.extend(load_manifest(p) for p in sorted(folder.glob("*.yaml")))
+            skills.extend(load_manifest(p, packages) for p in sorted(folder.glob("*.yaml")))
         return cls(skills)
 
     def get(self, skill_id: str) -> Skill | None:

@@ -8,6 +8,7 @@ import pytest
 import sqlalchemy as sa
 
 from harness.config import Runtime
+from harness.context.errors import SecretFilterError
 from harness.context.secrets import PatternDetector, SecretFilter, Span
 from harness.memory.store import MemoryStore
 from tests.acceptance.checks import assert_audit_clean, trace_kinds
@@ -108,9 +109,17 @@ class _Broken:
 
 
 def test_a_failing_secret_filter_refuses_the_run(test_runtime: Runtime) -> None:
-    """If the filter cannot vouch for the context, the Run is FAILED and the model is never called (C4)."""
+    """If the filter cannot vouch for the request, it is refused at submit and nothing is created; if it
+    cannot vouch for the context later, the Run is FAILED and the model is never called (C4)."""
+    working = test_runtime.runs.assembler.filter
     test_runtime.runs.assembler.filter = SecretFilter([PatternDetector(), _Broken()])
-    result = test_runtime.runs.create_run({"task": "echo hi", **TESS})
+    with pytest.raises(SecretFilterError, match="task: secret filter: detector broken failed"):
+        test_runtime.runs.submit({"task": "echo hi", **TESS})
+    assert test_runtime.store.list_runs() == []
+    test_runtime.runs.assembler.filter = working
+    run, _ = test_runtime.runs.submit({"task": "echo hi", **TESS})
+    test_runtime.runs.assembler.filter = SecretFilter([PatternDetector(), _Broken()])
+    result = test_runtime.runs.drive(run.run_id)
     assert result.state == "CLOSED_FAILED" and "secret_filter_failed" in (result.error or "")
     assert errors(test_runtime, result.run_id) == ["secret_filter_failed"]
     assert trace_kinds(test_runtime, result.run_id)["cost"] == 0

@@ -7,6 +7,7 @@ from collections.abc import Iterable
 import pytest
 
 from harness.context.errors import SecretFilterError
+from harness.context.prose_secrets import ProseDetector
 from harness.context.secrets import PLACEHOLDER, DetectSecretsDetector, PatternDetector, SecretFilter, Span
 
 #: (name, text as it might appear in a conversation, the part that must never reach a model)
@@ -78,10 +79,12 @@ def test_a_jwt_loses_its_signature_too(secret_filter: SecretFilter) -> None:
 
 
 def test_the_library_and_the_project_patterns_each_catch_their_own() -> None:
-    """detect-secrets finds library formats; the project's patterns find what it misses in prose."""
+    """detect-secrets finds library formats; the project's patterns the formats it lacks; the prose
+    detector what people say."""
     library = [k for _, _, k in DetectSecretsDetector().find("AKIAQ7CANARY4EXAMPLE1")]
-    prose = [k for _, _, k in PatternDetector().find("my password is hunter2")]
-    assert library == ["aws_key"] and prose == ["password"]
+    formats = [k for _, _, k in PatternDetector().find("use akiaq7canary4exampl1 today")]
+    prose = [k for _, _, k in ProseDetector().find("my password is hunter2")]
+    assert library == ["aws_key"] and formats == ["aws_key"] and prose == ["password"]
     assert not list(DetectSecretsDetector().find("my password is hunter2"))
 
 

@@ -75,6 +75,11 @@ BROKEN: list[tuple[str, Any, str]] = [
     ("missing_module", {**GOOD, "entrypoint": "no_such_module_here:work"}, "entrypoint"),
     ("sandboxed_missing_function", {**GOOD, "sandbox": True, "entrypoint": "code.py:absent"}, "entrypoint"),
     ("sandboxed_missing_file", {**GOOD, "sandbox": True, "entrypoint": "gone.py:work"}, "entrypoint"),
+    ("outside_the_folder", {**GOOD, "entrypoint": "../outside/evil.py:fn"}, "outside the skill's folder"),
+    ("absolute_path", {**GOOD, "entrypoint": "/etc/evil.py:fn"}, "absolute path"),
+    ("standard_library", {**GOOD, "entrypoint": "os.path:basename"}, "HARNESS_SKILL_PACKAGES"),
+    ("unlisted_package", {**GOOD, "entrypoint": "jsonschema.validators:validate"}, "HARNESS_SKILL_PACKAGES"),
+    ("sandboxed_outside", {**GOOD, "sandbox": True, "entrypoint": "../outside/evil.py:fn"}, "outside"),
 ]
 
 
@@ -191,3 +196,94 @@ def test_an_upgrade_mid_run_is_refused(tmp_path: Path, clock: FakeClock, call_lo
         assert call_log.read_text() == ""
     finally:
         upgraded.close()
+
+
+EVIL = "open({marker!r}, 'w').write('outside code ran')\ndef fn(args, ctx):\n    return {{}}\n"
+
+
+def test_an_entrypoint_outside_the_folder_is_refused_before_its_code_runs(tmp_path: Path) -> None:
+    """`../outside/evil.py:fn`, a symlink out of the folder and `os.path:basename` are manifest errors
+    naming the entrypoint field; none of the outside code is imported or executed."""
+    marker = tmp_path / "ran.txt"
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "outside" / "evil.py").write_text(EVIL.format(marker=str(marker)))
+    folder = folder_with(tmp_path, {"up.yaml": {**GOOD, "entrypoint": "../outside/evil.py:fn"},
+                                    "link.yaml": {**GOOD, "entrypoint": "linked.py:fn"},
+                                    "std.yaml": {**GOOD, "entrypoint": "os.path:basename"}})
+    (folder / "linked.py").symlink_to(tmp_path / "outside" / "evil.py")
+    for name in ("up.yaml", "link.yaml", "std.yaml"):
+        message = refusal(folder / name)
+        assert message.startswith(f"{folder / name}: entrypoint: "), message
+    assert not marker.exists()
+    with pytest.raises(ManifestError, match=r"\.yaml: entrypoint: .* is outside the skill.s folder"):
+        SkillRegistry.from_dirs(folder)
+    assert not marker.exists()
+
+
+def fake_distribution(root: Path, version: str, code: str) -> None:
+    """An installed distribution `acme-skills` (package `acme_skills`) in `root`, as pip leaves one."""
+    package = root / "acme_skills"
+    package.mkdir(parents=True, exist_ok=True)
+    (package / "__init__.py").write_text("")
+    (package / "tools.py").write_text(code)
+    info = root / f"acme_skills-{version}.dist-info"
+    for old in root.glob("acme_skills-*.dist-info"):
+        for f in old.iterdir():
+            f.unlink()
+        old.rmdir()
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: acme-skills\nVersion: {version}\n")
+    (info / "top_level.txt").write_text("acme_skills\n")
+    (info / "RECORD").write_text(f"acme_skills/__init__.py,,\nacme_skills/tools.py,sha256={version},\n"
+                                 f"{info.name}/RECORD,,\n")
+
+
+def test_a_module_of_an_allowed_installed_package_is_pinned_to_its_distribution(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With its package on the allow-list, `acme_skills.tools:work` loads; its manifest hash changes with
+    the distribution's version (and RECORD) and with the module's source; off the list it is refused."""
+    import sys
+
+    site = tmp_path / "site"
+    fake_distribution(site, "1.0", CODE)
+    monkeypatch.syspath_prepend(str(site))
+    folder = folder_with(tmp_path, {"pkg.yaml": {**GOOD, "entrypoint": "acme_skills.tools:work"}})
+    assert "HARNESS_SKILL_PACKAGES" in refusal(folder / "pkg.yaml")
+    first = load_manifest(folder / "pkg.yaml", packages=("acme_skills",))
+    assert first.fn({"n": 2}, None) == {"n": 2}  # type: ignore[arg-type]
+    assert first.entry is not None and dict(first.entry.pin)["version"] == "1.0"
+    fake_distribution(site, "1.1", CODE)
+    upgraded = load_manifest(folder / "pkg.yaml", packages=("acme_skills",))
+    assert upgraded.manifest_hash != first.manifest_hash
+    sys.modules.pop("acme_skills.tools", None)
+    fake_distribution(site, "1.1", CODE.replace("0)", "1)"))
+    edited = load_manifest(folder / "pkg.yaml", packages=("acme_skills",))
+    assert edited.manifest_hash not in (first.manifest_hash, upgraded.manifest_hash)
+
+
+def test_the_manifest_hash_covers_the_entrypoints_code(tmp_path: Path) -> None:
+    """Changing the skill's Python file changes the manifest hash, and the new code is what runs;
+    restoring it restores the hash."""
+    folder = folder_with(tmp_path, {"good.yaml": GOOD})
+    before = load_manifest(folder / "good.yaml")
+    (folder / "code.py").write_text(CODE.replace("args.get('n', 0)", "-1"))
+    after = load_manifest(folder / "good.yaml")
+    assert after.manifest_hash != before.manifest_hash
+    assert after.fn({"n": 3}, None) == {"n": -1} and before.fn({"n": 3}, None) == {"n": 3}  # type: ignore[arg-type]
+    (folder / "code.py").write_text(CODE)
+    assert load_manifest(folder / "good.yaml").manifest_hash == before.manifest_hash
+
+
+@pytest.mark.parametrize(("code", "error"), [
+    ("raise RuntimeError('the ledger is not configured')\n", "RuntimeError: the ledger is not configured"),
+    ("import sys\nsys.exit(7)\n", "SystemExit: 7"),
+    ("raise SystemExit\n", "SystemExit"),
+])
+def test_a_skill_module_that_fails_at_import_is_one_manifest_error(tmp_path: Path, code: str, error: str) -> None:
+    """Whatever a skill's module does at import (raise, exit), loading it is a ManifestError on one line
+    naming the manifest, the skill and the error; the process is not ended."""
+    folder = folder_with(tmp_path, {"good.yaml": GOOD}, code=code + CODE)
+    message = refusal(folder / "good.yaml")
+    assert "\n" not in message
+    assert message.startswith(f"{folder / 'good.yaml'}: skill test.good: entrypoint: importing code.py raised ")
+    assert message.endswith(error)

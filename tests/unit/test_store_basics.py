@@ -63,7 +63,7 @@ def test_idempotency_keys_are_independent_across_tenants(store: SqlStore) -> Non
     b, created_b = store.create_run(_new("globex", key="k-1"))
     assert created_a and created_b
     assert a.run_id != b.run_id
-    assert store.find_by_idempotency_key("globex", "k-1") == store.get_run(b.run_id)
+    assert store.find_by_idempotency_key("globex", "alice", "k-1") == store.get_run(b.run_id)
 
 
 def test_concurrent_submits_with_one_key_create_exactly_one_run(store: SqlStore) -> None:

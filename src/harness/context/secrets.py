@@ -1,10 +1,14 @@
 """Secret and short-lived PII filtering for everything that goes to a model (SPEC C4).
 
-Two layers find secrets: the detectors of the maintained `detect-secrets` library, called directly on
-strings (never its verification step, which would call vendors' APIs), and this project's patterns for
+Three layers find secrets: the detectors of the maintained `detect-secrets` library, called directly on
+strings (never its verification step, which would call vendors' APIs); this project's patterns for
 what that library does not cover as text in a conversation: bearer and Authorization headers, cookies,
-OAuth tokens and codes, temporary cloud credentials, passwords said in prose, one-time codes,
-whole private-key blocks and complete JWTs.
+OAuth tokens and codes, temporary cloud credentials, key formats it lacks (lower-case AWS ids, Google,
+Hugging Face, Stripe test keys), one-time codes, whole private-key blocks and complete JWTs; and
+credentials stated in prose, in several languages (harness.context.prose_secrets). Every detector reads
+the text normalised — NFKC, invisible characters (zero-width spaces, joiners, soft hyphens, …) removed —
+so "ghp_" with a zero-width space inside or "password" in full-width letters is still found; the finding
+is redacted in the original text.
 
 A finding is widened to the whole token it sits in (detect-secrets reports a JWT without its signature,
 for instance) and replaced with ``[REDACTED:<kind>]``. The output is scanned again; a filter that
@@ -55,6 +59,7 @@ from detect_secrets.plugins.telegram_token import TelegramBotTokenDetector
 from detect_secrets.plugins.twilio import TwilioKeyDetector
 
 from harness.context.errors import SecretFilterError
+from harness.context.prose_secrets import ProseDetector, normalise
 
 Span = tuple[int, int, str]
 PLACEHOLDER = re.compile(r"\[REDACTED:[a-z0-9_]+\]")
@@ -147,11 +152,18 @@ class DetectSecretsDetector:
             (self._b64_run, self._b64, "high_entropy"), (self._hex_run, self._hex, "high_entropy_hex"))
         for regex, entropy, kind in entropy_checks:
             for match in regex.finditer(line):
+                if kind == "high_entropy_hex" and _DIGEST_CONTEXT.search(line, max(0, match.start() - 48),
+                                                                         match.start()):
+                    continue  # a commit id or a digest named as one ("commit 3f2a…", "sha256: e3b0…")
                 if entropy.calculate_shannon_entropy(match.group()) > entropy.entropy_limit:
                     yield match.start(), match.end(), kind
 
 
 _I = re.IGNORECASE
+#: words that say a hex string is a content address, not a credential
+_DIGEST_CONTEXT = re.compile(r"\b(?:commit|commits|sha|sha1|sha-1|sha256|sha-256|sha512|digest|hash|checksum|"
+                             r"revision|rev|merged?|cherry-pick(?:ed)?|tree|blob|git|fingerprint|etag|md5)\b"
+                             r"[^\n]{0,40}$", _I)
 _ASSIGN = r"""["']?\s*(?:[:=]|=>)\s*["']?"""
 #: (pattern, kind, group to redact); group 0 means the whole match
 PROJECT_PATTERNS: tuple[tuple[re.Pattern[str], str, int], ...] = (
@@ -171,14 +183,21 @@ PROJECT_PATTERNS: tuple[tuple[re.Pattern[str], str, int], ...] = (
     (re.compile(r"[?&#](?:access_token|id_token|refresh_token|token|code|client_secret|sig|signature|"
                 r"x-amz-signature|x-amz-credential|x-amz-security-token|x-goog-signature|"
                 r"x-goog-credential)=([^&\s#\"']+)", _I), "url_credential", 1),
+    # the password of any URL with credentials (detect-secrets misses an empty user, "+srv", "!")
+    (re.compile(r"\b[a-z][a-z0-9+.\-]{1,20}://[^\s:/@]*:([^\s/@]{1,200})@", _I), "url_password", 1),
     (re.compile(r"\bya29\.[0-9A-Za-z\-_]+"), "oauth_token", 0),
     (re.compile(r"\b1//0[0-9A-Za-z\-_]{20,}"), "oauth_token", 0),
     (re.compile(r"\b(?:gh[pousr]_[A-Za-z0-9]{30,255}|github_pat_[A-Za-z0-9_]{22,255})\b"), "github_token", 0),
     (re.compile(r"\b(?:AKIA|ASIA|AGPA|AIDA|AROA|ANPA|ANVA)[0-9A-Z]{16}\b"), "aws_key", 0),
+    # the same ids written in lower or mixed case (then with a digit, as real ones have)
+    (re.compile(r"\b(?i:AKIA|ASIA|AGPA|AIDA|AROA|ANPA|ANVA|ABIA|ACCA)(?=[0-9A-Za-z]{0,15}\d)[0-9A-Za-z]{16}\b"),
+     "aws_key", 0),
+    (re.compile(r"\bAIza[0-9A-Za-z\-_]{35}(?![0-9A-Za-z\-_])"), "google_api_key", 0),
+    (re.compile(r"\bhf_[A-Za-z0-9]{30,}\b"), "huggingface_token", 0),
+    (re.compile(r"\b(?:sk|rk)_(?:live|test)_[0-9A-Za-z]{16,}\b"), "stripe_key", 0),
+    (re.compile(r"\bxox[abposr]-[0-9A-Za-z-]{10,}"), "slack_token", 0),
     (re.compile(r"\bsk-(?:ant-|proj-|live-)?[A-Za-z0-9_\-]{20,}"), "api_key", 0),
     (re.compile(r"\beyJ[A-Za-z0-9_\-]{4,}\.eyJ[A-Za-z0-9_\-]{4,}\.[A-Za-z0-9_\-]*"), "jwt", 0),
-    (re.compile(r"\b(?:password|passwd|passphrase|passcode|pwd|pin)\b\s*(?:is|was|:|=|=>)\s*[\"']?"
-                r"([^\s\"',;]+)", _I), "password", 1),
     (re.compile(r"\b(?:otp|one[- ]time (?:password|code|passcode)|verification code|security code|"
                 r"(?:2fa|mfa|sms|login|auth(?:entication)?) code)\b[^0-9\n]{0,24}(\d{4,8})\b", _I),
      "one_time_code", 1),
@@ -230,7 +249,7 @@ class SecretFilter:
 
     def __init__(self, detectors: Sequence[Detector] | None = None) -> None:
         self.detectors: Sequence[Detector] = (
-            detectors if detectors is not None else (DetectSecretsDetector(), PatternDetector()))
+            detectors if detectors is not None else (DetectSecretsDetector(), PatternDetector(), ProseDetector()))
         self._cache: OrderedDict[str, Scrubbed] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -263,18 +282,21 @@ class SecretFilter:
         raise SecretFilterError(f"secret filter: findings remain after {self.ROUNDS} rounds of redaction")
 
     def _spans(self, text: str) -> list[Span]:
+        """Findings in `text`, as spans of `text`: the detectors read its normalised form (NFKC, invisible
+        characters removed), and each finding maps back to the original characters it came from."""
+        seen, starts, ends = normalise(text)
         found: list[Span] = []
-        placeholders = [(m.start(), m.end()) for m in PLACEHOLDER.finditer(text)]
+        placeholders = [(m.start(), m.end()) for m in PLACEHOLDER.finditer(seen)]
         for detector in self.detectors:
             try:
-                spans = list(detector.find(text))
+                spans = list(detector.find(seen))
             except Exception as exc:  # any detector failure means the text is not known to be safe
                 raise SecretFilterError(f"secret filter: detector {detector.name} failed: "
                                         f"{type(exc).__name__}: {exc}") from exc
             for first, last, kind in spans:
-                start, end = _widen(text, first, last)
-                if not _inside(placeholders, start, end):
-                    found.append((start, end, kind))
+                start, end = _widen(seen, first, last)
+                if end > start and not _inside(placeholders, start, end):
+                    found.append((starts[start], ends[end - 1], kind))
         return _merge(found)
 
 

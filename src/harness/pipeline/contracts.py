@@ -11,6 +11,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from harness.pipeline import limits
+
 IDENT = r"^[A-Za-z0-9][A-Za-z0-9_.:@\-]{0,127}$"
 Ident = Annotated[str, Field(pattern=IDENT)]
 STEP_ID = r"^[A-Za-z][A-Za-z0-9_\-]{0,63}$"
@@ -29,7 +31,7 @@ class Message(Contract):
     """One turn of conversation history."""
 
     role: Literal["user", "assistant", "system", "tool"]
-    content: str = Field(max_length=100_000)
+    content: str = Field(max_length=limits.MESSAGE_CHARS_CEILING)
 
 
 class CallerIdentity(Contract):
@@ -53,19 +55,26 @@ class MemoryRequest(Contract):
     team_id: Ident | None = None
 
 
-class RunRequest(Contract):
-    """What a caller submits to create a Run (step ①)."""
+MetadataKey = Annotated[str, Field(min_length=1, max_length=limits.METADATA_KEY_CHARS)]
 
-    task: str = Field(min_length=1, max_length=20_000)
+
+class RunRequest(Contract):
+    """What a caller submits to create a Run (step ①). Sizes are bounded by the ceilings here and by the
+    configured limits (harness.pipeline.limits), checked at submit."""
+
+    task: str = Field(min_length=1, max_length=limits.TASK_CHARS_CEILING)
     tenant_id: Ident = "default"
     user_id: Ident = "anonymous"
     session_id: Ident = "default"
-    roles: tuple[Annotated[str, Field(pattern=IDENT)], ...] = ("support_agent",)
-    history: tuple[Message, ...] = ()
+    #: the caller's roles; a request that does not name them gets its identity's roles from the identity
+    #: directory at submit, and an identity the directory does not know gets none
+    roles: tuple[Annotated[str, Field(pattern=IDENT)], ...] = Field(default=(), max_length=limits.ROLES_CEILING)
+    history: tuple[Message, ...] = Field(default=(), max_length=limits.HISTORY_MESSAGES_CEILING)
     token_budget: int = Field(default=8_000, ge=256, le=2_000_000)
     idempotency_key: Annotated[str, Field(min_length=1, max_length=200)] | None = None
     retry_of: str | None = Field(default=None, max_length=64)
-    metadata: dict[str, str] = Field(default_factory=dict)
+    metadata: dict[MetadataKey, Annotated[str, Field(max_length=limits.METADATA_VALUE_CHARS_CEILING)]] = Field(
+        default_factory=dict, max_length=limits.METADATA_ENTRIES_CEILING)
     team_id: Ident | None = None
     memory: MemoryRequest | None = None
     #: the caller's remaining delegation budget (seed 004 §4.1): how many more levels of child Runs

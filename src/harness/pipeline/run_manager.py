@@ -53,6 +53,8 @@ from harness.pipeline.contracts import (
     render_template,
 )
 from harness.pipeline.gatekeeper import PolicyEngine
+from harness.pipeline.intake import RolesOf, admit, body_hash
+from harness.pipeline.limits import RequestLimits
 from harness.pipeline.plan_orchestrator import PlanOrchestrator, StepRun, resolve
 from harness.pipeline.tool_controller import ToolController
 from harness.pipeline.tool_kinds import ChildWait
@@ -117,7 +119,8 @@ class RunManager:
     def __init__(self, *, store: SqlStore, machine: StateMachine, assembler: ContextAssembler,
                  orchestrator: PlanOrchestrator, policy: PolicyEngine, tools: ToolController, hitl: HitlDesk,
                  ledger: CostLedger, sink: ResultSink | None = None, execution_limit_s: float = 600.0,
-                 chain_depth: int = 4) -> None:
+                 chain_depth: int = 4, limits: RequestLimits | None = None,
+                 roles_of: RolesOf | None = None) -> None:
         self.store = store
         self.machine = machine
         self.assembler = assembler
@@ -130,6 +133,8 @@ class RunManager:
         self.execution_limit_s = execution_limit_s
         #: the delegation budget of a Run whose caller gives none, and the most a caller may give (§4.1)
         self.chain_depth = chain_depth
+        self.limits = limits or RequestLimits()
+        self.roles_of = roles_of  # the identity directory's roles for a request that names none
         self._context_lock = threading.Lock()
         #: drives a Run under its lease (the composition root sets a RunWorker's `execute`): every entry
         #: point that drives — `harness run`, a decision's resume, a child Run — holds the Run's lease and
@@ -143,14 +148,16 @@ class RunManager:
 
     def submit(self, raw: RunRequest | dict[str, Any]) -> tuple[RunRecord, bool]:
         """Validate and durably create a Run in CREATED (step ①); (run, created) — an idempotency key
-        already used by the tenant returns the existing Run with created False."""
-        request = self._with_chain_budget(parse_request(raw))
+        the caller (tenant and user) already used returns that Run with created False, or raises
+        IdempotencyConflictError if it came with another request. A request over its limits
+        (harness.pipeline.intake) creates nothing."""
+        request = self._with_chain_budget(admit(parse_request(raw), self.limits, self.assembler.filter, self.roles_of))
         if request.retry_of is not None:
             self.store.get_run(request.retry_of)  # a retry must name a Run that exists
         return self.store.create_run(NewRun(
             tenant_id=request.tenant_id, user_id=request.user_id, session_id=request.session_id,
             request=request.model_dump(mode="json"), idempotency_key=request.idempotency_key,
-            retry_of=request.retry_of,
+            retry_of=request.retry_of, request_hash=body_hash(request),
         ))
 
     def _with_chain_budget(self, request: RunRequest) -> RunRequest:

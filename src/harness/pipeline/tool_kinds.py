@@ -124,6 +124,7 @@ class SandboxCalls:
             skill_id=skill.id, function=entry.function, arguments=dict(call.arguments), context=context,
             workdir=workdir, wall_s=call.timeout, limits=skill.manifest.limits,
             network=skill.manifest.network, entry_file=entry.file, entry_module=entry.module,
+            entry_sha256=entry.sha256,
         ))
         if outcome.ok:
             return outcome.output

@@ -40,7 +40,9 @@ class Guardrail(Strict):
     id: str = Field(pattern=r"^[a-z][a-z0-9_]*$")
     skill: str
     argument: str
-    op: Literal["gt", "ge", "lt", "le", "eq", "ne", "matches", "contains"]
+    #: `shell_wipes`: the argument is a shell command that would delete one of the directories in
+    #: `value` (a path or a list of absolute paths) or everything in it (harness.policy.shell)
+    op: Literal["gt", "ge", "lt", "le", "eq", "ne", "matches", "contains", "shell_wipes"]
     value: Any
     verdict: Literal["reject", "escalate"]
     level: Level | None = None
@@ -50,7 +52,17 @@ class Guardrail(Strict):
     def _escalation_has_level(self) -> Guardrail:
         if self.verdict == "escalate" and self.level is None:
             raise ValueError(f"guardrail {self.id!r} escalates but names no level")
+        if self.op == "shell_wipes":
+            paths = [self.value] if isinstance(self.value, str) else self.value
+            if not isinstance(paths, list) or not paths or not all(
+                    isinstance(p, str) and p.startswith("/") for p in paths):
+                raise ValueError(f"guardrail {self.id!r}: shell_wipes needs an absolute path or a list of them")
         return self
+
+    @property
+    def protected(self) -> tuple[str, ...]:
+        """The directories a shell_wipes rule protects."""
+        return (self.value,) if isinstance(self.value, str) else tuple(self.value)
 
 
 class Hitl(Strict):

@@ -9,6 +9,7 @@ from typing import Any
 
 from harness.pipeline.contracts import refs_in
 from harness.policy.config import Guardrail
+from harness.policy.shell import wipes
 
 _COMPARE: dict[str, Callable[[Any, Any], bool]] = {
     "gt": operator.gt, "ge": operator.ge, "lt": operator.lt, "le": operator.le,
@@ -33,6 +34,8 @@ def matches(rule: Guardrail, value: Any) -> bool:
     """Whether a known argument value trips the rule. Type mismatches trip it (fail closed)."""
     if value is None:
         return False
+    if rule.op == "shell_wipes":
+        return wipes(str(value), rule.protected) is not None
     if rule.op == "matches":
         return re.search(str(rule.value), str(value)) is not None
     if rule.op == "contains":

@@ -25,6 +25,7 @@ from harness.identity import IdentityDirectory
 from harness.kernel import RunState
 from harness.service import errors
 from harness.service.auth import Authenticator, SessionSigner
+from harness.service.body_limit import BodyLimit
 from harness.service.core import Service
 from harness.service.metrics import Metrics
 from harness.service.routes import approvals, console, ops, runs
@@ -158,6 +159,7 @@ def create_app(
     def root() -> RedirectResponse:
         return RedirectResponse("/ui/runs", status_code=307)
 
+    app.add_middleware(BodyLimit, max_bytes=svc.runtime.settings.limits.max_request_bytes)
     app.add_middleware(RequestLog, metrics=svc.metrics)
     return app
 

@@ -2,6 +2,9 @@
 
 Library errors are translated here, at the edge (SPEC U2): a caller's mistake is a clear 4xx, an
 unknown id or another tenant's Run is a 404 (so ids do not leak), and nothing a caller sends is a 500.
+A database that is down, drops connections or refuses writes is a 503 `database_unavailable` with
+Retry-After; anything unexpected is a 500 in the same JSON shape (and logged with its traceback),
+never the framework's plain-text page.
 """
 
 from __future__ import annotations
@@ -14,17 +17,22 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from harness.adapters.sql.database import DatabaseError, is_outage
 from harness.errors import (
     BadInputError,
     CancelRefusedError,
     ConflictError,
     HarnessError,
+    IdempotencyConflictError,
     InvalidTransitionError,
+    RequestTooLargeError,
     UnknownRunError,
 )
 from harness.policy.hitl import UnknownRequestError
 
 log = logging.getLogger("harness.service")
+#: seconds a client should wait before retrying when the database is unavailable
+DATABASE_RETRY_AFTER_S = 5
 
 
 class ApiError(Exception):
@@ -88,6 +96,14 @@ def install(app: FastAPI) -> None:
     async def _unknown_request(_request: Request, exc: UnknownRequestError) -> JSONResponse:
         return JSONResponse(_body("not_found", str(exc)), status_code=404)
 
+    @app.exception_handler(RequestTooLargeError)
+    async def _too_large(_request: Request, exc: RequestTooLargeError) -> JSONResponse:
+        return JSONResponse(_body("request_too_large", str(exc)), status_code=413)
+
+    @app.exception_handler(IdempotencyConflictError)
+    async def _idempotency_conflict(_request: Request, exc: IdempotencyConflictError) -> JSONResponse:
+        return JSONResponse(_body("idempotency_conflict", str(exc), run_id=exc.run_id), status_code=409)
+
     @app.exception_handler(BadInputError)
     async def _bad_input(_request: Request, exc: BadInputError) -> JSONResponse:
         return JSONResponse(_body("invalid_request", str(exc)), status_code=422)
@@ -105,3 +121,34 @@ def install(app: FastAPI) -> None:
     async def _harness(_request: Request, exc: HarnessError) -> JSONResponse:
         log.error("harness error", exc_info=exc)
         return JSONResponse(_body("unavailable", f"{type(exc).__name__}: {exc}"), status_code=503)
+
+    @app.exception_handler(DatabaseError)
+    async def _database(request: Request, exc: DatabaseError) -> JSONResponse:
+        return database_error(request, exc)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        # Starlette calls this from its outermost middleware and re-raises afterwards, so the server
+        # still logs the traceback; the client gets the documented shape instead of plain text
+        return JSONResponse(_body("internal_error", f"unexpected {type(exc).__name__}; the service logged it"),
+                            status_code=500)
+
+
+def database_error(request: Request | None, exc: BaseException) -> JSONResponse:
+    """The answer to a database failure: 503 with Retry-After when the database is unavailable (it is
+    down, dropped the connection, refuses connections or writes), else a logged 500."""
+    where = f"{request.method} {request.url.path}" if request is not None else "request"
+    if is_outage(exc):
+        log.warning("database unavailable during %s: %s", where, _first_line(exc))
+        return JSONResponse(_body("database_unavailable", f"the database is unavailable: {_first_line(exc)}"),
+                            status_code=503, headers={"Retry-After": str(DATABASE_RETRY_AFTER_S)})
+    log.error("database error during %s", where, exc_info=exc)
+    return JSONResponse(_body("internal_error", f"database error: {type(exc).__name__}; the service logged it"),
+                        status_code=500)
+
+
+def _first_line(exc: BaseException) -> str:
+    """The driver's message without SQLAlchemy's statement dump and background link."""
+    orig = getattr(exc, "orig", None)
+    text = str(orig if orig is not None else exc).strip().splitlines()
+    return f"{type(orig or exc).__name__}: {text[0] if text else ''}"[:300]

@@ -7,11 +7,12 @@ request body: they come from the caller's credential.
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from harness.pipeline.contracts import MAX_CHAIN_DEPTH, Ident, Message
+from harness.pipeline import limits
+from harness.pipeline.contracts import MAX_CHAIN_DEPTH, Ident, Message, MetadataKey
 
 HEX64 = r"^[0-9a-f]{64}$"
 
@@ -23,15 +24,21 @@ class Body(BaseModel):
 
 
 class CreateRunBody(Body):
-    """What to run. The caller's tenant, user and roles come from their API key."""
+    """What to run. The caller's tenant, user and roles come from their API key.
 
-    task: str = Field(min_length=1, max_length=20_000, examples=["Where is order A-1001?"])
+    Sizes are limited by the service's settings (defaults: task 20,000 characters, history 200 messages
+    of 100,000 characters each, metadata 50 entries of 2,000 characters, the body 1 MiB); a field over
+    its limit is a 422 naming it, a body over its size a 413. The maxima shown here are the ceilings the
+    settings can be raised to."""
+
+    task: str = Field(min_length=1, max_length=limits.TASK_CHARS_CEILING, examples=["Where is order A-1001?"])
     session_id: Ident = "default"
-    history: list[Message] = Field(default_factory=list, max_length=200)
+    history: list[Message] = Field(default_factory=list, max_length=limits.HISTORY_MESSAGES_CEILING)
     token_budget: int = Field(default=8_000, ge=256, le=2_000_000)
     idempotency_key: str | None = Field(default=None, min_length=1, max_length=200)
     retry_of: str | None = Field(default=None, min_length=1, max_length=64)
-    metadata: dict[str, str] = Field(default_factory=dict, max_length=50)
+    metadata: dict[MetadataKey, Annotated[str, Field(max_length=limits.METADATA_VALUE_CHARS_CEILING)]] = Field(
+        default_factory=dict, max_length=limits.METADATA_ENTRIES_CEILING)
     chain_remaining: int | None = Field(
         default=None, ge=0, le=MAX_CHAIN_DEPTH,
         description="Your remaining delegation budget: how many levels of child Runs this Run may start "

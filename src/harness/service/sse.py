@@ -16,6 +16,7 @@ from typing import Any
 
 from starlette.concurrency import run_in_threadpool
 
+from harness.adapters.sql.database import DatabaseError, is_outage
 from harness.adapters.sql.store import SqlStore
 from harness.kernel import RunState, job_status
 from harness.service import queries
@@ -182,3 +183,15 @@ async def change_stream(
                 quiet_since = time.monotonic()
                 yield ": keepalive\n\n"
             await _pause(woke, min(poll_s, ends - time.monotonic()))
+
+
+async def guarded(frames: AsyncIterator[str]) -> AsyncIterator[str]:
+    """`frames`, ended by an `error` event (the service's JSON error shape) when the database fails
+    mid-stream: the headers are sent by then, so the client learns why instead of seeing a cut."""
+    try:
+        async for frame in frames:
+            yield frame
+    except DatabaseError as exc:
+        code = "database_unavailable" if is_outage(exc) else "internal_error"
+        detail = f"the database failed during the stream ({type(exc).__name__}); reconnect with Last-Event-ID"
+        yield f"event: error\ndata: {json.dumps({'error': code, 'detail': detail})}\n\n"

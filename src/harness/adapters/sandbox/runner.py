@@ -12,6 +12,7 @@ stderr, so it cannot forge the result line.
 from __future__ import annotations
 
 import errno
+import hashlib
 import importlib
 import importlib.util
 import json
@@ -69,17 +70,35 @@ def drop_privileges(uid: int | None, gid: int | None) -> None:
     os.setuid(uid)
 
 
+class CodeChangedError(Exception):
+    """The skill's code is not the code its Run was pinned to."""
+
+
+def _pinned(source: bytes, expected: str | None, where: str) -> bytes:
+    if expected is not None and hashlib.sha256(source).hexdigest() != expected:
+        raise CodeChangedError(f"{where} changed since the skill was loaded; the pinned version is not there")
+    return source
+
+
 def load_function(job: dict[str, Any]) -> Any:
-    """The skill's function, from a file or an importable module."""
+    """The skill's function, from a file (executed from exactly the bytes checked against the pinned
+    hash) or an importable module (whose source is checked first)."""
+    expected = job.get("entry_sha256")
     if job.get("entry_file"):
         path = Path(job["entry_file"])
+        source = _pinned(path.read_bytes(), expected, path.name)
         spec = importlib.util.spec_from_file_location(f"sandboxed_{path.stem}", path)
-        if spec is None or spec.loader is None:
+        if spec is None:
             raise ImportError(f"cannot load {path}")
         module = importlib.util.module_from_spec(spec)
         sys.modules[spec.name] = module
-        spec.loader.exec_module(module)
+        exec(compile(source, str(path), "exec"), module.__dict__)  # the pinned bytes, not a re-read
     else:
+        if expected is not None:
+            found = importlib.util.find_spec(job["entry_module"])
+            origin = found.origin if found is not None else None
+            _pinned(Path(origin).read_bytes() if origin and os.path.isfile(origin) else b"", expected,
+                    job["entry_module"])
         module = importlib.import_module(job["entry_module"])
     return getattr(module, job["function"])
 
@@ -96,6 +115,8 @@ def classify(exc: BaseException, network_cut: bool) -> tuple[str, bool]:
     failure to reach or resolve a host is the sandbox's doing (its loopback is its own), not transient."""
     if isinstance(exc, MemoryError):
         return "sandbox_memory_limit", False
+    if isinstance(exc, CodeChangedError):
+        return "manifest_changed", False
     if network_cut and (type(exc).__name__ == "gaierror" or isinstance(exc, ConnectionError)):
         return "sandbox_network_denied", False
     if isinstance(exc, OSError) and exc.errno in _DENIED:

@@ -23,6 +23,9 @@ class SandboxJob:
     network: bool = False
     entry_file: Path | None = None
     entry_module: str | None = None
+    #: SHA-256 of the code the skill was pinned to (the file, or the module's source); the sandbox
+    #: refuses to run code that no longer matches it (SPEC T1)
+    entry_sha256: str | None = None
 
     @property
     def run_id(self) -> str:

@@ -15,9 +15,26 @@ from alembic.script import ScriptDirectory
 from harness.errors import InvalidRequestError
 
 DEFAULT_SQLITE_FILE = "harness.db"
+#: how long a SQLite writer waits for the write lock before "database is locked"
+SQLITE_BUSY_TIMEOUT_MS = 60_000
 #: execution option marking a connection that only reads (SQLite: a deferred BEGIN)
 READ_ONLY = "harness_read_only"
 MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
+
+
+#: the root of every error the database layer raises, for the edges (HTTP, CLI) that translate it
+DatabaseError = sa.exc.SQLAlchemyError
+#: errors that mean the database cannot be reached or refuses work now (down, connections dropped or
+#: refused, read-only, locked, out of disk): retry later, not a bug of the request
+_OUTAGES = (sa.exc.OperationalError, sa.exc.InterfaceError, sa.exc.InternalError, sa.exc.DisconnectionError,
+            sa.exc.TimeoutError)
+
+
+def is_outage(exc: BaseException) -> bool:
+    """True when `exc` says the database is unavailable (a retry later may succeed)."""
+    if isinstance(exc, _OUTAGES):
+        return True
+    return isinstance(exc, sa.exc.DBAPIError) and bool(exc.connection_invalidated)
 
 
 def resolve_url(db: str | None) -> str:
@@ -91,7 +108,7 @@ def _sqlite_engine(url: str, synchronous: str) -> sa.Engine:
         cursor = dbapi_connection.cursor()
         cursor.execute("PRAGMA journal_mode=WAL")
         cursor.execute(f"PRAGMA synchronous={synchronous.upper()}")
-        cursor.execute("PRAGMA busy_timeout=60000")
+        cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
         cursor.execute("PRAGMA foreign_keys=ON")
         cursor.close()
 

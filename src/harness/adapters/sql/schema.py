@@ -36,7 +36,9 @@ runs = sa.Table(
     sa.Column("request", sa.Text, nullable=False),
     sa.Column("context", sa.Text),
     sa.Column("result", sa.Text),
-    sa.UniqueConstraint("tenant_id", "idempotency_key", name="uq_runs_idempotency"),
+    #: digest of the (filtered) request body an idempotency key was first used with (migration 0011)
+    sa.Column("request_hash", sa.String(64)),
+    sa.UniqueConstraint("tenant_id", "user_id", "idempotency_key", name="uq_runs_idempotency_user"),
     sa.Index("ix_runs_state_changed", "state", "last_state_change_at"),
     sa.Index("ix_runs_tenant_created", "tenant_id", "created_at"),
 )
@@ -218,4 +220,14 @@ memory_entries = sa.Table(
     sa.Index("ix_memory_team", "tenant_id", "team_id"),
     sa.Index("ix_memory_source_run", "source_run_id"),
     sa.Index("ix_memory_content", "tenant_id", "content_hash"),
+)
+
+
+#: one row that /health updates to prove the database takes writes (migration 0011)
+health_heartbeat = sa.Table(
+    "health_heartbeat",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("at", sa.Double, nullable=False),
+    sa.Column("prober", sa.String(128), nullable=False),
 )

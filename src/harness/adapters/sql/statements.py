@@ -15,7 +15,10 @@ from harness.adapters.sql import schema as t
 
 b = sa.bindparam
 
-RUN_BY_ID = sa.select(t.runs).where(t.runs.c.run_id == b("p_run_id"))
+#: the columns a RunRecord is made of: every column but the idempotency body hash, which only the key
+#: lookup reads (and which a database before migration 0011 does not have)
+RUN_RECORD = [c for c in t.runs.c if c.name != "request_hash"]
+RUN_BY_ID = sa.select(*RUN_RECORD).where(t.runs.c.run_id == b("p_run_id"))
 STATE_OF = sa.select(t.runs.c.state).where(t.runs.c.run_id == b("p_run_id"))
 OUTCOME_OF = sa.select(t.runs.c.state, t.runs.c.result).where(t.runs.c.run_id == b("p_run_id"))
 PATH_OF = sa.select(t.transitions.c.to_state).where(t.transitions.c.run_id == b("p_run_id")).order_by(

@@ -16,11 +16,11 @@ import sqlalchemy as sa
 
 from harness.adapters.sql import schema as t
 from harness.adapters.sql import statements as q
-from harness.adapters.sql.database import READ_ONLY, create_engine, migrate, resolve_url
+from harness.adapters.sql.database import READ_ONLY, SQLITE_BUSY_TIMEOUT_MS, create_engine, migrate, resolve_url
 from harness.adapters.sql.raw import RawStatements
 from harness.audit.chain import canonical_json, record_hash
 from harness.clock import SystemClock
-from harness.errors import InvalidTransitionError, StoreError, UnknownRunError
+from harness.errors import IdempotencyConflictError, InvalidTransitionError, StoreError, UnknownRunError
 from harness.ids import ordered_id
 from harness.kernel import (
     FINAL,
@@ -62,6 +62,8 @@ class NewRun:
     parent_run_id: str | None = None
     deadline_at: float | None = None
     run_id: str = field(default_factory=ordered_id)
+    #: digest of the request body, bound to the idempotency key (harness.pipeline.intake.body_hash)
+    request_hash: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -255,10 +257,11 @@ class SqlStore:
     # ------------------------------------------------------------------ creating Runs
 
     def create_run(self, new: NewRun) -> tuple[RunRecord, bool]:
-        """Create a Run in CREATED, durably, and return it; with an idempotency key already used by the
-        tenant, return the existing Run instead (second value False)."""
+        """Create a Run in CREATED, durably, and return it; with an idempotency key the same user of the
+        tenant already used, return that Run instead (second value False) — or, when the key came with
+        another request body (`request_hash`), raise IdempotencyConflictError."""
         if new.idempotency_key is not None:
-            existing = self.find_by_idempotency_key(new.tenant_id, new.idempotency_key)
+            existing = self._existing_for_key(new)
             if existing is not None:
                 return existing, False
         now = self.clock.now()
@@ -285,6 +288,9 @@ class SqlStore:
                         "lease_epoch": 0,
                         "stall_count": 0,
                         "request": request,
+                        # named only when there is one: a Run without a body hash inserts exactly the columns
+                        # it did before migration 0011 (the older migrations' tests drive Runs at old revisions)
+                        **({"request_hash": new.request_hash} if new.request_hash is not None else {}),
                     },
                 )
                 self._write_change(conn, new.run_id, 0, None, RunState.CREATED, "run_manager", "run created", None,
@@ -292,7 +298,7 @@ class SqlStore:
                                                          "retry_of": new.retry_of})
         except sa.exc.IntegrityError:
             if new.idempotency_key is not None:
-                existing = self.find_by_idempotency_key(new.tenant_id, new.idempotency_key)
+                existing = self._existing_for_key(new)
                 if existing is not None:
                     return existing, False
             raise
@@ -305,13 +311,30 @@ class SqlStore:
             stall_count=0, request=json.loads(request), context=None, result=None,
         ), True
 
-    def find_by_idempotency_key(self, tenant_id: str, key: str) -> RunRecord | None:
-        """The tenant's Run created with this idempotency key, if any."""
+    def find_by_idempotency_key(self, tenant_id: str, user_id: str, key: str) -> RunRecord | None:
+        """The Run this user of the tenant created with this idempotency key, if any."""
+        found = self._by_key(tenant_id, user_id, key)
+        return found[0] if found else None
+
+    def _by_key(self, tenant_id: str, user_id: str, key: str) -> tuple[RunRecord, str | None] | None:
         with self.reader.connect() as conn:
-            row = conn.execute(
-                sa.select(t.runs).where(t.runs.c.tenant_id == tenant_id, t.runs.c.idempotency_key == key)
-            ).first()
-        return _run_from_row(row) if row else None
+            row = conn.execute(sa.select(*q.RUN_RECORD, t.runs.c.request_hash).where(
+                t.runs.c.tenant_id == tenant_id, t.runs.c.user_id == user_id, t.runs.c.idempotency_key == key)).first()
+        return (_run_of(row._mapping), row._mapping["request_hash"]) if row else None
+
+    def _existing_for_key(self, new: NewRun) -> RunRecord | None:
+        """The Run `new`'s idempotency key already names; IdempotencyConflictError when it was created from
+        another body (a Run from before request hashes were kept has none and is returned as it was)."""
+        assert new.idempotency_key is not None
+        found = self._by_key(new.tenant_id, new.user_id, new.idempotency_key)
+        if found is None:
+            return None
+        run, digest = found
+        if new.request_hash is not None and digest is not None and digest != new.request_hash:
+            raise IdempotencyConflictError(
+                f"idempotency key {new.idempotency_key!r} was already used for run {run.run_id} with a different "
+                "request; send the same request to get that Run back, or use a new key", run.run_id)
+        return run
 
     # ------------------------------------------------------------------ the one write path
 
@@ -635,6 +658,27 @@ class SqlStore:
             if processed < batch_size:
                 return total
 
+    def probe_write(self, by: str = "health", timeout_s: float = 2.0) -> None:
+        """Prove the database takes writes now: commit an update of the health heartbeat row. Raises the
+        database's error when it refuses; waits at most about `timeout_s` for a lock (SQLite's busy
+        timeout, PostgreSQL's statement timeout) instead of a writer's usual minute."""
+        with self.engine.connect() as conn:
+            sqlite = conn.dialect.name == "sqlite"
+            driver = conn.connection.driver_connection
+            if sqlite:
+                driver.execute(f"PRAGMA busy_timeout={int(timeout_s * 1000)}")  # type: ignore[union-attr]
+            try:
+                with conn.begin():
+                    if conn.dialect.name == "postgresql":
+                        conn.exec_driver_sql(f"SET LOCAL statement_timeout = {int(timeout_s * 1000)}")
+                    beat = {"at": self.clock.now(), "prober": by[:128]}
+                    updated = conn.execute(t.health_heartbeat.update().where(t.health_heartbeat.c.id == 1), beat)
+                    if updated.rowcount == 0:
+                        conn.execute(t.health_heartbeat.insert().values(id=1, **beat))
+            finally:
+                if sqlite:
+                    driver.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")  # type: ignore[union-attr]
+
     def outbox_backlog(self) -> int:
         """How many records wait in the outbox to be chained."""
         with self.reader.connect() as conn:
@@ -698,7 +742,7 @@ class SqlStore:
 
     def list_runs(self, *, tenant_id: str | None = None, limit: int = 50) -> list[RunRecord]:
         """The newest Runs first."""
-        query = sa.select(t.runs).order_by(t.runs.c.created_at.desc()).limit(limit)
+        query = sa.select(*q.RUN_RECORD).order_by(t.runs.c.created_at.desc()).limit(limit)
         if tenant_id is not None:
             query = query.where(t.runs.c.tenant_id == tenant_id)
         with self.reader.connect() as conn:

@@ -19,7 +19,8 @@ def errors(*codes: int) -> dict[int | str, dict[str, Any]]:
         403: "Not permitted for this identity.",
         404: "Unknown id (or another tenant's).",
         409: "Conflicts with the current state.",
-        422: "Malformed input.",
+        413: "The request body is larger than the service accepts.",
+        422: "Malformed input, or a field over its limit.",
         503: "The worker is full or shutting down; retry later.",
     }
     return {code: {"model": ErrorDoc, "description": described[code]} for code in sorted({401, 422, *codes})}

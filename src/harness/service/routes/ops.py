@@ -10,10 +10,11 @@ import sqlalchemy as sa
 from fastapi import APIRouter, Response, Security
 
 from harness.adapters.sql import schema as t
+from harness.adapters.sql.database import DatabaseError
 from harness.service import views
 from harness.service.auth import Principal, operator, principal
 from harness.service.core import Service
-from harness.service.errors import ApiError, not_found
+from harness.service.errors import DATABASE_RETRY_AFTER_S, ApiError, not_found
 from harness.service.metrics import CONTENT_TYPE
 from harness.service.routes.common import ServiceDep, errors
 from harness.service.schemas import CheckDoc, HealthDoc, JobDoc, MeDoc, WorkerDoc
@@ -86,15 +87,24 @@ def audit_reconcile(_caller: Operator, svc: Service = ServiceDep) -> CheckDoc:
     return _check(svc, "reconcile", "reconcile")
 
 
-@router.get("/health", response_model=HealthDoc, responses=errors(), summary="Health")
+@router.get("/health", response_model=HealthDoc, responses=errors(503), summary="Health")
 def health(_caller: Caller, response: Response, svc: Service = ServiceDep) -> HealthDoc:
-    """Whether the database answers and how loaded the embedded worker is."""
+    """Whether the database answers reads and takes writes (a row inserted in a transaction that is
+    rolled back), and how loaded the embedded worker is. 503 with Retry-After when either fails."""
+    store = svc.runtime.store
+    backlog, database = 0, "ok"
     try:
-        backlog = svc.runtime.store.outbox_backlog()
-        database = "ok"
-    except sa.exc.SQLAlchemyError as exc:
-        backlog, database = 0, f"error: {type(exc).__name__}"
+        backlog = store.outbox_backlog()
+    except DatabaseError as exc:
+        database = f"error: cannot read: {type(exc).__name__}"
+    if database == "ok":
+        try:
+            store.probe_write()
+        except DatabaseError as exc:
+            database = f"error: cannot write: {type(exc).__name__}"
+    if database != "ok":
         response.status_code = 503
+        response.headers["Retry-After"] = str(DATABASE_RETRY_AFTER_S)
     worker = WorkerDoc(
         threads=svc.worker.threads, in_flight=svc.worker.in_flight, queue_limit=svc.worker.queue_limit
     )

@@ -16,7 +16,7 @@ from harness.service.core import Service
 from harness.service.errors import ApiError
 from harness.service.routes.common import ServiceDep, errors
 from harness.service.schemas import CancelBody, CreateRunBody, RunDoc, RunList, TraceDoc
-from harness.service.sse import change_stream, wait_settled
+from harness.service.sse import change_stream, guarded, wait_settled
 
 router = APIRouter(prefix="/api/v1", tags=["runs"])
 Caller = Annotated[Principal, Security(principal)]
@@ -25,6 +25,9 @@ Timeout = Annotated[
     float, Query(gt=0, le=300, description="With wait: give up waiting after this many seconds.")
 ]
 LastEventId = Annotated[str | None, Header(description="Resume a stream after this event id.")]
+#: event ids are 64-bit database integers: a cursor past the largest is malformed, not an overflow
+MAX_CURSOR = 2**63 - 1
+After = Annotated[int | None, Query(ge=0, le=MAX_CURSOR, description="Start after this event id.")]
 SSE: dict[int | str, dict[str, Any]] = {
     200: {"content": {"text/event-stream": {}}, "description": "Server-sent events: `state` per change."}
 }
@@ -61,7 +64,8 @@ REPLAYED: dict[int | str, dict[str, Any]] = {
 
 
 @router.post(
-    "/runs", status_code=202, response_model=RunDoc, responses=REPLAYED | errors(503), summary="Create a Run"
+    "/runs", status_code=202, response_model=RunDoc, responses=REPLAYED | errors(409, 413, 503),
+    summary="Create a Run",
 )
 async def create_run(
     body: CreateRunBody,
@@ -95,7 +99,9 @@ def list_runs(
     caller: Caller,
     svc: Service = ServiceDep,
     state: Annotated[RunState | None, Query(description="Only Runs in this state.")] = None,
-    before: Annotated[float | None, Query(description="Only Runs created before this epoch time.")] = None,
+    before: Annotated[
+        float | None, Query(allow_inf_nan=False, description="Only Runs created before this epoch time.")
+    ] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
 ) -> RunList:
     """The caller's tenant's Runs, newest first."""
@@ -157,9 +163,12 @@ def _cursor(last_event_id: str | None, query_after: int | None) -> int | None:
     if raw is None:
         return None
     try:
-        return max(int(raw), 0)
+        cursor = int(raw)
     except ValueError:
         raise ApiError(422, "invalid_request", "Last-Event-ID must be an integer event id") from None
+    if cursor > MAX_CURSOR:
+        raise ApiError(422, "invalid_request", f"Last-Event-ID: {cursor} is larger than any event id ({MAX_CURSOR})")
+    return max(cursor, 0)
 
 
 def _stream(svc: Service, tenant_id: str, run_id: str | None, cursor: int) -> StreamingResponse:
@@ -174,7 +183,7 @@ def _stream(svc: Service, tenant_id: str, run_id: str | None, cursor: int) -> St
         stop=lambda: svc.stopping,
     )
     return StreamingResponse(
-        frames,
+        guarded(frames),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )
@@ -191,7 +200,7 @@ def run_events(
     caller: Caller,
     svc: Service = ServiceDep,
     last_event_id: LastEventId = None,
-    after: Annotated[int | None, Query(ge=0, description="Start after this event id.")] = None,
+    after: After = None,
 ) -> StreamingResponse:
     """Server-sent events, one `state` event per committed change (from any process), from the start of
     the Run unless resumed; ends with an `end` event once the Run is final."""
@@ -209,7 +218,7 @@ def tenant_events(
     caller: Caller,
     svc: Service = ServiceDep,
     last_event_id: LastEventId = None,
-    after: Annotated[int | None, Query(ge=0, description="Start after this event id.")] = None,
+    after: After = None,
 ) -> StreamingResponse:
     """Server-sent events for every Run of the caller's tenant, from now on unless resumed."""
     cursor = _cursor(last_event_id, after)
