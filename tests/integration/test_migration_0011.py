@@ -20,7 +20,7 @@ from harness.errors import IdempotencyConflictError
 
 from .test_migration_0006 import _to, _version
 
-BEFORE = "0008_spend_totals"
+BEFORE = "0009_approval_uniqueness"
 #: the columns runs had at 0008, in order
 COLUMNS_0008 = [c.name for c in t.runs.columns if c.name != "request_hash"]
 

@@ -12,7 +12,7 @@
   write is not enough on SQLite, whose rolled-back transactions never touch the files).
 
 Revision ID: 0011_idempotency_scope
-Revises: 0008_spend_totals
+Revises: 0009_approval_uniqueness
 Create Date: 2026-12-03
 """
 
@@ -22,7 +22,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0011_idempotency_scope"
-down_revision = "0008_spend_totals"
+down_revision = "0009_approval_uniqueness"
 branch_labels = None
 depends_on = None
 
