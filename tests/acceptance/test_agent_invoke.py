@@ -21,6 +21,7 @@ from harness.clock import FakeClock
 from harness.config import Runtime, Settings, build_runtime
 from harness.errors import InvalidRequestError
 from harness.kernel import RunState
+from harness.kernel.thresholds import Thresholds
 from harness.pipeline.contracts import CallerIdentity, RunResult
 from harness.sweeper import ZombieSweeper
 from tests.acceptance.agent_skills import TESTER, agent_settings
@@ -262,7 +263,7 @@ def test_an_approval_after_the_parent_is_gone_starts_nothing(rt: Runtime, clock:
     assert child.state == RunState.AWAITING_HITL
     assert rt.store.get_run(submitted.run_id).state == RunState.EXECUTING
     clock.advance(11)  # past this sweeper's EXECUTING threshold, within the child's approval deadline
-    ZombieSweeper(rt.store, rt.machine, thresholds={RunState.EXECUTING: 10.0}).sweep_once()
+    ZombieSweeper(rt.store, rt.machine, thresholds=Thresholds.build({"EXECUTING": 10.0})).sweep_once()
     assert rt.store.get_run(submitted.run_id).state == RunState.CLOSED_FAILED
     (request,) = [r for r in rt.hitl.for_run(child.run_id)]
     assert request.status == "pending"
