@@ -18,6 +18,7 @@ from harness.adapters.llm.resilient import GuardedProvider, ProviderSettings, ma
 from harness.adapters.llm.scripted import ScriptedProvider
 from harness.adapters.sql.ledger import CostLedger
 from harness.adapters.sql.store import SqlStore
+from harness.adapters.sql.webhooks import WebhookOutbox
 from harness.context.secrets import SecretFilter
 from harness.context.tokenizer import tokenizer_for
 from harness.errors import InvalidRequestError
@@ -36,6 +37,9 @@ from harness.policy.hitl import HitlDesk
 from harness.ports import Clock, LLMProvider, ResultSink, TraceBuffer
 from harness.skills import SkillRegistry
 from harness.state_machine import Listener, StateMachine
+from harness.webhooks.config import WebhookConfig, load_webhook_config
+from harness.webhooks.delivery import WebhookDispatcher
+from harness.webhooks.notifier import PushEvents, WebhookNotifier, WebhookResultSink
 
 
 class Settings(BaseModel):
@@ -70,6 +74,9 @@ class Settings(BaseModel):
     memory: Literal["off", "lexical", "semantic"] = "lexical"
     memory_write_scope: Literal["user", "session"] = "user"
     memory_share: float = Field(default=0.25, ge=0.0, le=0.9)
+    #: approver endpoints, Caller signing secrets and the retry schedule of the pushed events (SPEC P4 /
+    #: N1); None: only HARNESS_WEBHOOK_SECRET, if set, signing every tenant's callbacks
+    webhooks_file: Path | None = None
 
     @classmethod
     def from_env(cls, **overrides: object) -> Settings:
@@ -84,7 +91,8 @@ class Settings(BaseModel):
                           ("execution_limit_s", "HARNESS_EXECUTION_LIMIT_S"), ("sandbox", "HARNESS_SANDBOX"),
                           ("tokenizer", "HARNESS_TOKENIZER"), ("memory", "HARNESS_MEMORY"),
                           ("memory_write_scope", "HARNESS_MEMORY_WRITE_SCOPE"),
-                          ("trace_buffer", "HARNESS_TRACE_BUFFER")):
+                          ("trace_buffer", "HARNESS_TRACE_BUFFER"),
+                          ("webhooks_file", "HARNESS_WEBHOOKS_FILE")):
             if env.get(name):
                 values[key] = env[name]
         for key in ("llm_model", "llm_fallback_model", "llm_base_url", "llm_api_key_env", "llm_pricing",
@@ -112,6 +120,13 @@ class Runtime:
     recorder: TraceRecorder
     runs: RunManager
     identities: IdentityDirectory
+    webhooks: WebhookConfig | None = None
+    webhook_outbox: WebhookOutbox | None = None
+
+    def dispatcher(self) -> WebhookDispatcher:
+        """A delivery loop for this runtime's webhook outbox (the caller closes it)."""
+        assert self.webhooks is not None and self.webhook_outbox is not None
+        return WebhookDispatcher(self.webhook_outbox, self.webhooks)
 
     def close(self) -> None:
         """Release threads and connections."""
@@ -178,11 +193,19 @@ def build_runtime(settings: Settings | None = None, *, clock: Clock | None = Non
     encoding = None if settings.tokenizer == "auto" else settings.tokenizer
     assembler = ContextAssembler(tokenizer_for(settings.llm, settings.llm_model, encoding), memory=memory,
                                  secret_filter=secret_filter, memory_share=settings.memory_share)
+    webhooks = load_webhook_config(settings.webhooks_file)
+    outbox = WebhookOutbox(store)
+    notifier = WebhookNotifier(outbox, webhooks)
+    pushes = PushEvents(notifier, sink or WebhookResultSink(notifier))
+    machine.in_transaction(pushes.on_transition)  # results of every close and park (P4), in its transaction
+    hitl.on_insert(pushes.on_request)  # approval requests opened or escalated (N1), in their transaction
     runs = RunManager(
         store=store, machine=machine, assembler=assembler, orchestrator=PlanOrchestrator(
             provider, registry, max_attempts=1 if isinstance(provider, GuardedProvider) else 3),
-        policy=policy, tools=tools, hitl=hitl, ledger=ledger, sink=sink, execution_limit_s=settings.execution_limit_s,
+        policy=policy, tools=tools, hitl=hitl, ledger=ledger, execution_limit_s=settings.execution_limit_s,
+        check_callback=lambda request: webhooks.check_callback(request.tenant_id, request.callback or ""),
     )
     tools.child_runs = runs  # AgentInvoke creates child Runs through the same kernel (T4)
     identities = IdentityDirectory.from_file(settings.identities_file)
-    return Runtime(settings, store, machine, registry, policy, hitl, tools, TraceRecorder(store), runs, identities)
+    return Runtime(settings, store, machine, registry, policy, hitl, tools, TraceRecorder(store), runs, identities,
+                   webhooks, outbox)

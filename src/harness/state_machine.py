@@ -28,6 +28,10 @@ from harness.kernel import FINAL, TRANSIENT, CloseReason, RunState, automatic_ne
 ClosingHook = Callable[[RunRecord, RunState], Sequence[TraceRecordIn]]
 #: told of every applied state change, after it committed: (run_id, source, target)
 Listener = Callable[[str, RunState, RunState], None]
+#: runs inside the transaction of every applied state change, after the compare-and-set: (connection,
+#: run_id, source, target); for writes that must commit with the change or not at all (the webhook
+#: outbox of SPEC P4 / N1). An exception rolls the change back.
+TransactionHook = Callable[[sa.Connection, str, RunState, RunState], None]
 
 
 class StateMachine:
@@ -38,6 +42,23 @@ class StateMachine:
         self.drain_on_close = drain_on_close
         self._closing_hooks: list[ClosingHook] = []
         self._listeners: list[Listener] = []
+        self._tx_hooks: list[TransactionHook] = []
+
+    def in_transaction(self, hook: TransactionHook) -> None:
+        """Register a hook that writes inside the transaction of every change this machine applies."""
+        self._tx_hooks.append(hook)
+
+    def _with_hooks(self, run_id: str, source: RunState, target: RunState,
+                    also: Callable[[sa.Connection], object] | None) -> Callable[[sa.Connection], object] | None:
+        if not self._tx_hooks:
+            return also
+
+        def both(conn: sa.Connection) -> None:
+            if also is not None:
+                also(conn)
+            for hook in self._tx_hooks:
+                hook(conn, run_id, source, target)
+        return both
 
     def subscribe(self, listener: Listener) -> None:
         """Be told of every state change this machine applies (live views, metrics, SSE)."""
@@ -79,7 +100,8 @@ class StateMachine:
                 expected_version = run.version if expected_version is None else expected_version
         outcome = self.store.transition(
             run_id, source, target, actor=actor, reason=reason, forced_by=forced_by, lease_epoch=lease_epoch,
-            expected_version=expected_version, records=records, context=context, result=result, also=also,
+            expected_version=expected_version, records=records, context=context, result=result,
+            also=self._with_hooks(run_id, source, target, also),
         )
         if outcome.applied:
             self._notify(run_id, source, target)
@@ -124,7 +146,7 @@ class StateMachine:
             outcome = self.store.transition(
                 run_id, state, target, actor="kernel", reason=why, forced_by=forced_by,
                 lease_epoch=lease_epoch, expected_version=run.version if state == RunState.TRACING else None,
-                records=records, also=drain,
+                records=records, also=self._with_hooks(run_id, state, target, drain),
             )
             if not outcome.applied:
                 return outcome.actual

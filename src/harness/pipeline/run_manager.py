@@ -56,7 +56,7 @@ from harness.pipeline.trace_recorder import (
     step_trace,
 )
 from harness.policy.hitl import Decision, HitlDesk, plan_actions
-from harness.ports import Fence, ResultSink
+from harness.ports import Fence
 from harness.skills import Skill
 from harness.state_machine import StateMachine
 
@@ -104,7 +104,8 @@ class RunManager:
 
     def __init__(self, *, store: SqlStore, machine: StateMachine, assembler: ContextAssembler,
                  orchestrator: PlanOrchestrator, policy: PolicyEngine, tools: ToolController, hitl: HitlDesk,
-                 ledger: CostLedger, sink: ResultSink | None = None, execution_limit_s: float = 600.0) -> None:
+                 ledger: CostLedger, execution_limit_s: float = 600.0,
+                 check_callback: Callable[[RunRequest], None] | None = None) -> None:
         self.store = store
         self.machine = machine
         self.assembler = assembler
@@ -113,7 +114,8 @@ class RunManager:
         self.tools = tools
         self.hitl = hitl
         self.ledger = ledger
-        self.sink = sink
+        #: refuses a callback this deployment cannot sign or does not allow (set by the composition root)
+        self.check_callback = check_callback
         self.execution_limit_s = execution_limit_s
         self._context_lock = threading.Lock()
 
@@ -123,6 +125,8 @@ class RunManager:
         """Validate and durably create a Run in CREATED (step ①); (run, created) — an idempotency key
         already used by the tenant returns the existing Run with created False."""
         request = parse_request(raw)
+        if request.callback is not None and self.check_callback is not None:
+            self.check_callback(request)
         if request.retry_of is not None:
             self.store.get_run(request.retry_of)  # a retry must name a Run that exists
         return self.store.create_run(NewRun(
@@ -166,10 +170,9 @@ class RunManager:
             run = self._policy(run, request)
         if run.state == S.EXECUTING:
             run = self._execute(run, request)
-        result = self.result(run_id)
-        if self.sink is not None and (result.state in {s.value for s in FINAL} or result.approval_request_id):
-            self.sink.deliver(result)
-        return result
+        # the result reaches the caller through the ResultSink the state machine calls inside every close
+        # and park (harness.webhooks), whoever makes it: not from here, which only a drive passes through
+        return self.result(run_id)
 
     def result(self, run_id: str) -> RunResult:
         """What the caller gets for a Run, in whatever state it is."""

@@ -13,6 +13,7 @@ and a cancel on the same request resolve to exactly one outcome.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -28,6 +29,9 @@ from harness.pipeline.trace_recorder import HITLTrace
 from harness.policy.config import Hitl, Level
 
 BREAK_GLASS_ROLE = "break_glass"
+#: runs inside the transaction that inserts an approval request: (connection, request, escalated_from);
+#: the webhook notifier's way of pushing a request exactly when it is opened or escalated (SPEC P4 / N1)
+InsertHook = Callable[[sa.Connection, "HitlRequest", str | None], None]
 
 
 class UnknownRequestError(BadInputError):
@@ -91,6 +95,11 @@ class HitlDesk:
     def __init__(self, store: SqlStore, settings: Hitl) -> None:
         self.store = store
         self.settings = settings
+        self._insert_hooks: list[InsertHook] = []
+
+    def on_insert(self, hook: InsertHook) -> None:
+        """Register a hook that writes inside the transaction inserting each request (opened or escalated)."""
+        self._insert_hooks.append(hook)
 
     # ------------------------------------------------------------------ requests
 
@@ -124,6 +133,8 @@ class HitlDesk:
             actions_hash=request.actions_hash, status="pending", created_at=request.created_at,
             deadline_at=request.deadline_at, escalated_from=escalated_from,
         ))
+        for hook in self._insert_hooks:
+            hook(conn, request, escalated_from)
 
     def get(self, request_id: str, tenant_id: str | None = None) -> HitlRequest:
         """The request with this id (in this tenant, when given); UnknownRequestError otherwise."""
