@@ -151,11 +151,23 @@ def llm_provider(settings: Settings, clock: Clock) -> LLMProvider:
     if not settings.llm_model or not api_key:
         raise InvalidRequestError(f"HARNESS_LLM={settings.llm} needs HARNESS_LLM_MODEL and an API key "
                                   f"in ${key_env}")
-    pricing = PricingTable.from_file(settings.llm_pricing) if settings.llm_pricing else PricingTable()
+    pricing = PricingTable.for_deployment(settings.llm_pricing)
     return make_provider(settings.llm, ProviderSettings(
         model=settings.llm_model, api_key=api_key, base_url=settings.llm_base_url,
         fallback_model=settings.llm_fallback_model, timeout_s=settings.llm_timeout_s,
         stream=settings.llm_stream, plan_mode=settings.llm_plan_mode, pricing=pricing), clock=clock)
+
+
+def check_priced(settings: Settings, pricing: PricingTable, unpriced: str) -> None:
+    """Refuse, when the policy denies unpriced models, a real provider whose model or fallback model has no
+    price: every call would count 0 USD and no budget would ever bite."""
+    if settings.llm == "scripted" or unpriced != "deny":
+        return
+    for model in (settings.llm_model, settings.llm_fallback_model):
+        if model and pricing.price_of(model) is None:
+            raise InvalidRequestError(
+                f"the model {model!r} has no price in the price table (dated {pricing.as_of}); add it to the "
+                "file HARNESS_LLM_PRICING names, or set budgets.unpriced_model: allow_with_warning in the policy")
 
 
 def open_trace_buffer(url: str) -> TraceBuffer:
@@ -181,11 +193,16 @@ def build_runtime(settings: Settings | None = None, *, clock: Clock | None = Non
     ledger = CostLedger(store)
     policy = PolicyEngine.from_file(settings.policy_file, registry, ledger)
     hitl = HitlDesk(store, policy.policy.hitl)
+    pricing = PricingTable.for_deployment(settings.llm_pricing)
+    if provider is None:
+        check_priced(settings, pricing, policy.policy.budgets.unpriced_model)
     provider = provider or llm_provider(settings, store.clock)
     secret_filter = SecretFilter()
     tools = ToolController(registry, workdir_root=settings.data_dir / "runs", sandbox_mode=settings.sandbox,
                            clock=store.clock, provider=provider, record_cost=ledger.record,
-                           scrub=lambda text: secret_filter.scrub(text).text)
+                           scrub=lambda text: secret_filter.scrub(text).text, sandbox_price=pricing.sandbox_price,
+                           price_table=pricing.as_of)
+    machine.cost_total = lambda run: ledger.run_total(run.run_id).to_dict()  # A1: child Runs included
     machine.subscribe(_release_workdir(tools))
     memory = open_memory(settings.memory, store.engine, store.clock, secret_filter)
     if memory is not None:

@@ -43,6 +43,9 @@ class StateMachine:
         self._closing_hooks: list[ClosingHook] = []
         self._listeners: list[Listener] = []
         self._tx_hooks: list[TransactionHook] = []
+        #: the total a RunTrace carries: the sums of the Run's CostTraces, its child Runs' included (set by
+        #: the composition root to the cost ledger's); None: the RunContext's planning cost, as before
+        self.cost_total: Callable[[RunRecord], dict[str, Any]] | None = None
 
     def in_transaction(self, hook: TransactionHook) -> None:
         """Register a hook that writes inside the transaction of every change this machine applies."""
@@ -173,7 +176,7 @@ class StateMachine:
         path: list[dict[str, Any]] = [
             {"seq": r.seq, "from": r.from_state, "to": r.to_state, "at": r.at} for r in transitions]
         path.append({"seq": run.version + 1, "from": RunState.TRACING.value, "to": final.value, "at": None})
-        cost = (run.context or {}).get("cost", {})
+        cost = self.cost_total(run) if self.cost_total is not None else (run.context or {}).get("cost", {})
         return TraceRecordIn("run", {
             "run_id": run.run_id, "tenant_id": run.tenant_id, "user_id": run.user_id,
             "session_id": run.session_id, "final_state": final.value,

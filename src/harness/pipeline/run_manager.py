@@ -49,6 +49,7 @@ from harness.pipeline.plan_orchestrator import PlanOrchestrator, StepRun, resolv
 from harness.pipeline.tool_controller import ToolController
 from harness.pipeline.trace_recorder import (
     CostTrace,
+    unit_price,
     HITLTrace,
     ToolTrace,
     TraceModel,
@@ -393,8 +394,10 @@ class RunManager:
     def _cost(self, run: RunRecord, response: LLMResponse) -> CostTrace:
         usage = response.usage
         return CostTrace(run_id=run.run_id, source=f"llm:{response.provider}:plan",
-                         input_tokens=usage.input_tokens, output_tokens=usage.output_tokens,
-                         usd=usage.cost_usd, tenant_id=run.tenant_id, user_id=run.user_id)
+                         input_tokens=usage.input_tokens, output_tokens=usage.output_tokens, api_calls=1,
+                         usd=usage.cost_usd, unit_price=unit_price(usage), priced=usage.priced,
+                         model=response.model, tenant_id=run.tenant_id, user_id=run.user_id,
+                         parent_run_id=run.parent_run_id)
 
     def _record_cost(self, run: RunRecord, response: LLMResponse) -> None:
         self.ledger.record(self._cost(run, response))

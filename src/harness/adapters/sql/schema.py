@@ -39,6 +39,7 @@ runs = sa.Table(
     sa.UniqueConstraint("tenant_id", "idempotency_key", name="uq_runs_idempotency"),
     sa.Index("ix_runs_state_changed", "state", "last_state_change_at"),
     sa.Index("ix_runs_tenant_created", "tenant_id", "created_at"),
+    sa.Index("ix_runs_parent", "parent_run_id"),  # 0012: a Run's child Runs, for its cost total
 )
 
 jobs = sa.Table(

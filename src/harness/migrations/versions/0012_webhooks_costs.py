@@ -12,7 +12,8 @@ webhook-id header, one per event and endpoint.
 whether the model was priced at all, the model, the skill, and the parent Run (child Runs' costs count
 in their parent's total). Costs recorded before this migration keep their rows: they read as one API
 call-less, sandbox-less, priced cost without a skill, exactly what they were. An index on
-(tenant_id, at) serves the cost view's date ranges.
+(tenant_id, at) serves the cost view's date ranges, one on runs.parent_run_id the walk from a Run to its
+child Runs that a Run's total takes.
 
 Revision ID: 0012_webhooks_costs
 Revises: 0008_spend_totals
@@ -77,9 +78,11 @@ def upgrade() -> None:
     for column in _cost_columns():
         op.add_column("costs", column)
     op.create_index("ix_costs_tenant_at", "costs", ["tenant_id", "at"])
+    op.create_index("ix_runs_parent", "runs", ["parent_run_id"])
 
 
 def downgrade() -> None:
+    op.drop_index("ix_runs_parent", table_name="runs")
     op.drop_index("ix_costs_tenant_at", table_name="costs")
     for column in reversed(_cost_columns()):
         op.drop_column("costs", column.name)

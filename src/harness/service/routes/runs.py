@@ -46,6 +46,7 @@ def _submit(svc: Service, caller: Principal, body: CreateRunBody) -> tuple[str, 
         idempotency_key=body.idempotency_key,
         retry_of=body.retry_of,
         metadata=body.metadata,
+        callback=body.callback,
     )
     with svc.worker.admit() as admission:
         run, created = svc.runtime.runs.submit(request)
