@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -50,7 +50,8 @@ def runs_show(
     run = store.get_run(run_id)
     path = store.transitions_of(run_id)
     status, snapshot = store.legacy_job(run_id)
-    doc = {
+    cost = CostLedger(store).run_total(run_id).to_dict()
+    doc: dict[str, Any] = {
         "run_id": run.run_id,
         "state": run.state.value,
         "close_reason": run.close_reason.value if run.close_reason else None,
@@ -68,7 +69,7 @@ def runs_show(
         ],
         "legacy_job": {"status": status, "run_state_snapshot": snapshot},
         "result": run.result,
-        "cost": CostLedger(store).run_total(run_id).to_dict(),
+        "cost": cost,
     }
     if json_:
         emit(doc)
@@ -80,7 +81,6 @@ def runs_show(
         table.add_row(str(t.seq), t.from_state.value if t.from_state else "", t.to_state.value, _ts(t.at),
                       t.actor, t.reason)
     console.print(table)
-    cost = doc["cost"]
     console.print(f"cost: {cost['usd']:.6f} USD · {cost['input_tokens']} tokens in, {cost['output_tokens']} out · "
                   f"{cost['api_calls']} API calls · {cost['sandbox_s']:.2f} sandbox s · {cost['costs']} costs"
                   + (f" incl. {cost['children']} child Run(s)" if cost["children"] else ""))

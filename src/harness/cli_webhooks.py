@@ -167,7 +167,7 @@ def costs(
     rt = runtime(db)
     now = dt.datetime.fromtimestamp(rt.store.clock.now(), dt.UTC)
     start = parse_since(since, now) if since else None
-    group: GroupBy = by  # type: ignore[assignment]
+    group: GroupBy = by
     groups = rt.runs.ledger.by_group(group, tenant_id=tenant, since=start.timestamp() if start else None)
     total = round(sum(g.usd for g in groups), 8)
     if json_:

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import threading
 import time
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from types import TracebackType
 from typing import Any
 
@@ -46,10 +48,10 @@ class _Quiet(ThreadingHTTPServer):
 
 def _handler(receiver: WebhookReceiver) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+        def log_message(self, format: str, *args: Any) -> None:
             """Quiet."""
 
-        def do_POST(self) -> None:  # noqa: N802
+        def do_POST(self) -> None:
             raw = self.rfile.read(int(self.headers.get("content-length", "0")))
             headers = {k.lower(): v for k, v in self.headers.items()}
             try:
@@ -120,11 +122,23 @@ class WebhookReceiver:
         self._httpd.server_close()
 
 
+def start_process(port: int, log: str, mode: str, delay_s: float = 2.0, secret: str = SECRET) -> subprocess.Popen[str]:
+    """The receiver as its own OS process on `port`, once it is listening."""
+    root = str(Path(__file__).resolve().parents[2])
+    proc = subprocess.Popen([sys.executable, "-m", "tests.fakes.webhook_receiver", str(port), secret, log, mode,
+                             str(delay_s)], cwd=root, stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": root})
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    assert line.strip() == "ready", f"the receiver did not start: {line!r}"
+    return proc
+
+
 def read_log(path: str) -> list[Got]:
     """The requests a receiver process logged (a line cut short by a kill is dropped)."""
     found = []
     try:
-        lines = open(path, encoding="utf-8").read().splitlines()
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
     except FileNotFoundError:
         return []
     for line in lines:
@@ -136,9 +150,10 @@ def read_log(path: str) -> list[Got]:
 
 
 def main() -> None:
-    """PORT SECRET LOG MODE: serve until killed."""
+    """PORT SECRET LOG MODE [DELAY_S]: serve until killed."""
     port, secret, log, mode = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
-    receiver = WebhookReceiver(secret, port=port, mode=mode, log_path=log)
+    delay = float(sys.argv[5]) if len(sys.argv) > 5 else 2.0
+    receiver = WebhookReceiver(secret, port=port, mode=mode, log_path=log, delay_s=delay)
     with receiver:
         print("ready", flush=True)
         while True:

@@ -49,12 +49,12 @@ from harness.pipeline.plan_orchestrator import PlanOrchestrator, StepRun, resolv
 from harness.pipeline.tool_controller import ToolController
 from harness.pipeline.trace_recorder import (
     CostTrace,
-    unit_price,
     HITLTrace,
     ToolTrace,
     TraceModel,
     error_trace,
     step_trace,
+    unit_price,
 )
 from harness.policy.hitl import Decision, HitlDesk, plan_actions
 from harness.ports import Fence

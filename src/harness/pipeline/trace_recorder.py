@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import traceback
 from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Final, Literal
 
 from pydantic import BaseModel, ConfigDict
 
@@ -125,7 +125,7 @@ class HITLTrace(TraceModel):
 #: tenant and user. 2: also API calls, sandbox seconds, the unit price applied (and whether the model was
 #: priced), the model, the skill and the parent Run. Chained records keep the shape they were written in
 #: (their hashes cover those bytes); `cost_fields` reads both.
-COST_TRACE_VERSION = 2
+COST_TRACE_VERSION: Final = 2
 
 
 class CostTrace(TraceModel):

@@ -66,7 +66,7 @@ class WebhookDispatcher:
         (so the deliveries of one outage do not all come back in the same second)."""
         policy = self.config.delivery
         delay = min(policy.max_backoff_s, policy.backoff_s * 2 ** max(attempts - 1, 0))
-        return delay * (1 + random.uniform(0, 0.1))
+        return float(delay * (1 + random.uniform(0, 0.1)))
 
     def deliver_once(self, limit: int | None = None) -> DeliveryReport:
         """One pass: claim a batch of due deliveries and send them."""

@@ -67,7 +67,7 @@ class Delivery:
         return parsed
 
 
-def _delivery(m: Mapping[str, Any]) -> Delivery:
+def _delivery(m: Mapping[Any, Any]) -> Delivery:
     return Delivery(
         delivery_id=m["delivery_id"], event_id=m["event_id"], event_type=m["event_type"], run_id=m["run_id"],
         tenant_id=m["tenant_id"], endpoint=m["endpoint"], url=m["url"], payload=m["payload"], status=m["status"],
@@ -136,7 +136,8 @@ class WebhookOutbox:
         with self.store.engine.begin() as conn:
             conn.execute(w.update().where(due, w.c.attempts >= max_attempts).values(
                 status=DEAD, lease_owner=None, lease_expires_at=None,
-                last_error=sa.func.coalesce(w.c.last_error, "no outcome recorded") + " (last attempt's sender stopped)"))
+                last_error=sa.func.coalesce(w.c.last_error, "no outcome recorded")
+                + " (last attempt's sender stopped)"))
             query = sa.select(w.c.id).where(due).order_by(w.c.next_attempt_at, w.c.id).limit(limit)
             if self._skip_locked:
                 query = query.with_for_update(skip_locked=True)

@@ -23,7 +23,7 @@ def delivery_document(d: Delivery) -> DeliveryDoc:
     """A delivery as the API and the console show it."""
     return DeliveryDoc(
         delivery_id=d.delivery_id, event_id=d.event_id, event_type=d.event_type, run_id=d.run_id,
-        endpoint=d.endpoint, url=d.url, status=d.status,  # type: ignore[arg-type]
+        endpoint=d.endpoint, url=d.url, status=d.status,
         attempts=d.attempts, next_attempt_at=views.when(d.next_attempt_at) if d.status == "pending" else None,
         last_status=d.last_status, last_error=d.last_error, created_at=views.when(d.created_at),
         delivered_at=views.when(d.delivered_at) if d.delivered_at else None, payload=d.data(),
