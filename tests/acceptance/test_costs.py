@@ -27,6 +27,7 @@ from .api_helpers import make_client
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 TESS = {"tenant_id": "t1", "user_id": "tess", "roles": ["tester"]}
 TESS_KEY = "t1-tess-api-key-0123"
+OPS_KEY = "t1-olga-api-key-0123"
 SKILLS = '''
 def say(args, ctx):
     return dict(args)
@@ -72,7 +73,8 @@ def cost_runtime(tmp_path: Path, clock: FakeClock | None = None) -> Runtime:
     (tmp_path / "rules.yaml").write_text(yaml.safe_dump(RULES))
     (tmp_path / "prices.yaml").write_text(yaml.safe_dump({"sandbox_per_s": 0.5}))
     identities = {"identities": {"t1/tess": {"roles": ["tester"], "api_key_sha256": hashlib.sha256(
-        TESS_KEY.encode()).hexdigest()}, "t1/lee": {"roles": ["tester", "lead"]}}}
+        TESS_KEY.encode()).hexdigest()}, "t1/lee": {"roles": ["tester", "lead"]},
+        "t1/olga": {"roles": ["operator"], "api_key_sha256": hashlib.sha256(OPS_KEY.encode()).hexdigest()}}}
     (tmp_path / "identities.yaml").write_text(yaml.safe_dump(identities))
     return build_runtime(Settings(
         db=str(tmp_path / "costs.db"), skills_dirs=(skills,), policy_file=FIXTURES / "policy.yaml",
@@ -130,6 +132,10 @@ def test_a_runs_total_counts_every_cost_of_it_and_its_child_everywhere(rt: Runti
         view = client.get("/api/v1/costs", params={"group_by": "skill"}, headers=headers).json()
         assert view["total_usd"] == pytest.approx(usd, abs=1e-8)
         assert {g["key"] for g in view["groups"]} == {"(planning)", "test.summarise", "test.crunch"}
+        metrics = client.get("/metrics", headers={"X-API-Key": OPS_KEY}).text
+        sandbox_line = f'harness_cost_usd_total{{skill="test.crunch",tenant="t1"}} {sandboxed["usd"]!r}'
+        assert sandbox_line in metrics, [m for m in metrics.splitlines() if m.startswith("harness_cost_usd")]
+        assert 'harness_cost_api_calls_total{skill="(planning)",tenant="t1"} 2.0' in metrics
     shown = subprocess.run([sys.executable, "-m", "harness.cli", "runs", "show", result.run_id, "--db",
                             str(tmp_path / "costs.db"), "--json"], capture_output=True, text=True, check=True)
     cli_cost = json.loads(shown.stdout)["cost"]

@@ -268,8 +268,8 @@ def _run_cost_totals(conn: sa.Connection, report: ReconcileReport, limit: int) -
         for cost in conn.execute(sa.select(c.c.run_id, c.c.at, c.c.input_tokens, c.c.output_tokens, c.c.api_calls,
                                            c.c.sandbox_s, c.c.usd, c.c.priced).where(c.c.run_id.in_(family))):
             costs_of.setdefault(cost.run_id, []).append(cost)
-        parents = dict(conn.execute(sa.select(r.c.run_id, r.c.parent_run_id).where(
-            r.c.run_id.in_(family), r.c.parent_run_id.is_not(None))).tuples().all()) if family else {}
+        parents = {str(a): str(b) for a, b in conn.execute(sa.select(r.c.run_id, r.c.parent_run_id).where(
+            r.c.run_id.in_(family), r.c.parent_run_id.is_not(None)))} if family else {}
         children: dict[str, list[str]] = {}
         for child, parent in parents.items():
             children.setdefault(parent, []).append(child)

@@ -180,6 +180,18 @@ class CostLedger:
                           runs=int(r.runs), unpriced=int(r.unpriced)) for r in rows]
 
 
+    def by_tenant_and_skill(self) -> list[tuple[str, str, CostGroup]]:
+        """(tenant, skill, sums) of every recorded cost: what the Prometheus cost counters expose."""
+        skill = sa.func.coalesce(costs.c.skill_id, PLANNING)
+        query = sa.select(costs.c.tenant_id, skill.label("skill"), *_MEASURES).group_by(costs.c.tenant_id, skill)
+        with self.store.reader.connect() as conn:
+            rows = conn.execute(query).all()
+        return [(str(r.tenant_id), str(r.skill), CostGroup(
+            key=str(r.skill), usd=float(r.usd), input_tokens=int(r.input_tokens), output_tokens=int(r.output_tokens),
+            api_calls=int(r.api_calls), sandbox_s=float(r.sandbox_s), costs=int(r.n), runs=int(r.runs),
+            unpriced=int(r.unpriced))) for r in rows]
+
+
 GroupBy = Literal["tenant", "user", "skill", "day"]
 GROUPS: tuple[GroupBy, ...] = ("tenant", "user", "skill", "day")
 #: the skill a cost of no skill (a planning call) is grouped under
