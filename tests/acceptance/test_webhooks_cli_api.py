@@ -6,17 +6,17 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from typer.testing import CliRunner
 
+from harness.cli import app
 from harness.config import Runtime, Settings, build_runtime
 from tests.fakes.webhook_receiver import SECRET, WebhookReceiver
 
@@ -27,10 +27,19 @@ KEYS = {"t1/tess": "tess-key-0123456789", "t1/olga": "olga-key-0123456789", "t2/
 ROLES = {"t1/tess": ["tester"], "t1/olga": ["operator"], "t2/mallory": ["tester", "lead"]}
 
 
-def harness(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """The `harness` command in its own process; its exit code is the caller's to check."""
-    return subprocess.run([sys.executable, "-m", "harness.cli", *args], capture_output=True, text=True,
-                          env={**os.environ, **(env or {})}, timeout=120, check=False)
+@dataclass
+class Ran:
+    """What one `harness` command did."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def harness(*args: str, env: dict[str, str] | None = None) -> Ran:
+    """The `harness` command line, run in this process (as the console script would run it)."""
+    result = CliRunner().invoke(app, list(args), env=env, catch_exceptions=False)
+    return Ran(result.exit_code, result.stdout, result.stderr)
 
 
 @pytest.fixture
