@@ -71,7 +71,10 @@ def make_app(broker: str | None = None) -> Celery:
         worker_prefetch_multiplier=1,
         broker_connection_retry_on_startup=True,
         broker_transport_options={"visibility_timeout": max(lease_ttl * 2, 30)},
-        beat_schedule={"harness-sweep": {"task": "harness.sweep", "schedule": settings.sweep_interval_s}},
+        beat_schedule={"harness-sweep": {"task": "harness.sweep", "schedule": settings.sweep_interval_s},
+                       # the webhook outbox (P4 / N1): leases keep two workers from sending one event at once
+                       "harness-webhooks": {"task": "harness.webhooks.deliver",
+                                            "schedule": float(os.environ.get("HARNESS_WEBHOOK_INTERVAL_S", "5"))}},
     )
 
     @app.task(name="harness.drive")
@@ -94,6 +97,15 @@ def make_app(broker: str | None = None) -> Celery:
         pruned = rt.runs.prune_workdirs()
         return {"recovered": len(report.recovered), "requeued": len(requeued), "resumed": len(report.resumed),
                 "approvals_expired": len(report.approvals_expired), "workdirs_removed": len(pruned)}
+
+    @app.task(name="harness.webhooks.deliver")
+    def deliver_webhooks() -> dict[str, int]:
+        dispatcher = runtime().dispatcher()
+        try:
+            report = dispatcher.deliver_all(max_passes=50)
+        finally:
+            dispatcher.close()
+        return {"delivered": len(report.delivered), "retrying": len(report.retrying), "dead": len(report.dead)}
 
     return app
 

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import datetime as dt
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from harness import cli_ops, cli_replay, cli_runs, cli_serve
+from harness import cli_ops, cli_replay, cli_runs, cli_serve, cli_webhooks
+from harness.adapters.sql.ledger import CostLedger
 from harness.cli_audit import audit_app
 from harness.cli_support import DbOption, JsonOption, cli_errors, emit, open_store
 
@@ -22,6 +23,8 @@ app = typer.Typer(
 runs_app = typer.Typer(help="Inspect Runs.", no_args_is_help=True)
 app.add_typer(runs_app, name="runs")
 app.add_typer(audit_app, name="audit")
+app.add_typer(cli_webhooks.webhooks_app, name="webhooks")
+app.command("costs")(cli_webhooks.costs)
 for _name, _fn in (("run", cli_runs.run), ("trace", cli_runs.trace), ("cancel", cli_runs.cancel),
                    ("approve", cli_runs.approve), ("reject", cli_runs.reject), ("approvals", cli_runs.approvals),
                    ("demo", cli_runs.demo), ("sweep", cli_ops.sweep), ("serve", cli_serve.serve),
@@ -47,7 +50,8 @@ def runs_show(
     run = store.get_run(run_id)
     path = store.transitions_of(run_id)
     status, snapshot = store.legacy_job(run_id)
-    doc = {
+    cost = CostLedger(store).run_total(run_id).to_dict()
+    doc: dict[str, Any] = {
         "run_id": run.run_id,
         "state": run.state.value,
         "close_reason": run.close_reason.value if run.close_reason else None,
@@ -65,6 +69,7 @@ def runs_show(
         ],
         "legacy_job": {"status": status, "run_state_snapshot": snapshot},
         "result": run.result,
+        "cost": cost,
     }
     if json_:
         emit(doc)
@@ -76,6 +81,9 @@ def runs_show(
         table.add_row(str(t.seq), t.from_state.value if t.from_state else "", t.to_state.value, _ts(t.at),
                       t.actor, t.reason)
     console.print(table)
+    console.print(f"cost: {cost['usd']:.6f} USD · {cost['input_tokens']} tokens in, {cost['output_tokens']} out · "
+                  f"{cost['api_calls']} API calls · {cost['sandbox_s']:.2f} sandbox s · {cost['costs']} costs"
+                  + (f" incl. {cost['children']} child Run(s)" if cost["children"] else ""))
 
 
 def main() -> None:

@@ -18,6 +18,7 @@ from harness.adapters.llm.resilient import GuardedProvider, ProviderSettings, ma
 from harness.adapters.llm.scripted import ScriptedProvider
 from harness.adapters.sql.ledger import CostLedger
 from harness.adapters.sql.store import SqlStore
+from harness.adapters.sql.webhooks import WebhookOutbox
 from harness.context.secrets import SecretFilter
 from harness.context.tokenizer import tokenizer_for
 from harness.errors import InvalidRequestError
@@ -39,6 +40,9 @@ from harness.policy.hitl import HitlDesk
 from harness.ports import Clock, LLMProvider, ResultSink, TraceBuffer
 from harness.skills import SkillRegistry
 from harness.state_machine import Listener, StateMachine
+from harness.webhooks.config import WebhookConfig, load_webhook_config
+from harness.webhooks.delivery import WebhookDispatcher
+from harness.webhooks.notifier import PushEvents, WebhookNotifier, WebhookResultSink
 from harness.yamlfile import read_yaml
 
 
@@ -103,6 +107,9 @@ class Settings(BaseModel):
             raise InvalidRequestError(f"invalid settings: state_thresholds: {exc}") from exc
     #: how large a Run request may be (HARNESS_MAX_* variables, harness.pipeline.limits)
     limits: RequestLimits = RequestLimits()
+    #: approver endpoints, Caller signing secrets and the retry schedule of the pushed events (SPEC P4 /
+    #: N1); None: only HARNESS_WEBHOOK_SECRET, if set, signing every tenant's callbacks
+    webhooks_file: Path | None = None
 
     @classmethod
     def from_env(cls, **overrides: object) -> Settings:
@@ -121,7 +128,8 @@ class Settings(BaseModel):
                           ("chain_depth", "HARNESS_CHAIN_DEPTH"),
                           ("tokenizer", "HARNESS_TOKENIZER"), ("memory", "HARNESS_MEMORY"),
                           ("memory_write_scope", "HARNESS_MEMORY_WRITE_SCOPE"),
-                          ("trace_buffer", "HARNESS_TRACE_BUFFER")):
+                          ("trace_buffer", "HARNESS_TRACE_BUFFER"),
+                          ("webhooks_file", "HARNESS_WEBHOOKS_FILE")):
             if env.get(name):
                 values[key] = env[name]
         for key in ("llm_model", "llm_fallback_model", "llm_base_url", "llm_api_key_env", "llm_pricing",
@@ -183,6 +191,13 @@ class Runtime:
     recorder: TraceRecorder
     runs: RunManager
     identities: IdentityDirectory
+    webhooks: WebhookConfig | None = None
+    webhook_outbox: WebhookOutbox | None = None
+
+    def dispatcher(self) -> WebhookDispatcher:
+        """A delivery loop for this runtime's webhook outbox (the caller closes it)."""
+        assert self.webhooks is not None and self.webhook_outbox is not None
+        return WebhookDispatcher(self.webhook_outbox, self.webhooks)
 
     def close(self) -> None:
         """Release threads and connections."""
@@ -208,11 +223,23 @@ def llm_provider(settings: Settings, clock: Clock) -> LLMProvider:
     if not settings.llm_model or not api_key:
         raise InvalidRequestError(f"HARNESS_LLM={settings.llm} needs HARNESS_LLM_MODEL and an API key "
                                   f"in ${key_env}")
-    pricing = PricingTable.from_file(settings.llm_pricing) if settings.llm_pricing else PricingTable()
+    pricing = PricingTable.for_deployment(settings.llm_pricing)
     return make_provider(settings.llm, ProviderSettings(
         model=settings.llm_model, api_key=api_key, base_url=settings.llm_base_url,
         fallback_model=settings.llm_fallback_model, timeout_s=settings.llm_timeout_s,
         stream=settings.llm_stream, plan_mode=settings.llm_plan_mode, pricing=pricing), clock=clock)
+
+
+def check_priced(settings: Settings, pricing: PricingTable, unpriced: str) -> None:
+    """Refuse, when the policy denies unpriced models, a real provider whose model or fallback model has no
+    price: every call would count 0 USD and no budget would ever bite."""
+    if settings.llm == "scripted" or unpriced != "deny":
+        return
+    for model in (settings.llm_model, settings.llm_fallback_model):
+        if model and pricing.price_of(model) is None:
+            raise InvalidRequestError(
+                f"the model {model!r} has no price in the price table (dated {pricing.as_of}); add it to the "
+                "file HARNESS_LLM_PRICING names, or set budgets.unpriced_model: allow_with_warning in the policy")
 
 
 def open_trace_buffer(url: str) -> TraceBuffer:
@@ -238,11 +265,16 @@ def build_runtime(settings: Settings | None = None, *, clock: Clock | None = Non
     ledger = CostLedger(store)
     policy = PolicyEngine.from_file(settings.policy_file, registry, ledger)
     hitl = HitlDesk(store, policy.policy.hitl)
+    pricing = PricingTable.for_deployment(settings.llm_pricing)
+    if provider is None:
+        check_priced(settings, pricing, policy.policy.budgets.unpriced_model)
     provider = provider or llm_provider(settings, store.clock)
     secret_filter = SecretFilter()
     tools = ToolController(registry, workdir_root=settings.data_dir / "runs", sandbox_mode=settings.sandbox,
                            clock=store.clock, provider=provider, record_cost=ledger.record,
-                           scrub=lambda text: secret_filter.scrub(text).text)
+                           scrub=lambda text: secret_filter.scrub(text).text, sandbox_price=pricing.sandbox_price,
+                           price_table=pricing.as_of)
+    machine.cost_total = lambda run: ledger.run_total(run.run_id).to_dict()  # A1: child Runs included
     machine.subscribe(_release_workdir(tools))
     memory = open_memory(settings.memory, store.engine, store.clock, secret_filter)
     if memory is not None:
@@ -251,14 +283,22 @@ def build_runtime(settings: Settings | None = None, *, clock: Clock | None = Non
     encoding = None if settings.tokenizer == "auto" else settings.tokenizer
     assembler = ContextAssembler(tokenizer_for(settings.llm, settings.llm_model, encoding), memory=memory,
                                  secret_filter=secret_filter, memory_share=settings.memory_share)
+    webhooks = load_webhook_config(settings.webhooks_file)
+    outbox = WebhookOutbox(store)
+    notifier = WebhookNotifier(outbox, webhooks)
+    pushes = PushEvents(notifier, sink or WebhookResultSink(notifier))
+    machine.in_transaction(pushes.on_transition)  # results of every close and park (P4), in its transaction
+    hitl.on_insert(pushes.on_request)  # approval requests opened or escalated (N1), in their transaction
     runs = RunManager(
         store=store, machine=machine, assembler=assembler, orchestrator=PlanOrchestrator(
             provider, registry, max_attempts=1 if isinstance(provider, GuardedProvider) else 3),
-        policy=policy, tools=tools, hitl=hitl, ledger=ledger, sink=sink, execution_limit_s=settings.execution_limit_s,
+        policy=policy, tools=tools, hitl=hitl, ledger=ledger, execution_limit_s=settings.execution_limit_s,
         chain_depth=settings.chain_depth, limits=settings.limits, roles_of=identities.roles_of,
+        check_callback=lambda request: webhooks.check_callback(request.tenant_id, request.callback or ""),
     )
     tools.child_runs = runs  # AgentInvoke creates child Runs through the same kernel (T4)
-    runtime = Runtime(settings, store, machine, registry, policy, hitl, tools, TraceRecorder(store), runs, identities)
+    runtime = Runtime(settings, store, machine, registry, policy, hitl, tools, TraceRecorder(store), runs, identities,
+                      webhooks, outbox)
     from harness.worker import RunWorker  # the worker drives a Runtime: wired once the Runtime exists
 
     # every drive holds the Run's lease (K5b, T6), as the thread that drives it (owner host:pid:thread)

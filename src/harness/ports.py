@@ -5,10 +5,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
+    from sqlalchemy import Connection
+
     from harness.adapters.llm.types import LLMRequest, LLMResponse
     from harness.adapters.sandbox.types import SandboxJob, SandboxOutcome
     from harness.adapters.sql.store import SqlStore
-    from harness.pipeline.contracts import RunResult
+    from harness.pipeline.contracts import Notification, RunRequest, RunResult
 
 
 class Clock(Protocol):
@@ -30,10 +32,24 @@ class LLMProvider(Protocol):
 
 
 class ResultSink(Protocol):
-    """Where a Run's result goes when it is final or waits for a human (SPEC P4)."""
+    """Where a Run's result goes when it is final or parks waiting for a human (SPEC P4, seed 004 ⑱).
 
-    def deliver(self, result: RunResult) -> None:
-        """Hand the result to the caller."""
+    The state machine calls it inside the transaction of that state change, whoever makes it (a worker,
+    a decision, a cancel, an approval timeout, the sweeper): the result is handed over exactly when the
+    change commits, never without it and never lost after it."""
+
+    def deliver(self, tx: Connection, result: RunResult, request: RunRequest) -> None:
+        """Hand the result of the Run created by `request` to its caller, within `tx`."""
+        ...
+
+
+class Notifier(Protocol):
+    """Tells the Caller and the approvers about approval requests (SPEC P4 / N1, seed 004 ⑩): called
+    inside the transaction of the change the notification describes; delivery happens later, at least
+    once, under the notification's stable event id."""
+
+    def notify(self, tx: Connection, notification: Notification) -> None:
+        """Queue the notification within `tx`."""
         ...
 
 

@@ -28,6 +28,10 @@ from harness.kernel import FINAL, TRANSIENT, CloseReason, RunState, automatic_ne
 ClosingHook = Callable[[RunRecord, RunState], Sequence[TraceRecordIn]]
 #: told of every applied state change, after it committed: (run_id, source, target)
 Listener = Callable[[str, RunState, RunState], None]
+#: runs inside the transaction of every applied state change, after the compare-and-set: (connection,
+#: run_id, source, target); for writes that must commit with the change or not at all (the webhook
+#: outbox of SPEC P4 / N1). An exception rolls the change back.
+TransactionHook = Callable[[sa.Connection, str, RunState, RunState], None]
 
 
 class StateMachine:
@@ -38,6 +42,26 @@ class StateMachine:
         self.drain_on_close = drain_on_close
         self._closing_hooks: list[ClosingHook] = []
         self._listeners: list[Listener] = []
+        self._tx_hooks: list[TransactionHook] = []
+        #: the total a RunTrace carries: the sums of the Run's CostTraces, its child Runs' included (set by
+        #: the composition root to the cost ledger's); None: the RunContext's planning cost, as before
+        self.cost_total: Callable[[RunRecord], dict[str, Any]] | None = None
+
+    def in_transaction(self, hook: TransactionHook) -> None:
+        """Register a hook that writes inside the transaction of every change this machine applies."""
+        self._tx_hooks.append(hook)
+
+    def _with_hooks(self, run_id: str, source: RunState, target: RunState,
+                    also: Callable[[sa.Connection], object] | None) -> Callable[[sa.Connection], object] | None:
+        if not self._tx_hooks:
+            return also
+
+        def both(conn: sa.Connection) -> None:
+            if also is not None:
+                also(conn)
+            for hook in self._tx_hooks:
+                hook(conn, run_id, source, target)
+        return both
 
     def subscribe(self, listener: Listener) -> None:
         """Be told of every state change this machine applies (live views, metrics, SSE)."""
@@ -79,7 +103,8 @@ class StateMachine:
                 expected_version = run.version if expected_version is None else expected_version
         outcome = self.store.transition(
             run_id, source, target, actor=actor, reason=reason, forced_by=forced_by, lease_epoch=lease_epoch,
-            expected_version=expected_version, records=records, context=context, result=result, also=also,
+            expected_version=expected_version, records=records, context=context, result=result,
+            also=self._with_hooks(run_id, source, target, also),
         )
         if outcome.applied:
             self._notify(run_id, source, target)
@@ -101,10 +126,15 @@ class StateMachine:
         context: dict[str, Any] | None = _UNSET,
         result: dict[str, Any] | None = _UNSET,
     ) -> TransitionResult:
-        """The compare-and-set inside the caller's transaction (see SqlStore.transition_in). Nothing is
-        told and nothing moves on until the caller has committed and calls `settle` with the outcome."""
-        return self.store.transition_in(conn, run_id, source, target, actor=actor, reason=reason,
-                                        lease_epoch=lease_epoch, records=records, context=context, result=result)
+        """The compare-and-set inside the caller's transaction (see SqlStore.transition_in), with the
+        transaction hooks (`in_transaction`) like every other change. Nothing is told and nothing moves on
+        until the caller has committed and calls `settle` with the outcome."""
+        outcome = self.store.transition_in(conn, run_id, source, target, actor=actor, reason=reason,
+                                           lease_epoch=lease_epoch, records=records, context=context, result=result)
+        if outcome.applied:
+            for hook in self._tx_hooks:
+                hook(conn, run_id, source, target)
+        return outcome
 
     def settle(self, outcome: TransitionResult, *, forced_by: str | None = None) -> None:
         """After the transaction of `transition_in` committed: tell the listeners, and carry a Run that
@@ -152,7 +182,7 @@ class StateMachine:
             outcome = self.store.transition(
                 run_id, state, target, actor="kernel", reason=why, forced_by=forced_by,
                 lease_epoch=lease_epoch, expected_version=run.version if state == RunState.TRACING else None,
-                records=records, also=drain,
+                records=records, also=self._with_hooks(run_id, state, target, drain),
             )
             if not outcome.applied:
                 return outcome.actual
@@ -179,7 +209,7 @@ class StateMachine:
         path: list[dict[str, Any]] = [
             {"seq": r.seq, "from": r.from_state, "to": r.to_state, "at": r.at} for r in transitions]
         path.append({"seq": run.version + 1, "from": RunState.TRACING.value, "to": final.value, "at": None})
-        cost = (run.context or {}).get("cost", {})
+        cost = self.cost_total(run) if self.cost_total is not None else (run.context or {}).get("cost", {})
         return TraceRecordIn("run", {
             "run_id": run.run_id, "tenant_id": run.tenant_id, "user_id": run.user_id,
             "session_id": run.session_id, "final_state": final.value,

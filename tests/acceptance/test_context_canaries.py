@@ -19,6 +19,7 @@ import pytest
 import sqlalchemy as sa
 
 from harness.adapters.llm.openai_compat import OpenAICompatProvider
+from harness.adapters.llm.pricing import ModelPrice, PricingTable
 from harness.adapters.llm.resilient import ProviderSettings
 from harness.adapters.llm.scripted import ScriptedProvider
 from harness.adapters.llm.types import LLMRequest, LLMResponse
@@ -141,7 +142,8 @@ def test_canaries_never_reach_the_openai_compatible_server(canary_settings: Sett
                                                            server: ScriptedServer) -> None:
     """The same Runs through the real OpenAI-compatible provider: no canary in any HTTP body it sent."""
     server.queue(api.completion(json.dumps(LEAK_PLAN)), api.completion(json.dumps(ECHO_PLAN)))
-    provider = OpenAICompatProvider(ProviderSettings(model="gpt-test", api_key="test-key",
+    prices = PricingTable(models={"gpt-test": ModelPrice(input_per_mtok=1.0, output_per_mtok=2.0)})
+    provider = OpenAICompatProvider(ProviderSettings(model="gpt-test", api_key="test-key", pricing=prices,
                                                      base_url=f"{server.origin}/v1"), clock=FakeClock())
     rt = build_runtime(canary_settings, clock=FakeClock(), provider=provider)
     try:

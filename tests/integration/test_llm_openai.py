@@ -32,7 +32,9 @@ LOOKUP = ToolSpec(name="orders.lookup", description="Look up an order.",
                   parameters={"type": "object", "properties": {"order_id": {"type": "string"}}})
 ASK = LLMRequest(purpose="tool", system="be brief", messages=(Message(role="user", content="where is A-1?"),),
                  tools=(LOOKUP,))
-PRICES = PricingTable(models={"gpt-test": ModelPrice(input_per_mtok=2.0, output_per_mtok=8.0)})
+#: both models priced: the test policy denies unpriced models, so an unpriced fallback would reject the Run
+PRICES = PricingTable(models={"gpt-test": ModelPrice(input_per_mtok=2.0, output_per_mtok=8.0),
+                              "gpt-small": ModelPrice(input_per_mtok=0.5, output_per_mtok=1.0)})
 
 
 @pytest.fixture

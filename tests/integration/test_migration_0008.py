@@ -38,9 +38,14 @@ def _record_directly(engine: sa.Engine, count: int, seed: int) -> None:
         conn.execute(t.costs.insert(), rows)
 
 
+#: the columns `costs` had at 0008 (later migrations add more)
+_COLUMNS_0008 = ("id", "run_id", "tenant_id", "user_id", "source", "input_tokens", "output_tokens", "usd", "at")
+
+
 def _costs(engine: sa.Engine) -> list[tuple[Any, ...]]:
     with engine.connect() as conn:
-        return [tuple(r) for r in conn.execute(sa.select(t.costs).order_by(t.costs.c.id))]
+        return [tuple(r) for r in conn.execute(sa.select(*(t.costs.c[c] for c in _COLUMNS_0008))
+                                               .order_by(t.costs.c.id))]
 
 
 def _sums(engine: sa.Engine) -> dict[tuple[str, str], tuple[int, float]]:

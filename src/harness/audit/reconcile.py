@@ -9,7 +9,11 @@ order); a total with no recorded cost is named too. A non-idempotent step called
 ToolTraces) is named: the duplicate side effect the lease and the start mark exist to prevent.
 
 Every check is one set-based query (GROUP BY / joins), never a loop over Runs, so it scales to a
-million Runs; each lists at most `limit` offenders and counts them all.
+million Runs; each lists at most `limit` offenders and counts them all. One check reads payloads: every
+RunTrace's total cost (shape 2) must be the sums of the costs its Run and its child Runs recorded up to
+its close (SPEC A1); it walks the RunTraces in batches of `RUN_TRACE_BATCH`, with a query per level of
+a batch's child Runs and one for all their costs. Costs a Run recorded after it closed (a call that was still
+running when the Run was cancelled) are not in its RunTrace: they are counted apart, as information.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from harness.adapters.sql import schema as t
-from harness.adapters.sql.ledger import TENANT_TOTAL
+from harness.adapters.sql.ledger import TENANT_TOTAL, RunTotal, descendants
 from harness.adapters.sql.store import SqlStore
 from harness.kernel import FINAL, FINAL_EVENT
 from harness.kernel.projection import PROJECTION
@@ -33,6 +37,8 @@ _STATE_OF_EVENT = {event: state.value for state, event in FINAL_EVENT.items()}
 #: how far (relative, plus as much in absolute USD) a spend total may stray from its costs' sum: the same
 #: floats added in another order differ by a few ulps per addition, far below this for ~10**7 costs
 SPEND_TOLERANCE = 1e-9
+RUN_TRACE_BATCH = 500
+_MEASURES = ("input_tokens", "output_tokens", "api_calls", "sandbox_s", "usd", "costs")
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +72,8 @@ class ReconcileReport:
     finals: list[FinalCount] = field(default_factory=list)
     mismatches: list[Mismatch] = field(default_factory=list)
     counts: dict[str, int] = field(default_factory=dict)
+    #: facts that are not mismatches (e.g. costs recorded after their Run closed)
+    info: dict[str, int] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -78,6 +86,7 @@ class ReconcileReport:
             "ok": self.ok,
             "finals": [{**asdict(f), "ok": f.ok} for f in self.finals],
             "counts": self.counts,
+            "info": self.info,
             "mismatches": [asdict(m) for m in self.mismatches],
         }
 
@@ -241,4 +250,70 @@ def reconcile(store: SqlStore, *, limit: int = 20) -> ReconcileReport:
         repeated = _repeated_calls(conn)
         report.counts["repeated_non_idempotent_call"] = len(repeated)
         report.mismatches.extend(repeated[:limit])
+        _run_cost_totals(conn, report, limit)
     return report
+
+
+def _off(recorded: dict[str, Any], expected: RunTotal) -> list[str]:
+    """The measures in which a RunTrace's total differs from the recomputed sums."""
+    wrong = []
+    for name in _MEASURES:
+        got, want = float(recorded.get(name, 0) or 0), float(getattr(expected, name))
+        if abs(got - want) > SPEND_TOLERANCE * (1 + abs(want)) + {"sandbox_s": 1e-6, "usd": 1e-8}.get(name, 0.0):
+            wrong.append(f"{name} {got!r} but the recorded costs sum to {want!r}")
+    if int(recorded.get("children", 0) or 0) != expected.children:
+        wrong.append(f"children {recorded.get('children')!r} but {expected.children} child Run(s)")
+    return wrong
+
+
+def _run_cost_totals(conn: sa.Connection, report: ReconcileReport, limit: int) -> None:
+    """Each RunTrace's total cost (shape 2) against the sums of its Run's and child Runs' costs up to its
+    close; RunTraces written before the total had a shape (the planning call only) are left out."""
+    tr, r = t.trace_records, t.runs
+    after, wrong, late = 0, 0, 0
+    while True:
+        rows = conn.execute(sa.select(tr.c.seq, tr.c.run_id, tr.c.payload, r.c.last_state_change_at)
+                            .join(r, r.c.run_id == tr.c.run_id)
+                            .where(tr.c.kind == "run", tr.c.seq > after).order_by(tr.c.seq)
+                            .limit(RUN_TRACE_BATCH)).all()
+        if not rows:
+            break
+        after = rows[-1].seq
+        traces = [(row.run_id, json.loads(row.payload).get("total_cost") or {}, float(row.last_state_change_at))
+                  for row in rows]
+        traces = [x for x in traces if x[1].get("v") == 2]
+        family = descendants(conn, [run_id for run_id, _, _ in traces])
+        c = t.costs
+        costs_of: dict[str, list[Any]] = {}
+        for cost in conn.execute(sa.select(c.c.run_id, c.c.at, c.c.input_tokens, c.c.output_tokens, c.c.api_calls,
+                                           c.c.sandbox_s, c.c.usd, c.c.priced).where(c.c.run_id.in_(family))):
+            costs_of.setdefault(cost.run_id, []).append(cost)
+        parents = {str(a): str(b) for a, b in conn.execute(sa.select(r.c.run_id, r.c.parent_run_id).where(
+            r.c.run_id.in_(family), r.c.parent_run_id.is_not(None)))} if family else {}
+        children: dict[str, list[str]] = {}
+        for child, parent in parents.items():
+            children.setdefault(parent, []).append(child)
+        for run_id, recorded, closed_at in traces:
+            tree = _tree(run_id, children)
+            rows_in = [x for run in tree for x in costs_of.get(run, [])]
+            counted = [x for x in rows_in if x.at <= closed_at]
+            late += len(rows_in) - len(counted)
+            expected = RunTotal(sum(x.input_tokens for x in counted), sum(x.output_tokens for x in counted),
+                                sum(x.api_calls for x in counted), sum(x.sandbox_s for x in counted),
+                                sum(x.usd for x in counted), len(counted), sum(1 for x in counted if not x.priced),
+                                len(tree) - 1)
+            problems = _off(recorded, expected)
+            if problems:
+                wrong += 1
+                if len([m for m in report.mismatches if m.check == "run_cost_total"]) < limit:
+                    report.mismatches.append(Mismatch("run_cost_total", run_id, "; ".join(problems)))
+    report.counts["run_cost_total"] = wrong
+    report.info["costs_after_close"] = late
+
+
+def _tree(run_id: str, children: dict[str, list[str]]) -> list[str]:
+    found, frontier = [run_id], [run_id]
+    while frontier:
+        frontier = [c for p in frontier for c in children.get(p, []) if c not in found]
+        found.extend(frontier)
+    return found

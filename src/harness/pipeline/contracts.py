@@ -7,9 +7,10 @@ field instead of being half-understood.
 from __future__ import annotations
 
 import re
+import urllib.parse
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from harness.pipeline import limits
 
@@ -19,6 +20,35 @@ STEP_ID = r"^[A-Za-z][A-Za-z0-9_\-]{0,63}$"
 SKILL_ID = r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)*$"
 #: the most levels of child Runs any request may ask for (a deployment's own limit is usually lower)
 MAX_CHAIN_DEPTH = 64
+
+MAX_URL = 2_048
+
+
+def check_callback_url(value: str) -> str:
+    """A webhook URL as harness accepts it: http or https, a host, no credentials, no fragment; ValueError
+    naming what is wrong otherwise (the caller's text, never a URL with a password, is repeated)."""
+    if len(value) > MAX_URL:
+        raise ValueError(f"a callback URL has at most {MAX_URL} characters")
+    try:
+        parts = urllib.parse.urlsplit(value)
+        port = parts.port  # raises for a port that is not a number or out of range
+    except ValueError as exc:
+        raise ValueError(f"not a valid URL: {exc}") from None
+    if parts.scheme not in ("http", "https"):
+        raise ValueError(f"a callback URL must be http or https, not {parts.scheme or 'without a scheme'}")
+    if not parts.hostname:
+        raise ValueError("a callback URL needs a host")
+    if parts.username is not None or parts.password is not None:
+        raise ValueError("a callback URL must not carry credentials: the payload is signed instead")
+    if parts.fragment:
+        raise ValueError("a callback URL must not have a #fragment")
+    if any(c.isspace() for c in value):
+        raise ValueError("a callback URL must not contain whitespace")
+    del port
+    return value
+
+
+CallbackUrl = Annotated[str, AfterValidator(check_callback_url)]
 
 
 class Contract(BaseModel):
@@ -81,6 +111,8 @@ class RunRequest(Contract):
     #: (AgentInvoke) this Run may start. None takes the deployment's default depth; a child gets one
     #: less than its parent; at 0 the gatekeeper refuses any AgentInvoke in the plan.
     chain_remaining: int | None = Field(default=None, ge=0, le=MAX_CHAIN_DEPTH)
+    #: where the Run's approval requests and results are pushed, signed (SPEC P4 / N1); None: nowhere
+    callback: CallbackUrl | None = None
 
     @field_validator("task")
     @classmethod
@@ -226,6 +258,26 @@ class RunResult(Contract):
     error: str | None = None
     approval_request_id: str | None = None
     path: tuple[str, ...] = ()
+
+
+NotificationType = Literal[
+    "approval.requested", "approval.escalated", "approval.decided", "approval.timed_out", "approval.cancelled",
+    "run.awaiting_approval", "run.finished",
+]
+
+
+class Notification(Contract):
+    """An event to push (SPEC P4 / N1; seed 004 §4.1 ⑩ and ⑱): to the Run's callback, if it has one, and
+    to the endpoints of the tenant's approvers holding one of `approver_roles`. `event_id` is stable:
+    every delivery and every retry of this event carries it, so receivers can deduplicate."""
+
+    event_id: str
+    type: NotificationType
+    tenant_id: str
+    run_id: str | None
+    callback: str | None = None
+    approver_roles: tuple[str, ...] = ()
+    data: dict[str, Any]
 
 
 _TEMPLATE = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z0-9_]+)*)\}")

@@ -194,8 +194,9 @@ class PolicyEngine:
     def _budgets(self, plan: Plan, caller: CallerIdentity, run_id: str) -> list[Verdict]:
         caps = self.policy.budgets
         estimate = plan.budget_estimate.cost_usd
+        unpriced = self._unpriced(run_id)
         if caps.per_run_usd is None and caps.per_user_usd is None and caps.per_tenant_usd is None:
-            return []
+            return unpriced
         spent_run, spent_user, spent_tenant = (
             self.ledger.spent_by_scope(tenant_id=caller.tenant_id, user_id=caller.user_id, run_id=run_id)
             if self.ledger else (0.0, 0.0, 0.0))
@@ -209,4 +210,15 @@ class PolicyEngine:
             out.append(Verdict(rule_id=f"budget.per_{scope}", family="budget", decision="reject" if over else "pass",
                                reason=f"{scope} spent {spent:.4f} + plan estimate {estimate:.4f} "
                                       f"{'exceeds' if over else 'within'} cap {cap:.2f} USD"))
-        return out
+        return [*unpriced, *out]
+
+    def _unpriced(self, run_id: str) -> list[Verdict]:
+        """A verdict on the Run's calls of models without a price: budgets cannot count them, so the policy
+        says whether that is allowed (with a warning) or refused."""
+        models = self.ledger.unpriced_calls(run_id) if self.ledger else []
+        if not models:
+            return []
+        deny = self.policy.budgets.unpriced_model == "deny"
+        return [Verdict(rule_id="budget.unpriced_model", family="budget", decision="reject" if deny else "pass",
+                        reason=f"no price for {', '.join(models)}: its calls count 0 USD against the budgets; "
+                               + ("refused by policy" if deny else "allowed with a warning by policy"))]

@@ -65,9 +65,10 @@ from harness.pipeline.trace_recorder import (
     TraceModel,
     error_trace,
     step_trace,
+    unit_price,
 )
 from harness.policy.hitl import Decision, HitlDesk, HitlRequest, plan_actions
-from harness.ports import Fence, ResultSink
+from harness.ports import Fence
 from harness.skills import Skill
 from harness.state_machine import StateMachine
 
@@ -118,9 +119,9 @@ class RunManager:
 
     def __init__(self, *, store: SqlStore, machine: StateMachine, assembler: ContextAssembler,
                  orchestrator: PlanOrchestrator, policy: PolicyEngine, tools: ToolController, hitl: HitlDesk,
-                 ledger: CostLedger, sink: ResultSink | None = None, execution_limit_s: float = 600.0,
-                 chain_depth: int = 4, limits: RequestLimits | None = None,
-                 roles_of: RolesOf | None = None) -> None:
+                 ledger: CostLedger, execution_limit_s: float = 600.0, chain_depth: int = 4,
+                 limits: RequestLimits | None = None, roles_of: RolesOf | None = None,
+                 check_callback: Callable[[RunRequest], None] | None = None) -> None:
         self.store = store
         self.machine = machine
         self.assembler = assembler
@@ -129,7 +130,8 @@ class RunManager:
         self.tools = tools
         self.hitl = hitl
         self.ledger = ledger
-        self.sink = sink
+        #: refuses a callback this deployment cannot sign or does not allow (set by the composition root)
+        self.check_callback = check_callback
         self.execution_limit_s = execution_limit_s
         #: the delegation budget of a Run whose caller gives none, and the most a caller may give (§4.1)
         self.chain_depth = chain_depth
@@ -152,6 +154,8 @@ class RunManager:
         IdempotencyConflictError if it came with another request. A request over its limits
         (harness.pipeline.intake) creates nothing."""
         request = self._with_chain_budget(admit(parse_request(raw), self.limits, self.assembler.filter, self.roles_of))
+        if request.callback is not None and self.check_callback is not None:
+            self.check_callback(request)
         if request.retry_of is not None:
             self.store.get_run(request.retry_of)  # a retry must name a Run that exists
         return self.store.create_run(NewRun(
@@ -216,10 +220,9 @@ class RunManager:
             run = self._policy(run, request)
         if run.state == S.EXECUTING:
             run = self._execute(run, request)
-        result = self.result(run_id)
-        if self.sink is not None and (result.state in {s.value for s in FINAL} or result.approval_request_id):
-            self.sink.deliver(result)
-        return result
+        # the result reaches the caller through the ResultSink the state machine calls inside every close
+        # and park (harness.webhooks), whoever makes it: not from here, which only a drive passes through
+        return self.result(run_id)
 
     def result(self, run_id: str) -> RunResult:
         """What the caller gets for a Run, in whatever state it is."""
@@ -481,8 +484,10 @@ class RunManager:
     def _cost(self, run: RunRecord, response: LLMResponse) -> CostTrace:
         usage = response.usage
         return CostTrace(run_id=run.run_id, source=f"llm:{response.provider}:plan",
-                         input_tokens=usage.input_tokens, output_tokens=usage.output_tokens,
-                         usd=usage.cost_usd, tenant_id=run.tenant_id, user_id=run.user_id)
+                         input_tokens=usage.input_tokens, output_tokens=usage.output_tokens, api_calls=1,
+                         usd=usage.cost_usd, unit_price=unit_price(usage), priced=usage.priced,
+                         model=response.model, tenant_id=run.tenant_id, user_id=run.user_id,
+                         parent_run_id=run.parent_run_id)
 
     def _record_cost(self, run: RunRecord, response: LLMResponse) -> None:
         self.ledger.record(self._cost(run, response))

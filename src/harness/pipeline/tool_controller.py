@@ -124,7 +124,8 @@ class ToolController:
                  clock: Clock | None = None, breakers: BreakerRegistry | None = None,
                  provider: LLMProvider | None = None,
                  record_cost: Callable[[CostTrace], None] | None = None,
-                 scrub: Callable[[str], str] | None = None) -> None:
+                 scrub: Callable[[str], str] | None = None, sandbox_price: float = 0.0,
+                 price_table: str | None = None) -> None:
         self.registry = registry
         self.workdirs = Workdirs(workdir_root or Path("harness-data") / "runs")
         self.breakers = breakers or BreakerRegistry(clock or SystemClock())
@@ -137,7 +138,7 @@ class ToolController:
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers, thread_name_prefix="skill")
         self._kinds: dict[str, Executor] = {
             "local": LocalCalls(self._pool),
-            "sandbox": SandboxCalls(self.sandbox, self.workdirs),
+            "sandbox": SandboxCalls(self.sandbox, self.workdirs, record_cost, sandbox_price, price_table),
             "llm": LlmCalls(lambda: self.provider, self._pool, record_cost, scrub),
             "agent": AgentCalls(lambda: self.child_runs),
         }

@@ -21,7 +21,7 @@ from harness.adapters.sandbox.workdirs import Workdirs
 from harness.adapters.sql.store import NewRun
 from harness.errors import ContextError, SkillError
 from harness.pipeline.contracts import CallerIdentity, Message, RunRequest, RunResult, render_template
-from harness.pipeline.trace_recorder import CostTrace
+from harness.pipeline.trace_recorder import CostTrace, unit_price
 from harness.ports import LLMProvider, Sandbox
 from harness.skills import Skill, SkillContext
 
@@ -108,9 +108,16 @@ class LocalCalls:
 class SandboxCalls:
     """Skills run in an isolated process with the Run's private working directory."""
 
-    def __init__(self, sandbox: Callable[[], Sandbox], workdirs: Workdirs) -> None:
+    def __init__(self, sandbox: Callable[[], Sandbox], workdirs: Workdirs,
+                 record_cost: Callable[[CostTrace], None] | None = None, price_per_s: float = 0.0,
+                 price_table: str | None = None) -> None:
         self.sandbox = sandbox
         self.workdirs = workdirs
+        #: a sandboxed call's seconds are a cost (seed 004 §3.6), priced per second, recorded even when
+        #: the call fails: the time was spent
+        self.record_cost = record_cost
+        self.price_per_s = price_per_s
+        self.price_table = price_table
 
     def __call__(self, call: Attempt) -> Any:
         sandbox, skill, ctx = self.sandbox(), call.skill, call.ctx
@@ -126,6 +133,7 @@ class SandboxCalls:
             network=skill.manifest.network, entry_file=entry.file, entry_module=entry.module,
             entry_sha256=entry.sha256,
         ))
+        self._record(call, sandbox.isolation, outcome.duration_ms / 1000)
         if outcome.ok:
             return outcome.output
         if outcome.error_code == "timeout":
@@ -133,6 +141,19 @@ class SandboxCalls:
         detail = f" (stderr: {outcome.stderr_tail.strip()[-300:]})" if outcome.stderr_tail.strip() else ""
         raise ToolCallError(outcome.error_code or "sandbox_error", f"{outcome.message}{detail}",
                             retryable=outcome.retryable)
+
+
+    def _record(self, call: Attempt, isolation: str, seconds: float) -> None:
+        if self.record_cost is None:
+            return
+        ctx = call.ctx
+        price: dict[str, float | str] = {"sandbox_per_s": self.price_per_s}
+        if self.price_table:
+            price["table"] = self.price_table
+        self.record_cost(CostTrace(run_id=ctx.run_id, source=f"sandbox:{isolation}:{call.skill.id}",
+                                   sandbox_s=round(seconds, 6), usd=round(seconds * self.price_per_s, 8),
+                                   unit_price=price, tenant_id=ctx.tenant_id, user_id=ctx.user_id,
+                                   skill_id=call.skill.id))
 
 
 class LlmCalls:
@@ -166,7 +187,9 @@ class LlmCalls:
             usage = response.usage
             self.record_cost(CostTrace(run_id=ctx.run_id, source=f"llm:{response.provider}:tool:{skill.id}",
                                        input_tokens=usage.input_tokens, output_tokens=usage.output_tokens,
-                                       usd=usage.cost_usd, tenant_id=ctx.tenant_id, user_id=ctx.user_id))
+                                       api_calls=1, usd=usage.cost_usd, unit_price=unit_price(usage),
+                                       priced=usage.priced, model=response.model, tenant_id=ctx.tenant_id,
+                                       user_id=ctx.user_id, skill_id=skill.id))
         if skill.manifest.output == "text":
             return {"text": response.content, "model": response.model}
         try:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import traceback
 from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Final, Literal
 
 from pydantic import BaseModel, ConfigDict
 
@@ -124,16 +124,55 @@ class HITLTrace(TraceModel):
     reason: str = ""
 
 
-class CostTrace(TraceModel):
-    """Tokens, calls and money spent, attributed to a scope."""
+#: the shape of CostTrace payloads this version writes. 1 (before it): source, input/output tokens, usd,
+#: tenant and user. 2: also API calls, sandbox seconds, the unit price applied (and whether the model was
+#: priced), the model, the skill and the parent Run. Chained records keep the shape they were written in
+#: (their hashes cover those bytes); `cost_fields` reads both.
+COST_TRACE_VERSION: Final = 2
 
+
+class CostTrace(TraceModel):
+    """What one call spent (seed 004 §3.6): tokens, API calls, sandbox seconds, the unit price applied and
+    its scope — tenant, user, skill, Run and parent Run."""
+
+    compact: ClassVar[bool] = True
     kind: Literal["cost"] = "cost"
+    v: Literal[2] = COST_TRACE_VERSION
     source: str
     input_tokens: int = 0
     output_tokens: int = 0
+    api_calls: int = 0
+    sandbox_s: float = 0.0
     usd: float = 0.0
+    #: what the usd was computed from: input_per_mtok / output_per_mtok (model calls) or sandbox_per_s,
+    #: and the price table's date
+    unit_price: dict[str, float | str] | None = None
+    priced: bool = True
+    model: str | None = None
     tenant_id: str
     user_id: str
+    skill_id: str | None = None
+    parent_run_id: str | None = None
+
+
+def unit_price(usage: Any) -> dict[str, float | str] | None:
+    """The unit price an LLM call's usage was priced at, for its CostTrace (None when it had none)."""
+    price: dict[str, float | str] = {}
+    for name in ("input_per_mtok", "output_per_mtok"):
+        if getattr(usage, name, None) is not None:
+            price[name] = float(getattr(usage, name))
+    if getattr(usage, "price_table", None):
+        price["table"] = str(usage.price_table)
+    return price or None
+
+
+def cost_fields(payload: Mapping[str, Any]) -> dict[str, Any]:
+    """A "cost" record's payload with every CostTrace field, whatever shape (version) it was written in:
+    version 1 payloads read as one priced cost with no API calls, no sandbox seconds and no skill."""
+    fields = {name: payload.get(name, field.default) for name, field in CostTrace.model_fields.items()
+              if name not in ("kind",)}
+    fields["v"] = int(payload.get("v", 1))
+    return fields
 
 
 class ErrorTrace(TraceModel):

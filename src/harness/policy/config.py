@@ -32,6 +32,9 @@ class Budgets(Strict):
     per_run_usd: float | None = Field(default=None, gt=0)
     per_user_usd: float | None = Field(default=None, gt=0)
     per_tenant_usd: float | None = Field(default=None, gt=0)
+    #: a model with no price in the price table: refuse it (at start, and any Run whose calls were recorded
+    #: unpriced), or allow it with a warning in the policy trace (its calls then cost 0 USD, marked unpriced)
+    unpriced_model: Literal["deny", "allow_with_warning"] = "deny"
 
 
 class Guardrail(Strict):

@@ -34,6 +34,9 @@ from harness.pipeline.trace_recorder import HITLTrace
 from harness.policy.config import Hitl, Level
 
 BREAK_GLASS_ROLE = "break_glass"
+#: runs inside the transaction that inserts an approval request: (connection, request, escalated_from);
+#: the webhook notifier's way of pushing a request exactly when it is opened or escalated (SPEC P4 / N1)
+InsertHook = Callable[[sa.Connection, "HitlRequest", str | None], None]
 
 
 class UnknownRequestError(BadInputError):
@@ -103,6 +106,11 @@ class HitlDesk:
     def __init__(self, store: SqlStore, settings: Hitl) -> None:
         self.store = store
         self.settings = settings
+        self._insert_hooks: list[InsertHook] = []
+
+    def on_insert(self, hook: InsertHook) -> None:
+        """Register a hook that writes inside the transaction inserting each request (opened or escalated)."""
+        self._insert_hooks.append(hook)
 
     # ------------------------------------------------------------------ requests
 
@@ -136,6 +144,8 @@ class HitlDesk:
             actions_hash=request.actions_hash, status="pending", created_at=request.created_at,
             deadline_at=request.deadline_at, escalated_from=escalated_from,
         ))
+        for hook in self._insert_hooks:
+            hook(conn, request, escalated_from)
 
     def get(self, request_id: str, tenant_id: str | None = None) -> HitlRequest:
         """The request with this id (in this tenant, when given); UnknownRequestError otherwise."""
@@ -235,20 +245,19 @@ class HitlDesk:
                     conn.execute(t.hitl_approvals.insert().values(
                         request_id=request_id, approver=who, decision_id=decision_id, at=now))
                 # break-glass shortens the wait only: it never stands in for a second person (G5)
-                if decision == "reject" or count >= request.required_approvals:
-                    effect = "approved" if decision == "approve" else "rejected"
-                    self._set_status(conn, request_id, effect, now)
-                    if move is not None:
-                        moved = move(conn, request, effect)
-                        if not moved.applied:  # cannot happen under the Run's lock; never half-decide
-                            raise StoreError(f"run {run_id} moved while its decision held the lock")
-                else:
-                    effect = "recorded"
+                complete = decision == "reject" or count >= request.required_approvals
+                effect = ("approved" if decision == "approve" else "rejected") if complete else "recorded"
             conn.execute(t.hitl_decisions.insert().values(
                 decision_id=decision_id, request_id=request_id, run_id=run_id, approver=who,
                 decision=decision, actions_hash=approved_hash or request.actions_hash, break_glass=break_glass,
                 reason=reason, outcome="refused" if refusal else "accepted", refusal=refusal, at=now,
             ))
+            if effect in ("approved", "rejected"):  # the decision is written first: the move's hooks read it
+                self._set_status(conn, request_id, effect, now)
+                if move is not None:
+                    moved = move(conn, request, effect)
+                    if not moved.applied:  # cannot happen under the Run's lock; never half-decide
+                        raise StoreError(f"run {run_id} moved while its decision held the lock")
             trace = HITLTrace(
                 run_id=run_id, request_id=request_id, event="refused" if refusal else decision,
                 level=request.level, approver=who, actions_hash=request.actions_hash,

@@ -28,11 +28,12 @@ from harness.service.auth import Authenticator, SessionSigner
 from harness.service.body_limit import BodyLimit
 from harness.service.core import Service
 from harness.service.metrics import Metrics
-from harness.service.routes import approvals, console, ops, runs
+from harness.service.routes import approvals, console, console_more, costs, ops, runs, webhooks
 from harness.service.settings import ServiceSettings
 from harness.service.sse import ChangeHub
 from harness.service.telemetry import Telemetry
 from harness.service.worker import EmbeddedWorker
+from harness.webhooks.delivery import DeliveryThread
 
 STATIC_DIR = Path(__file__).resolve().parent / "console" / "static"
 log = logging.getLogger("harness.service")
@@ -122,6 +123,8 @@ def build_service(
         metrics=Metrics(runtime.store, runtime.settings.thresholds()),
         telemetry=telemetry,
         owns_runtime=owns,
+        deliveries=DeliveryThread(runtime.dispatcher(), settings.webhook_interval_s)
+        if settings.webhook_interval_s > 0 and runtime.webhook_outbox is not None else None,
     )
     for listener in (svc.hub.publish, svc.metrics.on_transition, _log_transition):
         runtime.machine.subscribe(listener)
@@ -142,6 +145,8 @@ def create_app(
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         svc.worker.start()
+        if svc.deliveries is not None:
+            svc.deliveries.start()
         try:
             yield
         finally:
@@ -151,7 +156,8 @@ def create_app(
     app = FastAPI(title="harness-kernel", version=_version(), description=DESCRIPTION, lifespan=lifespan)
     app.state.service = svc
     errors.install(app)
-    for router in (runs.router, approvals.router, ops.router, console.router):
+    for router in (runs.router, approvals.router, ops.router, webhooks.router, costs.router, console.router,
+                   console_more.router):
         app.include_router(router)
     app.mount("/ui/static", StaticFiles(directory=STATIC_DIR), name="static")
 
@@ -168,6 +174,9 @@ def shutdown(svc: Service) -> None:
     """Stop the worker, flush spans, and close the runtime if this service built it."""
     svc.stopping = True
     svc.worker.stop()
+    if svc.deliveries is not None:
+        svc.deliveries.stop()
+        svc.deliveries.dispatcher.close()
     if svc.telemetry is not None:
         svc.telemetry.shutdown()
     if svc.owns_runtime:

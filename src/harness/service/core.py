@@ -17,6 +17,7 @@ from harness.service.settings import ServiceSettings
 from harness.service.sse import ChangeHub
 from harness.service.telemetry import Telemetry
 from harness.service.worker import EmbeddedWorker
+from harness.webhooks.delivery import DeliveryThread
 
 
 @dataclass
@@ -31,6 +32,8 @@ class Service:
     metrics: Metrics
     telemetry: Telemetry | None = None
     owns_runtime: bool = True
+    #: the embedded webhook delivery loop (SPEC P4 / N1); None when turned off
+    deliveries: DeliveryThread | None = None
     stopping: bool = field(default=False)
 
     def owned_run(self, caller: Principal, run_id: str) -> RunRecord:

@@ -11,10 +11,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from harness.adapters.sql.ledger import CostLedger
 from harness.adapters.sql.store import SqlStore
+from harness.adapters.sql.webhooks import WebhookOutbox
 from harness.kernel import FINAL, RunState
 from harness.kernel.thresholds import DEFAULT, Thresholds
 from harness.service import queries
@@ -29,9 +31,38 @@ class DatabaseCollector(Collector):
     def __init__(self, store: SqlStore, thresholds: Thresholds = DEFAULT) -> None:
         self.store = store
         self.thresholds = thresholds
+        self.ledger = CostLedger(store)
+        self.outbox = WebhookOutbox(store)
+
+    def _costs(self) -> Iterator[Metric]:
+        """Recorded spend by tenant and skill (planning calls as "(planning)"), from the costs table: true
+        for every process that records costs, not only this one."""
+        families = {
+            "usd": CounterMetricFamily("harness_cost_usd", "USD recorded.", labels=["tenant", "skill"]),
+            "input_tokens": CounterMetricFamily("harness_cost_input_tokens", "Input tokens recorded.",
+                                                labels=["tenant", "skill"]),
+            "output_tokens": CounterMetricFamily("harness_cost_output_tokens", "Output tokens recorded.",
+                                                 labels=["tenant", "skill"]),
+            "api_calls": CounterMetricFamily("harness_cost_api_calls", "Model API calls recorded.",
+                                             labels=["tenant", "skill"]),
+            "sandbox_s": CounterMetricFamily("harness_cost_sandbox_seconds", "Sandboxed seconds recorded.",
+                                             labels=["tenant", "skill"]),
+            "unpriced": CounterMetricFamily("harness_cost_unpriced_calls", "Calls of models without a price.",
+                                            labels=["tenant", "skill"]),
+        }
+        for tenant, skill, sums in self.ledger.by_tenant_and_skill():
+            for name, family in families.items():
+                family.add_metric([tenant, skill], float(getattr(sums, name)))
+        yield from families.values()
 
     def collect(self) -> Iterator[Metric]:
         """The gauges, freshly read."""
+        yield from self._costs()
+        deliveries = GaugeMetricFamily("harness_webhook_deliveries", "Webhook deliveries in each status.",
+                                       labels=["status"])
+        for status, n in self.outbox.counts().items():
+            deliveries.add_metric([status], n)
+        yield deliveries
         now = self.store.clock.now()
         by_state = queries.runs_by_state(self.store)
         runs = GaugeMetricFamily("harness_runs", "Runs currently in each state.", labels=["state"])

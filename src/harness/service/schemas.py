@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from harness.pipeline import limits
-from harness.pipeline.contracts import MAX_CHAIN_DEPTH, Ident, Message, MetadataKey
+from harness.pipeline.contracts import MAX_CHAIN_DEPTH, CallbackUrl, Ident, Message, MetadataKey
 
 HEX64 = r"^[0-9a-f]{64}$"
 
@@ -43,6 +43,12 @@ class CreateRunBody(Body):
         default=None, ge=0, le=MAX_CHAIN_DEPTH,
         description="Your remaining delegation budget: how many levels of child Runs this Run may start "
                     "(default and maximum: the deployment's HARNESS_CHAIN_DEPTH).")
+    callback: CallbackUrl | None = Field(
+        default=None,
+        description="An http(s) URL the Run's approval requests and its result are pushed to, signed as "
+        "Standard Webhooks (webhook-id, webhook-timestamp, webhook-signature).",
+        examples=["https://hooks.example.com/harness"],
+    )
 
 
 class CancelBody(Body):
@@ -85,11 +91,16 @@ class TransitionDoc(BaseModel):
 
 
 class CostDoc(BaseModel):
-    """What the Run has spent."""
+    """What the Run has spent: the sums of its recorded costs, its child Runs' included."""
 
     input_tokens: int = 0
     output_tokens: int = 0
     usd: float = 0.0
+    api_calls: int = 0
+    sandbox_s: float = 0.0
+    costs: int = Field(default=0, description="How many recorded costs the sums cover.")
+    children: int = Field(default=0, description="How many child Runs' costs are included.")
+    unpriced: int = Field(default=0, description="Calls of a model without a price (counted at 0 USD).")
 
 
 class RunLinks(BaseModel):
@@ -271,3 +282,55 @@ class CheckDoc(BaseModel):
 
     ok: bool
     report: dict[str, Any]
+
+
+class DeliveryDoc(BaseModel):
+    """One webhook delivery: an event for one endpoint, its attempts and where it stands."""
+
+    delivery_id: str = Field(description="The webhook-id header: the same on every attempt.")
+    event_id: str = Field(description="The event's id: the same for every endpoint the event goes to.")
+    event_type: str
+    run_id: str | None
+    endpoint: str
+    url: str
+    status: Literal["pending", "delivered", "dead"]
+    attempts: int
+    next_attempt_at: dt.datetime | None
+    last_status: int | None
+    last_error: str | None
+    created_at: dt.datetime
+    delivered_at: dt.datetime | None
+    payload: dict[str, Any]
+
+
+class DeliveryList(BaseModel):
+    """Webhook deliveries of the caller's tenant, newest first, and how many are in each status."""
+
+    deliveries: list[DeliveryDoc]
+    counts: dict[str, int]
+
+
+class CostGroupDoc(BaseModel):
+    """The spend of one group: a tenant, a user, a skill ("(planning)" for planning calls) or a UTC day."""
+
+    key: str
+    usd: float
+    input_tokens: int
+    output_tokens: int
+    api_calls: int
+    sandbox_s: float
+    costs: int
+    runs: int
+    unpriced: int
+
+
+class CostView(BaseModel):
+    """Recorded spend of the caller's tenant, grouped, within [from, to)."""
+
+    group_by: Literal["tenant", "user", "skill", "day"]
+    from_: dt.datetime | None = Field(alias="from", serialization_alias="from")
+    to: dt.datetime | None
+    total_usd: float
+    groups: list[CostGroupDoc]
+
+    model_config = ConfigDict(populate_by_name=True)

@@ -17,6 +17,7 @@ _ENV = {
     "otel_exporter": "HARNESS_OTEL_EXPORTER",
     "session_secret": "HARNESS_SESSION_SECRET",
     "cookie_secure": "HARNESS_COOKIE_SECURE",
+    "webhook_interval_s": "HARNESS_WEBHOOK_INTERVAL_S",
 }
 
 
@@ -39,6 +40,8 @@ class ServiceSettings(BaseModel):
     session_secret: str = Field(default_factory=lambda: secrets.token_hex(32), min_length=16)
     session_ttl_s: float = Field(default=12 * 3600.0, gt=0)
     cookie_secure: bool = False
+    #: how often the embedded delivery loop sends due webhooks; 0 turns it off (Celery workers deliver)
+    webhook_interval_s: float = Field(default=1.0, ge=0)
 
     @classmethod
     def from_env(cls, **overrides: object) -> ServiceSettings:

@@ -56,7 +56,7 @@ def transitions(rt: Runtime, run: RunRecord) -> list[schemas.TransitionDoc]:
 def run_document(rt: Runtime, run: RunRecord) -> schemas.RunDoc:
     """Everything the API says about one Run."""
     result = run.result or {}
-    cost = (run.context or {}).get("cost") or {}
+    cost = rt.runs.ledger.run_total(run.run_id).to_dict()
     pending = [r for r in rt.hitl.for_run(run.run_id) if r.status == "pending"]
     timeline = transitions(rt, run)
     base = f"{API}/runs/{run.run_id}"
@@ -81,11 +81,7 @@ def run_document(rt: Runtime, run: RunRecord) -> schemas.RunDoc:
         approval_request_id=pending[-1].request_id
         if pending and run.state == RunState.AWAITING_HITL
         else None,
-        cost=schemas.CostDoc(
-            input_tokens=int(cost.get("input_tokens", 0)),
-            output_tokens=int(cost.get("output_tokens", 0)),
-            usd=float(cost.get("usd", 0.0)),
-        ),
+        cost=schemas.CostDoc(**{k: v for k, v in cost.items() if k != "v"}),
         links=schemas.RunLinks(
             self=base, trace=f"{base}/trace", events=f"{base}/events", job=f"/jobs/{run.run_id}"
         ),

@@ -188,8 +188,12 @@ class GuardedProvider:
         configured table for the model that was asked for."""
         calls = parse_tool_calls(self.name, names, raw_calls)
         content, calls = plan_from_submit(request, content, calls)
-        usd = self.settings.pricing.cost(model, *tokens)
-        usage = Usage(input_tokens=tokens[0], output_tokens=tokens[1], cost_usd=usd)
+        pricing = self.settings.pricing
+        price = pricing.price_of(model)
+        usage = Usage(input_tokens=tokens[0], output_tokens=tokens[1], cost_usd=pricing.cost(model, *tokens),
+                      input_per_mtok=price.input_per_mtok if price else None,
+                      output_per_mtok=price.output_per_mtok if price else None,
+                      price_table=pricing.as_of, priced=price is not None)
         return LLMResponse(content=content, tool_calls=tuple(calls), model=served_by, provider=self.name,
                            finish_reason=finish, usage=usage)
 

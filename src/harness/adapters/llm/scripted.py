@@ -144,7 +144,9 @@ class ScriptedProvider:
         price = self.rules.pricing
         usage = Usage(input_tokens=tokens_in, output_tokens=tokens_out,
                       cost_usd=round((tokens_in * price.input_per_1k_usd + tokens_out * price.output_per_1k_usd) / 1000,
-                                     8))
+                                     8),
+                      input_per_mtok=price.input_per_1k_usd * 1000, output_per_mtok=price.output_per_1k_usd * 1000,
+                      price_table="scripted rules")
         return LLMResponse(content=content, model=f"scripted:{rule.name}", provider=self.name, usage=usage)
 
     def _match(self, prompt: str, purpose: str) -> tuple[Rule, dict[str, str]]:

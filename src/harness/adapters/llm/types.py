@@ -39,6 +39,12 @@ class Usage(BaseModel):
     input_tokens: int = 0
     output_tokens: int = 0
     cost_usd: float = 0.0
+    #: the unit prices applied (USD per million tokens) and the price table's date; `priced` is False
+    #: when the model had no price (cost_usd is then 0 and says nothing)
+    input_per_mtok: float | None = None
+    output_per_mtok: float | None = None
+    price_table: str | None = None
+    priced: bool = True
 
 
 class ToolCallOut(BaseModel):

@@ -8,13 +8,19 @@ budget check reads the Run's few cost rows and two totals, however long the tena
 
 from __future__ import annotations
 
+import datetime as dt
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
 import sqlalchemy as sa
 from sqlalchemy.dialects import mysql, postgresql, sqlite
 
 from harness.adapters.sql import schema as t
 from harness.adapters.sql.raw import RawStatements
 from harness.adapters.sql.store import SqlStore
-from harness.pipeline.trace_recorder import CostTrace
+from harness.pipeline.trace_recorder import COST_TRACE_VERSION, CostTrace
 
 b = sa.bindparam
 costs, totals = t.costs, t.spend_totals
@@ -85,8 +91,13 @@ class CostLedger:
         self._add_to_totals = _add_to_totals(store.engine.dialect.name)
 
     def record(self, cost: CostTrace) -> None:
-        """Record one cost and its trace record, in their own transaction."""
+        """Record one cost and its trace record, in their own transaction; a cost that does not name its
+        parent Run gets it from the Run (child Runs' costs count in their parent's total)."""
         with self.store.engine.begin() as conn:
+            if cost.parent_run_id is None:
+                parent = conn.execute(sa.select(t.runs.c.parent_run_id).where(t.runs.c.run_id == cost.run_id)).scalar()
+                if parent is not None:
+                    cost = cost.model_copy(update={"parent_run_id": parent})
             self.insert(conn, cost)
             self.store.enqueue(conn, [cost.to_record()], self.store.clock.now())
 
@@ -96,7 +107,10 @@ class CostLedger:
         conn.execute(_INSERT, {
             "run_id": cost.run_id, "tenant_id": cost.tenant_id, "user_id": cost.user_id, "source": cost.source,
             "input_tokens": cost.input_tokens, "output_tokens": cost.output_tokens, "usd": cost.usd,
-            "at": self.store.clock.now(),
+            "at": self.store.clock.now(), "api_calls": cost.api_calls, "sandbox_s": cost.sandbox_s,
+            "skill_id": cost.skill_id, "model": cost.model, "parent_run_id": cost.parent_run_id,
+            "unit_price": json.dumps(cost.unit_price, sort_keys=True) if cost.unit_price else None,
+            "priced": cost.priced,
         })
         added = {"p_tenant": cost.tenant_id, "p_user": cost.user_id, "p_usd": cost.usd}
         self._raw.execute(conn, self._add_to_totals, added).close()
@@ -119,3 +133,165 @@ class CostLedger:
             query = _run_spent(run_id, *scope)
         with self.store.reader.connect() as conn:
             return float(conn.execute(query).scalar_one())
+
+    # ------------------------------------------------------------------ totals and the cost view
+
+    def run_total(self, run_id: str, *, until: float | None = None) -> RunTotal:
+        """What the Run and its child Runs (at any depth) recorded, optionally only up to `until`: the total
+        a RunTrace carries (SPEC A1)."""
+        with self.store.reader.connect() as conn:
+            runs = descendants(conn, [run_id])
+            totals = sum_costs(conn, runs, until=until)
+        return totals.get(run_id, RunTotal()).merged(
+            [totals[r] for r in runs if r != run_id and r in totals], children=len(runs) - 1)
+
+    def unpriced_calls(self, run_id: str) -> list[str]:
+        """The models of the Run's calls recorded without a price."""
+        query = sa.select(costs.c.model).where(costs.c.run_id == run_id, costs.c.priced.is_(False))
+        with self.store.reader.connect() as conn:
+            return sorted({str(m) for m in conn.execute(query).scalars()})
+
+    def by_group(self, group_by: GroupBy, *, tenant_id: str | None, since: float | None = None,
+                 until: float | None = None, limit: int = 1000) -> list[CostGroup]:
+        """Spend grouped by tenant, user, skill or UTC day, largest first (days: oldest first), within
+        [since, until) and one tenant when given. Costs of no skill (planning calls) group as "(planning)"."""
+        key: sa.ColumnElement[Any]
+        if group_by == "tenant":
+            key = costs.c.tenant_id
+        elif group_by == "user":
+            key = costs.c.user_id
+        elif group_by == "skill":
+            key = sa.func.coalesce(costs.c.skill_id, PLANNING)
+        else:
+            key = _day(self.store.engine.dialect.name)
+        query = (sa.select(key.label("key"), *_MEASURES).group_by(key).limit(limit))
+        query = query.order_by(key) if group_by == "day" else query.order_by(sa.func.sum(costs.c.usd).desc(), key)
+        if tenant_id is not None:
+            query = query.where(costs.c.tenant_id == tenant_id)
+        if since is not None:
+            query = query.where(costs.c.at >= since)
+        if until is not None:
+            query = query.where(costs.c.at < until)
+        with self.store.reader.connect() as conn:
+            rows = conn.execute(query).all()
+        return [CostGroup(key=_day_label(r.key) if group_by == "day" else str(r.key), usd=float(r.usd),
+                          input_tokens=int(r.input_tokens), output_tokens=int(r.output_tokens),
+                          api_calls=int(r.api_calls), sandbox_s=float(r.sandbox_s), costs=int(r.n),
+                          runs=int(r.runs), unpriced=int(r.unpriced)) for r in rows]
+
+
+    def by_tenant_and_skill(self) -> list[tuple[str, str, CostGroup]]:
+        """(tenant, skill, sums) of every recorded cost: what the Prometheus cost counters expose."""
+        skill = sa.func.coalesce(costs.c.skill_id, PLANNING)
+        query = sa.select(costs.c.tenant_id, skill.label("skill"), *_MEASURES).group_by(costs.c.tenant_id, skill)
+        with self.store.reader.connect() as conn:
+            rows = conn.execute(query).all()
+        return [(str(r.tenant_id), str(r.skill), CostGroup(
+            key=str(r.skill), usd=float(r.usd), input_tokens=int(r.input_tokens), output_tokens=int(r.output_tokens),
+            api_calls=int(r.api_calls), sandbox_s=float(r.sandbox_s), costs=int(r.n), runs=int(r.runs),
+            unpriced=int(r.unpriced))) for r in rows]
+
+
+GroupBy = Literal["tenant", "user", "skill", "day"]
+GROUPS: tuple[GroupBy, ...] = ("tenant", "user", "skill", "day")
+#: the skill a cost of no skill (a planning call) is grouped under
+PLANNING = "(planning)"
+_DAY_S = 86_400
+_MEASURES = (
+    sa.func.coalesce(sa.func.sum(costs.c.usd), 0.0).label("usd"),
+    sa.func.coalesce(sa.func.sum(costs.c.input_tokens), 0).label("input_tokens"),
+    sa.func.coalesce(sa.func.sum(costs.c.output_tokens), 0).label("output_tokens"),
+    sa.func.coalesce(sa.func.sum(costs.c.api_calls), 0).label("api_calls"),
+    sa.func.coalesce(sa.func.sum(costs.c.sandbox_s), 0.0).label("sandbox_s"),
+    sa.func.count().label("n"),
+    sa.func.count(sa.distinct(costs.c.run_id)).label("runs"),
+    sa.func.coalesce(sa.func.sum(sa.case((costs.c.priced.is_(False), 1), else_=0)), 0).label("unpriced"),
+)
+
+
+def _day(dialect: str) -> sa.ColumnElement[Any]:
+    """The UTC day number (days since the epoch) of a cost: FLOOR where the database has it; SQLite, whose
+    math functions are optional, truncates (the same for times after 1970)."""
+    if dialect == "sqlite":
+        return sa.cast(costs.c.at / _DAY_S, sa.Integer)
+    return sa.cast(sa.func.floor(costs.c.at / _DAY_S), sa.BigInteger)
+
+
+def _day_label(day: Any) -> str:
+    return (dt.date(1970, 1, 1) + dt.timedelta(days=int(day))).isoformat()
+
+
+@dataclass(frozen=True, slots=True)
+class CostGroup:
+    """The spend of one group in the cost view."""
+
+    key: str
+    usd: float
+    input_tokens: int
+    output_tokens: int
+    api_calls: int
+    sandbox_s: float
+    costs: int
+    runs: int
+    unpriced: int
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready document."""
+        return asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
+class RunTotal:
+    """The sums a RunTrace's total_cost carries (shape version 2), its child Runs' costs included."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    api_calls: int = 0
+    sandbox_s: float = 0.0
+    usd: float = 0.0
+    costs: int = 0
+    unpriced: int = 0
+    children: int = 0
+
+    def merged(self, others: Iterable[RunTotal], *, children: int) -> RunTotal:
+        """This total plus others' (child Runs'), counting `children` Runs."""
+        out = self
+        for o in others:
+            out = RunTotal(out.input_tokens + o.input_tokens, out.output_tokens + o.output_tokens,
+                           out.api_calls + o.api_calls, out.sandbox_s + o.sandbox_s, out.usd + o.usd,
+                           out.costs + o.costs, out.unpriced + o.unpriced)
+        return RunTotal(out.input_tokens, out.output_tokens, out.api_calls, round(out.sandbox_s, 6),
+                        round(out.usd, 8), out.costs, out.unpriced, children)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The RunTrace's total_cost."""
+        return {"v": COST_TRACE_VERSION, **asdict(self)}
+
+
+#: child Runs nest at most this deep (AgentInvoke allows 4): a cycle in bad data cannot loop forever
+_MAX_DEPTH = 16
+
+
+def descendants(conn: sa.Connection, run_ids: Sequence[str]) -> list[str]:
+    """The Runs and all their child Runs, at any depth (through runs.parent_run_id, indexed)."""
+    found, frontier = list(run_ids), list(run_ids)
+    seen = set(found)
+    for _ in range(_MAX_DEPTH):
+        if not frontier:
+            break
+        children = [r for r in conn.execute(sa.select(t.runs.c.run_id).where(
+            t.runs.c.parent_run_id.in_(frontier))).scalars() if r not in seen]
+        seen.update(children)
+        found.extend(children)
+        frontier = children
+    return found
+
+
+def sum_costs(conn: sa.Connection, run_ids: Sequence[str], *, until: float | None = None) -> dict[str, RunTotal]:
+    """Each Run's own recorded sums (Runs with no cost are absent), optionally only costs up to `until`."""
+    query = (sa.select(costs.c.run_id, *_MEASURES[:6],
+                       _MEASURES[7]).where(costs.c.run_id.in_(list(run_ids))).group_by(costs.c.run_id))
+    if until is not None:
+        query = query.where(costs.c.at <= until)
+    return {r.run_id: RunTotal(int(r.input_tokens), int(r.output_tokens), int(r.api_calls), float(r.sandbox_s),
+                               float(r.usd), int(r.n), int(r.unpriced)) for r in conn.execute(query)}

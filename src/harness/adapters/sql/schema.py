@@ -41,6 +41,7 @@ runs = sa.Table(
     sa.UniqueConstraint("tenant_id", "user_id", "idempotency_key", name="uq_runs_idempotency_user"),
     sa.Index("ix_runs_state_changed", "state", "last_state_change_at"),
     sa.Index("ix_runs_tenant_created", "tenant_id", "created_at"),
+    sa.Index("ix_runs_parent", "parent_run_id"),  # 0012: a Run's child Runs, for its cost total
 )
 
 jobs = sa.Table(
@@ -131,6 +132,17 @@ costs = sa.Table(
     sa.Column("output_tokens", sa.Integer, nullable=False),
     sa.Column("usd", sa.Double, nullable=False),
     sa.Column("at", sa.Double, nullable=False),
+    # 0012: the rest of a CostTrace's scope and measures (seed 004 §3.6)
+    sa.Column("api_calls", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("sandbox_s", sa.Double, nullable=False, server_default="0"),
+    sa.Column("skill_id", sa.String(128)),
+    sa.Column("model", sa.String(128)),
+    sa.Column("parent_run_id", ID),
+    sa.Column("unit_price", sa.Text),
+    sa.Column("priced", sa.Boolean, nullable=False, server_default=sa.true()),
+    sa.Index("ix_costs_user", "tenant_id", "user_id"),
+    sa.Index("ix_costs_run", "run_id"),
+    sa.Index("ix_costs_tenant_at", "tenant_id", "at"),
 )
 
 #: running totals of `costs` (0008), one row per user and one per tenant (user_id '': user ids are never
@@ -230,4 +242,32 @@ health_heartbeat = sa.Table(
     sa.Column("id", sa.Integer, primary_key=True, autoincrement=False),
     sa.Column("at", sa.Double, nullable=False),
     sa.Column("prober", sa.String(128), nullable=False),
+)
+
+#: the webhook outbox (0012, SPEC P4 / N1): one row per event and endpoint, written with the state change it
+#: tells about; delivery processes claim due rows under a lease, and a row ends delivered or dead
+webhook_deliveries = sa.Table(
+    "webhook_deliveries",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("delivery_id", ID, nullable=False, unique=True),
+    sa.Column("event_id", ID, nullable=False),
+    sa.Column("event_type", sa.String(64), nullable=False),
+    sa.Column("run_id", ID),
+    sa.Column("tenant_id", sa.String(128), nullable=False),
+    sa.Column("endpoint", sa.String(200), nullable=False),
+    sa.Column("url", sa.String(2048), nullable=False),
+    sa.Column("payload", sa.Text, nullable=False),
+    sa.Column("status", sa.String(16), nullable=False),
+    sa.Column("attempts", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("next_attempt_at", sa.Double, nullable=False),
+    sa.Column("lease_owner", sa.String(128)),
+    sa.Column("lease_expires_at", sa.Double),
+    sa.Column("last_status", sa.Integer),
+    sa.Column("last_error", sa.Text),
+    sa.Column("created_at", sa.Double, nullable=False),
+    sa.Column("delivered_at", sa.Double),
+    sa.UniqueConstraint("event_id", "endpoint", name="uq_webhook_event_endpoint"),
+    sa.Index("ix_webhook_due", "status", "next_attempt_at"),
+    sa.Index("ix_webhook_tenant", "tenant_id", "status", "created_at"),
 )

@@ -50,6 +50,7 @@ def _submit(svc: Service, caller: Principal, body: CreateRunBody) -> tuple[str, 
         retry_of=body.retry_of,
         metadata=body.metadata,
         chain_remaining=body.chain_remaining,
+        callback=body.callback,
     )
     with svc.worker.admit() as admission:
         run, created = svc.runtime.runs.submit(request)

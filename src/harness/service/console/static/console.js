@@ -104,6 +104,13 @@ document.addEventListener("submit", async (e) => {
   }
 });
 document.addEventListener("click", async (e) => {
+  const button = e.target.closest("[data-redeliver]");
+  if (!button) return;
+  button.disabled = true;
+  try { await api("POST", `/api/v1/webhooks/deliveries/${button.dataset.redeliver}/redeliver`); location.reload(); }
+  catch (ex) { alert(ex.message); button.disabled = false; }
+});
+document.addEventListener("click", async (e) => {
   const button = e.target.closest("[data-cancel]");
   if (!button) return;
   if (!confirm("Cancel this run? It will close as CLOSED_CANCELLED.")) return;
@@ -153,4 +160,11 @@ document.addEventListener("DOMContentLoaded", () => {
   if (run) follow(`/api/v1/runs/${run}/events?after=${after}`);
   else if (document.body.hasAttribute("data-live-tenant")) follow(`/api/v1/events?after=${after}`);
   if (location.hash === "#new") document.querySelector("[data-new-run] input")?.focus();
+  // a webhook's approve / reject link: open that request's card with the decision at hand
+  const wanted = new URLSearchParams(location.search);
+  const card = wanted.get("request") && document.querySelector(`[data-request-id="${CSS.escape(wanted.get("request"))}"]`);
+  if (card) {
+    card.scrollIntoView({ block: "center" }); card.focus();
+    card.querySelector(`button[value="${wanted.get("decision") === "reject" ? "reject" : "approve"}"]`)?.classList.add("suggested");
+  }
 });
