@@ -19,7 +19,8 @@ from typing import Any, Literal
 import sqlalchemy as sa
 
 from harness.adapters.sql import schema as t
-from harness.adapters.sql.store import SqlStore
+from harness.adapters.sql.store import SqlStore, TraceRecordIn
+from harness.audit import mirror_records
 from harness.audit.chain import canonical_json, content_hash
 from harness.errors import BadInputError
 from harness.ids import ordered_id
@@ -116,14 +117,31 @@ class HitlDesk:
         )
 
     def insert(self, conn: sa.Connection, request: HitlRequest, escalated_from: str | None = None) -> None:
-        """Insert a request inside the caller's transaction."""
-        conn.execute(t.hitl_requests.insert().values(
+        """Insert a request inside the caller's transaction, with the record that chains it."""
+        row = dict(
             request_id=request.request_id, run_id=request.run_id, tenant_id=request.tenant_id,
             requester=request.requester, level=request.level, required_approvals=request.required_approvals,
             approver_roles=json.dumps(list(request.approver_roles)), actions=canonical_json(request.actions),
             actions_hash=request.actions_hash, status="pending", created_at=request.created_at,
-            deadline_at=request.deadline_at, escalated_from=escalated_from,
-        ))
+            deadline_at=request.deadline_at, decided_at=None, escalated_from=escalated_from,
+        )
+        conn.execute(t.hitl_requests.insert().values(**row))
+        self._chain(conn, mirror_records.HITL_REQUEST, mirror_records.hitl_request(row), request.run_id)
+
+    def _chain(self, conn: sa.Connection, kind: str, payload: dict[str, Any], run_id: str) -> None:
+        """Chain a row as it now stands, in the transaction that wrote it (audit.mirror_records)."""
+        self.store.enqueue(conn, [TraceRecordIn(kind, payload, run_id)], self.store.clock.now())
+
+    def _set_status(self, conn: sa.Connection, request_id: str, status: str, now: float) -> bool:
+        """Compare-and-set a pending request to `status` and chain the request as it now is; False when
+        something else decided it first."""
+        moved = conn.execute(t.hitl_requests.update().where(
+            t.hitl_requests.c.request_id == request_id, t.hitl_requests.c.status == "pending")
+            .values(status=status, decided_at=now)).rowcount == 1
+        if moved:
+            row = conn.execute(sa.select(t.hitl_requests).where(t.hitl_requests.c.request_id == request_id)).one()
+            self._chain(conn, mirror_records.HITL_REQUEST, mirror_records.hitl_request(row._mapping), row.run_id)
+        return moved
 
     def get(self, request_id: str, tenant_id: str | None = None) -> HitlRequest:
         """The request with this id (in this tenant, when given); UnknownRequestError otherwise."""
@@ -185,20 +203,19 @@ class HitlDesk:
                 complete = decision == "reject" or count >= request.required_approvals or break_glass
                 if complete:
                     status = "approved" if decision == "approve" else "rejected"
-                    moved = conn.execute(t.hitl_requests.update().where(
-                        t.hitl_requests.c.request_id == request_id, t.hitl_requests.c.status == "pending")
-                        .values(status=status, decided_at=now)).rowcount
-                    if moved != 1:
+                    if not self._set_status(conn, request_id, status, now):
                         refusal = "the request was decided, timed out or cancelled concurrently"
                     else:
                         effect = "approved" if status == "approved" else "rejected"
                 else:
                     effect = "recorded"
-            conn.execute(t.hitl_decisions.insert().values(
+            decided = dict(
                 decision_id=ordered_id(), request_id=request_id, run_id=request.run_id, approver=who,
                 decision=decision, actions_hash=approved_hash or request.actions_hash, break_glass=break_glass,
                 reason=reason, outcome="refused" if refusal else "accepted", refusal=refusal, at=now,
-            ))
+            )
+            conn.execute(t.hitl_decisions.insert().values(**decided))
+            self._chain(conn, mirror_records.HITL_DECISION, mirror_records.hitl_decision(decided), request.run_id)
             trace = HITLTrace(
                 run_id=request.run_id, request_id=request_id, event="refused" if refusal else decision,
                 level=request.level, approver=who, actions_hash=request.actions_hash,
@@ -251,6 +268,4 @@ class HitlDesk:
     def close(self, request_id: str, status: Literal["timed_out", "cancelled", "escalated"]) -> bool:
         """Compare-and-set a pending request to a closing status; False when something else won."""
         with self.store.engine.begin() as conn:
-            return conn.execute(t.hitl_requests.update().where(
-                t.hitl_requests.c.request_id == request_id, t.hitl_requests.c.status == "pending")
-                .values(status=status, decided_at=self.store.clock.now())).rowcount == 1
+            return self._set_status(conn, request_id, status, self.store.clock.now())
