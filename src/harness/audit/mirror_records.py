@@ -36,25 +36,25 @@ def _json(text: Any) -> Any:
         return text
 
 
-def transition(row: Mapping[str, Any]) -> dict[str, Any]:
+def transition(row: Mapping[Any, Any]) -> dict[str, Any]:
     """The "transition" record a transitions row mirrors (its run_id is the record's own)."""
     return {"seq": row["seq"], "from": row["from_state"], "to": row["to_state"], "actor": row["actor"],
             "reason": row["reason"], "forced_by": row["forced_by"], "at": row["at"]}
 
 
-def audit_event(row: Mapping[str, Any]) -> dict[str, Any]:
+def audit_event(row: Mapping[Any, Any]) -> dict[str, Any]:
     """The "audit" record an audit_events row mirrors."""
     return {"event_id": row["event_id"], "event": row["event"], "actor": row["actor"],
             "detail": _json(row["detail"]), "at": row["at"]}
 
 
-def cost(row: Mapping[str, Any]) -> dict[str, Any]:
+def cost(row: Mapping[Any, Any]) -> dict[str, Any]:
     """The CostTrace ("cost" record) a costs row mirrors."""
     return {"source": row["source"], "input_tokens": row["input_tokens"], "output_tokens": row["output_tokens"],
             "usd": row["usd"], "tenant_id": row["tenant_id"], "user_id": row["user_id"]}
 
 
-def hitl_request(row: Mapping[str, Any]) -> dict[str, Any]:
+def hitl_request(row: Mapping[Any, Any]) -> dict[str, Any]:
     """The "hitl_request" record of an approval request row. Its actions are chained by hash: the
     actions_hash binds them to the Run (policy.hitl.actions_hash), and the verifier recomputes it."""
     doc = {name: row[name] for name in _REQUEST_FIELDS}
@@ -62,7 +62,7 @@ def hitl_request(row: Mapping[str, Any]) -> dict[str, Any]:
     return doc
 
 
-def hitl_decision(row: Mapping[str, Any]) -> dict[str, Any]:
+def hitl_decision(row: Mapping[Any, Any]) -> dict[str, Any]:
     """The "hitl_decision" record of an approval decision row."""
     doc = {name: row[name] for name in _DECISION_FIELDS}
     doc["break_glass"] = bool(row["break_glass"])
