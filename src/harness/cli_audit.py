@@ -205,6 +205,9 @@ def export_cmd(
     if cp is None:
         fail(f"no checkpoint in {directory}: run `harness audit checkpoint` first")
     doc = export_run(store, run_id, cp)
+    if doc["complete"] and not doc["closed"]:
+        sys.stderr.write(f"warning: run {run_id} has not closed: its export cannot prove that it holds every "
+                         "record (harness-verify refuses it unless --allow-incomplete)\n")
     if not doc["complete"]:
         newer = len(doc["not_covered"]) + doc["pending_in_outbox"]
         sys.stderr.write(

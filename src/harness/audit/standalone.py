@@ -33,7 +33,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from harness.audit import merkle
+from harness.audit import completeness, merkle
 from harness.audit.chain import canonical_json, record_bytes, record_hash
 
 CHECKPOINT_FORMAT = "harness-checkpoint/1"
@@ -224,6 +224,8 @@ class VerifyResult:
     checked: int = 0
     failures: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    #: exports only: True when the export holds every record of its Run up to its close
+    complete: bool | None = None
 
     @property
     def ok(self) -> bool:
@@ -256,32 +258,13 @@ def _check_record(rec: Any, i: int, run_id: str, size: int, root: bytes) -> str 
     return None
 
 
-def _payload(rec: dict[str, Any]) -> dict[str, Any]:
-    try:
-        value = json.loads(rec["payload"])
-    except (TypeError, json.JSONDecodeError):
-        return {}
-    return value if isinstance(value, dict) else {}
-
-
-def _completeness(records: list[dict[str, Any]], result: VerifyResult) -> None:
-    """The RunTrace lists the Run's transitions: every one must be in the export."""
-    closing = [r for r in records if r.get("kind") == "run"]
-    if not closing:
-        result.notes.append("no RunTrace record covered: the Run's completeness is not attested")
-        return
-    listed = _payload(closing[-1]).get("transitions", [])
-    present = [_payload(r).get("to") for r in records if r.get("kind") == "transition"]
-    if present != listed:
-        result.failures.append(
-            f"the RunTrace lists transitions {listed} but the export holds {present} (records withheld)"
-        )
-
-
-def verify_export(export: Any, checkpoint: Any,
-                  public_key: Ed25519PublicKey | Sequence[Ed25519PublicKey]) -> VerifyResult:
-    """Check every record of an export against a signed checkpoint (inclusion proofs, RFC 9162). The
-    checkpoint must be signed by one of the trusted keys, or by a key one of them endorsed on it."""
+def verify_export(export: Any, checkpoint: Any, public_key: Ed25519PublicKey | Sequence[Ed25519PublicKey], *,
+                  allow_incomplete: bool = False) -> VerifyResult:
+    """Check every record of an export against a signed checkpoint (inclusion proofs, RFC 9162), and that
+    the export holds every record of its Run (audit.completeness). The checkpoint must be signed by one of
+    the trusted keys, or by a key one of them endorsed on it. An export whose completeness cannot be
+    proven (no RunTrace, a RunTrace of an earlier version) fails unless `allow_incomplete`; a record the
+    RunTrace names and the export lacks always fails."""
     result = VerifyResult("export")
     check_checkpoint(checkpoint)
     if not isinstance(export, dict) or export.get("format") != EXPORT_FORMAT:
@@ -307,9 +290,14 @@ def verify_export(export: Any, checkpoint: Any,
         if record_problem:
             result.failures.append(record_problem)
         result.checked += 1
-    if result.ok:
-        _completeness(records, result)
     pending = export.get("not_covered") or []
+    if result.ok:
+        found = completeness.check(records, pending if isinstance(pending, list) else [])
+        result.complete = found.complete
+        result.failures.extend(found.missing)
+        (result.notes if allow_incomplete else result.failures).extend(
+            f"completeness unproven: {why}" for why in found.unproven)
+        result.notes.extend(found.notes)
     if pending:
         result.notes.append(f"{len(pending)} record(s) of the Run are newer than the checkpoint, unverified")
     return result
@@ -433,6 +421,9 @@ def _parser() -> argparse.ArgumentParser:
     exp = sub.add_parser("export", help="check an exported Run against a checkpoint")
     exp.add_argument("export")
     exp.add_argument("--checkpoint", required=True)
+    exp.add_argument("--allow-incomplete", action="store_true",
+                     help="accept an export whose completeness cannot be proven (no RunTrace, or a Run recorded "
+                          "by a version that did not commit to its records); it is still reported")
     cons = sub.add_parser("consistency", help="check that each checkpoint extends the one before it")
     cons.add_argument("checkpoints", nargs="+", metavar="CHECKPOINT")
     for p in (exp, cons):
@@ -447,7 +438,8 @@ def _run(args: argparse.Namespace) -> VerifyResult:
     notes: list[str] = []
     if args.command == "export":
         keys = _through_rotations(_public_keys(args.public_key, args.checkpoint, notes), args.checkpoint, notes)
-        result = verify_export(_read_json(args.export), _read_json(args.checkpoint), keys)
+        result = verify_export(_read_json(args.export), _read_json(args.checkpoint), keys,
+                               allow_incomplete=args.allow_incomplete)
     else:
         if len(args.checkpoints) < 2:
             raise FormatError("give at least two checkpoints, oldest first")
@@ -468,7 +460,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json:
         sys.stdout.write(json.dumps(result.to_dict(), indent=2, sort_keys=True) + "\n")
     else:
-        verdict = "VALID" if result.ok else "INVALID"
+        verdict = "INVALID" if not result.ok else "VALID" if result.complete is not False else \
+            "VALID, COMPLETENESS UNPROVEN"
         sys.stdout.write(f"{result.what}: {verdict} ({result.checked} checked)\n")
         sys.stdout.writelines(f"  FAIL {f}\n" for f in result.failures)
         sys.stdout.writelines(f"  note {n}\n" for n in result.notes)
