@@ -15,6 +15,13 @@ from harness.state_machine import StateMachine
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
 
+@pytest.fixture(autouse=True)
+def _checkpoint_keys(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Checkpoint signing keys go to a folder of the test session, never to the user's own key folder
+    (~/.config/harness/keys); child processes inherit it."""
+    monkeypatch.setenv("HARNESS_CHECKPOINT_KEY_DIR", str(tmp_path_factory.getbasetemp() / "checkpoint-keys"))
+
+
 @pytest.fixture
 def clock() -> FakeClock:
     """A clock that only moves when the test says so."""

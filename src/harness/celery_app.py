@@ -21,6 +21,7 @@ from celery import Celery
 from celery.signals import worker_process_init
 
 from harness.adapters.sql import schema as t
+from harness.audit.publisher import CheckpointPublisher
 from harness.config import Runtime, Settings, build_runtime
 from harness.kernel import FINAL, RunState
 from harness.kernel.thresholds import SWEEP_INTERVAL_S
@@ -86,6 +87,7 @@ def make_app(broker: str | None = None) -> Celery:
                                          "schedule": float(os.environ.get("HARNESS_SWEEP_INTERVAL_S",
                                                                           SWEEP_INTERVAL_S))}},
     )
+    _schedule_checkpoints(app)
 
     @app.task(name="harness.drive")
     def drive(run_id: str) -> str | None:
@@ -106,6 +108,25 @@ def make_app(broker: str | None = None) -> Celery:
                 "approvals_expired": len(report.approvals_expired), "workdirs_removed": len(pruned)}
 
     return app
+
+
+def _schedule_checkpoints(app: Celery) -> None:
+    """Beat publishes a signed checkpoint every checkpoint_interval_s (SPEC A3b; 0: never): the task
+    `harness.checkpoint`, which skips when another process published one within the interval."""
+    interval = Settings.from_env().checkpoint_interval_s
+    if interval > 0:
+        app.conf.beat_schedule["harness-checkpoint"] = {"task": "harness.checkpoint", "schedule": interval}
+
+    @app.task(name="harness.checkpoint")
+    def checkpoint() -> dict[str, object]:
+        rt = runtime()
+        s = rt.settings
+        published = CheckpointPublisher.from_settings(rt.store, s.checkpoint_interval_s, s.checkpoint_dir,
+                                                      s.checkpoint_witnesses).publish_if_due()
+        if published is None:
+            return {"published": None}
+        return {"published": str(published.path), "tree_size": published.tree_size,
+                "witnesses": {name: error or "kept" for name, error in published.witnessed}}
 
 
 app = make_app()

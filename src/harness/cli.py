@@ -12,6 +12,7 @@ from rich.table import Table
 from harness import cli_ops, cli_replay, cli_runs, cli_serve
 from harness.cli_audit import audit_app
 from harness.cli_support import DbOption, JsonOption, cli_errors, emit, open_store
+from harness.cli_witness import witness_app
 
 app = typer.Typer(
     help="harness-kernel: governed, auditable, recoverable AI-agent Runs.",
@@ -22,6 +23,7 @@ app = typer.Typer(
 runs_app = typer.Typer(help="Inspect Runs.", no_args_is_help=True)
 app.add_typer(runs_app, name="runs")
 app.add_typer(audit_app, name="audit")
+app.add_typer(witness_app, name="witness")
 for _name, _fn in (("run", cli_runs.run), ("trace", cli_runs.trace), ("cancel", cli_runs.cancel),
                    ("approve", cli_runs.approve), ("reject", cli_runs.reject), ("approvals", cli_runs.approvals),
                    ("demo", cli_runs.demo), ("sweep", cli_ops.sweep), ("serve", cli_serve.serve),

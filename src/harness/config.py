@@ -70,6 +70,12 @@ class Settings(BaseModel):
     memory: Literal["off", "lexical", "semantic"] = "lexical"
     memory_write_scope: Literal["user", "session"] = "user"
     memory_share: float = Field(default=0.25, ge=0.0, le=0.9)
+    #: signed checkpoints published without a person (SPEC A3b) by `harness serve` and the Celery beat:
+    #: every `checkpoint_interval_s` (0: never), into `checkpoint_dir` (None: ./harness-checkpoints/<database
+    #: id>), each also given to the witnesses (directories or http(s) URLs)
+    checkpoint_interval_s: float = Field(default=300.0, ge=0.0)
+    checkpoint_dir: Path | None = None
+    checkpoint_witnesses: tuple[str, ...] = ()
 
     @classmethod
     def from_env(cls, **overrides: object) -> Settings:
@@ -87,6 +93,13 @@ class Settings(BaseModel):
                           ("trace_buffer", "HARNESS_TRACE_BUFFER")):
             if env.get(name):
                 values[key] = env[name]
+        for key, name in (("checkpoint_interval_s", "HARNESS_CHECKPOINT_INTERVAL_S"),
+                          ("checkpoint_dir", "HARNESS_CHECKPOINT_DIR")):
+            if env.get(name):
+                values[key] = env[name]
+        if env.get("HARNESS_CHECKPOINT_WITNESS"):
+            values["checkpoint_witnesses"] = tuple(w.strip() for w in env["HARNESS_CHECKPOINT_WITNESS"].split(",")
+                                                   if w.strip())
         for key in ("llm_model", "llm_fallback_model", "llm_base_url", "llm_api_key_env", "llm_pricing",
                     "llm_stream", "llm_plan_mode", "llm_timeout_s"):
             if env.get(f"HARNESS_{key.upper()}"):

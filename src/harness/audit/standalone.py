@@ -37,10 +37,15 @@ from harness.audit import completeness, merkle
 from harness.audit.chain import canonical_json, record_bytes, record_hash
 
 CHECKPOINT_FORMAT = "harness-checkpoint/1"
+#: version 2 also signs the database id and the leaf digests of the records it adds (LEAF_PREFIX_BYTES each)
+CHECKPOINT_FORMAT_V2 = "harness-checkpoint/2"
 ENDORSEMENT_FORMAT = "harness-key-endorsement/1"
 EXPORT_FORMAT = "harness-export/1"
 PUBLIC_KEY_FILE = "public-key.pem"
 HEAD_FIELDS = ("tree_size", "root_hash", "timestamp", "chain_head_hash", "key_id")
+HEAD_FIELDS_V2 = (*HEAD_FIELDS, "database_id", "leaves")
+_HEAD_FIELDS = {CHECKPOINT_FORMAT: HEAD_FIELDS, CHECKPOINT_FORMAT_V2: HEAD_FIELDS_V2}
+LEAF_PREFIX_BYTES = 8
 RECORD_FIELDS = ("seq", "record_id", "run_id", "kind", "prev_hash", "payload", "hash")
 
 
@@ -78,11 +83,17 @@ def check_checkpoint(doc: Any) -> dict[str, Any]:
     """Validate a checkpoint document's shape (not its signature); returns it."""
     if not isinstance(doc, dict):
         raise FormatError("a checkpoint must be a JSON object")
-    if doc.get("format") != CHECKPOINT_FORMAT:
-        raise FormatError(f"checkpoint format must be {CHECKPOINT_FORMAT!r}, not {doc.get('format')!r}")
-    missing = [f for f in (*HEAD_FIELDS, "signature") if f not in doc]
+    fields = _HEAD_FIELDS.get(doc.get("format"))  # type: ignore[arg-type]
+    if fields is None:
+        raise FormatError(f"checkpoint format must be {CHECKPOINT_FORMAT_V2!r} or {CHECKPOINT_FORMAT!r}, "
+                          f"not {doc.get('format')!r}")
+    missing = [f for f in (*fields, "signature") if f not in doc]
     if missing:
         raise FormatError(f"checkpoint lacks {', '.join(missing)}")
+    if doc["format"] == CHECKPOINT_FORMAT_V2:
+        if not isinstance(doc["database_id"], str) or not doc["database_id"]:
+            raise FormatError("database_id must be a non-empty string")
+        leaf_prefixes(doc)
     _count(doc["tree_size"], "tree_size")
     _hex32(doc["root_hash"], "root_hash")
     _hex32(doc["chain_head_hash"], "chain_head_hash")
@@ -106,8 +117,34 @@ def check_checkpoint(doc: Any) -> dict[str, Any]:
 
 def signed_message(head: dict[str, Any]) -> bytes:
     """The exact bytes a checkpoint's signature covers: the format tag and the canonical tree head."""
-    fields = {name: head[name] for name in HEAD_FIELDS}
-    return (CHECKPOINT_FORMAT + "\n" + canonical_json(fields)).encode("utf-8")
+    tag = str(head.get("format", CHECKPOINT_FORMAT))
+    fields = {name: head[name] for name in _HEAD_FIELDS.get(tag, HEAD_FIELDS)}
+    return (tag + "\n" + canonical_json(fields)).encode("utf-8")
+
+
+def database_of(checkpoint: dict[str, Any]) -> str | None:
+    """The database a checkpoint covers; None for a checkpoint of format 1 (it names none)."""
+    value = checkpoint.get("database_id") if checkpoint.get("format") == CHECKPOINT_FORMAT_V2 else None
+    return str(value) if value is not None else None
+
+
+def leaf_prefixes(checkpoint: dict[str, Any]) -> tuple[int, bytes] | None:
+    """(first leaf index, concatenated leaf-hash prefixes) of the records a checkpoint of format 2 adds
+    over the one before it, when it signs them: enough to name the first record a rewritten history
+    changed. None when it does not."""
+    leaves = checkpoint.get("leaves")
+    if leaves is None:
+        return None
+    if not isinstance(leaves, dict) or leaves.get("prefix_bytes") != LEAF_PREFIX_BYTES:
+        raise FormatError(f"leaves must be null or an object with prefix_bytes {LEAF_PREFIX_BYTES}")
+    start = _count(leaves.get("start"), "leaves.start")
+    try:
+        data = base64.b64decode(leaves.get("prefixes", ""), validate=True)
+    except (binascii.Error, TypeError, ValueError):
+        raise FormatError("leaves.prefixes is not base64") from None
+    if len(data) != (checkpoint["tree_size"] - start) * LEAF_PREFIX_BYTES:
+        return None  # not what a publisher writes: its signature does not hold either, and says so
+    return start, data
 
 
 def endorsement_message(new_key_id: str, by_key_id: str, head: dict[str, Any]) -> bytes:
@@ -273,6 +310,11 @@ def verify_export(export: Any, checkpoint: Any, public_key: Ed25519PublicKey | S
     if problem:
         result.failures.append(problem)
         return result
+    covers, source = database_of(checkpoint), export.get("database_id")
+    if covers is not None and source is not None and covers != source:
+        result.failures.append(f"the checkpoint covers database {covers}, the export comes from database "
+                               f"{source}: check it against a checkpoint of its own database")
+        return result
     size, root = checkpoint["tree_size"], bytes.fromhex(checkpoint["root_hash"])
     claimed = export.get("checkpoint")
     if not isinstance(claimed, dict):
@@ -372,11 +414,13 @@ def verify_sequence(checkpoints: Sequence[Any], public_key: Ed25519PublicKey | S
 # ---------------------------------------------------------------------- command line
 
 
-def _read_json(path: str) -> Any:
+def _read_json(path: str, what: str = "file") -> Any:
     try:
         return json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise FormatError(f"{what} file {path} does not exist") from None
     except OSError as exc:
-        raise FormatError(f"cannot read {path}: {exc.strerror}") from None
+        raise FormatError(f"cannot read {what} file {path}: {exc.strerror}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise FormatError(f"{path} is not valid JSON: {exc}") from None
 
@@ -390,6 +434,9 @@ def _public_keys(options: Sequence[str] | None, checkpoint_path: str, notes: lis
     for path in paths:
         try:
             keys.append(load_public_key(path.read_bytes()))
+        except FileNotFoundError:
+            hint = "" if options else " (the checkpoint's folder has no published public key: pass --public-key)"
+            raise FormatError(f"public key {path} does not exist{hint}") from None
         except OSError as exc:
             raise FormatError(f"cannot read public key {path}: {exc.strerror}") from None
     return keys
@@ -437,14 +484,16 @@ def _parser() -> argparse.ArgumentParser:
 def _run(args: argparse.Namespace) -> VerifyResult:
     notes: list[str] = []
     if args.command == "export":
+        # the documents first: a missing file is named as such, not as a missing public key beside it
+        export, checkpoint = _read_json(args.export, "export"), _read_json(args.checkpoint, "checkpoint")
         keys = _through_rotations(_public_keys(args.public_key, args.checkpoint, notes), args.checkpoint, notes)
-        result = verify_export(_read_json(args.export), _read_json(args.checkpoint), keys,
-                               allow_incomplete=args.allow_incomplete)
+        result = verify_export(export, checkpoint, keys, allow_incomplete=args.allow_incomplete)
     else:
         if len(args.checkpoints) < 2:
             raise FormatError("give at least two checkpoints, oldest first")
+        docs = [_read_json(p, "checkpoint") for p in args.checkpoints]
         keys = _public_keys(args.public_key, args.checkpoints[-1], notes)
-        result = verify_sequence([_read_json(p) for p in args.checkpoints], keys)
+        result = verify_sequence(docs, keys)
     result.notes[:0] = notes
     return result
 

@@ -4,17 +4,18 @@ Three layers, each catching what the one before cannot:
 
 1. the chain walk: seq contiguous from 1, each record's hash recomputed, each prev_hash equal to the
    hash before it, the last record equal to chain_head: any edit, deletion, insertion or reordering;
-2. cross-checks against the kernel tables (set-based SQL): every transition row has its "transition"
-   trace record and every Run has a trace, so deleting a whole Run's records is caught even when the
-   chain around the hole was rebuilt;
-3. signed checkpoints: the Merkle root the database gives at each checkpoint's tree size must equal the
-   signed root, which catches a whole-table rewrite with a recomputed chain and chain head.
+2. cross-checks against the tables people read: every Run has a trace, and every row that mirrors a
+   record agrees with it field by field (audit.mirrors), so deleting a whole Run's records, or editing
+   a row instead of its record, is caught even when the chain around the hole was rebuilt;
+3. signed checkpoints, local and witnessed: the Merkle root the database gives at each checkpoint's tree
+   size must equal the signed root, which catches a whole-table rewrite with a recomputed chain and
+   chain head, and names the first record that differs (audit.verify_checkpoints).
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,11 +23,10 @@ import sqlalchemy as sa
 
 from harness.adapters.sql import schema as t
 from harness.adapters.sql.store import SqlStore, StoredTraceRecord
-from harness.audit import merkle, mirrors
+from harness.audit import merkle, mirrors, verify_checkpoints
 from harness.audit.chain import GENESIS_HASH, record_bytes, record_hash
-from harness.audit.checkpoint import CheckpointError, list_checkpoints, public_key
 from harness.audit.report import ChainReport, Problem
-from harness.audit.standalone import walk_keys
+from harness.audit.witness import Witness
 
 __all__ = ["ChainReport", "Problem", "verify_chain"]
 
@@ -37,13 +37,15 @@ _MOVE_WINDOW = 64
 class _Walk:
     """The chain walk's state: where the next record must stand and what it must link to."""
 
-    def __init__(self, store: SqlStore, report: ChainReport, sizes: set[int]) -> None:
+    def __init__(self, store: SqlStore, report: ChainReport, sources: verify_checkpoints.Sources) -> None:
         self.store, self.report = store, report
         self.expected, self.prev = 1, GENESIS_HASH
         self.prev_id: str | None = None
         self.prev_ok = True
         self.acc = merkle.RootAccumulator()
-        self.sizes = sizes
+        self.sources = sources
+        self.sizes = sources.sizes()
+        self.watch = any(s.segments for s in sources.ours)
         self.roots: dict[int, tuple[str, str]] = {0: (merkle.EMPTY_ROOT.hex(), GENESIS_HASH)}
 
     def step(self, rec: StoredTraceRecord) -> None:
@@ -52,7 +54,10 @@ class _Walk:
         problem = self._check(rec, hashlib.sha256(data).hexdigest() == rec.hash)
         if problem:
             self.report.add(problem)
-        self.acc.append(merkle.leaf_hash(data))
+        leaf = merkle.leaf_hash(data)
+        if self.watch:
+            self.sources.see(self.acc.size, leaf, rec)
+        self.acc.append(leaf)
         if self.acc.size in self.sizes:
             self.roots[self.acc.size] = (self.acc.root().hex(), rec.hash)
         # resynchronise on this record so one fault is reported once, not for every record after it
@@ -171,43 +176,15 @@ def _runs_without_trace(store: SqlStore, report: ChainReport) -> None:
             report.add(Problem("run_trace_missing", None, None, "the Run has no trace record", run_id=run_id))
 
 
-def _check_checkpoints(walk: _Walk, directory: Path) -> None:
-    """The database's Merkle root at each checkpoint's size must be the signed root."""
-    report = walk.report
-    try:
-        checkpoints = list_checkpoints(directory)
-        # each checkpoint's key must be trusted from the first published key through endorsements
-        walked = walk_keys([cp.doc for cp in checkpoints], [public_key(directory)]) if checkpoints else []
-    except CheckpointError as exc:
-        report.add(Problem("checkpoint_invalid", None, None, str(exc)))
-        return
-    good = 0
-    for cp, (key, problem) in zip(checkpoints, walked, strict=True):
-        report.checkpoints_checked += 1
-        if key is None:
-            report.add(Problem("checkpoint_invalid", None, None, f"{cp.path.name}: {problem}"))
-            continue
-        if cp.tree_size > walk.acc.size:
-            report.add(Problem("deleted", walk.acc.size + 1, None,
-                               f"{cp.path.name} covers {cp.tree_size} records, the chain {walk.acc.size}"))
-        elif walk.roots.get(cp.tree_size) != (cp.root_hash, cp.chain_head_hash):
-            report.add(Problem("checkpoint_mismatch", None, None,
-                               f"records {good + 1}..{cp.tree_size} differ from the signed {cp.path.name}: "
-                               "history was rewritten"))
-        else:
-            good = max(good, cp.tree_size)
-
-
-def verify_chain(store: SqlStore, checkpoint_dir: Path | None = None, *, limit: int = 20) -> ChainReport:
-    """Walk the whole chain and cross-check it; list at most `limit` problems (all are counted)."""
-    report = ChainReport(limit=limit)
-    sizes: set[int] = set()
-    checkpoints_present = checkpoint_dir is not None and checkpoint_dir.is_dir()
-    if checkpoint_dir is not None and checkpoints_present:
-        with contextlib.suppress(CheckpointError):  # reported by _check_checkpoints below
-            sizes = {cp.tree_size for cp in list_checkpoints(checkpoint_dir)}
+def verify_chain(store: SqlStore, checkpoint_dir: Path | None = None, *, limit: int = 20,
+                 witnesses: Sequence[Witness] = (), legacy_dir: Path | None = None) -> ChainReport:
+    """Walk the whole chain and cross-check it with the rows that mirror it and with the checkpoints of
+    `checkpoint_dir` and of the witnesses; list at most `limit` problems (all are counted). `legacy_dir`
+    is the shared checkpoint folder of earlier versions, only reported on."""
+    report = ChainReport(limit=limit, database_id=store.database_id())
+    sources = verify_checkpoints.gather(report.database_id or "", checkpoint_dir, witnesses, legacy_dir, report)
     before = store.chain_head()
-    walk = _Walk(store, report, sizes)
+    walk = _Walk(store, report, sources)
     for rec in store.iter_trace(1):
         walk.step(rec)
     after = store.chain_head()
@@ -216,7 +193,6 @@ def verify_chain(store: SqlStore, checkpoint_dir: Path | None = None, *, limit: 
     _transition_counts(store, report)
     _runs_without_trace(store, report)
     mirrors.check_rows(store, report)
-    if checkpoint_dir is not None and checkpoints_present:
-        _check_checkpoints(walk, checkpoint_dir)
+    verify_checkpoints.check(sources, walk.roots, walk.acc.size, report.database_id or "", checkpoint_dir, report)
     report.outbox_backlog = store.outbox_backlog()
     return report
