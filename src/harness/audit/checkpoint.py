@@ -269,27 +269,40 @@ def _check_witnesses(witnesses: Sequence[Witness], database_id: str, tree: merkl
                                        f"witness {witness.name} keeps: the history was rewritten")
 
 
+#: how often a publisher offers again after a witness answered that another publisher was first (stale)
+_STALE_RETRIES = 5
+
+
 def _offer(witness: Witness, database_id: str, tree: merkle.MerkleTree, checkpoints: list[Checkpoint],
            signer: Ed25519PublicKey) -> str | None:
     """Give the witness every checkpoint of this database it does not hold yet, oldest first (only the
     newest to a witness that holds none), each with a consistency proof from its newest one; None when
-    it kept them, else why not."""
-    try:
-        latest = witness.latest(database_id)
-        base = int(latest["tree_size"]) if latest else 0
-        if base > tree.size:
-            return None  # another publisher gave it a newer checkpoint of this chain already
-        ours = [cp for cp in checkpoints if cp.database_id == database_id and cp.tree_size >= base]
-        for cp in ours if latest else ours[-1:]:
-            proof = {"tree_size": base, "root_hash": tree.root(base).hex(),
-                     "proof": [p.hex() for p in tree.consistency_proof(base, cp.tree_size)]} if latest else None
-            witness.submit(database_id, cp.doc, public_pem(signer).decode("ascii"), proof)
-            base = cp.tree_size
-    except WitnessRefusedError as exc:
-        return f"refused: {exc}"
-    except WitnessError as exc:
-        return str(exc)
-    return None
+    it kept them, else why not. Publishers racing each other are told "stale" and offer again."""
+    for attempt in range(_STALE_RETRIES + 1):
+        try:
+            _offer_once(witness, database_id, tree, checkpoints, signer)
+        except WitnessRefusedError as exc:
+            if exc.status == 409 and "stale" in str(exc) and attempt < _STALE_RETRIES:
+                continue
+            return f"refused: {exc}"
+        except WitnessError as exc:
+            return str(exc)
+        return None
+    return None  # unreachable: the last attempt returns
+
+
+def _offer_once(witness: Witness, database_id: str, tree: merkle.MerkleTree, checkpoints: list[Checkpoint],
+                signer: Ed25519PublicKey) -> None:
+    latest = witness.latest(database_id)
+    base = int(latest["tree_size"]) if latest else 0
+    if base > tree.size:
+        return  # another publisher gave it a newer checkpoint of this chain already
+    ours = [cp for cp in checkpoints if cp.database_id == database_id and cp.tree_size >= base]
+    for cp in ours if latest else ours[-1:]:
+        proof = {"tree_size": base, "root_hash": tree.root(base).hex(),
+                 "proof": [p.hex() for p in tree.consistency_proof(base, cp.tree_size)]} if latest else None
+        witness.submit(database_id, cp.doc, public_pem(signer).decode("ascii"), proof)
+        base = cp.tree_size
 
 
 def publish_checkpoint(store: SqlStore, directory: Path, *, key: Ed25519PrivateKey | None = None,
