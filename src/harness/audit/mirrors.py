@@ -34,6 +34,7 @@ _MIRRORED = ("transition", "audit", "cost", RUN_TRACE, mirror_records.HITL_REQUE
 _COLUMN = {"transitions": {"from": "from_state", "to": "to_state"}}
 _ROW_TABLES = (t.transitions, t.audit_events, t.costs, t.hitl_requests, t.hitl_decisions)
 _MISSING = object()
+_SCALARS = (str, int, float, bool, type(None))
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +55,8 @@ class _Record:
 def _same(a: Any, b: Any) -> bool:
     """Equal as JSON values: numbers by value (a double read back is the double written), the rest by
     canonical JSON."""
+    if type(a) is type(b) and a == b and type(a) in _SCALARS:  # the common case, without encoding
+        return True
     numbers = (int, float)
     if isinstance(a, numbers) and isinstance(b, numbers) and not isinstance(a, bool) and not isinstance(b, bool):
         return float(a) == float(b)
