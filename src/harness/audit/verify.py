@@ -27,6 +27,7 @@ from harness.audit import merkle, mirrors, verify_checkpoints
 from harness.audit.chain import GENESIS_HASH, record_bytes, record_hash
 from harness.audit.report import ChainReport, Problem
 from harness.audit.witness import Witness
+from harness.errors import StoreError
 
 __all__ = ["ChainReport", "Problem", "verify_chain"]
 
@@ -176,12 +177,23 @@ def _runs_without_trace(store: SqlStore, report: ChainReport) -> None:
             report.add(Problem("run_trace_missing", None, None, "the Run has no trace record", run_id=run_id))
 
 
+def _database_id(store: SqlStore) -> str | None:
+    """The database's id; None for a database at a revision before 0010 (opened without migrating)."""
+    try:
+        return store.database_id()
+    except (sa.exc.SQLAlchemyError, StoreError):
+        return None
+
+
 def verify_chain(store: SqlStore, checkpoint_dir: Path | None = None, *, limit: int = 20,
                  witnesses: Sequence[Witness] = (), legacy_dir: Path | None = None) -> ChainReport:
     """Walk the whole chain and cross-check it with the rows that mirror it and with the checkpoints of
     `checkpoint_dir` and of the witnesses; list at most `limit` problems (all are counted). `legacy_dir`
     is the shared checkpoint folder of earlier versions, only reported on."""
-    report = ChainReport(limit=limit, database_id=store.database_id())
+    report = ChainReport(limit=limit, database_id=_database_id(store))
+    if report.database_id is None:
+        report.warnings.append("the database has no id (its schema predates revision 0010): checkpoints that name "
+                               "a database cannot be told apart; open it with harness to migrate it")
     sources = verify_checkpoints.gather(report.database_id or "", checkpoint_dir, witnesses, legacy_dir, report)
     before = store.chain_head()
     walk = _Walk(store, report, sources)
