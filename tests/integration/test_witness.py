@@ -1,6 +1,6 @@
 """Checkpoint witnesses (SPEC A3b): `harness witness serve` on loopback keeps checkpoints append-only and
 refuses what does not extend them (stale, forked, rewritten), what its trusted key did not sign, and
-submissions without its token; publishers racing in several processes leave it one consistent history."""
+submissions without its token; publishers racing in two processes leave it one consistent history."""
 
 from __future__ import annotations
 
@@ -40,13 +40,14 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-@pytest.fixture
-def witness_url(tmp_path: Path) -> Iterator[str]:
-    """A real `harness witness serve` process on a loopback port, requiring a bearer token."""
+@pytest.fixture(scope="module")
+def witness_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real `harness witness serve` process on a loopback port, requiring a bearer token (one for the
+    module: each test's database has its own id, so they never meet in it)."""
     port = _free_port()
     env = {**os.environ, "HARNESS_WITNESS_TOKEN": TOKEN}
     proc = subprocess.Popen([sys.executable, "-m", "harness.cli", "witness", "serve", "--dir",
-                             str(tmp_path / "witness"), "--port", str(port)], env=env,
+                             str(tmp_path_factory.mktemp("witness")), "--port", str(port)], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 30
@@ -143,12 +144,12 @@ def test_an_http_witness_refuses_a_rewritten_history_signed_by_the_real_key(stor
 
 
 def test_publishers_racing_leave_the_witness_one_consistent_history(backend_url: str, tmp_path: Path) -> None:
-    """Three processes publishing at once to one directory witness: none is refused, and every checkpoint
+    """Two processes publishing at once to one directory witness: none is refused, and every checkpoint
     the witness keeps is a tree head of the one chain, in growing order."""
     SqlStore.open(backend_url, FakeClock()).close()  # migrated before the race
     ctx = mp.get_context("spawn")
-    barrier = ctx.Barrier(3)
-    outs = [tmp_path / f"out-{i}.txt" for i in range(3)]
+    barrier = ctx.Barrier(2)
+    outs = [tmp_path / f"out-{i}.txt" for i in range(2)]
     procs = [ctx.Process(target=witness_child.publisher,
                          args=(backend_url, str(tmp_path / "witness"), str(tmp_path / f"local-{i}"), barrier, str(out)))
              for i, out in enumerate(outs)]
@@ -156,7 +157,7 @@ def test_publishers_racing_leave_the_witness_one_consistent_history(backend_url:
         p.start()
     for p in procs:
         p.join(120)
-    assert [p.exitcode for p in procs] == [0, 0, 0]
+    assert [p.exitcode for p in procs] == [0, 0]
     assert all(o.read_text().endswith("None),)") for o in outs), [o.read_text() for o in outs]
     store = SqlStore.open(backend_url, FakeClock())
     try:
