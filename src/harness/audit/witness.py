@@ -112,16 +112,17 @@ class WitnessLog:
             raise WitnessRefusedError(422, f"{database_id!r} is not a database id")
         return self.root / database_id
 
+    def _files(self, database_id: str) -> list[Path]:
+        folder = self.folder(database_id)
+        return sorted(p for p in folder.glob("checkpoint-*.json") if _NAME.match(p.name)) if folder.is_dir() else []
+
     def checkpoints(self, database_id: str) -> list[dict[str, Any]]:
         """Every checkpoint kept for the database, oldest first."""
-        folder = self.folder(database_id)
-        names = sorted(p for p in folder.glob("checkpoint-*.json") if _NAME.match(p.name)) if folder.is_dir() else []
-        return [json_load(p) for p in names]
+        return [json_load(p) for p in self._files(database_id)]
 
     def latest(self, database_id: str) -> dict[str, Any] | None:
         """The newest checkpoint kept for the database."""
-        folder = self.folder(database_id)
-        names = sorted(p for p in folder.glob("checkpoint-*.json") if _NAME.match(p.name)) if folder.is_dir() else []
+        names = self._files(database_id)
         return json_load(names[-1]) if names else None
 
     def public_key(self, database_id: str) -> Ed25519PublicKey | None:
@@ -160,13 +161,13 @@ class WitnessLog:
             if latest is not None:
                 duplicate = self._extends(latest, doc, consistency)
                 if duplicate:
-                    return Receipt(len(self.checkpoints(database_id)), duplicate=True)
+                    return Receipt(len(self._files(database_id)), duplicate=True)
             if not (folder / PUBLIC_KEY_FILE).exists():
                 write_new(folder / PUBLIC_KEY_FILE, _pem(key))
             key_file = folder / "public-keys" / f"{key_id_of(key)}.pem"
             if not key_file.exists():
                 write_new(key_file, _pem(key))
-            serial = len(self.checkpoints(database_id)) + 1
+            serial = len(self._files(database_id)) + 1
             write_new(folder / f"checkpoint-{serial:08d}.json", (json_dumps(doc) + "\n").encode("utf-8"))
             return Receipt(serial)
 
