@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,11 +16,17 @@ from harness.state_machine import StateMachine
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
 
-@pytest.fixture(autouse=True)
-def _checkpoint_keys(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture(autouse=True, scope="session")
+def _checkpoint_keys(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """Checkpoint signing keys go to a folder of the test session, never to the user's own key folder
-    (~/.config/harness/keys); child processes inherit it."""
-    monkeypatch.setenv("HARNESS_CHECKPOINT_KEY_DIR", str(tmp_path_factory.getbasetemp() / "checkpoint-keys"))
+    (~/.config/harness/keys); child processes, module-wide servers included, inherit it."""
+    before = os.environ.get("HARNESS_CHECKPOINT_KEY_DIR")
+    os.environ["HARNESS_CHECKPOINT_KEY_DIR"] = str(tmp_path_factory.getbasetemp() / "checkpoint-keys")
+    yield
+    if before is None:
+        os.environ.pop("HARNESS_CHECKPOINT_KEY_DIR", None)
+    else:
+        os.environ["HARNESS_CHECKPOINT_KEY_DIR"] = before
 
 
 @pytest.fixture

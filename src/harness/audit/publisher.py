@@ -7,8 +7,8 @@ and the chain has grown since. The newest checkpoint's own timestamp decides, so
 one database publish about once per interval between them; two that publish at the same moment race
 for the same file name, and the loser skips (checkpoints are never overwritten).
 
-The service waits one interval after it starts before its first checkpoint (a short-lived process, a
-test or a demo, leaves no checkpoint behind), and publishes off its housekeeping thread: building the
+The service waits one interval of real time after it starts before its first checkpoint (a short-lived
+process, a test or a demo, leaves no checkpoint behind), and publishes off its housekeeping thread: building the
 tree reads the whole chain.
 """
 
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -38,7 +39,10 @@ class CheckpointPublisher:
         self.directory = directory
         self.witnesses = list(witnesses)
         #: no look at the checkpoint folder before this time (the housekeeping loop asks every second)
-        self._not_before = store.clock.now() + interval_s if wait_first else 0.0
+        self._not_before = 0.0
+        #: time.monotonic() before which nothing is published: a service waits one interval of its own
+        #: lifetime (real time, whatever the injected clock says) before its first checkpoint
+        self.first_after = time.monotonic() + interval_s if wait_first else 0.0
         self._lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
         #: the publication running in the background, if any (tests wait on it)
@@ -58,7 +62,7 @@ class CheckpointPublisher:
     def due(self) -> bool:
         """True when the newest checkpoint is older than the interval and the chain has grown since."""
         now = self.store.clock.now()
-        if self.interval_s <= 0 or now < self._not_before:
+        if self.interval_s <= 0 or now < self._not_before or time.monotonic() < self.first_after:
             return False
         newest = latest_checkpoint(self.folder())
         # a little early rather than a whole interval late (a beat firing every interval, with jitter)
@@ -90,7 +94,7 @@ class CheckpointPublisher:
     def start_if_due(self) -> Future[Checkpoint | None] | None:
         """Publish in the background if one is due and none is running; the future, or None."""
         with self._lock:
-            if self.interval_s <= 0 or self.store.clock.now() < self._not_before:
+            if self.interval_s <= 0 or self.store.clock.now() < self._not_before or time.monotonic() < self.first_after:
                 return None
             if self.pending is not None and not self.pending.done():
                 return None
