@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,6 +14,19 @@ from harness.config import Runtime, Settings, build_runtime
 from harness.state_machine import StateMachine
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _checkpoint_keys(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Checkpoint signing keys go to a folder of the test session, never to the user's own key folder
+    (~/.config/harness/keys); child processes, module-wide servers included, inherit it."""
+    before = os.environ.get("HARNESS_CHECKPOINT_KEY_DIR")
+    os.environ["HARNESS_CHECKPOINT_KEY_DIR"] = str(tmp_path_factory.getbasetemp() / "checkpoint-keys")
+    yield
+    if before is None:
+        os.environ.pop("HARNESS_CHECKPOINT_KEY_DIR", None)
+    else:
+        os.environ["HARNESS_CHECKPOINT_KEY_DIR"] = before
 
 
 @pytest.fixture

@@ -19,6 +19,7 @@ from typing import Any
 from celery import Celery
 from celery.signals import worker_process_init
 
+from harness.audit.publisher import CheckpointPublisher
 from harness.config import Runtime, Settings, build_runtime
 from harness.kernel import RunState
 from harness.kernel.thresholds import SWEEP_INTERVAL_S
@@ -76,6 +77,7 @@ def make_app(broker: str | None = None) -> Celery:
                        "harness-webhooks": {"task": "harness.webhooks.deliver",
                                             "schedule": float(os.environ.get("HARNESS_WEBHOOK_INTERVAL_S", "5"))}},
     )
+    _schedule_checkpoints(app)
 
     @app.task(name="harness.drive")
     def drive(run_id: str) -> str | None:
@@ -108,6 +110,25 @@ def make_app(broker: str | None = None) -> Celery:
         return {"delivered": len(report.delivered), "retrying": len(report.retrying), "dead": len(report.dead)}
 
     return app
+
+
+def _schedule_checkpoints(app: Celery) -> None:
+    """Beat publishes a signed checkpoint every checkpoint_interval_s (SPEC A3b; 0: never): the task
+    `harness.checkpoint`, which skips when another process published one within the interval."""
+    interval = Settings.from_env().checkpoint_interval_s
+    if interval > 0:
+        app.conf.beat_schedule["harness-checkpoint"] = {"task": "harness.checkpoint", "schedule": interval}
+
+    @app.task(name="harness.checkpoint")
+    def checkpoint() -> dict[str, object]:
+        rt = runtime()
+        s = rt.settings
+        published = CheckpointPublisher.from_settings(rt.store, s.checkpoint_interval_s, s.checkpoint_dir,
+                                                      s.checkpoint_witnesses).publish_if_due()
+        if published is None:
+            return {"published": None}
+        return {"published": str(published.path), "tree_size": published.tree_size,
+                "witnesses": {name: error or "kept" for name, error in published.witnessed}}
 
 
 app = make_app()

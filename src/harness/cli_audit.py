@@ -20,7 +20,9 @@ from rich.table import Table
 from harness.adapters.sql.database import resolve_url
 from harness.adapters.sql.store import SqlStore
 from harness.audit.checkpoint import (
+    DEFAULT_DIR,
     DIR_ENV,
+    Checkpoint,
     TamperedHistoryError,
     checkpoint_dir,
     json_dumps,
@@ -29,8 +31,10 @@ from harness.audit.checkpoint import (
     rotate_key,
 )
 from harness.audit.export import export_run
+from harness.audit.keys import move_legacy_key
 from harness.audit.reconcile import ReconcileReport, reconcile
 from harness.audit.verify import ChainReport, verify_chain
+from harness.audit.witness import WITNESS_ENV, configured_witnesses
 from harness.cli_support import EXIT_CHECK_FAILED, DbOption, JsonOption, cli_errors, emit, fail, open_store
 
 P = ParamSpec("P")
@@ -41,7 +45,13 @@ audit_app = typer.Typer(help="Verify and publish the tamper-evident audit trail.
 DirOption = Annotated[
     str | None,
     typer.Option("--dir", envvar=DIR_ENV, show_envvar=True,
-                 help="Checkpoint directory (default ./harness-checkpoints)."),
+                 help="Checkpoint directory (default ./harness-checkpoints/<database id>)."),
+]
+WitnessOption = Annotated[
+    list[str] | None,
+    typer.Option("--witness", show_default=False,
+                 help=f"A witness that keeps a copy of every checkpoint: a directory or an http(s) URL "
+                      f"(`harness witness serve`); repeatable (default: {WITNESS_ENV}, comma-separated)."),
 ]
 LimitOption = Annotated[int, typer.Option("--limit", min=1, help="List at most this many problems.")]
 
@@ -73,17 +83,20 @@ def _open(db: str | None) -> SqlStore:
 def _print_verify(report: ChainReport) -> None:
     console = Console()
     verdict = "[green]OK[/]" if report.ok else f"[red]FAILED[/] ({report.problem_count} problem(s))"
-    console.print(f"audit chain: {verdict}  {report.records_checked} records, "
+    console.print(f"audit chain: {verdict}  {report.records_checked} records, {report.rows_checked} rows, "
                   f"head seq {report.chain_head.get('seq')}, {report.checkpoints_checked} checkpoint(s), "
-                  f"outbox backlog {report.outbox_backlog}")
+                  f"outbox backlog {report.outbox_backlog}, database {report.database_id}")
+    for warning in report.warnings:
+        console.print(f"[bold yellow]WARNING[/] {warning}", highlight=False)
     if report.first_bad:
         bad = report.first_bad
         console.print(f"first bad: [bold]{bad.kind}[/] seq={bad.seq} record={bad.record_id} "
                       f"run={bad.run_id}: {bad.detail}")
     if len(report.problems) > 1:
-        table = Table("kind", "seq", "record", "run", "detail")
+        table = Table("kind", "seq", "record", "run", "table", "field", "detail")
         for p in report.problems:
-            table.add_row(p.kind, str(p.seq or ""), p.record_id or "", p.run_id or "", p.detail)
+            table.add_row(p.kind, str(p.seq or ""), p.record_id or "", p.run_id or "", p.table or "", p.field or "",
+                          p.detail)
         console.print(table)
 
 
@@ -94,20 +107,29 @@ def verify(
     db: DbOption = None,
     json_: JsonOption = False,
     checkpoint_dir_: Annotated[
-        str | None, typer.Option("--checkpoint-dir", envvar=DIR_ENV, help="Also check these checkpoints.")
+        str | None, typer.Option("--checkpoint-dir", envvar=DIR_ENV,
+                                 help="The checkpoints to check against (default ./harness-checkpoints/<database "
+                                      "id>).")
     ] = None,
+    witness: WitnessOption = None,
+    require_checkpoint: Annotated[bool, typer.Option(
+        "--require-checkpoint", help="Fail (exit 1) when there is no checkpoint of this database to check "
+                                     "against, instead of warning.")] = False,
     limit: LimitOption = 20,
 ) -> None:
-    """Walk the hash chain, cross-check it with Runs and checkpoints; exit 1 naming the first bad record."""
-    directory = checkpoint_dir(checkpoint_dir_)
+    """Walk the hash chain, check every row people read against it and the chain against the signed
+    checkpoints (local and witnessed); exit 1 naming the first bad record, or the table, row and field."""
+    store = _open(db)
+    directory = checkpoint_dir(checkpoint_dir_, store.database_id())
     if checkpoint_dir_ and not directory.is_dir():
         fail(f"checkpoint directory {directory} does not exist")
-    report = verify_chain(_open(db), directory if directory.is_dir() else None, limit=limit)
+    legacy = None if checkpoint_dir_ else Path(DEFAULT_DIR)
+    report = verify_chain(store, directory, limit=limit, witnesses=configured_witnesses(witness), legacy_dir=legacy)
     if json_:
         emit(report.to_dict())
     else:
         _print_verify(report)
-    if not report.ok:
+    if not report.ok or (require_checkpoint and report.checkpoints_checked == 0):
         raise typer.Exit(EXIT_CHECK_FAILED)
 
 
@@ -143,14 +165,28 @@ def reconcile_cmd(db: DbOption = None, json_: JsonOption = False, limit: LimitOp
 @audit_app.command("checkpoint")
 @cli_errors
 @_audit_errors
-def checkpoint_cmd(db: DbOption = None, json_: JsonOption = False, dir_: DirOption = None) -> None:
-    """Drain the outbox, then publish a signed Merkle tree head of the whole chain as a new file."""
-    cp = publish_checkpoint(_open(db), checkpoint_dir(dir_))
-    doc = {**cp.summary(), "path": str(cp.path), "previous": (cp.doc.get("previous") or {}).get("file")}
+def checkpoint_cmd(db: DbOption = None, json_: JsonOption = False, dir_: DirOption = None,
+                   witness: WitnessOption = None) -> None:
+    """Drain the outbox, then publish a signed Merkle tree head of the whole chain as a new file, and give
+    it to the witnesses; exit 1 when a witness did not keep it."""
+    store = _open(db)
+    cp = publish_checkpoint(store, checkpoint_dir(dir_, store.database_id()), witnesses=configured_witnesses(witness))
+    doc = {**cp.summary(), "path": str(cp.path), "previous": (cp.doc.get("previous") or {}).get("file"),
+           "witnesses": _witnessed(cp)}
     if json_:
         emit(doc)
     else:
-        Console().print(f"published {cp.path}: tree size {cp.tree_size}, root {cp.root_hash}")
+        console = Console()
+        console.print(f"published {cp.path}: tree size {cp.tree_size}, root {cp.root_hash}")
+        for w in doc["witnesses"]:
+            console.print(f"  witness {w['witness']}: " + ("kept" if w["ok"] else f"[red]NOT KEPT[/]: {w['error']}"),
+                          highlight=False)
+    if any(not w["ok"] for w in doc["witnesses"]):
+        raise typer.Exit(EXIT_CHECK_FAILED)
+
+
+def _witnessed(cp: Checkpoint) -> list[dict[str, Any]]:
+    return [{"witness": name, "ok": error is None, "error": error} for name, error in cp.witnessed]
 
 
 @audit_app.command("rotate-key")
@@ -162,14 +198,17 @@ def rotate_key_cmd(
     dir_: DirOption = None,
     new_key: Annotated[Path | None, typer.Option(
         "--new-key", help="The new Ed25519 private key (PEM, mode 0600). Default: generate one in place of "
-                          "the directory's checkpoint-key.pem (not when HARNESS_CHECKPOINT_KEY is set).")] = None,
+                          "the database's key in the key folder (not when HARNESS_CHECKPOINT_KEY is set).")] = None,
+    witness: WitnessOption = None,
 ) -> None:
     """Change the checkpoint signing key: publish a checkpoint signed by the new key and endorsed by the
     current one, so verifiers who trust the first key trust the new one; the old key signs nothing more."""
-    cp, key_path = rotate_key(_open(db), checkpoint_dir(dir_), new_key)
+    store = _open(db)
+    cp, key_path = rotate_key(store, checkpoint_dir(dir_, store.database_id()), new_key,
+                              witnesses=configured_witnesses(witness))
     endorsement = cp.doc["endorsement"]
     doc = {**cp.summary(), "path": str(cp.path), "endorsed_by": endorsement["by_key_id"],
-           "key_file": str(key_path)}
+           "key_file": str(key_path), "witnesses": _witnessed(cp)}
     if json_:
         emit(doc)
     else:
@@ -200,11 +239,19 @@ def export_cmd(
 ) -> None:
     """Export a Run's trace records with inclusion proofs against the newest checkpoint."""
     store = _open(db)
-    directory = checkpoint_dir(dir_)
+    directory = checkpoint_dir(dir_, store.database_id())
     cp = latest_checkpoint(directory)
     if cp is None:
-        fail(f"no checkpoint in {directory}: run `harness audit checkpoint` first")
+        fail(f"no checkpoint in {directory}: publish one with `harness audit checkpoint"
+             f"{' --dir ' + str(directory) if dir_ else ''}` (harness serve and the Celery beat also publish "
+             "them on an interval), then export again")
+    if cp.database_id not in (None, store.database_id()):
+        fail(f"the newest checkpoint in {directory} is of database {cp.database_id}, not of this one "
+             f"({store.database_id()}): give this database's checkpoint directory")
     doc = export_run(store, run_id, cp)
+    if doc["complete"] and not doc["closed"]:
+        sys.stderr.write(f"warning: run {run_id} has not closed: its export cannot prove that it holds every "
+                         "record (harness-verify refuses it unless --allow-incomplete)\n")
     if not doc["complete"]:
         newer = len(doc["not_covered"]) + doc["pending_in_outbox"]
         sys.stderr.write(
@@ -215,6 +262,22 @@ def export_cmd(
         emit(doc)
     else:
         _write_export(doc, output, json_)
+
+
+@audit_app.command("move-key")
+@cli_errors
+@_audit_errors
+def move_key_cmd(db: DbOption = None, json_: JsonOption = False, dir_: DirOption = None) -> None:
+    """Move a signing key an earlier version left in the checkpoint directory to the database's key folder
+    (mode 0600), where a checkpoint directory writer cannot take it."""
+    store = _open(db)
+    directory = checkpoint_dir(dir_, store.database_id())
+    legacy = directory if (directory / "checkpoint-key.pem").exists() or dir_ else Path(DEFAULT_DIR)
+    target = move_legacy_key(legacy, store.database_id())
+    if json_:
+        emit({"from": str(legacy / "checkpoint-key.pem"), "to": str(target)})
+    else:
+        Console().print(f"moved {legacy / 'checkpoint-key.pem'} to {target}")
 
 
 @audit_app.command("drain")

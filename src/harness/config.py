@@ -110,6 +110,12 @@ class Settings(BaseModel):
     #: approver endpoints, Caller signing secrets and the retry schedule of the pushed events (SPEC P4 /
     #: N1); None: only HARNESS_WEBHOOK_SECRET, if set, signing every tenant's callbacks
     webhooks_file: Path | None = None
+    #: signed checkpoints published without a person (SPEC A3b) by `harness serve` and the Celery beat:
+    #: every `checkpoint_interval_s` (0: never), into `checkpoint_dir` (None: ./harness-checkpoints/<database
+    #: id>), each also given to the witnesses (directories or http(s) URLs)
+    checkpoint_interval_s: float = Field(default=300.0, ge=0.0)
+    checkpoint_dir: Path | None = None
+    checkpoint_witnesses: tuple[str, ...] = ()
 
     @classmethod
     def from_env(cls, **overrides: object) -> Settings:
@@ -132,6 +138,13 @@ class Settings(BaseModel):
                           ("webhooks_file", "HARNESS_WEBHOOKS_FILE")):
             if env.get(name):
                 values[key] = env[name]
+        for key, name in (("checkpoint_interval_s", "HARNESS_CHECKPOINT_INTERVAL_S"),
+                          ("checkpoint_dir", "HARNESS_CHECKPOINT_DIR")):
+            if env.get(name):
+                values[key] = env[name]
+        if env.get("HARNESS_CHECKPOINT_WITNESS"):
+            values["checkpoint_witnesses"] = tuple(w.strip() for w in env["HARNESS_CHECKPOINT_WITNESS"].split(",")
+                                                   if w.strip())
         for key in ("llm_model", "llm_fallback_model", "llm_base_url", "llm_api_key_env", "llm_pricing",
                     "llm_stream", "llm_plan_mode", "llm_timeout_s", "lease_ttl_s", "max_stalls", "sweep_interval_s",
                     "heartbeat_ceiling_factor", "decided_approval_s", "redrive_grace_s"):

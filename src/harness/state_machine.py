@@ -14,6 +14,7 @@ import sqlalchemy as sa
 
 from harness.adapters.sql.store import (
     _UNSET,
+    RUN_TRACE,
     RunRecord,
     SqlStore,
     TraceRecordIn,
@@ -21,6 +22,7 @@ from harness.adapters.sql.store import (
     TransitionRow,
 )
 from harness.audit.chain import content_hash
+from harness.audit.commitment import RUN_TRACE_VERSION
 from harness.kernel import FINAL, TRANSIENT, CloseReason, RunState, automatic_next, final_state_for
 
 #: called while a Run closes, with the Run (in TRACING) and the final state it is moving to; returns
@@ -98,7 +100,7 @@ class StateMachine:
         if source == RunState.TRACING and target in FINAL:
             run, path = self.store.run_with_transitions(run_id)
             if run.state == source and run.close_reason is not None and target == final_state_for(run.close_reason):
-                records = [*records, *self._closing_records(run, target, path)]
+                records = [*records, *self._closing_records(run, target, path, result)]
                 # the RunTrace describes this version: if the Run moves meanwhile, the close is a lost race
                 expected_version = run.version if expected_version is None else expected_version
         outcome = self.store.transition(
@@ -194,27 +196,32 @@ class StateMachine:
         return state
 
     def _closing_records(
-        self, run: RunRecord, final: RunState, transitions: Sequence[TransitionRow]
+        self, run: RunRecord, final: RunState, transitions: Sequence[TransitionRow],
+        result: dict[str, Any] | None = _UNSET,
     ) -> list[TraceRecordIn]:
         """The RunTrace and whatever the closing hooks add, for the TRACING → final transaction."""
-        records = [self._run_trace(run, final, transitions)]
+        records = [self._run_trace(run, final, transitions, run.result if result is _UNSET else result)]
         for hook in self._closing_hooks:
             records.extend(hook(run, final))
         return records
 
     def _run_trace(
-        self, run: RunRecord, final: RunState, transitions: Sequence[TransitionRow]
+        self, run: RunRecord, final: RunState, transitions: Sequence[TransitionRow], result: dict[str, Any] | None,
     ) -> TraceRecordIn:
-        """The RunTrace main record (SPEC A1): final state, transition sequence, total cost, trace_hash."""
+        """The RunTrace main record (SPEC A1): final state, transition sequence, total cost, trace_hash.
+
+        Version 2 adds the hash of the Run's result (what its callers are answered), and the store adds
+        the ids of every other record of the Run (audit.commitment) in the closing transaction."""
         path: list[dict[str, Any]] = [
             {"seq": r.seq, "from": r.from_state, "to": r.to_state, "at": r.at} for r in transitions]
         path.append({"seq": run.version + 1, "from": RunState.TRACING.value, "to": final.value, "at": None})
         cost = self.cost_total(run) if self.cost_total is not None else (run.context or {}).get("cost", {})
-        return TraceRecordIn("run", {
+        return TraceRecordIn(RUN_TRACE, {
             "run_id": run.run_id, "tenant_id": run.tenant_id, "user_id": run.user_id,
             "session_id": run.session_id, "final_state": final.value,
             "close_reason": run.close_reason.value if run.close_reason else None,
             "transitions": [p["to"] for p in path], "total_cost": cost, "retry_of": run.retry_of,
             "parent_run_id": run.parent_run_id,
             "trace_hash": content_hash(path),
+            "v": RUN_TRACE_VERSION, "result_hash": None if result is None else content_hash(result),
         }, run.run_id)

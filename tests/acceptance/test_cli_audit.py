@@ -140,3 +140,18 @@ def test_checkpoint_refuses_a_rewritten_history_with_exit_1(db: str, store: SqlS
     tamper(store)
     result = audit("checkpoint", "--db", db, "--dir", cpdir)
     assert result.exit_code == 1 and "tampered history" in result.stderr
+
+
+def test_export_of_a_run_that_has_not_closed_warns(db: str, store: SqlStore, machine: StateMachine,
+                                                   tmp_path: Path) -> None:
+    """A Run still in flight has no RunTrace: its export says it cannot prove completeness, and
+    harness-verify refuses it unless --allow-incomplete."""
+    cpdir, out = tmp_path / "cps", tmp_path / "run.json"
+    run, _ = store.create_run(NewRun("acme", "ana", "s1", {"task": "open"}))
+    machine.transition(run.run_id, S.CREATED, S.PREPARING, actor="test", reason="go")
+    published = audit("checkpoint", "--db", db, "--dir", str(cpdir), "--json")
+    result = audit("export", run.run_id, "--db", db, "--dir", str(cpdir), "-o", str(out))
+    assert result.exit_code == 0 and "has not closed" in result.stderr
+    checkpoint = doc(published)["path"]
+    assert standalone.main(["export", str(out), "--checkpoint", checkpoint]) == 1
+    assert standalone.main(["export", str(out), "--checkpoint", checkpoint, "--allow-incomplete"]) == 0

@@ -30,6 +30,7 @@ from harness.audit.checkpoint import (
     publish_checkpoint,
 )
 from harness.audit.export import export_run
+from harness.audit.keys import default_key_path
 from harness.audit.standalone import signed_message, verify_consistency, verify_export, verify_sequence
 from harness.kernel import RunState
 from harness.state_machine import StateMachine
@@ -72,9 +73,9 @@ def resign(doc: dict[str, Any], key: Ed25519PrivateKey) -> dict[str, Any]:
     return doc
 
 
-def key_of(cpdir: Path) -> Ed25519PrivateKey:
-    """The directory's private signing key."""
-    loaded = serialization.load_pem_private_key((cpdir / "checkpoint-key.pem").read_bytes(), None)
+def key_of(store: SqlStore) -> Ed25519PrivateKey:
+    """The database's private signing key (in the key folder, not beside the checkpoints)."""
+    loaded = serialization.load_pem_private_key(default_key_path(store.database_id()).read_bytes(), None)
     assert isinstance(loaded, Ed25519PrivateKey)
     return loaded
 
@@ -183,7 +184,10 @@ def test_records_newer_than_the_checkpoint_are_listed_not_covered(
     export = export_run(store, rid, cp)
     assert not export["complete"] and export["not_covered"]
     result = verify_export(export, cp.doc, public_key(cpdir))
-    assert result.ok and any("newer than the checkpoint" in n for n in result.notes)
+    assert not result.ok and "RunTrace is newer than the checkpoint" in result.failures[0]
+    result = verify_export(export, cp.doc, public_key(cpdir), allow_incomplete=True)
+    assert result.ok and result.complete is False
+    assert any("newer than the checkpoint" in n for n in result.notes)
     fresh = publish_checkpoint(store, cpdir)
     assert export_run(store, rid, fresh)["complete"]
 
@@ -214,7 +218,7 @@ def test_consistency_fails_for_a_rewritten_history(store: SqlStore, machine: Sta
     drive(other_machine, SUCCESS)
     tree = build_tree(other, other.chain_head()[0])
     new = resign({**old, "tree_size": tree.size, "root_hash": tree.root().hex(),
-                  "chain_head_hash": other.chain_head()[1]}, key_of(cpdir))
+                  "chain_head_hash": other.chain_head()[1]}, key_of(store))
     result = verify_consistency(old, new, public_key(cpdir), tree.consistency_proof(old["tree_size"]))
     assert not result.ok and "rewritten" in result.failures[0]
     other.close()
@@ -230,11 +234,15 @@ def test_publishing_over_a_rewritten_history_is_refused(store: SqlStore, run_id:
 
 
 def test_checkpoints_are_immutable_and_the_key_private(store: SqlStore, run_id: str, cpdir: Path) -> None:
-    """Checkpoints are numbered new files, read-only; the generated private key is mode 0600."""
+    """Checkpoints are numbered new files, read-only; the generated private key is mode 0600, in a folder
+    of mode 0700 apart from the checkpoints."""
     first, second = publish_checkpoint(store, cpdir), publish_checkpoint(store, cpdir)
     assert (first.serial, second.serial) == (1, 2) and second.doc["previous"]["file"] == first.path.name
     assert stat.S_IMODE(first.path.stat().st_mode) == 0o444
-    assert stat.S_IMODE((cpdir / "checkpoint-key.pem").stat().st_mode) == 0o600
+    key = default_key_path(store.database_id())
+    assert stat.S_IMODE(key.stat().st_mode) == 0o600 and not list(cpdir.glob("*key.pem"))[1:]
+    assert {p.name for p in cpdir.iterdir()} == {"checkpoint-00000001.json", "checkpoint-00000002.json",
+                                                 "public-key.pem", "public-keys"}
     (cpdir / "checkpoint-00000003.json").write_text("{}")
     with pytest.raises(CheckpointError, match=r"checkpoint-00000003\.json"):
         publish_checkpoint(store, cpdir)

@@ -92,7 +92,7 @@ def test_a_rotation_passes_trust_from_the_first_key_to_the_next(
     assert key_id_of(anchor) == old_id  # public-key.pem stays the first key, the one auditors pin
     assert cps[1].doc["endorsement"]["by_key_id"] == old_id and "endorsement" not in cps[2].doc
     assert {p.stem for p in (cpdir / PUBLIC_KEYS_DIR).glob("*.pem")} == {old_id, new_id}
-    assert key_id_of(key_of(cpdir).public_key()) == new_id  # the retired private key left the directory
+    assert key_id_of(key_of(store).public_key()) == new_id  # the retired private key left the directory
 
     sequence = verify_sequence([cp.doc for cp in cps], anchor)
     assert sequence.ok, sequence.failures
@@ -152,7 +152,7 @@ def test_forged_rotations_are_refused(store: SqlStore, machine: StateMachine, cp
     cps = _rotated(store, machine, cpdir)
     docs = [cp.doc for cp in cps]
     anchor = public_key(cpdir)
-    current = key_of(cpdir)
+    current = key_of(store)
     attacker = Ed25519PrivateKey.generate()
 
     self_endorsed = _forge(docs[2], attacker, endorser=attacker)

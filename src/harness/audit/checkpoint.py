@@ -1,16 +1,17 @@
 """Signed Merkle checkpoints published outside the database (SPEC A3b).
 
-A checkpoint is an immutable JSON file ``checkpoint-NNNNNNNN.json`` in a directory (``--dir``,
-HARNESS_CHECKPOINT_DIR, default ``./harness-checkpoints``; point it at WORM storage in production).
-It holds the RFC 9162 tree head of the whole chain, signed with Ed25519, and a consistency proof from
-the checkpoint before it. Whoever later rewrites the trace table, even with a recomputed chain and
-chain head, cannot reproduce the signed roots.
+A checkpoint is an immutable JSON file ``checkpoint-NNNNNNNN.json`` in a directory of its database:
+``--dir`` or HARNESS_CHECKPOINT_DIR when given, else ``./harness-checkpoints/<database id>`` (one folder
+per database, so databases sharing a working folder never mix their checkpoints; point it at WORM storage
+in production). It holds the RFC 9162 tree head of the whole chain and the database's id, signed with
+Ed25519, the 8-byte prefixes of the leaf hashes it adds (so a verifier names the first record a rewrite
+changed), and a consistency proof from the checkpoint before it. Whoever later rewrites the trace table,
+even with a recomputed chain and chain head, cannot reproduce the signed roots.
 
-The signing key is HARNESS_CHECKPOINT_KEY (a PEM file) or, by default, ``checkpoint-key.pem`` in the
-directory, generated on first use with mode 0600. Keeping the key beside the checkpoints is the
-convenient default, not the strong one: a separate key path keeps a directory writer from re-signing.
-The first key's public key is published as ``public-key.pem`` beside the checkpoints (the one auditors
-pin), and every key's as ``public-keys/<key id>.pem``.
+The signing key never sits beside the checkpoints (harness.audit.keys). The first key's public key is
+published as ``public-key.pem`` beside the checkpoints (the one auditors pin), and every key's as
+``public-keys/<key id>.pem``. Each checkpoint can also go to witnesses (harness.audit.witness), which keep
+their own append-only copies and refuse any that does not extend what they hold.
 
 Rotating the key (`rotate_key`, `harness audit rotate-key`) publishes a checkpoint signed by the new
 key that carries an endorsement signed by the current one; from then on only the new key may sign.
@@ -22,11 +23,9 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import json
 import os
 import re
-import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,11 +36,23 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from harness.adapters.sql.store import SqlStore
 from harness.audit import merkle
 from harness.audit.chain import GENESIS_HASH, record_bytes
+from harness.audit.files import json_dumps, json_load, write_new
+from harness.audit.keys import (
+    KEY_ENV,
+    LEGACY_KEY_FILE,
+    CheckpointError,
+    create_private_key,
+    default_key_path,
+    read_private_key,
+    signing_key,
+)
 from harness.audit.standalone import (
-    CHECKPOINT_FORMAT,
+    CHECKPOINT_FORMAT_V2,
+    LEAF_PREFIX_BYTES,
     PUBLIC_KEY_FILE,
     FormatError,
     check_checkpoint,
+    database_of,
     endorsement_message,
     key_id_of,
     load_public_key,
@@ -49,18 +60,19 @@ from harness.audit.standalone import (
     signed_message,
     walk_keys,
 )
-from harness.errors import BadInputError, StoreError
+from harness.audit.witness import Witness, WitnessError, WitnessRefusedError
+from harness.errors import StoreError
+
+__all__ = ["KEY_ENV", "KEY_FILE", "CheckpointError", "json_dumps", "json_load"]
 
 DEFAULT_DIR = "harness-checkpoints"
 DIR_ENV = "HARNESS_CHECKPOINT_DIR"
-KEY_ENV = "HARNESS_CHECKPOINT_KEY"
-KEY_FILE = "checkpoint-key.pem"
+KEY_FILE = LEGACY_KEY_FILE
 PUBLIC_KEYS_DIR = "public-keys"
+#: a checkpoint signs the leaf prefixes of at most this many new records (8 bytes each); a first checkpoint
+#: of a bigger chain names only the range a rewrite changed in it
+MAX_SIGNED_LEAVES = 1_000_000
 _NAME = re.compile(r"^checkpoint-(\d{8})\.json$")
-
-
-class CheckpointError(BadInputError):
-    """A checkpoint directory, file or key cannot be used; the message names the file."""
 
 
 class TamperedHistoryError(StoreError):
@@ -69,11 +81,13 @@ class TamperedHistoryError(StoreError):
 
 @dataclass(frozen=True, slots=True)
 class Checkpoint:
-    """One published, validated checkpoint file."""
+    """One published, validated checkpoint file; `witnessed` says, per witness it was offered to, None
+    (kept) or why not."""
 
     serial: int
     path: Path
     doc: dict[str, Any]
+    witnessed: tuple[tuple[str, str | None], ...] = ()
 
     @property
     def tree_size(self) -> int:
@@ -90,57 +104,25 @@ class Checkpoint:
         """The hash of record `tree_size` when the checkpoint was taken."""
         return str(self.doc["chain_head_hash"])
 
+    @property
+    def database_id(self) -> str | None:
+        """The database it covers; None for a checkpoint of an earlier version (it names none)."""
+        return database_of(self.doc)
+
     def summary(self) -> dict[str, Any]:
         """The fields an operator or an export needs to name this checkpoint."""
         fields = ("tree_size", "root_hash", "chain_head_hash", "timestamp", "key_id")
-        return {"file": self.path.name, "serial": self.serial, **{f: self.doc[f] for f in fields}}
+        return {"file": self.path.name, "serial": self.serial, "database_id": self.database_id,
+                **{f: self.doc[f] for f in fields}}
 
 
-def checkpoint_dir(option: str | Path | None = None) -> Path:
-    """The checkpoint directory: the option, HARNESS_CHECKPOINT_DIR, or ./harness-checkpoints."""
-    return Path(option or os.environ.get(DIR_ENV) or DEFAULT_DIR).expanduser()
-
-
-# ---------------------------------------------------------------------- keys
-
-
-def _read_private_key(path: Path) -> Ed25519PrivateKey:
-    if os.name == "posix" and path.stat().st_mode & 0o077:
-        raise CheckpointError(f"signing key {path} is readable by other users: chmod 600 it")
-    try:
-        key = serialization.load_pem_private_key(path.read_bytes(), password=None)
-    except (ValueError, TypeError) as exc:
-        raise CheckpointError(f"signing key {path} is not an unencrypted PEM private key: {exc}") from None
-    if not isinstance(key, Ed25519PrivateKey):
-        raise CheckpointError(f"signing key {path} is not an Ed25519 key")
-    return key
-
-
-def _create_private_key(path: Path) -> Ed25519PrivateKey:
-    key = Ed25519PrivateKey.generate()
-    pem = key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-    )
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        # another publisher generated it first: use theirs
-        return _read_private_key(path)
-    with os.fdopen(fd, "wb") as out:
-        out.write(pem)
-    return key
-
-
-def signing_key(directory: Path) -> Ed25519PrivateKey:
-    """The Ed25519 key named by HARNESS_CHECKPOINT_KEY, else the directory's (generated on first use)."""
-    configured = os.environ.get(KEY_ENV)
-    if configured:
-        path = Path(configured).expanduser()
-        if not path.is_file():
-            raise CheckpointError(f"{KEY_ENV} names {path}, which is not a file")
-        return _read_private_key(path)
-    path = directory / KEY_FILE
-    return _read_private_key(path) if path.exists() else _create_private_key(path)
+def checkpoint_dir(option: str | Path | None = None, database_id: str | None = None) -> Path:
+    """The checkpoint directory: the option, HARNESS_CHECKPOINT_DIR, else ./harness-checkpoints/<database
+    id> (./harness-checkpoints itself when no database is named: the layout of earlier versions)."""
+    chosen = option or os.environ.get(DIR_ENV)
+    if chosen:
+        return Path(chosen).expanduser()
+    return Path(DEFAULT_DIR) / database_id if database_id else Path(DEFAULT_DIR)
 
 
 def public_key(directory: Path) -> Ed25519PublicKey:
@@ -154,13 +136,17 @@ def public_key(directory: Path) -> Ed25519PublicKey:
         raise CheckpointError(f"{path}: {exc}") from None
 
 
+def public_pem(key: Ed25519PublicKey) -> bytes:
+    """A public key as PEM (SubjectPublicKeyInfo)."""
+    return key.public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+
+
 def _publish_public_key(directory: Path, key: Ed25519PublicKey) -> None:
     """`public-keys/<key id>.pem` for every key that signs here; `public-key.pem` for the first."""
-    pem = key.public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
     (directory / PUBLIC_KEYS_DIR).mkdir(exist_ok=True)
     for path in (directory / PUBLIC_KEYS_DIR / f"{key_id_of(key)}.pem", directory / PUBLIC_KEY_FILE):
         if not path.exists():
-            _write_new(path, pem)
+            write_new(path, public_pem(key))
 
 
 def current_key(directory: Path, checkpoints: list[Checkpoint] | None = None) -> Ed25519PublicKey | None:
@@ -180,21 +166,6 @@ def current_key(directory: Path, checkpoints: list[Checkpoint] | None = None) ->
 # ---------------------------------------------------------------------- files
 
 
-def _write_new(path: Path, data: bytes) -> None:
-    """Write a file that must not exist yet, all or nothing: a partial file never appears at `path`."""
-    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    tmp = Path(name)
-    with os.fdopen(fd, "wb") as out:
-        out.write(data)
-    try:
-        os.link(tmp, path)  # fails if `path` exists: checkpoints are never overwritten
-    except FileExistsError:
-        raise CheckpointError(f"{path} exists: checkpoints are immutable (another publisher?)") from None
-    finally:
-        tmp.unlink()
-    path.chmod(0o444)
-
-
 def load_checkpoint(path: Path) -> Checkpoint:
     """Read and validate one checkpoint file (shape only; signatures are checked by the caller)."""
     match = _NAME.match(path.name)
@@ -207,16 +178,6 @@ def load_checkpoint(path: Path) -> Checkpoint:
     return Checkpoint(int(match.group(1)), path, doc)
 
 
-def json_load(path: Path) -> Any:
-    """Parse a JSON file, naming it in the error."""
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise CheckpointError(f"cannot read {path}: {exc.strerror}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise CheckpointError(f"{path} is not valid JSON: {exc}") from None
-
-
 def list_checkpoints(directory: Path) -> list[Checkpoint]:
     """Every checkpoint in the directory, oldest first; none when the directory does not exist."""
     if not directory.is_dir():
@@ -225,9 +186,20 @@ def list_checkpoints(directory: Path) -> list[Checkpoint]:
 
 
 def latest_checkpoint(directory: Path) -> Checkpoint | None:
-    """The newest checkpoint in the directory, if any."""
-    found = list_checkpoints(directory)
-    return found[-1] if found else None
+    """The newest checkpoint in the directory, if any (only that file is read)."""
+    if not directory.is_dir():
+        return None
+    names = sorted(p for p in directory.glob("checkpoint-*.json") if _NAME.match(p.name))
+    return load_checkpoint(names[-1]) if names else None
+
+
+def _refuse_other_database(directory: Path, checkpoints: list[Checkpoint], database_id: str) -> None:
+    """A directory holds one database's checkpoints: its sequence, its keys."""
+    other = next((cp.database_id for cp in reversed(checkpoints) if cp.database_id not in (None, database_id)), None)
+    if other is not None:
+        raise CheckpointError(f"{directory} holds checkpoints of database {other}, and this is database "
+                              f"{database_id}: give each database its own directory (the default, "
+                              f"./{DEFAULT_DIR}/<database id>, is)")
 
 
 # ---------------------------------------------------------------------- trees
@@ -275,17 +247,80 @@ def _previous_block(previous: Checkpoint | None, tree: merkle.MerkleTree) -> Any
     }
 
 
-def publish_checkpoint(store: SqlStore, directory: Path, *, key: Ed25519PrivateKey | None = None,
-                       endorsed_by: Ed25519PrivateKey | None = None) -> Checkpoint:
-    """Drain the outbox, sign the tree head of the whole chain and write it as the next checkpoint.
+def _leaves(tree: merkle.MerkleTree, start: int) -> dict[str, Any] | None:
+    """The prefixes of the leaf hashes from `start` on, the part of the tree this checkpoint adds."""
+    if tree.size - start > MAX_SIGNED_LEAVES:
+        return None
+    prefixes = b"".join(tree.leaf(i)[:LEAF_PREFIX_BYTES] for i in range(start, tree.size))
+    return {"start": start, "prefix_bytes": LEAF_PREFIX_BYTES, "prefixes": base64.b64encode(prefixes).decode()}
 
-    The signing key is `key`, else the configured one (signing_key). It must be the key of the newest
-    checkpoint, unless `endorsed_by` is that key: then the checkpoint carries its endorsement of the
-    new key (a rotation, see rotate_key)."""
+
+def _check_witnesses(witnesses: Sequence[Witness], database_id: str, tree: merkle.MerkleTree) -> None:
+    """Refuse to sign a chain whose history no longer matches what a witness keeps."""
+    for witness in witnesses:
+        try:
+            latest = witness.latest(database_id)
+        except WitnessError:
+            continue  # unreachable now: the checkpoint is offered to it again next time
+        if latest is None or int(latest["tree_size"]) > tree.size:
+            continue
+        if tree.root(int(latest["tree_size"])).hex() != latest["root_hash"]:
+            raise TamperedHistoryError(f"the first {latest['tree_size']} records differ from the checkpoint "
+                                       f"witness {witness.name} keeps: the history was rewritten")
+
+
+#: how often a publisher offers again after a witness answered that another publisher was first (stale)
+_STALE_RETRIES = 5
+
+
+def _offer(witness: Witness, database_id: str, tree: merkle.MerkleTree, checkpoints: list[Checkpoint],
+           signer: Ed25519PublicKey) -> str | None:
+    """Give the witness every checkpoint of this database it does not hold yet, oldest first (only the
+    newest to a witness that holds none), each with a consistency proof from its newest one; None when
+    it kept them, else why not. Publishers racing each other are told "stale" and offer again."""
+    for attempt in range(_STALE_RETRIES + 1):
+        try:
+            _offer_once(witness, database_id, tree, checkpoints, signer)
+        except WitnessRefusedError as exc:
+            if exc.status == 409 and "stale" in str(exc) and attempt < _STALE_RETRIES:
+                continue
+            return f"refused: {exc}"
+        except WitnessError as exc:
+            return str(exc)
+        return None
+    return None  # unreachable: the last attempt returns
+
+
+def _offer_once(witness: Witness, database_id: str, tree: merkle.MerkleTree, checkpoints: list[Checkpoint],
+                signer: Ed25519PublicKey) -> None:
+    latest = witness.latest(database_id)
+    base = int(latest["tree_size"]) if latest else 0
+    if base > tree.size:
+        return  # another publisher gave it a newer checkpoint of this chain already
+    ours = [cp for cp in checkpoints if cp.database_id == database_id and cp.tree_size >= base]
+    for cp in ours if latest else ours[-1:]:
+        proof = {"tree_size": base, "root_hash": tree.root(base).hex(),
+                 "proof": [p.hex() for p in tree.consistency_proof(base, cp.tree_size)]} if latest else None
+        witness.submit(database_id, cp.doc, public_pem(signer).decode("ascii"), proof)
+        base = cp.tree_size
+
+
+def publish_checkpoint(store: SqlStore, directory: Path, *, key: Ed25519PrivateKey | None = None,
+                       endorsed_by: Ed25519PrivateKey | None = None,
+                       witnesses: Sequence[Witness] = ()) -> Checkpoint:
+    """Drain the outbox, sign the tree head of the whole chain and write it as the next checkpoint, then
+    offer it to the witnesses (their answers are in `Checkpoint.witnessed`).
+
+    The signing key is `key`, else the configured one (keys.signing_key). It must be the key of the newest
+    checkpoint, unless `endorsed_by` is that key: then the checkpoint carries its endorsement of the new
+    key (a rotation, see rotate_key). A chain that no longer matches the newest checkpoint, or what a
+    witness keeps, is not signed (TamperedHistoryError)."""
+    database_id = store.database_id()
     directory.mkdir(parents=True, exist_ok=True)
-    key = key or signing_key(directory)
+    key = key or signing_key(directory, database_id)
     pub = key.public_key()
     checkpoints = list_checkpoints(directory)
+    _refuse_other_database(directory, checkpoints, database_id)
     signer = current_key(directory, checkpoints)
     if endorsed_by is not None and (signer is None or key_id_of(endorsed_by.public_key()) != key_id_of(signer)):
         raise CheckpointError("only the key that signed the newest checkpoint can endorse the next key")
@@ -298,16 +333,19 @@ def publish_checkpoint(store: SqlStore, directory: Path, *, key: Ed25519PrivateK
     store.drain_all()
     size, head_hash = store.chain_head()
     tree = build_tree(store, size, head_hash)
+    _check_witnesses(witnesses, database_id, tree)
     previous = checkpoints[-1] if checkpoints else None
     head: dict[str, Any] = {
+        "format": CHECKPOINT_FORMAT_V2,
         "tree_size": size,
         "root_hash": tree.root().hex(),
         "timestamp": store.clock.now(),
         "chain_head_hash": head_hash,
         "key_id": key_id_of(pub),
+        "database_id": database_id,
+        "leaves": _leaves(tree, previous.tree_size if previous and previous.tree_size <= size else 0),
     }
     doc: dict[str, Any] = {
-        "format": CHECKPOINT_FORMAT,
         **head,
         "signature": base64.b64encode(key.sign(signed_message(head))).decode("ascii"),
         "previous": _previous_block(previous, tree),
@@ -320,45 +358,44 @@ def publish_checkpoint(store: SqlStore, directory: Path, *, key: Ed25519PrivateK
         }
     serial = previous.serial + 1 if previous else 1
     path = directory / f"checkpoint-{serial:08d}.json"
-    _write_new(path, (json_dumps(doc) + "\n").encode("utf-8"))
-    return Checkpoint(serial, path, doc)
+    write_new(path, (json_dumps(doc) + "\n").encode("utf-8"))
+    published = [*checkpoints, Checkpoint(serial, path, doc)]
+    witnessed = tuple((w.name, _offer(w, database_id, tree, published, pub)) for w in witnesses)
+    return Checkpoint(serial, path, doc, witnessed)
 
 
-def rotate_key(store: SqlStore, directory: Path, new_key: Path | None = None) -> tuple[Checkpoint, Path]:
+def rotate_key(store: SqlStore, directory: Path, new_key: Path | None = None,
+               witnesses: Sequence[Witness] = ()) -> tuple[Checkpoint, Path]:
     """Change the signing key: publish a checkpoint signed by the new key and endorsed by the current
     one; returns it and the path of the new private key.
 
     With `new_key` (a PEM file, mode 0600) that key is used, and HARNESS_CHECKPOINT_KEY must then name it.
-    Without it a new key replaces the directory's own ``checkpoint-key.pem`` (the retired key is gone
-    from the directory); with HARNESS_CHECKPOINT_KEY set a new key path is required, as harness writes
-    no key outside the checkpoint directory."""
+    Without it a new key replaces the database's default key file (keys.default_key_path); with
+    HARNESS_CHECKPOINT_KEY set a new key path is required, as harness replaces no key it was pointed at."""
+    database_id = store.database_id()
     signer = current_key(directory)
     if signer is None:
         raise CheckpointError(f"no checkpoint in {directory} yet: there is no key to rotate from")
-    old = signing_key(directory)
+    old = signing_key(directory, database_id)
     if key_id_of(old.public_key()) != key_id_of(signer):
         raise CheckpointError("the configured signing key did not sign the newest checkpoint, so it cannot "
                               "endorse a new key")
     if new_key is not None:
-        key = _read_private_key(new_key)
+        key = read_private_key(new_key)
         if key_id_of(key.public_key()) == key_id_of(signer):
             raise CheckpointError(f"{new_key} is the current signing key: give a new one")
-        return publish_checkpoint(store, directory, key=key, endorsed_by=old), new_key
+        return publish_checkpoint(store, directory, key=key, endorsed_by=old, witnesses=witnesses), new_key
     if os.environ.get(KEY_ENV):
         raise CheckpointError(f"{KEY_ENV} names the signing key: give the new key with --new-key, then point "
                               f"{KEY_ENV} at it")
-    staged = directory / f".{KEY_FILE}.next"
+    target = default_key_path(database_id)
+    staged = target.with_name(f".{target.name}.next")
     staged.unlink(missing_ok=True)
-    key = _create_private_key(staged)
+    key = create_private_key(staged)
     try:
-        checkpoint = publish_checkpoint(store, directory, key=key, endorsed_by=old)
+        checkpoint = publish_checkpoint(store, directory, key=key, endorsed_by=old, witnesses=witnesses)
     except BaseException:
         staged.unlink(missing_ok=True)
         raise
-    os.replace(staged, directory / KEY_FILE)
-    return checkpoint, directory / KEY_FILE
-
-
-def json_dumps(doc: Any) -> str:
-    """Checkpoint and export files: indented, keys sorted, so they diff well."""
-    return json.dumps(doc, indent=2, sort_keys=True)
+    os.replace(staged, target)
+    return checkpoint, target

@@ -3,7 +3,9 @@
 The export carries every field needed to recompute each record's canonical bytes, so the standalone
 verifier (harness.audit.standalone) checks it with the checkpoint and the public key alone. Records
 chained after the checkpoint cannot be proven against it: they are listed under ``not_covered`` and
-``complete`` is false. The documented flow is ``harness audit checkpoint`` then ``harness audit export``.
+``complete`` is false. ``closed`` says whether the Run's RunTrace is among the proven records: it names
+every record of the Run up to its close, which is how the verifier proves that none is withheld.
+The documented flow is ``harness audit checkpoint`` then ``harness audit export``.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from harness.adapters.sql import schema as t
-from harness.adapters.sql.store import SqlStore, StoredTraceRecord
+from harness.adapters.sql.store import RUN_TRACE, SqlStore, StoredTraceRecord
 from harness.audit.checkpoint import Checkpoint, TamperedHistoryError, build_tree
 from harness.audit.standalone import EXPORT_FORMAT
 
@@ -59,9 +61,13 @@ def export_run(store: SqlStore, run_id: str, checkpoint: Checkpoint) -> dict[str
     return {
         "format": EXPORT_FORMAT,
         "run_id": run_id,
+        "database_id": store.database_id(),
         "checkpoint": checkpoint.summary(),
         "records": covered,
         "not_covered": later,
         "pending_in_outbox": pending,
         "complete": not later and pending == 0,
+        # the RunTrace names every record of the Run up to its close: without it (the Run has not closed)
+        # the verifier cannot prove that none is withheld
+        "closed": any(r["kind"] == RUN_TRACE for r in covered),
     }

@@ -105,6 +105,12 @@ class MerkleTree:
             self._levels[level + 1] += node
             level, count = level + 1, count >> 1
 
+    def leaf(self, index: int) -> bytes:
+        """The leaf hash at `index`."""
+        if not 0 <= index < self.size:
+            raise ValueError(f"no leaf {index} in a tree of {self.size} leaves")
+        return self._complete(0, index)
+
     def _complete(self, level: int, index: int) -> bytes:
         start = index * HASH_SIZE
         return bytes(self._levels[level][start : start + HASH_SIZE])

@@ -33,14 +33,19 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from harness.audit import merkle
+from harness.audit import completeness, merkle
 from harness.audit.chain import canonical_json, record_bytes, record_hash
 
 CHECKPOINT_FORMAT = "harness-checkpoint/1"
+#: version 2 also signs the database id and the leaf digests of the records it adds (LEAF_PREFIX_BYTES each)
+CHECKPOINT_FORMAT_V2 = "harness-checkpoint/2"
 ENDORSEMENT_FORMAT = "harness-key-endorsement/1"
 EXPORT_FORMAT = "harness-export/1"
 PUBLIC_KEY_FILE = "public-key.pem"
 HEAD_FIELDS = ("tree_size", "root_hash", "timestamp", "chain_head_hash", "key_id")
+HEAD_FIELDS_V2 = (*HEAD_FIELDS, "database_id", "leaves")
+_HEAD_FIELDS = {CHECKPOINT_FORMAT: HEAD_FIELDS, CHECKPOINT_FORMAT_V2: HEAD_FIELDS_V2}
+LEAF_PREFIX_BYTES = 8
 RECORD_FIELDS = ("seq", "record_id", "run_id", "kind", "prev_hash", "payload", "hash")
 
 
@@ -78,11 +83,17 @@ def check_checkpoint(doc: Any) -> dict[str, Any]:
     """Validate a checkpoint document's shape (not its signature); returns it."""
     if not isinstance(doc, dict):
         raise FormatError("a checkpoint must be a JSON object")
-    if doc.get("format") != CHECKPOINT_FORMAT:
-        raise FormatError(f"checkpoint format must be {CHECKPOINT_FORMAT!r}, not {doc.get('format')!r}")
-    missing = [f for f in (*HEAD_FIELDS, "signature") if f not in doc]
+    fields = _HEAD_FIELDS.get(doc.get("format"))  # type: ignore[arg-type]
+    if fields is None:
+        raise FormatError(f"checkpoint format must be {CHECKPOINT_FORMAT_V2!r} or {CHECKPOINT_FORMAT!r}, "
+                          f"not {doc.get('format')!r}")
+    missing = [f for f in (*fields, "signature") if f not in doc]
     if missing:
         raise FormatError(f"checkpoint lacks {', '.join(missing)}")
+    if doc["format"] == CHECKPOINT_FORMAT_V2:
+        if not isinstance(doc["database_id"], str) or not doc["database_id"]:
+            raise FormatError("database_id must be a non-empty string")
+        leaf_prefixes(doc)
     _count(doc["tree_size"], "tree_size")
     _hex32(doc["root_hash"], "root_hash")
     _hex32(doc["chain_head_hash"], "chain_head_hash")
@@ -106,8 +117,34 @@ def check_checkpoint(doc: Any) -> dict[str, Any]:
 
 def signed_message(head: dict[str, Any]) -> bytes:
     """The exact bytes a checkpoint's signature covers: the format tag and the canonical tree head."""
-    fields = {name: head[name] for name in HEAD_FIELDS}
-    return (CHECKPOINT_FORMAT + "\n" + canonical_json(fields)).encode("utf-8")
+    tag = str(head.get("format", CHECKPOINT_FORMAT))
+    fields = {name: head[name] for name in _HEAD_FIELDS.get(tag, HEAD_FIELDS)}
+    return (tag + "\n" + canonical_json(fields)).encode("utf-8")
+
+
+def database_of(checkpoint: dict[str, Any]) -> str | None:
+    """The database a checkpoint covers; None for a checkpoint of format 1 (it names none)."""
+    value = checkpoint.get("database_id") if checkpoint.get("format") == CHECKPOINT_FORMAT_V2 else None
+    return str(value) if value is not None else None
+
+
+def leaf_prefixes(checkpoint: dict[str, Any]) -> tuple[int, bytes] | None:
+    """(first leaf index, concatenated leaf-hash prefixes) of the records a checkpoint of format 2 adds
+    over the one before it, when it signs them: enough to name the first record a rewritten history
+    changed. None when it does not."""
+    leaves = checkpoint.get("leaves")
+    if leaves is None:
+        return None
+    if not isinstance(leaves, dict) or leaves.get("prefix_bytes") != LEAF_PREFIX_BYTES:
+        raise FormatError(f"leaves must be null or an object with prefix_bytes {LEAF_PREFIX_BYTES}")
+    start = _count(leaves.get("start"), "leaves.start")
+    try:
+        data = base64.b64decode(leaves.get("prefixes", ""), validate=True)
+    except (binascii.Error, TypeError, ValueError):
+        raise FormatError("leaves.prefixes is not base64") from None
+    if len(data) != (checkpoint["tree_size"] - start) * LEAF_PREFIX_BYTES:
+        return None  # not what a publisher writes: its signature does not hold either, and says so
+    return start, data
 
 
 def endorsement_message(new_key_id: str, by_key_id: str, head: dict[str, Any]) -> bytes:
@@ -224,6 +261,8 @@ class VerifyResult:
     checked: int = 0
     failures: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    #: exports only: True when the export holds every record of its Run up to its close
+    complete: bool | None = None
 
     @property
     def ok(self) -> bool:
@@ -256,32 +295,13 @@ def _check_record(rec: Any, i: int, run_id: str, size: int, root: bytes) -> str 
     return None
 
 
-def _payload(rec: dict[str, Any]) -> dict[str, Any]:
-    try:
-        value = json.loads(rec["payload"])
-    except (TypeError, json.JSONDecodeError):
-        return {}
-    return value if isinstance(value, dict) else {}
-
-
-def _completeness(records: list[dict[str, Any]], result: VerifyResult) -> None:
-    """The RunTrace lists the Run's transitions: every one must be in the export."""
-    closing = [r for r in records if r.get("kind") == "run"]
-    if not closing:
-        result.notes.append("no RunTrace record covered: the Run's completeness is not attested")
-        return
-    listed = _payload(closing[-1]).get("transitions", [])
-    present = [_payload(r).get("to") for r in records if r.get("kind") == "transition"]
-    if present != listed:
-        result.failures.append(
-            f"the RunTrace lists transitions {listed} but the export holds {present} (records withheld)"
-        )
-
-
-def verify_export(export: Any, checkpoint: Any,
-                  public_key: Ed25519PublicKey | Sequence[Ed25519PublicKey]) -> VerifyResult:
-    """Check every record of an export against a signed checkpoint (inclusion proofs, RFC 9162). The
-    checkpoint must be signed by one of the trusted keys, or by a key one of them endorsed on it."""
+def verify_export(export: Any, checkpoint: Any, public_key: Ed25519PublicKey | Sequence[Ed25519PublicKey], *,
+                  allow_incomplete: bool = False) -> VerifyResult:
+    """Check every record of an export against a signed checkpoint (inclusion proofs, RFC 9162), and that
+    the export holds every record of its Run (audit.completeness). The checkpoint must be signed by one of
+    the trusted keys, or by a key one of them endorsed on it. An export whose completeness cannot be
+    proven (no RunTrace, a RunTrace of an earlier version) fails unless `allow_incomplete`; a record the
+    RunTrace names and the export lacks always fails."""
     result = VerifyResult("export")
     check_checkpoint(checkpoint)
     if not isinstance(export, dict) or export.get("format") != EXPORT_FORMAT:
@@ -289,6 +309,11 @@ def verify_export(export: Any, checkpoint: Any,
     _, problem = signed_by_trusted(checkpoint, _trusted(public_key))
     if problem:
         result.failures.append(problem)
+        return result
+    covers, source = database_of(checkpoint), export.get("database_id")
+    if covers is not None and source is not None and covers != source:
+        result.failures.append(f"the checkpoint covers database {covers}, the export comes from database "
+                               f"{source}: check it against a checkpoint of its own database")
         return result
     size, root = checkpoint["tree_size"], bytes.fromhex(checkpoint["root_hash"])
     claimed = export.get("checkpoint")
@@ -307,9 +332,14 @@ def verify_export(export: Any, checkpoint: Any,
         if record_problem:
             result.failures.append(record_problem)
         result.checked += 1
-    if result.ok:
-        _completeness(records, result)
     pending = export.get("not_covered") or []
+    if result.ok:
+        found = completeness.check(records, pending if isinstance(pending, list) else [])
+        result.complete = found.complete
+        result.failures.extend(found.missing)
+        (result.notes if allow_incomplete else result.failures).extend(
+            f"completeness unproven: {why}" for why in found.unproven)
+        result.notes.extend(found.notes)
     if pending:
         result.notes.append(f"{len(pending)} record(s) of the Run are newer than the checkpoint, unverified")
     return result
@@ -384,11 +414,13 @@ def verify_sequence(checkpoints: Sequence[Any], public_key: Ed25519PublicKey | S
 # ---------------------------------------------------------------------- command line
 
 
-def _read_json(path: str) -> Any:
+def _read_json(path: str, what: str = "file") -> Any:
     try:
         return json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise FormatError(f"{what} file {path} does not exist") from None
     except OSError as exc:
-        raise FormatError(f"cannot read {path}: {exc.strerror}") from None
+        raise FormatError(f"cannot read {what} file {path}: {exc.strerror}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise FormatError(f"{path} is not valid JSON: {exc}") from None
 
@@ -402,6 +434,9 @@ def _public_keys(options: Sequence[str] | None, checkpoint_path: str, notes: lis
     for path in paths:
         try:
             keys.append(load_public_key(path.read_bytes()))
+        except FileNotFoundError:
+            hint = "" if options else " (the checkpoint's folder has no published public key: pass --public-key)"
+            raise FormatError(f"public key {path} does not exist{hint}") from None
         except OSError as exc:
             raise FormatError(f"cannot read public key {path}: {exc.strerror}") from None
     return keys
@@ -433,6 +468,9 @@ def _parser() -> argparse.ArgumentParser:
     exp = sub.add_parser("export", help="check an exported Run against a checkpoint")
     exp.add_argument("export")
     exp.add_argument("--checkpoint", required=True)
+    exp.add_argument("--allow-incomplete", action="store_true",
+                     help="accept an export whose completeness cannot be proven (no RunTrace, or a Run recorded "
+                          "by a version that did not commit to its records); it is still reported")
     cons = sub.add_parser("consistency", help="check that each checkpoint extends the one before it")
     cons.add_argument("checkpoints", nargs="+", metavar="CHECKPOINT")
     for p in (exp, cons):
@@ -446,13 +484,16 @@ def _parser() -> argparse.ArgumentParser:
 def _run(args: argparse.Namespace) -> VerifyResult:
     notes: list[str] = []
     if args.command == "export":
+        # the documents first: a missing file is named as such, not as a missing public key beside it
+        export, checkpoint = _read_json(args.export, "export"), _read_json(args.checkpoint, "checkpoint")
         keys = _through_rotations(_public_keys(args.public_key, args.checkpoint, notes), args.checkpoint, notes)
-        result = verify_export(_read_json(args.export), _read_json(args.checkpoint), keys)
+        result = verify_export(export, checkpoint, keys, allow_incomplete=args.allow_incomplete)
     else:
         if len(args.checkpoints) < 2:
             raise FormatError("give at least two checkpoints, oldest first")
+        docs = [_read_json(p, "checkpoint") for p in args.checkpoints]
         keys = _public_keys(args.public_key, args.checkpoints[-1], notes)
-        result = verify_sequence([_read_json(p) for p in args.checkpoints], keys)
+        result = verify_sequence(docs, keys)
     result.notes[:0] = notes
     return result
 
@@ -468,7 +509,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json:
         sys.stdout.write(json.dumps(result.to_dict(), indent=2, sort_keys=True) + "\n")
     else:
-        verdict = "VALID" if result.ok else "INVALID"
+        verdict = "INVALID" if not result.ok else "VALID" if result.complete is not False else \
+            "VALID, COMPLETENESS UNPROVEN"
         sys.stdout.write(f"{result.what}: {verdict} ({result.checked} checked)\n")
         sys.stdout.writelines(f"  FAIL {f}\n" for f in result.failures)
         sys.stdout.writelines(f"  note {n}\n" for n in result.notes)

@@ -4,18 +4,18 @@ Three layers, each catching what the one before cannot:
 
 1. the chain walk: seq contiguous from 1, each record's hash recomputed, each prev_hash equal to the
    hash before it, the last record equal to chain_head: any edit, deletion, insertion or reordering;
-2. cross-checks against the kernel tables (set-based SQL): every transition row has its "transition"
-   trace record and every Run has a trace, so deleting a whole Run's records is caught even when the
-   chain around the hole was rebuilt;
-3. signed checkpoints: the Merkle root the database gives at each checkpoint's tree size must equal the
-   signed root, which catches a whole-table rewrite with a recomputed chain and chain head.
+2. cross-checks against the tables people read: every Run has a trace, and every row that mirrors a
+   record agrees with it field by field (audit.mirrors), so deleting a whole Run's records, or editing
+   a row instead of its record, is caught even when the chain around the hole was rebuilt;
+3. signed checkpoints, local and witnessed: the Merkle root the database gives at each checkpoint's tree
+   size must equal the signed root, which catches a whole-table rewrite with a recomputed chain and
+   chain head, and names the first record that differs (audit.verify_checkpoints).
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-from dataclasses import asdict, dataclass, field
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,72 +23,30 @@ import sqlalchemy as sa
 
 from harness.adapters.sql import schema as t
 from harness.adapters.sql.store import SqlStore, StoredTraceRecord
-from harness.audit import merkle
+from harness.audit import merkle, mirrors, verify_checkpoints
 from harness.audit.chain import GENESIS_HASH, record_bytes, record_hash
-from harness.audit.checkpoint import CheckpointError, list_checkpoints, public_key
-from harness.audit.standalone import walk_keys
+from harness.audit.report import ChainReport, Problem
+from harness.audit.witness import Witness
+from harness.errors import StoreError
+
+__all__ = ["ChainReport", "Problem", "verify_chain"]
 
 #: how far from its current seq a moved record's original seq is searched, to tell "reordered" from "edited"
 _MOVE_WINDOW = 64
 
 
-@dataclass(frozen=True, slots=True)
-class Problem:
-    """One thing wrong with the trail. `seq`/`record_id` name the record, when one can be named."""
-
-    kind: str  # edited | deleted | inserted | reordered | head_mismatch | run_trace_missing | checkpoint_*
-    seq: int | None
-    record_id: str | None
-    detail: str
-    run_id: str | None = None
-
-
-@dataclass
-class ChainReport:
-    """The outcome of verify_chain; `first_bad` is the earliest problem in chain order."""
-
-    records_checked: int = 0
-    chain_head: dict[str, Any] = field(default_factory=dict)
-    problems: list[Problem] = field(default_factory=list)
-    problem_count: int = 0
-    checkpoints_checked: int = 0
-    outbox_backlog: int = 0
-    limit: int = 20
-
-    @property
-    def ok(self) -> bool:
-        """True when nothing is wrong (a backlog in the outbox is not a problem)."""
-        return self.problem_count == 0
-
-    @property
-    def first_bad(self) -> Problem | None:
-        """The first problem found, the chain walk's before the cross-checks'."""
-        return self.problems[0] if self.problems else None
-
-    def add(self, problem: Problem) -> None:
-        """Record a problem; only the first `limit` are kept, all are counted."""
-        self.problem_count += 1
-        if len(self.problems) < self.limit:
-            self.problems.append(problem)
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready document."""
-        doc = asdict(self)
-        doc["ok"] = self.ok
-        doc["first_bad"] = asdict(self.first_bad) if self.first_bad else None
-        return doc
-
-
 class _Walk:
     """The chain walk's state: where the next record must stand and what it must link to."""
 
-    def __init__(self, store: SqlStore, report: ChainReport, sizes: set[int]) -> None:
+    def __init__(self, store: SqlStore, report: ChainReport, sources: verify_checkpoints.Sources) -> None:
         self.store, self.report = store, report
         self.expected, self.prev = 1, GENESIS_HASH
         self.prev_id: str | None = None
         self.prev_ok = True
         self.acc = merkle.RootAccumulator()
-        self.sizes = sizes
+        self.sources = sources
+        self.sizes = sources.sizes()
+        self.watch = any(s.segments for s in sources.ours)
         self.roots: dict[int, tuple[str, str]] = {0: (merkle.EMPTY_ROOT.hex(), GENESIS_HASH)}
 
     def step(self, rec: StoredTraceRecord) -> None:
@@ -97,7 +55,10 @@ class _Walk:
         problem = self._check(rec, hashlib.sha256(data).hexdigest() == rec.hash)
         if problem:
             self.report.add(problem)
-        self.acc.append(merkle.leaf_hash(data))
+        leaf = merkle.leaf_hash(data)
+        if self.watch:
+            self.sources.see(self.acc.size, leaf, rec)
+        self.acc.append(leaf)
         if self.acc.size in self.sizes:
             self.roots[self.acc.size] = (self.acc.root().hex(), rec.hash)
         # resynchronise on this record so one fault is reported once, not for every record after it
@@ -183,7 +144,8 @@ def _check_head(walk: _Walk, before: tuple[int, str], after: tuple[int, str]) ->
 
 
 def _transition_counts(store: SqlStore, report: ChainReport) -> None:
-    """Each transition row has exactly one "transition" record, chained or still in the outbox."""
+    """A Run with transition rows but no "transition" record at all, chained or still in the outbox, lost
+    its trace (a Run that lost only some is named row by row, audit.mirrors)."""
     def per_run(table: sa.Table, filtered: bool) -> sa.Subquery:
         query = sa.select(table.c.run_id, sa.func.count().label("n")).group_by(table.c.run_id)
         return (query.where(table.c.kind == "transition") if filtered else query).subquery()
@@ -195,13 +157,12 @@ def _transition_counts(store: SqlStore, report: ChainReport) -> None:
         sa.select(rows.c.run_id, rows.c.n, recorded.label("recorded"))
         .outerjoin(traced, traced.c.run_id == rows.c.run_id)
         .outerjoin(queued, queued.c.run_id == rows.c.run_id)
-        .where(rows.c.n != recorded)
+        .where(recorded == 0)
         .order_by(rows.c.run_id)
     )
     with store.reader.connect() as conn:
         for r in conn.execute(query):
-            kind = "run_trace_missing" if r.recorded == 0 else "transition_record_missing"
-            report.add(Problem(kind, None, None, f"{r.n} transitions but {r.recorded} transition records",
+            report.add(Problem("run_trace_missing", None, None, f"{r.n} transitions but no transition record",
                                run_id=r.run_id))
 
 
@@ -216,43 +177,26 @@ def _runs_without_trace(store: SqlStore, report: ChainReport) -> None:
             report.add(Problem("run_trace_missing", None, None, "the Run has no trace record", run_id=run_id))
 
 
-def _check_checkpoints(walk: _Walk, directory: Path) -> None:
-    """The database's Merkle root at each checkpoint's size must be the signed root."""
-    report = walk.report
+def _database_id(store: SqlStore) -> str | None:
+    """The database's id; None for a database at a revision before 0013 (opened without migrating)."""
     try:
-        checkpoints = list_checkpoints(directory)
-        # each checkpoint's key must be trusted from the first published key through endorsements
-        walked = walk_keys([cp.doc for cp in checkpoints], [public_key(directory)]) if checkpoints else []
-    except CheckpointError as exc:
-        report.add(Problem("checkpoint_invalid", None, None, str(exc)))
-        return
-    good = 0
-    for cp, (key, problem) in zip(checkpoints, walked, strict=True):
-        report.checkpoints_checked += 1
-        if key is None:
-            report.add(Problem("checkpoint_invalid", None, None, f"{cp.path.name}: {problem}"))
-            continue
-        if cp.tree_size > walk.acc.size:
-            report.add(Problem("deleted", walk.acc.size + 1, None,
-                               f"{cp.path.name} covers {cp.tree_size} records, the chain {walk.acc.size}"))
-        elif walk.roots.get(cp.tree_size) != (cp.root_hash, cp.chain_head_hash):
-            report.add(Problem("checkpoint_mismatch", None, None,
-                               f"records {good + 1}..{cp.tree_size} differ from the signed {cp.path.name}: "
-                               "history was rewritten"))
-        else:
-            good = max(good, cp.tree_size)
+        return store.database_id()
+    except (sa.exc.SQLAlchemyError, StoreError):
+        return None
 
 
-def verify_chain(store: SqlStore, checkpoint_dir: Path | None = None, *, limit: int = 20) -> ChainReport:
-    """Walk the whole chain and cross-check it; list at most `limit` problems (all are counted)."""
-    report = ChainReport(limit=limit)
-    sizes: set[int] = set()
-    checkpoints_present = checkpoint_dir is not None and checkpoint_dir.is_dir()
-    if checkpoint_dir is not None and checkpoints_present:
-        with contextlib.suppress(CheckpointError):  # reported by _check_checkpoints below
-            sizes = {cp.tree_size for cp in list_checkpoints(checkpoint_dir)}
+def verify_chain(store: SqlStore, checkpoint_dir: Path | None = None, *, limit: int = 20,
+                 witnesses: Sequence[Witness] = (), legacy_dir: Path | None = None) -> ChainReport:
+    """Walk the whole chain and cross-check it with the rows that mirror it and with the checkpoints of
+    `checkpoint_dir` and of the witnesses; list at most `limit` problems (all are counted). `legacy_dir`
+    is the shared checkpoint folder of earlier versions, only reported on."""
+    report = ChainReport(limit=limit, database_id=_database_id(store))
+    if report.database_id is None:
+        report.warnings.append("the database has no id (its schema predates revision 0013): checkpoints that name "
+                               "a database cannot be told apart; open it with harness to migrate it")
+    sources = verify_checkpoints.gather(report.database_id or "", checkpoint_dir, witnesses, legacy_dir, report)
     before = store.chain_head()
-    walk = _Walk(store, report, sizes)
+    walk = _Walk(store, report, sources)
     for rec in store.iter_trace(1):
         walk.step(rec)
     after = store.chain_head()
@@ -260,7 +204,7 @@ def verify_chain(store: SqlStore, checkpoint_dir: Path | None = None, *, limit: 
     _check_head(walk, before, after)
     _transition_counts(store, report)
     _runs_without_trace(store, report)
-    if checkpoint_dir is not None and checkpoints_present:
-        _check_checkpoints(walk, checkpoint_dir)
+    mirrors.check_rows(store, report)
+    verify_checkpoints.check(sources, walk.roots, walk.acc.size, report.database_id or "", checkpoint_dir, report)
     report.outbox_backlog = store.outbox_backlog()
     return report

@@ -24,7 +24,8 @@ from typing import Any, Literal
 import sqlalchemy as sa
 
 from harness.adapters.sql import schema as t
-from harness.adapters.sql.store import SqlStore, TransitionResult
+from harness.adapters.sql.store import SqlStore, TraceRecordIn, TransitionResult
+from harness.audit import mirror_records
 from harness.audit.chain import canonical_json, content_hash
 from harness.errors import BadInputError, StoreError
 from harness.ids import ordered_id
@@ -136,16 +137,22 @@ class HitlDesk:
         )
 
     def insert(self, conn: sa.Connection, request: HitlRequest, escalated_from: str | None = None) -> None:
-        """Insert a request inside the caller's transaction."""
-        conn.execute(t.hitl_requests.insert().values(
+        """Insert a request inside the caller's transaction, with the record that chains it."""
+        row = dict(
             request_id=request.request_id, run_id=request.run_id, tenant_id=request.tenant_id,
             requester=request.requester, level=request.level, required_approvals=request.required_approvals,
             approver_roles=json.dumps(list(request.approver_roles)), actions=canonical_json(request.actions),
             actions_hash=request.actions_hash, status="pending", created_at=request.created_at,
-            deadline_at=request.deadline_at, escalated_from=escalated_from,
-        ))
+            deadline_at=request.deadline_at, decided_at=None, escalated_from=escalated_from,
+        )
+        conn.execute(t.hitl_requests.insert().values(**row))
+        self._chain(conn, mirror_records.HITL_REQUEST, mirror_records.hitl_request(row), request.run_id)
         for hook in self._insert_hooks:
             hook(conn, request, escalated_from)
+
+    def _chain(self, conn: sa.Connection, kind: str, payload: dict[str, Any], run_id: str) -> None:
+        """Chain a row as it now stands, in the transaction that wrote it (audit.mirror_records)."""
+        self.store.enqueue(conn, [TraceRecordIn(kind, payload, run_id)], self.store.clock.now())
 
     def get(self, request_id: str, tenant_id: str | None = None) -> HitlRequest:
         """The request with this id (in this tenant, when given); UnknownRequestError otherwise."""
@@ -247,11 +254,13 @@ class HitlDesk:
                 # break-glass shortens the wait only: it never stands in for a second person (G5)
                 complete = decision == "reject" or count >= request.required_approvals
                 effect = ("approved" if decision == "approve" else "rejected") if complete else "recorded"
-            conn.execute(t.hitl_decisions.insert().values(
+            decided = dict(
                 decision_id=decision_id, request_id=request_id, run_id=run_id, approver=who,
                 decision=decision, actions_hash=approved_hash or request.actions_hash, break_glass=break_glass,
                 reason=reason, outcome="refused" if refusal else "accepted", refusal=refusal, at=now,
-            ))
+            )
+            conn.execute(t.hitl_decisions.insert().values(**decided))
+            self._chain(conn, mirror_records.HITL_DECISION, mirror_records.hitl_decision(decided), run_id)
             if effect in ("approved", "rejected"):  # the decision is written first: the move's hooks read it
                 self._set_status(conn, request_id, effect, now)
                 if move is not None:
@@ -287,14 +296,16 @@ class HitlDesk:
         return list(conn.execute(sa.select(t.hitl_approvals.c.approver).where(
             t.hitl_approvals.c.request_id == request_id)).scalars())
 
-    @staticmethod
-    def _set_status(conn: sa.Connection, request_id: str, status: str, now: float) -> None:
-        """Close a pending request; the caller holds its row's lock, so it is still pending."""
+    def _set_status(self, conn: sa.Connection, request_id: str, status: str, now: float) -> None:
+        """Close a pending request and chain it as it now stands; the caller holds its row's lock (or the
+        Run's, which every writer of the Run's requests takes first), so it is still pending."""
         moved = conn.execute(t.hitl_requests.update().where(
             t.hitl_requests.c.request_id == request_id, t.hitl_requests.c.status == "pending")
             .values(status=status, decided_at=now)).rowcount
         if moved != 1:
             raise StoreError(f"approval request {request_id} changed while its row was locked")
+        row = conn.execute(sa.select(t.hitl_requests).where(t.hitl_requests.c.request_id == request_id)).one()
+        self._chain(conn, mirror_records.HITL_REQUEST, mirror_records.hitl_request(row._mapping), row.run_id)
 
     def _refusal(self, request: HitlRequest, approver: CallerIdentity, decision: str, approved_hash: str | None,
                  break_glass: bool, reason: str, prior: list[str]) -> str | None:
@@ -360,9 +371,11 @@ class HitlDesk:
     def cancel_pending(self, conn: sa.Connection, run_id: str) -> int:
         """Close the Run's pending requests as cancelled, inside the caller's transaction (the Run's
         cancel); returns how many were closed."""
-        return int(conn.execute(t.hitl_requests.update().where(
-            t.hitl_requests.c.run_id == run_id, t.hitl_requests.c.status == "pending")
-            .values(status="cancelled", decided_at=self.store.clock.now())).rowcount)
+        pending = list(conn.execute(sa.select(t.hitl_requests.c.request_id).where(
+            t.hitl_requests.c.run_id == run_id, t.hitl_requests.c.status == "pending")).scalars())
+        for request_id in pending:  # the Run's row is locked: they stay pending until closed here
+            self._set_status(conn, request_id, "cancelled", self.store.clock.now())
+        return len(pending)
 
     def stranded(self, decided_before: float, limit: int = 200) -> list[HitlRequest]:
         """The newest request of each Run that waits in AWAITING_HITL with no pending request, decided

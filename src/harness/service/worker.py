@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 
+from harness.audit.publisher import CheckpointPublisher
 from harness.config import Runtime
 from harness.service.errors import ApiError
 from harness.service.logs import run_context
@@ -25,6 +26,13 @@ from harness.sweeper import ZombieSweeper
 from harness.worker import RunWorker
 
 log = logging.getLogger("harness.worker")
+
+
+def _checkpoint_publisher(runtime: Runtime) -> CheckpointPublisher:
+    """The service's checkpoint publisher: its first checkpoint one interval after it starts."""
+    s = runtime.settings
+    return CheckpointPublisher.from_settings(runtime.store, s.checkpoint_interval_s, s.checkpoint_dir,
+                                             s.checkpoint_witnesses, wait_first=True)
 
 
 class Admission:
@@ -57,6 +65,7 @@ class EmbeddedWorker:
         self._last_sweep = time.monotonic()
         #: Runs this worker has queued or is driving, so the re-drive does not queue them twice
         self._queued: set[str] = set()
+        self.checkpoints = _checkpoint_publisher(runtime)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -83,6 +92,7 @@ class EmbeddedWorker:
             pool.shutdown(wait=True, cancel_futures=True)
         if housekeeper is not None:
             housekeeper.join(timeout_s)
+        self.checkpoints.close()
 
     @property
     def in_flight(self) -> int:
@@ -192,6 +202,12 @@ class EmbeddedWorker:
             for run_id in self.runtime.runs.prune_workdirs():
                 log.info("working directory of a Run closed elsewhere removed", extra={"run_id": run_id})
         self.runtime.store.drain_all()
+        self.publish_checkpoint()
+
+    def publish_checkpoint(self) -> None:
+        """Start publishing a signed checkpoint in the background when one is due (SPEC A3b: periodic,
+        without a person; the interval is the setting checkpoint_interval_s)."""
+        self.checkpoints.start_if_due()
 
     def _housekeeping(self) -> None:
         while not self._stop.wait(self.interval):

@@ -91,6 +91,7 @@ outbox = sa.Table(
     sa.Column("kind", sa.String(32), nullable=False),
     sa.Column("payload", sa.Text, nullable=False),
     sa.Column("created_at", sa.Double, nullable=False),
+    sa.Index("ix_outbox_run", "run_id"),  # 0013: a closing Run lists its pending records
 )
 
 #: the hash chain (SPEC A3). Neither hash column is UNIQUE (0006, 0007): a trigger refuses any record whose
@@ -115,6 +116,15 @@ chain_head = sa.Table(
     sa.Column("id", sa.Integer, primary_key=True, autoincrement=False),
     sa.Column("seq", sa.BigInteger, nullable=False),
     sa.Column("hash", sa.String(64), nullable=False),
+)
+
+#: the database's id (0013), one row written at creation: checkpoints name it (SPEC A3b)
+database_identity = sa.Table(
+    "database_identity",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("database_id", sa.String(64), nullable=False),
+    sa.Column("created_at", sa.Double, nullable=False),
 )
 
 #: tables that only ever receive INSERTs; triggers refuse UPDATE and DELETE

@@ -54,6 +54,11 @@ OUTBOX_BATCH = (
 OUTBOX_ANY = sa.select(t.outbox.c.id).limit(1)
 TRACE_INSERT = t.trace_records.insert()
 CHAINED_ID = sa.select(t.trace_records.c.record_id).where(t.trace_records.c.record_id == b("p_id"))
+#: every record of a Run, chained or waiting in the outbox (what its RunTrace commits to)
+RECORDS_OF_RUN = sa.union_all(
+    sa.select(t.trace_records.c.record_id, t.trace_records.c.kind).where(t.trace_records.c.run_id == b("p_run_id")),
+    sa.select(t.outbox.c.record_id, t.outbox.c.kind).where(t.outbox.c.run_id == b("p_run_id")),
+)
 OUTBOX_DELETE_ONE = t.outbox.delete().where(t.outbox.c.id == b("p_id"))
 OUTBOX_DELETE_RECORDS = t.outbox.delete().where(t.outbox.c.record_id.in_(b("p_ids", expanding=True)))
 

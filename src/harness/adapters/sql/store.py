@@ -6,6 +6,7 @@ transition row, the audit events, the legacy Job.status projection and the outbo
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -18,6 +19,7 @@ from harness.adapters.sql import schema as t
 from harness.adapters.sql import statements as q
 from harness.adapters.sql.database import READ_ONLY, SQLITE_BUSY_TIMEOUT_MS, create_engine, migrate, resolve_url
 from harness.adapters.sql.raw import RawStatements
+from harness.audit import commitment
 from harness.audit.chain import canonical_json, record_hash
 from harness.clock import SystemClock
 from harness.errors import IdempotencyConflictError, InvalidTransitionError, StoreError, UnknownRunError
@@ -47,6 +49,12 @@ class TraceRecordIn:
     kind: str
     payload: dict[str, Any]
     run_id: str | None = None
+    #: assigned when the record is enqueued, unless given (a RunTrace names its closing transaction's)
+    record_id: str | None = None
+
+
+#: the kind of a Run's RunTrace record (SPEC A1)
+RUN_TRACE = "run"
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,6 +247,7 @@ class SqlStore:
         self._raw = RawStatements(engine.dialect)
         #: carries the outbox to the chain through e.g. Redis Streams (SPEC D2); None: drained directly
         self.trace_buffer: TraceBuffer | None = None
+        self._database_id: str | None = None
 
     @classmethod
     def open(cls, db: str | None = None, clock: Clock | None = None, *, migrate_schema: bool = True) -> SqlStore:
@@ -295,7 +304,7 @@ class SqlStore:
                 )
                 self._write_change(conn, new.run_id, 0, None, RunState.CREATED, "run_manager", "run created", None,
                                    now, (), extra_audit={"tenant_id": new.tenant_id, "user_id": new.user_id,
-                                                         "retry_of": new.retry_of})
+                                                         "retry_of": new.retry_of, "session_id": new.session_id})
         except sa.exc.IntegrityError:
             if new.idempotency_key is not None:
                 existing = self._existing_for_key(new)
@@ -501,7 +510,21 @@ class SqlStore:
                       "forced_by": forced_by, **(extra_audit or {})}
             outbox.append(self._audit_row(conn, run_id, event, actor, now, detail))
         outbox.extend(records)
+        if any(r.kind == RUN_TRACE and r.run_id == run_id for r in records):
+            outbox = self._with_record_commitment(conn, run_id, outbox)
         self.enqueue(conn, outbox, now)
+
+    def _with_record_commitment(self, conn: sa.Connection, run_id: str,
+                                outbox: list[TraceRecordIn]) -> list[TraceRecordIn]:
+        """The closing transaction's records, the RunTrace naming every other record of the Run: those
+        already chained or waiting in the outbox (read under the Run's row lock, so no transition of it
+        is missed) and those of this transaction (audit.commitment)."""
+        named = [dataclasses.replace(r, record_id=r.record_id or ordered_id()) for r in outbox]
+        others = [(str(i), str(k)) for i, k in self._raw.fetchall(conn, q.RECORDS_OF_RUN, {"p_run_id": run_id})]
+        others += [(str(r.record_id), r.kind) for r in named if not (r.kind == RUN_TRACE and r.run_id == run_id)]
+        committed = commitment.encode(others)
+        return [dataclasses.replace(r, payload={**r.payload, commitment.RECORDS_KEY: committed})
+                if r.kind == RUN_TRACE and r.run_id == run_id else r for r in named]
 
     def _audit_row(
         self, conn: sa.Connection, run_id: str | None, event: str, actor: str, now: float, detail: dict[str, Any]
@@ -544,7 +567,7 @@ class SqlStore:
         holds it, and the chain hashes that column, so it is as tamper-evident there and stored once.
         """
         rows = [
-            {"record_id": ordered_id(), "run_id": r.run_id, "kind": r.kind,
+            {"record_id": r.record_id or ordered_id(), "run_id": r.run_id, "kind": r.kind,
              "payload": canonical_json(_without_run_id(r.payload, r.run_id)), "created_at": now}
             for r in records
         ]
@@ -840,6 +863,17 @@ class SqlStore:
                 return str(entry.get("status") or "started")
             self._raw.execute(conn, q.CONTEXT_UPDATE, {"p_run_id": run_id, "context": canonical_json(context)})
         return None
+
+    def database_id(self) -> str:
+        """The id written when the database was created (migration 0013): what checkpoints name."""
+        if self._database_id is None:
+            with self.reader.connect() as conn:
+                found = conn.execute(sa.select(t.database_identity.c.database_id)
+                                     .where(t.database_identity.c.id == 1)).scalar()
+            if found is None:
+                raise StoreError("database_identity has no row: the database was damaged")
+            self._database_id = str(found)
+        return self._database_id
 
     def raise_if_corrupt(self) -> None:
         """Raise StoreError when the chain head table is missing its row (a damaged database)."""
