@@ -11,10 +11,13 @@ from pathlib import Path
 
 import httpx
 import pytest
+import sqlalchemy as sa
 
 from harness.adapters.sql.ledger import CostLedger
+from harness.adapters.sql import schema as t
 from harness.adapters.sql.store import NewRun, SqlStore
 from harness.clock import FakeClock
+from harness.kernel import FINAL
 from harness.pipeline.trace_recorder import CostTrace
 
 from .test_console_browser import ARGS, ARTIFACTS, CHROMIUM, _sign_in, playwright_api
@@ -43,11 +46,28 @@ def seeded(server: str) -> Iterator[str]:
         ledger.record(CostTrace(run_id=run.run_id, source=f"llm:openai:{'tool:' + skill if skill else 'plan'}",
                                 input_tokens=int(usd * 1e6), output_tokens=int(usd * 2e5), api_calls=1, usd=usd,
                                 model="gpt-4o-mini", tenant_id="default", user_id=user, skill_id=skill))
+    store.clock = FakeClock(__import__("time").time())  # type: ignore[assignment]
+    _wait_until_all_final(store)  # the server's worker picks up the history Runs; their spend lands now
     store.close()
     done = httpx.post(f"{server}/api/v1/runs", json={"task": "Where is order A-1001?"},
                       headers={"X-API-Key": "demo-alice-key"}, params={"wait": "true"}, timeout=30).json()
     assert done["state"] == "SUCCEEDED" and done["cost"]["usd"] > 0
     yield server
+
+
+def _wait_until_all_final(store: SqlStore, timeout: float = 120.0) -> None:
+    """Wait until the server has driven every Run of its database to a final state (so the totals hold)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with store.engine.connect() as conn:
+            open_runs = conn.execute(sa.select(sa.func.count()).select_from(t.runs).where(
+                t.runs.c.state.not_in([s.value for s in FINAL]))).scalar()
+        if not open_runs:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"{open_runs} Run(s) of the history were not driven to a final state")
 
 
 def _db_of(server: str) -> str:

@@ -17,6 +17,7 @@ import sqlalchemy as sa
 import yaml
 
 from harness.adapters.sql import schema as t
+from harness.adapters.sql.store import TraceRecordIn
 from harness.audit.reconcile import reconcile
 from harness.clock import FakeClock
 from harness.config import Runtime, Settings, build_runtime
@@ -167,18 +168,22 @@ def test_reconcile_finds_a_run_total_that_is_not_the_sum_of_its_costs(rt: Runtim
 
 
 def test_version_1_cost_records_still_read_and_verify(rt: Runtime) -> None:
-    """A chain holding CostTraces of the first shape (no version, no API calls) verifies and reads as
-    priced costs with no API calls; RunTraces of that time are left out of the total check."""
-    from harness.adapters.sql.store import TraceRecordIn
+    """A chain holding CostTraces of the first shape (no version, no API calls), with their costs rows as
+    that version wrote them, verifies and reads as priced costs with no API calls."""
+    from harness.adapters.sql.ledger import CostLedger
     from harness.audit.verify import verify_chain
+    from harness.pipeline.trace_recorder import CostTrace
 
     result = rt.runs.create_run({"task": "say hi", **TESS})
     old = {"source": "llm:scripted:plan", "input_tokens": 3, "output_tokens": 4, "usd": 0.5, "tenant_id": "t1",
            "user_id": "tess"}
-    rt.store.record([TraceRecordIn("cost", old, result.run_id),
-                     TraceRecordIn("run", {"final_state": "SUCCEEDED", "total_cost": {"input_tokens": 3}}, "r-old")])
+    row = CostTrace(run_id=result.run_id, api_calls=0, **old)  # type: ignore[arg-type]
+    with rt.store.engine.begin() as conn:
+        CostLedger(rt.store).insert(conn, row)
+        rt.store.enqueue(conn, [TraceRecordIn("cost", old, result.run_id)], rt.store.clock.now())
     rt.store.drain_all()
-    assert verify_chain(rt.store).ok
+    report = verify_chain(rt.store)
+    assert report.ok, [str(p) for p in report.problems]
     fields = cost_fields(old)
     assert fields["v"] == 1 and fields["api_calls"] == 0 and fields["priced"] is True and fields["skill_id"] is None
     assert reconcile(rt.store).counts["run_cost_total"] == 0

@@ -17,6 +17,7 @@ from harness.audit.checkpoint import public_key, publish_checkpoint
 from harness.audit.export import export_run
 from harness.audit.standalone import verify_export
 from harness.config import Runtime
+from harness.errors import CancelRefusedError
 from harness.kernel import RunState as S
 from harness.state_machine import StateMachine
 
@@ -89,7 +90,8 @@ def test_records_written_after_the_close_are_proven_and_noted(test_runtime: Runt
     """A late cancel's audit event, written after the RunTrace, is proven and reported as after the close;
     the export is still complete."""
     run_id = test_runtime.runs.create_run({"task": "echo hello", **TESTER}).run_id
-    test_runtime.runs.cancel(run_id, by="t1/tess")
+    with pytest.raises(CancelRefusedError):  # the Run had already closed; the refused attempt is on record
+        test_runtime.runs.cancel(run_id, by="t1/tess")
     export, cp = exported(test_runtime, run_id, cpdir)
     result = verify_export(export, cp, public_key(cpdir))
     assert result.ok and result.complete
