@@ -103,6 +103,7 @@ def _print_verify(report: ChainReport) -> None:
 @cli_errors
 @_audit_errors
 def verify(
+    ctx: typer.Context,
     db: DbOption = None,
     json_: JsonOption = False,
     checkpoint_dir_: Annotated[
@@ -120,6 +121,12 @@ def verify(
     checkpoints (local and witnessed); exit 1 naming the first bad record, or the table, row and field."""
     store = _open(db)
     directory = checkpoint_dir(checkpoint_dir_, store.database_id())
+    # a folder typed on the command line must exist (a typo is bad input); the one HARNESS_CHECKPOINT_DIR
+    # names is created by the first checkpoint, and until then there are no checkpoints yet (a warning)
+    source = ctx.get_parameter_source("checkpoint_dir_")
+    typed = source is not None and source.name == "COMMANDLINE"
+    if typed and not directory.is_dir():
+        fail(f"checkpoint directory {directory} does not exist")
     legacy = None if checkpoint_dir_ else Path(DEFAULT_DIR)
     report = verify_chain(store, directory, limit=limit, witnesses=configured_witnesses(witness), legacy_dir=legacy)
     if json_:
