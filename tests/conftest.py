@@ -19,14 +19,18 @@ FIXTURES = Path(__file__).resolve().parent / "fixtures"
 @pytest.fixture(autouse=True, scope="session")
 def _checkpoint_keys(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """Checkpoint signing keys go to a folder of the test session, never to the user's own key folder
-    (~/.config/harness/keys); child processes, module-wide servers included, inherit it."""
-    before = os.environ.get("HARNESS_CHECKPOINT_KEY_DIR")
-    os.environ["HARNESS_CHECKPOINT_KEY_DIR"] = str(tmp_path_factory.getbasetemp() / "checkpoint-keys")
+    (~/.config/harness/keys), and so does the data directory a test names none for (never
+    ~/.local/share/harness); child processes, module-wide servers included, inherit both."""
+    base = tmp_path_factory.getbasetemp()
+    names = {"HARNESS_CHECKPOINT_KEY_DIR": base / "checkpoint-keys", "HARNESS_DATA_DIR": base / "harness-data"}
+    before = {name: os.environ.get(name) for name in names}
+    os.environ.update({name: str(path) for name, path in names.items()})
     yield
-    if before is None:
-        os.environ.pop("HARNESS_CHECKPOINT_KEY_DIR", None)
-    else:
-        os.environ["HARNESS_CHECKPOINT_KEY_DIR"] = before
+    for name, value in before.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 @pytest.fixture

@@ -6,13 +6,12 @@ import datetime as dt
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from harness import cli_ops, cli_replay, cli_runs, cli_serve, cli_webhooks
 from harness.adapters.sql.ledger import CostLedger
 from harness.cli_audit import audit_app
-from harness.cli_support import DbOption, JsonOption, cli_errors, emit, open_store
+from harness.cli_support import DbOption, JsonOption, cli_errors, emit, open_store, screen
 from harness.cli_witness import witness_app
 
 app = typer.Typer(
@@ -76,7 +75,7 @@ def runs_show(
     if json_:
         emit(doc)
         return
-    console = Console()
+    console = screen()
     console.print(f"[bold]Run {run.run_id}[/]  state [bold]{run.state.value}[/]  legacy status {status}")
     table = Table("#", "from", "to", "at", "by", "reason")
     for t in path:

@@ -14,7 +14,6 @@ from typing import Annotated, Any, ParamSpec, TypeVar
 
 import sqlalchemy as sa
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from harness.adapters.sql.database import resolve_url
@@ -35,7 +34,7 @@ from harness.audit.keys import move_legacy_key
 from harness.audit.reconcile import ReconcileReport, reconcile
 from harness.audit.verify import ChainReport, verify_chain
 from harness.audit.witness import WITNESS_ENV, configured_witnesses
-from harness.cli_support import EXIT_CHECK_FAILED, DbOption, JsonOption, cli_errors, emit, fail, open_store
+from harness.cli_support import EXIT_CHECK_FAILED, DbOption, JsonOption, cli_errors, emit, fail, open_store, screen
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -81,7 +80,7 @@ def _open(db: str | None) -> SqlStore:
 
 
 def _print_verify(report: ChainReport) -> None:
-    console = Console()
+    console = screen()
     verdict = "[green]OK[/]" if report.ok else f"[red]FAILED[/] ({report.problem_count} problem(s))"
     console.print(f"audit chain: {verdict}  {report.records_checked} records, {report.rows_checked} rows, "
                   f"head seq {report.chain_head.get('seq')}, {report.checkpoints_checked} checkpoint(s), "
@@ -104,6 +103,7 @@ def _print_verify(report: ChainReport) -> None:
 @cli_errors
 @_audit_errors
 def verify(
+    ctx: typer.Context,
     db: DbOption = None,
     json_: JsonOption = False,
     checkpoint_dir_: Annotated[
@@ -121,7 +121,11 @@ def verify(
     checkpoints (local and witnessed); exit 1 naming the first bad record, or the table, row and field."""
     store = _open(db)
     directory = checkpoint_dir(checkpoint_dir_, store.database_id())
-    if checkpoint_dir_ and not directory.is_dir():
+    # a folder typed on the command line must exist (a typo is bad input); the one HARNESS_CHECKPOINT_DIR
+    # names is created by the first checkpoint, and until then there are no checkpoints yet (a warning)
+    source = ctx.get_parameter_source("checkpoint_dir_")
+    typed = source is not None and source.name == "COMMANDLINE"
+    if typed and not directory.is_dir():
         fail(f"checkpoint directory {directory} does not exist")
     legacy = None if checkpoint_dir_ else Path(DEFAULT_DIR)
     report = verify_chain(store, directory, limit=limit, witnesses=configured_witnesses(witness), legacy_dir=legacy)
@@ -134,7 +138,7 @@ def verify(
 
 
 def _print_reconcile(report: ReconcileReport) -> None:
-    console = Console()
+    console = screen()
     console.print(f"reconcile: {'[green]OK[/]' if report.ok else '[red]MISMATCH[/]'}")
     table = Table("final state", "runs", "audit event", "events", "")
     for f in report.finals:
@@ -176,7 +180,7 @@ def checkpoint_cmd(db: DbOption = None, json_: JsonOption = False, dir_: DirOpti
     if json_:
         emit(doc)
     else:
-        console = Console()
+        console = screen()
         console.print(f"published {cp.path}: tree size {cp.tree_size}, root {cp.root_hash}")
         for w in doc["witnesses"]:
             console.print(f"  witness {w['witness']}: " + ("kept" if w["ok"] else f"[red]NOT KEPT[/]: {w['error']}"),
@@ -212,7 +216,7 @@ def rotate_key_cmd(
     if json_:
         emit(doc)
     else:
-        Console().print(f"published {cp.path}: signed by the new key {cp.doc['key_id'][:16]}…, endorsed by "
+        screen().print(f"published {cp.path}: signed by the new key {cp.doc['key_id'][:16]}…, endorsed by "
                         f"{endorsement['by_key_id'][:16]}…; the new private key is {key_path}")
 
 
@@ -224,7 +228,7 @@ def _write_export(doc: dict[str, Any], output: Path, json_: bool) -> None:
     if json_:
         emit(summary)
     else:
-        Console().print(f"wrote {output}: {summary['records']} record(s) proven in {summary['checkpoint']}")
+        screen().print(f"wrote {output}: {summary['records']} record(s) proven in {summary['checkpoint']}")
 
 
 @audit_app.command("export")
@@ -277,7 +281,7 @@ def move_key_cmd(db: DbOption = None, json_: JsonOption = False, dir_: DirOption
     if json_:
         emit({"from": str(legacy / "checkpoint-key.pem"), "to": str(target)})
     else:
-        Console().print(f"moved {legacy / 'checkpoint-key.pem'} to {target}")
+        screen().print(f"moved {legacy / 'checkpoint-key.pem'} to {target}")
 
 
 @audit_app.command("drain")
@@ -293,4 +297,4 @@ def drain_cmd(db: DbOption = None, json_: JsonOption = False) -> None:
     if json_:
         emit(doc)
     else:
-        Console().print(f"chained {chained} record(s); chain head seq {seq}")
+        screen().print(f"chained {chained} record(s); chain head seq {seq}")

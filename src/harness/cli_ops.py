@@ -61,7 +61,7 @@ def worker(
                                                 help="Celery broker URL (Redis or RabbitMQ).")] = None,
     db: DbOption = None,
 ) -> None:
-    """Run a Celery worker that drives Runs from the queue (SPEC D2); --beat adds the sweep schedule."""
+    """Run a Celery worker that drives Runs from the queue (scale-out); --beat adds the sweep schedule."""
     import os
 
     if db:

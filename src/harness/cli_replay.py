@@ -11,10 +11,9 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
 from harness.adapters.sql.store import SqlStore
-from harness.cli_support import EXIT_CHECK_FAILED, DbOption, JsonOption, emit
+from harness.cli_support import EXIT_CHECK_FAILED, DbOption, JsonOption, emit, screen
 from harness.config import Settings
 from harness.errors import InvalidRequestError
 from harness.replay import ReplayReport
@@ -49,7 +48,7 @@ def replay(
 
 def show(report: ReplayReport) -> None:
     """Human-readable report."""
-    console = Console()
+    console = screen()
     console.print(f"[bold]replay of run[/] {report.run_id}  (scratch run {report.replay_run_id})")
     console.print("  path: " + " → ".join(report.summary.get("path", [])))
     if report.ok:

@@ -8,20 +8,19 @@ import time
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.tree import Tree
 
-from harness.cli_support import DbOption, JsonOption, emit, fail
+from harness.cli_support import DbOption, JsonOption, emit, fail, screen
 from harness.config import Runtime, Settings, build_runtime
 from harness.kernel import FINAL, RunState
 from harness.pipeline.contracts import RunResult
+from harness.pipeline.trace_groups import group_records
 from harness.pipeline.trace_recorder import policy_verdicts
+from harness.timefmt import deadline_reason, human, iso
 
 Tenant = Annotated[str, typer.Option("--tenant", help="Tenant of the caller.")]
 User = Annotated[str, typer.Option("--user", help="User id of the caller.")]
 Session = Annotated[str, typer.Option("--session", help="Conversation session id.")]
-
-_STEP_ORDER = ("step", "policy", "hitl", "tool", "cost", "error")
 
 
 def runtime(db: str | None) -> Runtime:
@@ -39,9 +38,9 @@ def result_document(rt: Runtime, result: RunResult) -> dict[str, Any]:
 
 def print_result(result: RunResult) -> None:
     """Human-readable result."""
-    console = Console()
+    console = screen()
     colour = {"SUCCEEDED": "green", "AWAITING_HITL": "yellow"}.get(result.state, "red")
-    console.print(f"[bold]run[/] {result.run_id}  [bold {colour}]{result.state}[/]")
+    console.print(f"[bold]run[/] {result.run_id}  [bold {colour}]{result.state}[/]", highlight=False)
     console.print("  path: " + " → ".join(result.path))
     if result.answer:
         console.print(f"  answer: {result.answer}")
@@ -125,39 +124,67 @@ def trace(run_id: Annotated[str, typer.Argument(help="The Run's id.")], db: DbOp
     if json_:
         emit({"run_id": run_id, "state": run.state.value, "records": records})
         return
-    Console().print(trace_tree(run_id, run.state.value, records))
+    screen().print(trace_tree(run_id, run.state.value, records, rt.store.clock.now()))
 
 
-def trace_tree(run_id: str, state: str, records: list[dict[str, Any]]) -> Tree:
-    """The trace grouped as a tree under the Run."""
-    root = Tree(f"[bold]Run {run_id}[/] [{state}]")
-    path = root.add("transitions")
-    for r in (r for r in records if r["kind"] == "transition"):
-        path.add(f"{r['from'] or '∅'} → {r['to']}  [dim]{r['actor']}: {r['reason']}[/]")
-    steps = root.add("steps")
-    for r in records:
-        kind = r["kind"]
-        if kind == "step":
-            steps.add(f"{r['step']} {r['name']}: {r['status']} ({r['duration_ms']} ms) {r.get('detail', '')}")
-        elif kind == "policy":
-            for v in policy_verdicts(r):
-                steps.add(f"  policy {v['rule_id']}: {v['decision']} — {v['reason']}")
-        elif kind == "tool":
-            steps.add(f"  tool {r['step_id']} {r['skill_id']}@{r['skill_version']}: {r['status']} "
-                      f"attempts={r['attempts']} {r.get('error_code') or ''}")
-        elif kind == "hitl":
-            bg = " [break-glass]" if r.get("break_glass") else ""
-            steps.add(f"  hitl {r['event']} {r['level']} {r.get('approver') or ''}{bg} {r.get('reason', '')}")
-        elif kind == "cost":
-            steps.add(f"  cost {r['source']}: {r['input_tokens']}+{r['output_tokens']} tokens, {r['usd']} USD")
-        elif kind == "error":
-            steps.add(f"  [red]error {r['error_code']}[/]: {r['message']}")
-    audit = root.add("audit")
-    for r in (r for r in records if r["kind"] == "audit"):
-        audit.add(f"{r['event']} by {r['actor']}")
-    for r in (r for r in records if r["kind"] == "run"):
-        root.add(f"RunTrace: {r['final_state']} ({r['close_reason']}) trace_hash={r['trace_hash'][:16]}…")
+def trace_tree(run_id: str, state: str, records: list[dict[str, Any]], now: float | None = None) -> Tree:
+    """The trace as a tree under the Run: every record under its step, the steps in the order the Run
+    passed them, then the state changes and the audit events (the groups add up to the records)."""
+    now = time.time() if now is None else now
+    root = Tree(f"[bold]Run {run_id}[/] [{state}] · {len(records)} hash-chained records", highlight=False)
+    for group in group_records(records, lambda r: (r["kind"], r)):
+        title = f"{group.number} {group.label}" if group.number is not None else group.label
+        step = next((r for r in group.records if r["kind"] == "step"), None)
+        if step is not None:
+            detail = f" {step['detail']}" if step.get("detail") else ""
+            title += f": {step['status']} ({step['duration_ms']} ms){detail}"
+        node = root.add(f"{title}  [dim]{len(group.records)} record{'s' if len(group.records) != 1 else ''}[/]")
+        for r in group.records:
+            for line in _record_lines(r, now):
+                node.add(line)
     return root
+
+
+def _record_lines(r: dict[str, Any], now: float) -> list[str]:
+    """How one record reads in the tree (a policy record: one line per rule); none for a group's own step."""
+    kind = r["kind"]
+    if kind == "step":
+        return []
+    if kind == "transition":
+        return [f"{r['from'] or '∅'} → {r['to']}  [dim]{r['actor']}: {r['reason']}[/]"]
+    if kind == "audit":
+        return [f"{r['event']} by {r['actor']}"]
+    if kind == "policy":
+        return [f"policy {v['rule_id']}: {v['decision']} — {v['reason']}" for v in policy_verdicts(r)]
+    if kind == "tool":
+        return [f"tool {r['step_id']} {r['skill_id']}@{r['skill_version']}: {r['status']} "
+                f"attempts={r['attempts']} {r.get('error_code') or ''}".rstrip()]
+    if kind == "hitl":
+        bg = " [break-glass]" if r.get("break_glass") else ""
+        who = f" by {r['approver']}" if r.get("approver") else ""
+        event = "refused attempt" if r["event"] == "refused" else r["event"]
+        return [f"approval {event} {r['level']}{who}{bg} {deadline_reason(r.get('reason', ''), now)}".rstrip()]
+    if kind == "hitl_request":
+        return [f"approval request {r['request_id']} ({r['level']}, {r['status']}), "
+                f"deadline {human(float(r['deadline_at']), now)}"]
+    if kind == "hitl_decision":
+        verb = "tried to " + r["decision"] if r["outcome"] == "refused" else r["decision"] + "d"
+        refused = f" — refused: {r['refusal']}" if r["outcome"] == "refused" else ""
+        return [f"decision: {r['approver']} {verb}{refused}"]
+    if kind == "cost":
+        return [f"cost {r['source']}: {r['input_tokens']}+{r['output_tokens']} tokens, {r['usd']} USD"]
+    if kind == "error":
+        return [f"[red]error {r['error_code']}[/]: {r['message']}"]
+    if kind == "run":
+        return [f"RunTrace: {r['final_state']} ({r['close_reason']}) trace_hash={r['trace_hash'][:16]}…"]
+    if kind == "llm":
+        return [f"model call {r.get('provider')}/{r.get('model')} ({r.get('purpose')})"]
+    if kind == "context":
+        return [f"context assembled ({r.get('recall_mode') or 'no'} memory recall, "
+                f"{r.get('filtered_secrets', 0)} secret(s) filtered)"]
+    if kind == "memory":
+        return [f"memory {r.get('event', '')} ({r.get('scope', '')})"]
+    return [kind]
 
 
 def cancel(run_id: Annotated[str, typer.Argument(help="The Run's id.")],
@@ -221,50 +248,68 @@ def approvals(tenant: Annotated[str | None, typer.Option("--tenant")] = None, db
     parents = rt.hitl.parent_runs(pending)
     docs = [{"request_id": r.request_id, "run_id": r.run_id, "tenant_id": r.tenant_id, "requester": r.requester,
              "level": r.level, "required_approvals": r.required_approvals, "approver_roles": list(r.approver_roles),
-             "deadline_at": r.deadline_at, "actions": r.actions, "actions_hash": r.actions_hash,
-             "parent_run_id": parents.get(r.request_id)} for r in pending]
+             "created_at": iso(r.created_at), "deadline_at": iso(r.deadline_at), "actions": r.actions,
+             "actions_hash": r.actions_hash, "parent_run_id": parents.get(r.request_id)} for r in pending]
     if json_:
         emit({"pending": docs})
         return
     if not docs:
         typer.echo("no approval requests are waiting")
+    now = rt.store.clock.now()
     for d, request in zip(docs, pending, strict=True):
         typer.echo(f"{d['request_id']}  {d['level']}  run {d['run_id']}  by {d['tenant_id']}/{d['requester']}")
+        roles = ", ".join(request.approver_roles)
+        who = f"approvers: {roles}" if roles else "the requester confirms"
+        typer.echo(f"    {who}; {request.required_approvals} approval(s) needed by {human(request.deadline_at, now)}")
         if d["parent_run_id"]:
             typer.echo(f"    a child Run: its parent Run {d['parent_run_id']} waits for it")
         for action in request.actions:
             typer.echo(f"    {action['step_id']}: {action['skill']} {json.dumps(action['arguments'])}")
 
 
+#: the demo's Runs: (what it shows, task, who asks, who decides an approval at once — None: leave it waiting)
+DEMO_SCENARIOS = (
+    ("success", "Where is order A-1001?", "alice", None),
+    ("approval (L2, self-confirm)", "Refund 42.50 EUR for order A-1001", "alice", "alice"),
+    ("approval (L3, a support lead decides)", "Refund 180 EUR for order A-1003", "alice", None),
+    ("policy rejection", "Refund 900 EUR for order A-1002", "alice", None),
+    ("skill failure", "Where is order A-9999?", "alice", None),
+    ("invalid plan from the model", "Write me a poem about refunds", "alice", None),
+)
+
+
 def demo(db: DbOption = None, json_: JsonOption = False) -> None:
-    """Run the bundled support example: a success, a human approval, a policy rejection and two failures."""
+    """Run the bundled support example: a success, two approvals (one left waiting for a support lead), a
+    policy rejection and two failures."""
     rt = runtime(db)  # the default database, so `harness serve` afterwards shows these Runs
     rt.runs.assembler.warm()  # the vocabulary loads before the Run, not inside its step 2
-    scenarios = [
-        ("success", "Where is order A-1001?", "alice"),
-        ("approval (L2, self-confirm)", "Refund 42.50 EUR for order A-1001", "alice"),
-        ("policy rejection", "Refund 900 EUR for order A-1002", "alice"),
-        ("skill failure", "Where is order A-9999?", "alice"),
-        ("invalid plan from the model", "Write me a poem about refunds", "alice"),
-    ]
-    out = []
-    for label, task, user in scenarios:
+    out, waiting = [], []
+    for label, task, user, decider in DEMO_SCENARIOS:
         if not json_:
             typer.echo(f"\n== {label}: {task!r}")
         result = rt.runs.create_run({"task": task, "user_id": user})  # roles: from the identity directory
-        if result.approval_request_id:
-            approver = rt.identities.resolve(user)
+        if result.approval_request_id and decider is not None:
             if not json_:
                 print_result(result)
-                typer.echo(f"  → {user} confirms the refund: harness approve {result.approval_request_id} --as {user}")
-            _, result = rt.runs.decide(result.approval_request_id, approver, "approve", reason="demo")
+                typer.echo(f"  → {decider} confirms the refund: harness approve {result.approval_request_id} "
+                           f"--as {decider}")
+            _, result = rt.runs.decide(result.approval_request_id, rt.identities.resolve(decider), "approve",
+                                       reason="demo")
+        elif result.approval_request_id:
+            waiting.append(result)
         out.append({"scenario": label, "task": task, **result_document(rt, result)})
         if not json_:
             print_result(result)
     if json_:
-        emit({"runs": out})
-    else:
-        where = rt.settings.db or "harness.db"
-        typer.echo(f"\nInspect any Run with: harness runs show <run_id> --db {where} / harness trace <run_id> "
-                   f"--db {where}\nVerify the audit trail with: harness audit verify --db {where}")
+        emit({"runs": out, "waiting": [{"run_id": r.run_id, "request_id": r.approval_request_id} for r in waiting]})
+        return
+    option = f" --db {rt.settings.db}" if rt.settings.db else ""
+    for result in waiting:
+        typer.echo(f"\nWaiting for a support lead: the refund of run {result.run_id}.\n"
+                   "  In the console: `harness serve`, open http://127.0.0.1:8000/, sign in with demo-carol-key, "
+                   "open Approvals and press Approve.\n"
+                   f"  On the command line: harness approve {result.approval_request_id} --as carol "
+                   f"--reason \"parcel lost\"{option}")
+    typer.echo(f"\nInspect any Run with: harness runs show <run_id>{option} / harness trace <run_id>{option}\n"
+               f"Verify the audit trail with: harness audit verify{option}")
     sys.stdout.flush()

@@ -14,6 +14,7 @@ from typing import Annotated, Any, NoReturn, ParamSpec, TypeVar
 
 import sqlalchemy.exc
 import typer
+from rich.console import Console
 
 from harness.adapters.sql.store import SqlStore
 from harness.errors import BadInputError, ConflictError, HarnessError, InvalidTransitionError
@@ -37,6 +38,14 @@ def open_store(db: str | None) -> SqlStore:
     return SqlStore.open(db)
 
 
+def screen() -> Console:
+    """Where a command prints for people. On a terminal lines wrap at its width; into a pipe or a file
+    nothing wraps (a suggested command stays on one line, a table keeps whole timestamps)."""
+    if sys.stdout.isatty():
+        return Console()
+    return Console(width=100_000, soft_wrap=True)
+
+
 def emit(document: Any) -> None:
     """Print one JSON document on stdout."""
     sys.stdout.write(json.dumps(document, indent=2, sort_keys=True, default=str) + "\n")
@@ -49,7 +58,7 @@ def fail(message: str, code: int = EXIT_BAD_INPUT) -> NoReturn:
 
 
 def cli_errors(fn: Callable[P, R]) -> Callable[P, R]:
-    """Turn library errors into the U1 contract: a clear message on stderr and exit 2, no traceback."""
+    """Turn library errors into the CLI's contract: a clear message on stderr and exit 2, no traceback."""
 
     @functools.wraps(fn)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:

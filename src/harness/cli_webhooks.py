@@ -9,14 +9,13 @@ import re
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from harness.adapters.sql.ledger import GROUPS, GroupBy
 from harness.adapters.sql.webhooks import STATUSES
 from harness.adapters.webhook_http import WebhookSender
 from harness.cli_runs import runtime
-from harness.cli_support import EXIT_CHECK_FAILED, DbOption, JsonOption, cli_errors, emit, fail
+from harness.cli_support import EXIT_CHECK_FAILED, DbOption, JsonOption, cli_errors, emit, fail, screen
 from harness.ids import ordered_id
 from harness.pipeline.contracts import check_callback_url
 from harness.webhooks.config import DEFAULT_SECRET_ENV, SecretRef, WebhookConfigError
@@ -112,7 +111,7 @@ def list_(
     for d in docs:
         table.add_row(str(d["delivery_id"]), str(d["event_type"]), str(d["run_id"] or ""), str(d["endpoint"]),
                       str(d["status"]), str(d["attempts"]), str(d["last_error"] or ""))
-    Console().print(table)
+    screen().print(table)
 
 
 @webhooks_app.command("redeliver")
@@ -180,4 +179,4 @@ def costs(
         table.add_row(g.key, f"{g.usd:.6f}", str(g.runs), str(g.input_tokens), str(g.output_tokens),
                       str(g.api_calls), f"{g.sandbox_s:.2f}", str(g.unpriced or ""))
     table.add_row("total", f"{total:.6f}", "", "", "", "", "", "")
-    Console().print(table)
+    screen().print(table)

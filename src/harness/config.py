@@ -28,6 +28,7 @@ from harness.kernel import FINAL, RunState
 from harness.kernel.thresholds import Thresholds, parse_overrides
 from harness.memory.store import open_memory
 from harness.memory.writeback import MemoryWriteBack
+from harness.paths import default_data_dir
 from harness.pipeline.context_assembler import ContextAssembler
 from harness.pipeline.contracts import MAX_CHAIN_DEPTH
 from harness.pipeline.gatekeeper import PolicyEngine
@@ -68,7 +69,8 @@ class Settings(BaseModel):
     llm_plan_mode: Literal["json", "tool"] = "json"
     llm_timeout_s: float = Field(default=60.0, gt=0)
     identities_file: Path = EXAMPLE_DIR / "identities.yaml"
-    data_dir: Path = Path("harness-data")
+    #: Runs' working directories and the bundled example's ledger (HARNESS_DATA_DIR)
+    data_dir: Path = Field(default_factory=default_data_dir)
     execution_limit_s: float = Field(default=600.0, gt=0)
     #: how many levels of child Runs (AgentInvoke) a Run may start when its caller gives no
     #: chain_remaining, and the most a caller may give
@@ -283,7 +285,7 @@ def build_runtime(settings: Settings | None = None, *, clock: Clock | None = Non
         check_priced(settings, pricing, policy.policy.budgets.unpriced_model)
     provider = provider or llm_provider(settings, store.clock)
     secret_filter = SecretFilter()
-    tools = ToolController(registry, workdir_root=settings.data_dir / "runs", sandbox_mode=settings.sandbox,
+    tools = ToolController(registry, data_dir=settings.data_dir, sandbox_mode=settings.sandbox,
                            clock=store.clock, provider=provider, record_cost=ledger.record,
                            scrub=lambda text: secret_filter.scrub(text).text, sandbox_price=pricing.sandbox_price,
                            price_table=pricing.as_of)

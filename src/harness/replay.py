@@ -287,7 +287,7 @@ def compare(source: RunFacts, replay: RunFacts) -> list[Divergence]:
 
     for skill in sorted(set(source.manifests) | set(replay.manifests)):
         check("manifest", skill, source.manifests.get(skill), replay.manifests.get(skill),
-              "the skill's manifest is not the one the Run used (T1)")
+              "the skill's manifest is not the one the Run used")
     for i in range(max(len(source.llm), len(replay.llm))):
         check("llm_request", f"call #{i + 1}", _at(source.llm, i), _at(replay.llm, i),
               "the model was asked something else than in the recording")

@@ -152,6 +152,8 @@ class SkillContext:
     tenant_id: str
     user_id: str
     workdir: Path
+    #: the deployment's data directory (HARNESS_DATA_DIR), where a skill may keep files of its own
+    data_dir: Path | None = None
 
 
 SkillFn = Callable[[dict[str, Any], SkillContext], Any]

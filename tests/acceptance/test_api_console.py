@@ -112,3 +112,72 @@ def test_a_change_committed_while_the_run_page_is_built_reaches_its_live_stream(
     after = int(re.search(r'data-live-after="(\d+)"', page).group(1))  # type: ignore[union-attr]
     delivered = [c.to_state for c in queries.changes_after(runtime.store, "default", after, run_id=run["run_id"])]
     assert "CLOSED_CANCELLED" in delivered
+
+
+def test_run_list_tells_runs_apart_and_says_how_long_final_ones_took(client: TestClient) -> None:
+    """Runs created in the same minute get different short ids (the random end of a time-ordered id, not
+    its shared time prefix); a final Run's time column says how long it took, a waiting one how long it
+    has been in its state."""
+    runs = [create(client, ORDER_STATUS) for _ in range(3)] + [create(client, REFUND_L3)]
+    _sign_in(client, "alice")
+    page = client.get("/ui/runs").text
+    shorts = re.findall(r'data-testid="short-id">([^<]+)<', page)
+    assert len(shorts) == len(set(shorts)) == 4
+    assert all(r["run_id"].replace("-", "").endswith(s.lstrip("…")) for r, s in zip(reversed(runs), shorts,
+                                                                                  strict=True))
+    times = re.findall(r'data-testid="time">(.*?)</td>', page)
+    assert "in state" in times[0] and all("took" in t for t in times[1:]), times
+    assert ">closed<" not in page
+
+
+def test_trace_groups_add_up_and_read_in_the_order_the_run_went(client: TestClient) -> None:
+    """The run page's trace: the header's record count is the sum of its groups; the steps are numbered
+    in the order the Run passed them (the approval, 6, before the tools, 7); the deadline is no epoch."""
+    run = create(client, REFUND_L3)
+    decided = client.post(f"/api/v1/approvals/{run['approval_request_id']}/decision", json={"decision": "approve"},
+                          headers=key("carol"))
+    assert decided.status_code == 200, decided.text
+    _sign_in(client, "alice")
+    for _ in range(100):
+        page = client.get(f"/ui/runs/{run['run_id']}").text
+        if 'data-testid="run-state"><span class="badge tone-ok" data-state="SUCCEEDED"' in page:
+            break
+    total = int(re.search(r'data-testid="trace-count">(\d+) hash-chained', page).group(1))  # type: ignore[union-attr]
+    counts = [int(n) for n in re.findall(r'data-count="(\d+)"', page)]
+    assert sum(counts) == total
+    numbers = re.findall(r'<span class="step-no">(\d)</span> ([A-Z][a-z]+(?: [a-z]+)?)', page)
+    assert [int(n) for n, _ in numbers] == sorted(int(n) for n, _ in numbers)
+    assert ("6", "Human approval") in numbers and ("7", "Tools") in numbers
+    assert "State changes" in page and "Audit events" in page
+    assert "approval needed by" in page and not re.search(r"by 1[78]\d{8}\b", page)
+
+
+def test_decisions_the_caller_may_not_make_are_disabled_with_the_reason(client: TestClient) -> None:
+    """The requester of an L3 request sees Approve disabled, saying why, and Reject (withdraw) enabled; a
+    refused attempt reads as an attempt, never as an approval; the support lead may do both."""
+    run = create(client, REFUND_L3)
+    refused = client.post(f"/api/v1/approvals/{run['approval_request_id']}/decision", json={"decision": "approve"},
+                          headers=key("alice"))
+    assert refused.status_code in (403, 409), refused.text
+    _sign_in(client, "alice")
+    for page in (client.get("/ui/approvals").text, client.get(f"/ui/runs/{run['run_id']}").text):
+        approve = re.search(r'<button type="submit" class="approve"[^>]*>', page).group(0)  # type: ignore[union-attr]
+        reject = re.search(r'<button type="submit" class="reject"[^>]*>', page).group(0)  # type: ignore[union-attr]
+        assert "disabled" in approve and "the requester cannot approve their own L3 request" in approve
+        assert "disabled" not in reject
+        assert "You cannot approve: the requester cannot approve their own L3 request" in page
+    inbox = client.get("/ui/approvals").text
+    assert "default/alice tried to approve — <span class=\"bad\">refused:" in inbox
+    assert "default/alice approved" not in inbox
+    _sign_in(client, "carol")
+    inbox = client.get("/ui/approvals").text
+    assert 'data-testid="why-not"' not in inbox and "disabled" not in re.search(
+        r'<div class="buttons">.*?</div>', inbox, flags=re.S).group(0)  # type: ignore[union-attr]
+
+
+def test_the_console_has_a_favicon(client: TestClient) -> None:
+    """/favicon.ico, which browsers ask for, is an icon, not a 404; pages link the same icon."""
+    icon = client.get("/favicon.ico")
+    assert icon.status_code == 200 and icon.headers["content-type"].startswith("image/svg+xml")
+    assert client.get("/ui/static/favicon.svg").content == icon.content
+    assert 'rel="icon" href="/ui/static/favicon.svg"' in client.get("/ui/login").text

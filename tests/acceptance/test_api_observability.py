@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import re
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,7 +15,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from harness.config import Runtime
-from harness.service.logs import JsonFormatter
+from harness.service.logs import JsonFormatter, TextFormatter
 from harness.service.telemetry import Telemetry, run_root_span_id
 from tests.acceptance.api_helpers import (  # noqa: F401 - fixtures
     ORDER_STATUS,
@@ -122,3 +123,37 @@ def test_json_logs_carry_the_run_id(runtime: Runtime, json_log: io.StringIO) -> 
     reads = [r for r in lines if r["message"] == "request" and r.get("route") == "/api/v1/runs/{run_id}"]
     assert reads and reads[0]["run_id"] == run["run_id"] and reads[0]["status"] == 200
     assert all({"time", "level", "logger"} <= set(r) for r in lines)
+
+
+def test_request_log_lines_carry_method_path_status_duration_and_run_id(runtime: Runtime) -> None:
+    """Every request's log line, as text and as JSON, names its method, path, status and duration, and the
+    run id when the path names a Run."""
+    buffers = {"text": io.StringIO(), "json": io.StringIO()}
+    handlers = []
+    for name, formatter in (("text", TextFormatter()), ("json", JsonFormatter())):
+        handler = logging.StreamHandler(buffers[name])
+        handler.setFormatter(formatter)
+        handlers.append(handler)
+    log = logging.getLogger("harness.service")
+    old_level = log.level
+    for handler in handlers:
+        log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    try:
+        with make_client(runtime) as c:
+            run = create(c, ORDER_STATUS)
+            assert c.get(f"/api/v1/runs/{run['run_id']}", headers=key("alice")).status_code == 200
+            assert c.get("/api/v1/runs/no-such-run", headers=key("alice")).status_code == 404
+    finally:
+        for handler in handlers:
+            log.removeHandler(handler)
+        log.setLevel(old_level)
+    text = [line for line in buffers["text"].getvalue().splitlines() if " harness.service request " in line]
+    read = next(line for line in text if f"path=/api/v1/runs/{run['run_id']} " in line)
+    assert " INFO harness.service request method=GET " in read and " status=200 " in read
+    assert re.search(r" duration_ms=\d+(\.\d+)? ", read) and f" run_id={run['run_id']}" in read
+    assert any("path=/api/v1/runs/no-such-run " in line and " status=404 " in line for line in text)
+    docs = [json.loads(line) for line in buffers["json"].getvalue().splitlines()]
+    doc = next(d for d in docs if d["message"] == "request" and d["path"] == f"/api/v1/runs/{run['run_id']}")
+    assert doc["method"] == "GET" and doc["status"] == 200 and doc["run_id"] == run["run_id"]
+    assert isinstance(doc["duration_ms"], float | int)

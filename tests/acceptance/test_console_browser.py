@@ -8,6 +8,7 @@ is never downloaded by playwright itself.
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -100,13 +101,37 @@ def _wait_for_state(page: Any, state: str) -> None:
     page.wait_for_selector(f"[data-testid=run-state] [data-state={state}]", timeout=20_000)
 
 
+def _requester_may_not_approve(page: Any) -> None:
+    """The requester's run page: Approve disabled with the reason, Reject enabled, a readable deadline."""
+    assert page.is_disabled("[data-testid=approve]") and page.is_enabled("[data-testid=reject]")
+    assert "the requester cannot approve their own L3 request" in page.inner_text("[data-testid=why-not]")
+    deadline = page.inner_text(".approval-callout time[data-rel=deadline]")
+    assert re.match(r"in 2[34] h · ", deadline), deadline
+
+
+def _approve_and_see_the_count_drop(page: Any, card: Any) -> None:
+    """Approve with a reason typed; the waiting count and the navigation badge drop without a reload."""
+    assert page.inner_text("[data-testid=pending-count]") == "1"
+    assert page.get_attribute("[data-testid=waiting-count]", "data-waiting") == "1"
+    page.evaluate("window.__marker = 'same page'")
+    card.locator("textarea").fill("Gold customer, parcel lost")
+    card.locator("[data-testid=approve]").click()
+    page.wait_for_selector("[data-outcome].ok", timeout=20_000)
+    page.wait_for_selector("[data-testid=waiting-count][data-waiting='0']", timeout=20_000)
+    assert page.locator("[data-testid=pending-count]").count() == 0
+    assert page.evaluate("window.__marker") == "same page"  # no reload
+
+
 def test_start_approve_and_watch_a_run_succeed(server: str) -> None:
-    """A Run started in the console parks for an L3 approval; a support lead approves it in the inbox and
-    the run page shows SUCCEEDED without a reload."""
+    """A Run started in the console parks for an L3 approval; its requester sees Approve disabled with the
+    reason; a support lead approves it in the inbox, the waiting count and the badge drop at once, and the
+    run page shows SUCCEEDED without a reload. No request of the pages (the favicon included) is a 404."""
     ARTIFACTS.mkdir(exist_ok=True)
     with playwright_api.sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
         page = browser.new_page(viewport={"width": 1280, "height": 900})
+        missing: list[str] = []
+        page.on("response", lambda r: missing.append(r.url) if r.status == 404 else None)
         page.goto(f"{server}/ui/runs")
         page.wait_for_selector("#api_key")
         page.screenshot(path=ARTIFACTS / "console-1-login.png")
@@ -117,6 +142,7 @@ def test_start_approve_and_watch_a_run_succeed(server: str) -> None:
         page.wait_for_url(f"{server}/ui/runs/*")
         run_url = page.url
         _wait_for_state(page, "AWAITING_HITL")
+        _requester_may_not_approve(page)
         page.screenshot(path=ARTIFACTS / "console-2-run-waiting.png", full_page=True)
 
         page.click("text=Sign out")
@@ -129,9 +155,7 @@ def test_start_approve_and_watch_a_run_succeed(server: str) -> None:
         page.keyboard.press("j")
         assert page.evaluate("document.activeElement.matches('article.card')")
         page.screenshot(path=ARTIFACTS / "console-3-inbox.png", full_page=True)
-        card.locator("textarea").fill("Gold customer, parcel lost")
-        card.locator("[data-testid=approve]").click()
-        page.wait_for_selector("[data-outcome].ok", timeout=20_000)
+        _approve_and_see_the_count_drop(page, card)
         page.screenshot(path=ARTIFACTS / "console-4-approved.png", full_page=True)
 
         page.goto(run_url)
@@ -146,6 +170,9 @@ def test_start_approve_and_watch_a_run_succeed(server: str) -> None:
         page.wait_for_url(run_url)
         page.goto(f"{server}/ui/runs")
         page.screenshot(path=ARTIFACTS / "console-6-runs.png", full_page=True)
+        shorts = page.locator("[data-testid=short-id]").all_inner_texts()
+        assert len(shorts) == len(set(shorts))
+        assert missing == []
         browser.close()
 
 

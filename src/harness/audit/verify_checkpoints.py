@@ -130,6 +130,8 @@ def check(sources: Sources, roots: dict[int, tuple[str, str]], size: int, databa
         _report_legacy(sources.legacy, sources.legacy_dir, roots, database_id, report)
     if report.checkpoints_checked == 0:
         where = f" in {directory}" if directory is not None else ""
+        if directory is not None and not directory.is_dir():
+            where += " (no checkpoints yet: the folder does not exist; the first checkpoint creates it)"
         report.warnings.append(
             f"NO CHECKPOINT of this database to check against{where}: the chain was checked only against itself, "
             "and a whole-table rewrite with a recomputed chain would go unnoticed; publish one with "

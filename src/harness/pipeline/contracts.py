@@ -73,7 +73,7 @@ class CallerIdentity(Contract):
 
 
 class MemoryRequest(Contract):
-    """How a Run wants long-term memory recalled (SPEC C2). Naming a tenant, user, session or team
+    """How a Run wants long-term memory recalled. Naming a tenant, user, session or team
     other than the caller's own fails the Run; it never narrows to what happens to be visible."""
 
     enabled: bool = True
@@ -151,7 +151,7 @@ class AssembledContext(Contract):
 
 
 class Ref(Contract):
-    """A reference to an earlier step's output: `{"$ref": "order.total"}` (P2)."""
+    """A reference to an earlier step's output: `{"$ref": "order.total"}`."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
     ref: str = Field(alias="$ref", pattern=r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)*$")
@@ -236,7 +236,7 @@ class PolicyDecision(Contract):
 
 
 class StepOutcome(Contract):
-    """The recorded result of one executed plan step (T6: recorded before the next step starts)."""
+    """The recorded result of one executed plan step (recorded before the next step starts)."""
 
     step_id: str
     output_key: str
@@ -248,7 +248,7 @@ class StepOutcome(Contract):
 
 
 class RunResult(Contract):
-    """What the ResultSink delivers to the caller (P4): answer, artifacts, trace id, final state."""
+    """What the ResultSink delivers to the caller: answer, artifacts, trace id, final state."""
 
     run_id: str
     state: str

@@ -71,6 +71,7 @@ from harness.policy.hitl import Decision, HitlDesk, HitlRequest, plan_actions
 from harness.ports import Fence
 from harness.skills import Skill
 from harness.state_machine import StateMachine
+from harness.timefmt import approvals_needed
 
 S = RunState
 MANAGER = "run_manager"
@@ -523,7 +524,7 @@ class RunManager:
                                    "level": req.level}
             records += _records(HITLTrace(run_id=run.run_id, request_id=req.request_id, event="requested",
                                           level=req.level, actions_hash=req.actions_hash,
-                                          reason=f"{req.required_approvals} approval(s) by {req.deadline_at:.0f}"))
+                                          reason=approvals_needed(req.required_approvals, req.deadline_at)))
             return self._advance(run, S.POLICY_CHECK, S.AWAITING_HITL, f"needs {decision.level} approval",
                                  records, context=context, also=lambda conn: self.hitl.insert(conn, req))
         return self._advance(run, S.POLICY_CHECK, S.EXECUTING, "every call passed policy at L1", records,
@@ -624,11 +625,11 @@ class RunManager:
         skill = self.tools.registry.get(step.tool_call.skill)
         action = {"step_id": step.id, "skill": step.tool_call.skill, "arguments": step.tool_call.arguments}
         if skill is None or (approved is not None and approved.get(step.id) != action):
-            return self._refuse(run, step, "not_approved", f"step {step.id}: the call is not in the approved plan (G7)")
+            return self._refuse(run, step, "not_approved", f"step {step.id}: the call is not in the approved plan")
         pinned = (run.context or {}).get("manifests", {}).get(skill.id, {}).get("hash")
         if pinned != skill.manifest_hash:
             return self._refuse(run, step, "manifest_changed",
-                                f"{skill.id}'s manifest changed since the Run started (T1)")
+                                f"{skill.id}'s manifest changed since the Run started")
         try:
             arguments = resolve(step.tool_call.arguments, available)
         except KeyError as exc:

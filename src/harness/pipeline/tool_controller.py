@@ -36,6 +36,7 @@ from harness.adapters.sandbox import SandboxMode, Workdirs, select_sandbox
 from harness.audit.chain import content_hash
 from harness.clock import SystemClock
 from harness.errors import ProviderError
+from harness.paths import default_data_dir
 from harness.pipeline.contracts import CallerIdentity, StepOutcome
 from harness.pipeline.tool_kinds import (
     AgentCalls,
@@ -125,9 +126,11 @@ class ToolController:
                  provider: LLMProvider | None = None,
                  record_cost: Callable[[CostTrace], None] | None = None,
                  scrub: Callable[[str], str] | None = None, sandbox_price: float = 0.0,
-                 price_table: str | None = None) -> None:
+                 price_table: str | None = None, data_dir: Path | None = None) -> None:
         self.registry = registry
-        self.workdirs = Workdirs(workdir_root or Path("harness-data") / "runs")
+        self.workdirs = Workdirs(workdir_root or (data_dir or default_data_dir()) / "runs")
+        #: handed to skills (SkillContext.data_dir): the folder the working directories are in, by default
+        self.data_dir = data_dir or self.workdirs.root.parent
         self.breakers = breakers or BreakerRegistry(clock or SystemClock())
         self.provider = provider
         #: set by the composition root once the Run manager exists (it needs this controller first)
@@ -194,7 +197,7 @@ class ToolController:
         """
         key = f"{run_id}:{step_id}"
         ctx = SkillContext(run_id=run_id, step_id=step_id, idempotency_key=key, tenant_id=caller.tenant_id,
-                           user_id=caller.user_id, workdir=self.workdirs.path(run_id))
+                           user_id=caller.user_id, workdir=self.workdirs.path(run_id), data_dir=self.data_dir)
         attempts = [self._attempt(skill, arguments, ctx, caller, deadline)]
         fallback = self._fallback_for(skill, attempts[0].failure, may_fall_back)
         if fallback is not None:

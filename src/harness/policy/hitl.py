@@ -307,6 +307,12 @@ class HitlDesk:
         row = conn.execute(sa.select(t.hitl_requests).where(t.hitl_requests.c.request_id == request_id)).one()
         self._chain(conn, mirror_records.HITL_REQUEST, mirror_records.hitl_request(row._mapping), row.run_id)
 
+    def refusal(self, request: HitlRequest, approver: CallerIdentity,
+                decision: Literal["approve", "reject"]) -> str | None:
+        """Why `approver` may not make this decision now (as `decide` would refuse it), or None when they
+        may; for showing people what they can do before they try. `decide` judges again under the locks."""
+        return self._refusal(request, approver, decision, None, False, "", self.approvals(request.request_id))
+
     def _refusal(self, request: HitlRequest, approver: CallerIdentity, decision: str, approved_hash: str | None,
                  break_glass: bool, reason: str, prior: list[str]) -> str | None:
         """Why this decision may not count, or None when it may."""

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI
-from fastapi.responses import RedirectResponse
+from fastapi.responses import FileResponse, RedirectResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -164,6 +164,10 @@ def create_app(
     @app.get("/", include_in_schema=False)
     def root() -> RedirectResponse:
         return RedirectResponse("/ui/runs", status_code=307)
+
+    @app.get("/favicon.ico", include_in_schema=False)
+    def favicon() -> FileResponse:  # browsers ask for it before reading the page's icon link
+        return FileResponse(STATIC_DIR / "favicon.svg", media_type="image/svg+xml")
 
     app.add_middleware(BodyLimit, max_bytes=svc.runtime.settings.limits.max_request_bytes)
     app.add_middleware(RequestLog, metrics=svc.metrics)

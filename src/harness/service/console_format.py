@@ -9,6 +9,7 @@ from typing import Any
 from harness.kernel import FINAL, RunState
 from harness.kernel.projection import job_status
 from harness.pipeline.trace_recorder import policy_verdicts
+from harness.timefmt import parse_deadline_reason
 
 S = RunState
 _TONE = {
@@ -80,8 +81,10 @@ def clock(value: dt.datetime | float) -> str:
 
 
 def short(run_id: str) -> str:
-    """The first block of an id: enough to tell Runs apart at a glance."""
-    return run_id.split("-", maxsplit=1)[0] if "-" in run_id else run_id[:8]
+    """The end of an id, enough to tell Runs apart at a glance: ids are time-ordered, so their first
+    characters are the creation time, shared by every Run of the same minute; the last ones are random."""
+    tail = run_id.replace("-", "")[-8:]
+    return f"…{tail}" if len(run_id) > 8 else run_id
 
 
 def compact(value: Any, limit: int = 80) -> str:
@@ -103,6 +106,7 @@ FILTERS = {
     "iso": iso,
     "clock": clock,
     "short": short,
+    "deadline_of": parse_deadline_reason,
     "compact": compact,
     "money": money,
     "policy_verdicts": policy_verdicts,

@@ -36,6 +36,38 @@ def run_context(run_id: str) -> Iterator[None]:
         current_run_id.reset(token)
 
 
+def _extras(record: logging.LogRecord) -> dict[str, Any]:
+    """The fields a log call gave besides its message (its `extra`), with the run_id of the Run being
+    driven when the call named none."""
+    doc = {key: value for key, value in vars(record).items() if key not in _STANDARD}
+    run_id = doc.get("run_id") or current_run_id.get()
+    if run_id:
+        doc["run_id"] = run_id
+    return doc
+
+
+class TextFormatter(logging.Formatter):
+    """Formats a record as one line of text: time, level, logger, message, then the extras as key=value
+    (`... INFO harness.service request method=GET path=/ui/runs status=200 duration_ms=3.1`)."""
+
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(name)s %(message)s")
+
+    def format(self, record: logging.LogRecord) -> str:
+        """The record as a line of text."""
+        line = super().format(record)
+        fields = " ".join(f"{key}={_text(value)}" for key, value in _extras(record).items() if value is not None)
+        if not fields:
+            return line
+        head, sep, tail = line.partition("\n")  # a traceback stays below the line
+        return f"{head} {fields}{sep}{tail}"
+
+
+def _text(value: Any) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    return json.dumps(text) if not text or any(c.isspace() or c in '"=' for c in text) else text
+
+
 class JsonFormatter(logging.Formatter):
     """Formats a record as one JSON object: time, level, logger, message, run_id and the extras."""
 
@@ -47,12 +79,8 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "message": record.getMessage(),
         }
-        run_id = getattr(record, "run_id", None) or current_run_id.get()
-        if run_id:
-            doc["run_id"] = run_id
-        for key, value in vars(record).items():
-            if key not in _STANDARD and key not in doc:
-                doc[key] = value
+        for key, value in _extras(record).items():
+            doc.setdefault(key, value)
         if record.exc_info:
             doc["exception"] = self.formatException(record.exc_info)
         return json.dumps(doc, default=str)
@@ -62,7 +90,7 @@ def configure(*, json_lines: bool, level: str = "INFO") -> None:
     """Send harness and server logs to stderr, as JSON lines or as plain text."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(
-        JsonFormatter() if json_lines else logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s")
+        JsonFormatter() if json_lines else TextFormatter()
     )
     root = logging.getLogger()
     root.handlers[:] = [handler]

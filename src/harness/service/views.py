@@ -10,13 +10,12 @@ from harness.config import Runtime
 from harness.errors import UnknownRunError
 from harness.kernel import FINAL, RunState, job_status
 from harness.kernel.states import PHASE_OF
+from harness.pipeline import trace_groups
 from harness.pipeline.trace_recorder import STEP_NAMES
 from harness.policy.hitl import HitlRequest
 from harness.service import queries, schemas
 
 API = "/api/v1"
-#: which pipeline step a trace record belongs to, by kind (steps and errors say it themselves)
-_STEP_OF_KIND = {"policy": 5, "tool": 6, "hitl": 7, "run": 8}
 
 
 def when(seconds: float) -> dt.datetime:
@@ -107,11 +106,7 @@ def _record(r: StoredTraceRecord) -> schemas.TraceRecordDoc:
 
 def step_of(kind: str, data: dict[str, Any]) -> int | None:
     """The pipeline step a trace record belongs to; None for transitions and audit events."""
-    if kind in ("step", "error"):
-        return int(data["step"])
-    if kind == "cost":
-        return 4 if str(data.get("source", "")).endswith(":plan") else 6
-    return _STEP_OF_KIND.get(kind)
+    return trace_groups.step_of(kind, data)
 
 
 def trace_document(rt: Runtime, run: RunRecord) -> schemas.TraceDoc:

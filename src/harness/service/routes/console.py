@@ -15,6 +15,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 
 from harness.kernel import FINAL, RunState
+from harness.pipeline.trace_groups import group_records
 from harness.pipeline.trace_recorder import policy_verdicts
 from harness.policy.hitl import BREAK_GLASS_ROLE
 from harness.service import queries, views
@@ -57,6 +58,13 @@ def _page(
         },
         status_code=status,
     )
+
+
+def _allowed(svc: Service, caller: Principal, request_id: str) -> dict[str, str | None]:
+    """Why the caller may not approve / reject this request (None where they may): the console shows a
+    button the caller may not use disabled, with the reason."""
+    request = svc.runtime.hitl.get(request_id, caller.tenant_id)
+    return {d: svc.runtime.hitl.refusal(request, caller.identity, d) for d in ("approve", "reject")}
 
 
 def _safe_next(target: str | None) -> str:
@@ -143,9 +151,10 @@ def run_page(request: Request, run_id: str) -> Page:
     doc = views.run_document(svc.runtime, run)
     trace = views.trace_document(svc.runtime, run)
     verdicts = [v for r in trace.records if r.kind == "policy" for v in policy_verdicts(r.data)]
-    approval = None
+    approval, refusals = None, {}
     if doc.approval_request_id:
         approval = views.approval_document(svc.runtime, svc.runtime.hitl.get(doc.approval_request_id))
+        refusals[approval.request_id] = _allowed(svc, caller, approval.request_id)
     return _page(
         request,
         svc,
@@ -154,8 +163,10 @@ def run_page(request: Request, run_id: str) -> Page:
         cursor=cursor,
         run=doc,
         trace=trace,
+        groups=group_records(trace.records, lambda r: (r.kind, r.data)),
         verdicts=verdicts,
         approval=approval,
+        refusals=refusals,
         is_final=run.state in FINAL,
         now=svc.runtime.store.clock.now(),
     )
@@ -171,5 +182,6 @@ def approvals_page(request: Request) -> Page:
     svc.runtime.runs.expire_approvals()
     cursor = queries.latest_cursor(svc.runtime.store)  # before the requests are read: see _page
     pending = [views.approval_document(svc.runtime, r) for r in svc.runtime.hitl.pending(caller.tenant_id)]
-    return _page(request, svc, caller, "approvals.html", cursor=cursor, approvals=pending,
+    refusals = {a.request_id: _allowed(svc, caller, a.request_id) for a in pending}
+    return _page(request, svc, caller, "approvals.html", cursor=cursor, approvals=pending, refusals=refusals,
                  now=svc.runtime.store.clock.now())

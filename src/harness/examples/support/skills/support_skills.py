@@ -1,6 +1,7 @@
 """The support example's skills. Orders and customers are read from bundled JSON; notes and refunds
-are appended to a ledger (HARNESS_EXAMPLE_LEDGER, default ./harness-data/support-ledger.jsonl) so
-their side effects are visible — and countable — after a Run."""
+are appended to a ledger, `support-ledger.jsonl` in the data directory (HARNESS_DATA_DIR, default
+~/.local/share/harness; HARNESS_EXAMPLE_LEDGER names another file), so their side effects are visible —
+and countable — after a Run."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from harness.paths import default_data_dir
 from harness.skills import SkillContext
 
 DATA = Path(__file__).resolve().parents[1]
@@ -19,14 +21,15 @@ class NotFoundError(Exception):
     """The record asked for does not exist."""
 
 
-def _ledger() -> Path:
-    path = Path(os.environ.get("HARNESS_EXAMPLE_LEDGER", "harness-data/support-ledger.jsonl"))
+def _ledger(ctx: SkillContext) -> Path:
+    named = os.environ.get("HARNESS_EXAMPLE_LEDGER")
+    path = Path(named) if named else (ctx.data_dir or default_data_dir()) / "support-ledger.jsonl"
     path.parent.mkdir(parents=True, exist_ok=True)
     return path
 
 
-def _append(entry: dict[str, Any]) -> None:
-    with _ledger().open("a", encoding="utf-8") as fh:
+def _append(ctx: SkillContext, entry: dict[str, Any]) -> None:
+    with _ledger(ctx).open("a", encoding="utf-8") as fh:
         fh.write(json.dumps(entry, sort_keys=True) + "\n")
 
 
@@ -69,20 +72,21 @@ def draft_refund(args: dict[str, Any], ctx: SkillContext) -> dict[str, Any]:
 
 def issue_refund(args: dict[str, Any], ctx: SkillContext) -> dict[str, Any]:
     """Issue the refund: one ledger entry per idempotency key, so a repeated call pays once."""
-    ledger = _ledger()
+    ledger = _ledger(ctx)
     if ledger.exists():
         for line in ledger.read_text(encoding="utf-8").splitlines():
             entry = json.loads(line)
             if entry.get("idempotency_key") == ctx.idempotency_key:
                 return {"refund_id": entry["refund_id"], "status": "issued", "duplicate": True}
-    refund_id = f"R-{ctx.run_id[:8]}-{ctx.step_id}"
-    _append({"kind": "refund", "refund_id": refund_id, "order_id": args["order_id"], "amount": args["amount"],
+    # the end of the run id: its start is the creation time, shared by every Run of the same minute
+    refund_id = f"R-{ctx.run_id.replace('-', '')[-8:]}-{ctx.step_id}"
+    _append(ctx, {"kind": "refund", "refund_id": refund_id, "order_id": args["order_id"], "amount": args["amount"],
              "run_id": ctx.run_id, "idempotency_key": ctx.idempotency_key, "at": time.time()})
     return {"refund_id": refund_id, "status": "issued", "amount": args["amount"]}
 
 
 def add_note(args: dict[str, Any], ctx: SkillContext) -> dict[str, Any]:
     """Add a note to the support ticket."""
-    _append({"kind": "note", "order_id": args["order_id"], "text": args["text"], "run_id": ctx.run_id,
+    _append(ctx, {"kind": "note", "order_id": args["order_id"], "text": args["text"], "run_id": ctx.run_id,
              "idempotency_key": ctx.idempotency_key, "at": time.time()})
     return {"noted": True}

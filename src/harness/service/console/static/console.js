@@ -26,8 +26,25 @@ function relative(iso) {
   if (text === "just now") return text;
   return future ? `in ${text}` : `${text} ago`;
 }
+function localTime(iso) {
+  return new Date(iso).toLocaleString([], { weekday: "short", day: "numeric", month: "short", hour: "2-digit", minute: "2-digit" });
+}
 function refreshTimes(root = document) {
-  root.querySelectorAll("time[data-rel]").forEach((t) => { t.textContent = relative(t.getAttribute("datetime")); });
+  root.querySelectorAll("time[data-rel]").forEach((t) => {
+    const iso = t.getAttribute("datetime");
+    // a deadline: how far off, and when in the reader's own time zone ("in 59 min · Tue 1 Dec, 17:51")
+    t.textContent = t.dataset.rel === "deadline" ? `${relative(iso)} · ${localTime(iso)}` : relative(iso);
+    t.title = new Date(iso).toLocaleString();
+  });
+}
+
+// ------------------------------------------------------------------ approvals waiting
+
+function setWaiting(count) {
+  const nav = document.querySelector("header nav a[href='/ui/approvals']");
+  if (nav) nav.innerHTML = "Approvals" + (count > 0 ? ` <span class="count" data-testid="pending-count">${count}</span>` : "");
+  const head = document.querySelector("[data-testid=waiting-count]");
+  if (head) { head.dataset.waiting = String(count); head.textContent = `${count} waiting`; }
 }
 
 // ------------------------------------------------------------------ keyboard
@@ -97,6 +114,11 @@ document.addEventListener("submit", async (e) => {
       out.append(link);
       form.closest(".card")?.classList.add("done");
       form.dataset.done = "1";
+      if (doc.effect !== "recorded") {  // the request no longer waits: count it out now, not at the next reload
+        const badge = document.querySelector("[data-testid=pending-count]");
+        setWaiting(Math.max(0, (badge ? Number(badge.textContent) : 1) - 1));
+      }
+      scheduleSwap();
     } catch (ex) {
       out.className = "outcome err"; out.textContent = ex.message;
       form.querySelectorAll("button").forEach((b) => { b.disabled = false; });
@@ -124,7 +146,9 @@ document.addEventListener("click", async (e) => {
 let swapTimer = null;
 function busyEditing() {
   if (!document.body.hasAttribute("data-keep-forms")) return false;
-  return [...document.querySelectorAll("form[data-decide] textarea")].some((t) => t.value.trim() || t === document.activeElement);
+  // a decided form's reason no longer holds the page: only forms still to be decided do
+  return [...document.querySelectorAll("form[data-decide]:not([data-done]) textarea")]
+    .some((t) => t.value.trim() || t === document.activeElement);
 }
 async function swapMain() {
   if (busyEditing()) { swapTimer = setTimeout(swapMain, 2000); return; }
@@ -138,8 +162,8 @@ async function swapMain() {
   const opened = new Map([...current.querySelectorAll("details[data-key]")].map((d) => [d.dataset.key, d.open]));
   current.innerHTML = fresh.innerHTML;
   current.querySelectorAll("details[data-key]").forEach((d) => { if (opened.has(d.dataset.key)) d.open = opened.get(d.dataset.key); });
-  const badge = doc.querySelector("[data-testid=pending-count]"), here = document.querySelector("header nav a[href='/ui/approvals']");
-  if (here) here.innerHTML = "Approvals" + (badge ? ` <span class="count" data-testid="pending-count">${badge.textContent}</span>` : "");
+  const badge = doc.querySelector("[data-testid=pending-count]");
+  setWaiting(badge ? Number(badge.textContent) : 0);
   if (focusedHref) document.querySelector(`[data-nav-item][data-href="${focusedHref}"]`)?.focus();
   refreshTimes(current);
 }
