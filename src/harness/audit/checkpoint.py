@@ -33,6 +33,7 @@ from typing import Any
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from harness.adapters.sql.retention import PrunedRecord, iter_chain
 from harness.adapters.sql.store import SqlStore
 from harness.audit import merkle
 from harness.audit.chain import GENESIS_HASH, record_bytes
@@ -209,9 +210,15 @@ def leaf_hashes(store: SqlStore, size: int, head_hash: str | None = None) -> Ite
     """The leaf hashes of records 1..size, checking the chain as it goes (a tree over a broken chain
     would vouch for tampered history) and, when given, that record `size` has hash `head_hash`."""
     prev, expected = GENESIS_HASH, 1
-    for rec in store.iter_trace(1):
+    for rec in iter_chain(store):
         if rec.seq > size:
             break
+        if isinstance(rec, PrunedRecord):  # a tombstone: the next record's link and the roots check it
+            if rec.seq != expected:
+                raise TamperedHistoryError(f"the chain is broken at seq {expected}: run `harness audit verify`")
+            yield rec.leaf
+            prev, expected = rec.hash, expected + 1
+            continue
         data = record_bytes(rec.seq, rec.record_id, rec.run_id, rec.kind, rec.prev_hash, rec.payload)
         if rec.seq != expected or rec.prev_hash != prev or hashlib.sha256(data).hexdigest() != rec.hash:
             raise TamperedHistoryError(f"the chain is broken at seq {expected}: run `harness audit verify`")
