@@ -1,0 +1,132 @@
+"""Archive and prune on SQLite, PostgreSQL and MariaDB: the chain still verifies after a prune, still
+catches tampering in what remains, and the append-only guards open only for the audited prune."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from harness.adapters.sql.retention import RUNS_PRUNED, RetentionStore
+from harness.adapters.sql.store import SqlStore
+from harness.audit import standalone
+from harness.audit.checkpoint import current_key, latest_checkpoint, publish_checkpoint
+from harness.audit.export import export_run
+from harness.audit.segment import verify_segment
+from harness.audit.verify import verify_chain
+from harness.clock import FakeClock
+from harness.errors import UnknownRunError
+from harness.kernel import RunState
+from harness.retention.archiver import Archiver
+from harness.retention.policy import DAY_S, RetentionPolicy
+from harness.retention.storage import LocalSegmentStore
+from harness.state_machine import StateMachine
+from tests.integration.bulk_runs import clone, drive
+
+S = RunState
+PARKED = (S.PREPARING, S.PLANNING, S.POLICY_CHECK, S.AWAITING_HITL)
+N = 300
+
+
+class World:
+    """A database with N old final Runs (cloned), an old parked Run, and a Run of today."""
+
+    def __init__(self, url: str, tmp: Path) -> None:
+        self.clock = FakeClock()
+        self.store = SqlStore.open(url, self.clock)
+        self.machine = StateMachine(self.store)
+        self.cpdir, self.archive_dir = tmp / "checkpoints", tmp / "archive"
+        self.old = clone(self.store, drive(self.machine), N - 1)
+        self.old.insert(0, self.store.list_runs(limit=1000)[-1].run_id)
+        self.parked = drive(self.machine, PARKED)
+        publish_checkpoint(self.store, self.cpdir)
+        self.clock.advance(40 * DAY_S)
+        self.today = drive(self.machine)
+        self.archiver = Archiver(self.store, LocalSegmentStore(self.archive_dir), self.cpdir,
+                                 policy=RetentionPolicy(days=30))
+
+
+@pytest.fixture
+def world(backend_url: str, tmp_path: Path) -> World:
+    """A fresh database of the backend under test, populated."""
+    return World(backend_url, tmp_path)
+
+
+def test_archive_then_prune_keeps_the_chain_verifiable(world: World) -> None:
+    """After the old final Runs are archived and pruned, the chain verifies (checkpoints included), the
+    parked and recent Runs stay, and a new checkpoint and a live Run's export still prove."""
+    store = world.store
+    assert verify_chain(store, world.cpdir).ok
+    size_before = store.chain_head()[0]
+    report = world.archiver.run()
+    assert report.runs == report.pruned_runs == N and report.kept == []
+    assert report.records == report.pruned_records > N * 5
+    after = verify_chain(store, world.cpdir)
+    assert after.ok, after.problems[:3]
+    assert after.records_pruned == report.records and after.records_checked >= size_before
+    assert after.checkpoints_checked >= 2
+    for run_id in world.old[:3]:
+        with pytest.raises(UnknownRunError):
+            store.get_run(run_id)
+        assert RetentionStore(store).archived(run_id) is not None
+    assert store.get_run(world.parked).state is S.AWAITING_HITL
+    assert store.get_run(world.today).state is S.SUCCEEDED
+    assert [e.event for e in store.audit_events(event=RUNS_PRUNED)]
+    live = drive(world.machine)
+    cp = publish_checkpoint(store, world.cpdir)
+    assert verify_chain(store, world.cpdir).ok
+    checked = standalone.verify_export(export_run(store, live, cp), cp.doc, current_key(world.cpdir))
+    assert checked.ok and checked.complete, checked.failures
+    key = current_key(world.cpdir)
+    assert key is not None
+    segment = (world.archive_dir / Path(report.location or "").name).read_bytes()
+    assert verify_segment(segment, [key], run_id=world.old[-1]).ok
+
+
+def test_a_second_pass_archives_nothing_new_and_the_parked_run_never(world: World) -> None:
+    """A Run parked for approval is never archived, however old; a second pass finds nothing due."""
+    world.archiver.run()
+    world.clock.advance(400 * DAY_S)
+    report = world.archiver.run()
+    assert report.runs == 1  # the Run of "today", now old too; not the parked one
+    assert world.store.get_run(world.parked).state is S.AWAITING_HITL
+    assert world.archiver.run().runs == 0
+    assert verify_chain(world.store, world.cpdir).ok
+
+
+def test_tampering_in_what_remains_is_caught_after_a_prune(world: World) -> None:
+    """After a prune, an edited row of a remaining Run and records deleted through a forged grant (no
+    tombstones) are both named by verify."""
+    world.archiver.run()
+    store = world.store
+    with store.engine.begin() as conn:
+        conn.execute(sa.text("UPDATE runs SET state = 'FAILED' WHERE run_id = :r"), {"r": world.today})
+    report = verify_chain(store, world.cpdir)
+    assert not report.ok and any(p.run_id == world.today for p in report.problems)
+    with store.engine.begin() as conn:
+        conn.execute(sa.text("UPDATE runs SET state = 'SUCCEEDED' WHERE run_id = :r"), {"r": world.today})
+        conn.execute(sa.text("INSERT INTO prune_grants (run_id, segment_id) VALUES (:r, 'forged')"),
+                     {"r": world.today})
+        conn.execute(sa.text("DELETE FROM trace_records WHERE run_id = :r"), {"r": world.today})
+        conn.execute(sa.text("DELETE FROM prune_grants"))
+    report = verify_chain(store, world.cpdir)
+    assert not report.ok and report.first_bad is not None and report.first_bad.kind == "deleted"
+
+
+def test_the_append_only_guards_open_only_for_granted_runs(world: World) -> None:
+    """Without a grant a DELETE is refused on every append-only table; UPDATE is refused even with one;
+    tombstones can be neither changed nor deleted."""
+    world.archiver.run()
+    store, run_id = world.store, world.today
+    for table in ("trace_records", "transitions", "audit_events"):
+        with pytest.raises(sa.exc.DBAPIError, match="append-only"), store.engine.begin() as conn:
+            conn.execute(sa.text(f"DELETE FROM {table} WHERE run_id = :r"), {"r": run_id})
+    with pytest.raises(sa.exc.DBAPIError, match="append-only"), store.engine.begin() as conn:
+        conn.execute(sa.text("INSERT INTO prune_grants (run_id, segment_id) VALUES (:r, 'x')"), {"r": run_id})
+        conn.execute(sa.text("UPDATE trace_records SET kind = kind WHERE run_id = :r"), {"r": run_id})
+    for sql in ("DELETE FROM pruned_records", "UPDATE pruned_records SET seq = seq"):
+        with pytest.raises(sa.exc.DBAPIError, match="append-only"), store.engine.begin() as conn:
+            conn.execute(sa.text(sql))
+    assert verify_chain(store, world.cpdir).ok
+    assert latest_checkpoint(world.cpdir) is not None
