@@ -26,18 +26,18 @@ from tests.integration.bulk_runs import clone, drive
 
 S = RunState
 PARKED = (S.PREPARING, S.PLANNING, S.POLICY_CHECK, S.AWAITING_HITL)
-N = 300
+N = 200
 
 
 class World:
-    """A database with N old final Runs (cloned), an old parked Run, and a Run of today."""
+    """A database with `n` old final Runs (cloned), an old parked Run, and a Run of today."""
 
-    def __init__(self, url: str, tmp: Path) -> None:
+    def __init__(self, url: str, tmp: Path, n: int = 12) -> None:
         self.clock = FakeClock()
         self.store = SqlStore.open(url, self.clock)
         self.machine = StateMachine(self.store)
         self.cpdir, self.archive_dir = tmp / "checkpoints", tmp / "archive"
-        self.old = clone(self.store, drive(self.machine), N - 1)
+        self.old = clone(self.store, drive(self.machine), n - 1)
         self.old.insert(0, self.store.list_runs(limit=1000)[-1].run_id)
         self.parked = drive(self.machine, PARKED)
         publish_checkpoint(self.store, self.cpdir)
@@ -49,13 +49,20 @@ class World:
 
 @pytest.fixture
 def world(backend_url: str, tmp_path: Path) -> World:
-    """A fresh database of the backend under test, populated."""
+    """A fresh database of the backend under test, populated with a dozen old Runs."""
     return World(backend_url, tmp_path)
 
 
-def test_archive_then_prune_keeps_the_chain_verifiable(world: World) -> None:
+@pytest.fixture
+def big_world(backend_url: str, tmp_path: Path) -> World:
+    """The same with N old Runs."""
+    return World(backend_url, tmp_path, N)
+
+
+def test_archive_then_prune_keeps_the_chain_verifiable(big_world: World) -> None:
     """After the old final Runs are archived and pruned, the chain verifies (checkpoints included), the
     parked and recent Runs stay, and a new checkpoint and a live Run's export still prove."""
+    world = big_world
     store = world.store
     assert verify_chain(store, world.cpdir).ok
     size_before = store.chain_head()[0]

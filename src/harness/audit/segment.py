@@ -75,12 +75,19 @@ def encode(lines: Iterable[dict[str, Any]]) -> bytes:
     return gzip.compress(body.encode("utf-8"), compresslevel=6, mtime=0)
 
 
+class TruncatedSegmentError(FormatError):
+    """The segment file ends before its compressed stream does: a partial copy, or cut on purpose."""
+
+
 def decode(data: bytes) -> Iterator[dict[str, Any]]:
-    """The segment's documents; FormatError for a file that is not a whole gzip stream of JSON lines."""
+    """The segment's documents; TruncatedSegmentError for a compressed stream cut short, FormatError for a
+    file that is not gzip-compressed JSON lines."""
     try:
         text = gzip.decompress(data).decode("utf-8")
-    except (EOFError, gzip.BadGzipFile, zlib.error, UnicodeDecodeError) as exc:
-        raise FormatError(f"the segment is truncated or is not a gzip-compressed JSON Lines file ({exc})") from None
+    except (EOFError, zlib.error) as exc:
+        raise TruncatedSegmentError(f"the segment file is truncated ({exc})") from None
+    except (gzip.BadGzipFile, UnicodeDecodeError) as exc:
+        raise FormatError(f"not a gzip-compressed JSON Lines segment ({exc})") from None
     for n, line in enumerate(text.splitlines(), 1):
         try:
             doc = json.loads(line)
@@ -181,7 +188,11 @@ def verify_segment(data: bytes, trusted: Sequence[Ed25519PublicKey], *, checkpoi
     over the whole (an edit, a cut, a reordering). `checkpoint`, when given, must be the one the segment
     was proven against; `run_id` names a Run that must be in it."""
     result = VerifyResult("segment")
-    docs = list(decode(data))
+    try:
+        docs = list(decode(data))
+    except TruncatedSegmentError as exc:
+        result.failures.append(str(exc))
+        return result
     header = docs[0] if docs else {}
     if header.get("format") != SEGMENT_FORMAT:
         raise FormatError(f"a segment starts with a header line of format {SEGMENT_FORMAT!r}")

@@ -506,7 +506,9 @@ def _run(args: argparse.Namespace) -> VerifyResult:
 
 
 def _run_segment(args: argparse.Namespace, notes: list[str]) -> VerifyResult:
-    from harness.audit.segment import verify_segment  # it imports this module
+    # segment imports this module: run as `python -m`, its FormatError is that module's, not __main__'s
+    from harness.audit import standalone as canonical
+    from harness.audit.segment import verify_segment
 
     try:
         data = Path(args.segment).read_bytes()
@@ -518,7 +520,10 @@ def _run_segment(args: argparse.Namespace, notes: list[str]) -> VerifyResult:
     keys = _public_keys(args.public_key, args.checkpoint or args.segment, notes)
     if args.checkpoint:
         keys = _through_rotations(keys, args.checkpoint, notes)
-    return verify_segment(data, keys, checkpoint=checkpoint, run_id=args.run)
+    try:
+        return verify_segment(data, keys, checkpoint=checkpoint, run_id=args.run)
+    except canonical.FormatError as exc:
+        raise FormatError(str(exc)) from None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
