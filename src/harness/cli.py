@@ -30,7 +30,8 @@ app.add_typer(witness_app, name="witness")
 for _name, _fn in (("run", cli_runs.run), ("trace", cli_runs.trace), ("cancel", cli_runs.cancel),
                    ("approve", cli_runs.approve), ("reject", cli_runs.reject), ("approvals", cli_runs.approvals),
                    ("demo", cli_runs.demo), ("sweep", cli_ops.sweep), ("serve", cli_serve.serve),
-                   ("replay", cli_replay.replay), ("worker", cli_ops.worker), ("archive", cli_archive.archive)):
+                   ("replay", cli_replay.replay), ("worker", cli_ops.worker), ("archive", cli_archive.archive),
+                   ("erase", cli_archive.erase)):
     app.command(_name)(cli_errors(_fn))
 
 

@@ -21,6 +21,7 @@ from harness.audit.standalone import FormatError
 from harness.audit.witness import configured_witnesses
 from harness.cli_support import EXIT_CHECK_FAILED, DbOption, JsonOption, emit, fail, open_store
 from harness.retention.archiver import ArchiveError, Archiver
+from harness.retention.erase import erase_user
 from harness.retention.policy import RetentionPolicy
 from harness.retention.storage import ENDPOINT_ENV, URL_ENV, SegmentStoreError, open_segment_store, read_location
 
@@ -138,3 +139,31 @@ def show_archived(store: SqlStore, archived: ArchivedRun, *, json_: bool, from_a
                       highlight=False)
     else:
         console.print("  read it back with --from-archive", highlight=False)
+
+
+def erase(
+    user: Annotated[str, typer.Option("--user", help="The person whose data is erased (their user id).")],
+    tenant: Annotated[str, typer.Option("--tenant", help="Their tenant.")] = "default",
+    db: DbOption = None,
+    json_: JsonOption = False,
+    s3_endpoint: EndpointOption = None,
+) -> None:
+    """Honour an erasure request: delete the person's memory entries, replace their personal data in
+    their Runs' live and archived records by a salted hash (the chain and the segments still verify),
+    and audit the erasure under a pseudonym."""
+    if not user.strip():
+        fail("--user must not be blank")
+    store = open_store(db)
+    try:
+        report = erase_user(store, tenant, user, endpoint=s3_endpoint)
+    except (ArchiveError, SegmentStoreError) as exc:
+        fail(str(exc), EXIT_CHECK_FAILED)
+    if json_:
+        emit(report.to_dict())
+        return
+    Console().print(f"erased {report.runs} Run(s) ({report.records} record(s) redacted), {report.archived_runs} "
+                    f"archived Run(s) in {len(report.segments_rewritten)} segment(s), {report.memory_entries} "
+                    f"memory entr(ies); the person is now {report.subject}", highlight=False)
+    if report.still_running:
+        Console().print(f"{len(report.still_running)} Run(s) still running were left alone: erase again once they "
+                        "close", highlight=False)

@@ -3,22 +3,26 @@ catches tampering in what remains, and the append-only guards open only for the 
 
 from __future__ import annotations
 
+import gzip
 from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
 
+from harness.adapters.sql.erasure import USER_ERASED
 from harness.adapters.sql.retention import RUNS_PRUNED, RetentionStore
 from harness.adapters.sql.store import SqlStore
 from harness.audit import standalone
 from harness.audit.checkpoint import current_key, latest_checkpoint, publish_checkpoint
 from harness.audit.export import export_run
+from harness.audit.reconcile import reconcile
 from harness.audit.segment import verify_segment
 from harness.audit.verify import verify_chain
 from harness.clock import FakeClock
 from harness.errors import UnknownRunError
 from harness.kernel import RunState
 from harness.retention.archiver import Archiver
+from harness.retention.erase import erase_user
 from harness.retention.policy import DAY_S, RetentionPolicy
 from harness.retention.storage import LocalSegmentStore
 from harness.state_machine import StateMachine
@@ -137,3 +141,48 @@ def test_the_append_only_guards_open_only_for_granted_runs(world: World) -> None
             conn.execute(sa.text(sql))
     assert verify_chain(store, world.cpdir).ok
     assert latest_checkpoint(world.cpdir) is not None
+
+
+def test_an_erasure_is_honoured_with_the_chain_still_verifying(world: World) -> None:
+    """Erasing a person redacts their live and archived Runs (records replaced by a salted hash, ids by a
+    pseudonym), deletes their memory, leaves others' data alone, is audited under the pseudonym, and the
+    chain, the checkpoints, reconcile and the rewritten segment all still verify."""
+    store = world.store
+    world.archiver.run()
+    bob = drive(world.machine, user="bob")
+    now = store.clock.now()
+    with store.engine.begin() as conn:
+        for user, text in (("ana", "ana likes tea"), ("bob", "bob likes coffee")):
+            conn.execute(sa.text("INSERT INTO memory_entries (entry_id, tenant_id, scope, user_id, kind, content, "
+                                 "content_hash, created_at) VALUES (:e, 'acme', 'user', :u, 'fact', :c, :h, :t)"),
+                         {"e": f"m-{user}", "u": user, "c": text, "h": user * 8, "t": now})
+    report = erase_user(store, "acme", "ana", segments=LocalSegmentStore(world.archive_dir))
+    assert report.runs == 1 and report.archived_runs == len(world.old) and report.memory_entries == 1
+    assert report.still_running == [world.parked] and len(report.segments_rewritten) == 1
+    checked = verify_chain(store, world.cpdir)
+    assert checked.ok, checked.problems[:3]
+    assert checked.records_redacted == report.records > 5
+    assert reconcile(store).ok
+    with store.engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT user_id FROM runs WHERE run_id = :r"), {"r": world.today}).scalar_one() \
+            == report.subject
+        payloads = conn.execute(sa.text("SELECT payload FROM trace_records WHERE run_id = :r"),
+                                {"r": world.today}).scalars().all()
+        assert payloads and not any("ana" in p for p in payloads)
+        details = conn.execute(sa.text("SELECT detail FROM audit_events WHERE run_id = :r"),
+                               {"r": world.today}).scalars().all()
+        assert details and not any('"ana"' in d for d in details)
+        memory = conn.execute(sa.text("SELECT user_id FROM memory_entries")).scalars().all()
+        assert memory == ["bob"]
+    assert store.get_run(bob).user_id == "bob"
+    events = store.audit_events(event=USER_ERASED)
+    assert [e.detail["subject"] for e in events] == [report.subject] and "ana" not in str(events[0].detail)
+    files = sorted(world.archive_dir.iterdir())
+    assert len(files) == 1 and ".erased-" in files[0].name
+    data = files[0].read_bytes()
+    assert b'"ana"' not in gzip.decompress(data)
+    key = current_key(world.cpdir)
+    assert key is not None
+    proven = verify_segment(data, [key], run_id=world.old[0])
+    assert proven.ok, proven.failures[:3]
+    assert RetentionStore(store).archived(world.old[0]) is not None

@@ -64,6 +64,18 @@ class S3SegmentStore:
             raise SegmentStoreError(f"cannot reach the archive bucket {self.bucket}: {exc}") from None
 
 
+    def delete(self, location: str) -> None:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        key = location.removeprefix(f"s3://{self.bucket}/") if location.startswith("s3://") else self._key(location)
+        try:
+            self._client.delete_object(Bucket=self.bucket, Key=key)
+        except ClientError as exc:
+            raise SegmentStoreError(f"cannot remove s3://{self.bucket}/{key}: {_message(exc)}") from None
+        except BotoCoreError as exc:
+            raise SegmentStoreError(f"cannot reach the archive bucket {self.bucket}: {exc}") from None
+
+
 def _message(exc: Any) -> str:
     error = exc.response.get("Error", {})
     return f"{error.get('Code', '?')} {error.get('Message', '')}".strip()

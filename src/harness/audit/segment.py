@@ -99,12 +99,21 @@ def decode(data: bytes) -> Iterator[dict[str, Any]]:
 
 
 def _leaf(rec: Any, where: str) -> tuple[int, bytes] | str:
-    """(leaf index, leaf hash) of a record whose content matches its chain hash, else why not."""
+    """(leaf index, leaf hash) of a record whose content matches its chain hash, else why not. A record
+    an erasure redacted carries its original leaf hash: its place in the tree is still proven, its content
+    no longer is."""
     if not isinstance(rec, dict) or any(f not in rec for f in RECORD_FIELDS):
         return f"{where}: a record lacks one of {', '.join(RECORD_FIELDS)}"
     seq = rec["seq"]
     if not isinstance(seq, int) or isinstance(seq, bool) or seq < 1:
         return f"{where}: a record's seq is not a positive integer"
+    redacted = rec.get("redacted")
+    if redacted is not None:
+        try:
+            return seq - 1, hex_proof([redacted.get("leaf") if isinstance(redacted, dict) else None],
+                                      f"{where}: record seq {seq} redacted.leaf")[0]
+        except FormatError as exc:
+            return str(exc)
     data = record_bytes(seq, rec["record_id"], rec["run_id"], rec["kind"], rec["prev_hash"], rec["payload"])
     if hashlib.sha256(data).hexdigest() != rec["hash"]:
         return f"{where}: record seq {seq} ({rec['record_id']}): content does not match its chain hash (edited)"
@@ -171,9 +180,15 @@ class _Runs:
                 failures.append(f"Run {name}: record seq {rec['seq']} appears twice in the segment")
             else:
                 self.leaves[leaf[0]] = leaf[1]
-        found = completeness.check(records, [])
-        failures += [f"Run {name}: {m}" for m in found.missing]
-        self.result.notes += [f"Run {name}: completeness unproven: {u}" for u in found.unproven]
+        erased = [r["redacted"] for r in records if isinstance(r, dict) and isinstance(r.get("redacted"), dict)]
+        if erased:
+            self.result.notes.append(f"Run {name}: {len(erased)} record(s) redacted on an erasure request "
+                                     f"({erased[0].get('erase_id')}): their places are proven, their content "
+                                     "no longer")
+        else:
+            found = completeness.check(records, [])
+            failures += [f"Run {name}: {m}" for m in found.missing]
+            self.result.notes += [f"Run {name}: completeness unproven: {u}" for u in found.unproven]
         self.digest.add(name, [str(r.get("hash")) for r in records if isinstance(r, dict)])
         self.result.checked += 1
         if name == self.run_id:

@@ -507,7 +507,7 @@ def _run(args: argparse.Namespace) -> VerifyResult:
 
 def _run_segment(args: argparse.Namespace, notes: list[str]) -> VerifyResult:
     # segment imports this module: run as `python -m`, its FormatError is that module's, not __main__'s
-    from harness.audit import standalone as canonical
+    from harness.audit import standalone as canonical  # noqa: PLW0406
     from harness.audit.segment import verify_segment
 
     try:

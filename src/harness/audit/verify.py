@@ -22,7 +22,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from harness.adapters.sql import schema as t
-from harness.adapters.sql.retention import PrunedRecord, iter_chain
+from harness.adapters.sql.retention import REDACTED, PrunedRecord, iter_chain
 from harness.adapters.sql.store import SqlStore, StoredTraceRecord
 from harness.audit import merkle, mirrors, verify_checkpoints
 from harness.audit.chain import GENESIS_HASH, record_bytes, record_hash
@@ -83,7 +83,10 @@ class _Walk:
             self.roots[self.acc.size] = (self.acc.root().hex(), rec.hash)
         self.expected, self.prev, self.prev_id, self.prev_ok = rec.seq + 1, rec.hash, None, True
         self.report.records_checked += 1
-        self.report.records_pruned += 1
+        if rec.kind == REDACTED:
+            self.report.records_redacted += 1
+        else:
+            self.report.records_pruned += 1
 
     def _check(self, rec: StoredTraceRecord, self_ok: bool) -> Problem | None:
         if rec.seq < self.expected:

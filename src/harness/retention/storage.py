@@ -34,6 +34,10 @@ class SegmentStore(Protocol):
         """The bytes of a stored segment."""
         ...
 
+    def delete(self, location: str) -> None:
+        """Remove a stored segment (only an erasure does, once its redacted copy is stored)."""
+        ...
+
 
 class LocalSegmentStore:
     """Segments as read-only files in a directory."""
@@ -54,12 +58,22 @@ class LocalSegmentStore:
         path.chmod(0o444)
         return path.resolve().as_uri()
 
+    def _path(self, location: str) -> Path:
+        return Path(location.removeprefix("file://")) if location.startswith("file://") else self.directory / location
+
     def get(self, location: str) -> bytes:
-        path = Path(location.removeprefix("file://")) if location.startswith("file://") else self.directory / location
+        path = self._path(location)
         try:
             return path.read_bytes()
         except OSError as exc:
             raise SegmentStoreError(f"cannot read segment {path}: {exc.strerror}") from None
+
+    def delete(self, location: str) -> None:
+        path = self._path(location)
+        try:
+            path.unlink()
+        except OSError as exc:
+            raise SegmentStoreError(f"cannot remove segment {path}: {exc.strerror}") from None
 
 
 def open_segment_store(url: str | None = None, endpoint: str | None = None) -> SegmentStore:
@@ -77,12 +91,16 @@ def open_segment_store(url: str | None = None, endpoint: str | None = None) -> S
     return LocalSegmentStore(Path(url.removeprefix("file://")).expanduser())
 
 
-def read_location(location: str, endpoint: str | None = None) -> bytes:
-    """The bytes of the segment at `location` (a file:// or s3:// URL, as `put` returned it)."""
+def store_of(location: str, endpoint: str | None = None) -> SegmentStore:
+    """The store that holds the segment at `location` (a file:// or s3:// URL, as `put` returned it)."""
     if location.startswith("s3://"):
         from harness.adapters.s3_segments import S3SegmentStore
 
         bucket = location.removeprefix("s3://").partition("/")[0]
-        return S3SegmentStore(bucket, "", endpoint or os.environ.get(ENDPOINT_ENV)).get(location)
-    path = Path(location.removeprefix("file://"))
-    return LocalSegmentStore(path.parent).get(location)
+        return S3SegmentStore(bucket, "", endpoint or os.environ.get(ENDPOINT_ENV))
+    return LocalSegmentStore(Path(location.removeprefix("file://")).parent)
+
+
+def read_location(location: str, endpoint: str | None = None) -> bytes:
+    """The bytes of the segment at `location`."""
+    return store_of(location, endpoint).get(location)

@@ -1,11 +1,14 @@
-"""The append-only triggers, with one door: the audited prune path (migration 0014).
+"""The append-only triggers, with two audited doors: the prune and the erasure (migration 0014).
 
-UPDATE stays refused on every append-only table. DELETE is refused too, except for the rows of a Run
-named in `prune_grants`: the archiver (harness.retention) inserts a Run's grant, moves its records to
-`pruned_records` (their hashes), deletes its rows and removes the grant, all in one transaction that
-also writes the `runs_pruned` audit event. A grant never outlives that transaction, so outside it the
-tables are as append-only as before; someone who can write grants can also drop triggers, which is why
-the chain, the tombstones and the signed checkpoints, not the triggers, are what prove the history.
+DELETE is refused on every append-only table except for the rows of a Run named in `prune_grants`: the
+archiver (harness.retention) inserts a Run's grant, moves its records to `pruned_records` (their
+hashes), deletes its rows and removes the grant, all in one transaction that also writes the
+`runs_pruned` audit event. UPDATE is refused except for an erasure (grant `erase:<id>`), which rewrites a
+granted Run's rows and the payloads of its trace records, never a record's seq, ids, link or chain hash,
+and only once the record's original hashes are in `redacted_records`. A grant never outlives its
+transaction, so outside it the tables are as append-only as before; someone who can write grants can
+also drop triggers, which is why the chain, the tombstones and the signed checkpoints, not the triggers,
+are what prove the history.
 """
 
 from __future__ import annotations
@@ -29,28 +32,53 @@ def _granted(table: str) -> str:
     return "EXISTS (SELECT 1 FROM prune_grants g WHERE g.run_id = OLD.run_id)"
 
 
+def _same(dialect: str, column: str) -> str:
+    """NEW.column equals OLD.column, NULL-safe."""
+    op = {"sqlite": "IS", "postgresql": "IS NOT DISTINCT FROM"}.get(dialect, "<=>")
+    return f"NEW.{column} {op} OLD.{column}"
+
+
+def _erasable(dialect: str, table: str) -> str | None:
+    """An SQL condition, over OLD and NEW, that is true for an erasure's UPDATE of a row of `table`: its
+    Run holds an erase grant (`erase:<id>`) and the row keeps its Run; a trace record, besides, keeps its
+    seq, ids, kind, link and chain hash, and has its original hashes in redacted_records already. None for
+    a table whose rows an erasure never changes."""
+    if table == "hitl_approvals":
+        return None
+    granted = ("EXISTS (SELECT 1 FROM prune_grants g WHERE g.run_id = OLD.run_id "
+               f"AND substr(g.segment_id, 1, 6) = 'erase:') AND {_same(dialect, 'run_id')}")
+    if table != "trace_records":
+        return f"({granted})"
+    kept = " AND ".join(_same(dialect, c) for c in ("seq", "record_id", "kind", "prev_hash", "hash"))
+    return f"({granted} AND EXISTS (SELECT 1 FROM redacted_records x WHERE x.seq = OLD.seq) AND {kept})"
+
+
 def guarded_delete_ddl(dialect: str, table: str) -> list[str]:
-    """Statements that replace `table`'s DELETE guard by one that lets granted Runs' rows go."""
+    """Statements that replace `table`'s guards: DELETE lets a granted Run's rows go (the prune), UPDATE
+    lets an erasure rewrite a granted Run's rows (see _erasable); everything else is refused as before."""
     message = f"{table} is append-only"
+    update = _erasable(dialect, table)
     if dialect == "sqlite":
-        return [
-            f"DROP TRIGGER IF EXISTS {table}_no_delete",
-            f"CREATE TRIGGER {table}_no_delete BEFORE DELETE ON {table} WHEN NOT {_granted(table)} "
-            f"BEGIN SELECT RAISE(ABORT, '{message}'); END",
-        ]
+        guards = [("DELETE", _granted(table)), ("UPDATE", update)]
+        return [statement for verb, allowed in guards for statement in (
+            f"DROP TRIGGER IF EXISTS {table}_no_{verb.lower()}",
+            f"CREATE TRIGGER {table}_no_{verb.lower()} BEFORE {verb} ON {table} "
+            + (f"WHEN NOT {allowed} " if allowed else "") + f"BEGIN SELECT RAISE(ABORT, '{message}'); END")]
     if dialect == "postgresql":
         # one function serves the row trigger (UPDATE OR DELETE) and the TRUNCATE statement trigger
+        on_update = f"IF TG_OP = 'UPDATE' THEN IF {update} THEN RETURN NEW; END IF; END IF; " if update else ""
         return [
             f"CREATE OR REPLACE FUNCTION {table}_append_only() RETURNS trigger AS $$ BEGIN "
-            f"IF TG_OP = 'DELETE' THEN IF {_granted(table)} THEN RETURN OLD; END IF; END IF; "
+            f"IF TG_OP = 'DELETE' THEN IF {_granted(table)} THEN RETURN OLD; END IF; END IF; {on_update}"
             f"RAISE EXCEPTION '{message}'; END; $$ LANGUAGE plpgsql",
         ]
     if dialect in ("mysql", "mariadb"):
-        return [
-            f"DROP TRIGGER IF EXISTS {table}_no_delete",
-            f"CREATE TRIGGER {table}_no_delete BEFORE DELETE ON {table} FOR EACH ROW BEGIN "
-            f"IF NOT {_granted(table)} THEN SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = '{message}'; END IF; END",
-        ]
+        guards = [("DELETE", _granted(table)), ("UPDATE", update)]
+        return [statement for verb, allowed in guards for statement in (
+            f"DROP TRIGGER IF EXISTS {table}_no_{verb.lower()}",
+            f"CREATE TRIGGER {table}_no_{verb.lower()} BEFORE {verb} ON {table} FOR EACH ROW "
+            + (f"BEGIN IF NOT {allowed} THEN SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = '{message}'; END IF; END"
+               if allowed else f"SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = '{message}'"))]
     raise NotImplementedError(f"no append-only triggers for dialect {dialect}")
 
 
@@ -58,14 +86,16 @@ def plain_delete_ddl(dialect: str, table: str) -> list[str]:
     """Statements that restore the DELETE guard without a door (the downgrade of 0014)."""
     message = f"{table} is append-only"
     if dialect == "sqlite":
-        return [f"DROP TRIGGER IF EXISTS {table}_no_delete",
-                f"CREATE TRIGGER {table}_no_delete BEFORE DELETE ON {table} "
-                f"BEGIN SELECT RAISE(ABORT, '{message}'); END"]
+        return [statement for verb in ("DELETE", "UPDATE") for statement in (
+            f"DROP TRIGGER IF EXISTS {table}_no_{verb.lower()}",
+            f"CREATE TRIGGER {table}_no_{verb.lower()} BEFORE {verb} ON {table} "
+            f"BEGIN SELECT RAISE(ABORT, '{message}'); END")]
     if dialect == "postgresql":
         return [f"CREATE OR REPLACE FUNCTION {table}_append_only() RETURNS trigger AS $$ "
                 f"BEGIN RAISE EXCEPTION '{message}'; END; $$ LANGUAGE plpgsql"]
     if dialect in ("mysql", "mariadb"):
-        return [f"DROP TRIGGER IF EXISTS {table}_no_delete",
-                f"CREATE TRIGGER {table}_no_delete BEFORE DELETE ON {table} "
-                f"FOR EACH ROW SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = '{message}'"]
+        return [statement for verb in ("DELETE", "UPDATE") for statement in (
+            f"DROP TRIGGER IF EXISTS {table}_no_{verb.lower()}",
+            f"CREATE TRIGGER {table}_no_{verb.lower()} BEFORE {verb} ON {table} "
+            f"FOR EACH ROW SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = '{message}'")]
     raise NotImplementedError(f"no append-only triggers for dialect {dialect}")

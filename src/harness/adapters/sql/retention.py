@@ -18,7 +18,13 @@ from typing import Any
 import sqlalchemy as sa
 
 from harness.adapters.sql import schema as t
-from harness.adapters.sql.retention_schema import archive_segments, archived_runs, prune_grants, pruned_records
+from harness.adapters.sql.retention_schema import (
+    archive_segments,
+    archived_runs,
+    prune_grants,
+    pruned_records,
+    redacted_records,
+)
 from harness.adapters.sql.store import SqlStore, StoredTraceRecord
 from harness.audit import merkle
 from harness.audit.chain import record_bytes
@@ -26,6 +32,8 @@ from harness.errors import StoreError
 from harness.kernel import FINAL
 
 RUNS_PRUNED = "runs_pruned"
+#: the kind of a chain position whose record an erasure redacted
+REDACTED = "redacted"
 ARCHIVE_SEGMENT = "archive_segment"
 #: the tables whose rows of a Run the segment carries (as read back by `--from-archive`) and prune deletes
 RUN_TABLES = (t.transitions, t.audit_events, t.costs, t.hitl_decisions, t.hitl_requests, t.webhook_deliveries)
@@ -77,16 +85,31 @@ class PruneResult:
 
 
 def iter_chain(store: SqlStore, batch: int = 5000) -> Iterator[StoredTraceRecord | PrunedRecord]:
-    """Every position of the chain in seq order: the stored records and the tombstones of pruned ones."""
-    return heapq.merge(store.iter_trace(1, batch), _iter_pruned(store, batch), key=lambda r: r.seq)
+    """Every position of the chain in seq order: the stored records, the tombstones of pruned ones, and
+    for a record an erasure redacted, its original hashes (kind "redacted") in place of its content."""
+    merged: Iterator[StoredTraceRecord | PrunedRecord] = heapq.merge(
+        store.iter_trace(1, batch), _tombstones(store, pruned_records, batch), key=_seq)
+    redactions = _tombstones(store, redacted_records, batch)
+    upcoming = next(redactions, None)
+    for rec in merged:
+        while upcoming is not None and upcoming.seq < rec.seq:
+            upcoming = next(redactions, None)
+        if upcoming is not None and upcoming.seq == rec.seq and isinstance(rec, StoredTraceRecord):
+            yield PrunedRecord(rec.seq, upcoming.hash, upcoming.leaf, rec.record_id, rec.run_id, REDACTED)
+        else:
+            yield rec
 
 
-def _iter_pruned(store: SqlStore, batch: int) -> Iterator[PrunedRecord]:
+def _seq(rec: StoredTraceRecord | PrunedRecord) -> int:
+    return rec.seq
+
+
+def _tombstones(store: SqlStore, table: sa.Table, batch: int) -> Iterator[PrunedRecord]:
     after = 0
     while True:
         with store.reader.connect() as conn:
-            rows = conn.execute(sa.select(pruned_records).where(pruned_records.c.seq > after)
-                                .order_by(pruned_records.c.seq).limit(batch)).all()
+            rows = conn.execute(sa.select(table.c.seq, table.c.hash, table.c.leaf).where(table.c.seq > after)
+                                .order_by(table.c.seq).limit(batch)).all()
         if not rows:
             return
         for r in rows:
@@ -244,7 +267,8 @@ class RetentionStore:
             conn.execute(t.jobs.delete().where(t.jobs.c.job_id.in_(ids)))
             conn.execute(t.runs.delete().where(t.runs.c.run_id.in_(ids)))
             conn.execute(archived_runs.insert(), [
-                {"run_id": r["run_id"], "segment_id": segment_id, "tenant_id": r["tenant_id"], "state": r["state"],
+                {"run_id": r["run_id"], "segment_id": segment_id, "tenant_id": r["tenant_id"], "user_id": r["user_id"],
+                 "state": r["state"],
                  "created_at": r["created_at"], "closed_at": r["last_state_change_at"], "archived_at": now}
                 for r in runs])
             conn.execute(prune_grants.delete().where(prune_grants.c.segment_id == segment_id))

@@ -50,5 +50,40 @@ archived_runs = sa.Table(
     sa.Column("created_at", sa.Double, nullable=False),
     sa.Column("closed_at", sa.Double, nullable=False),
     sa.Column("archived_at", sa.Double, nullable=False),
+    #: whose Run it was, to find it on an erasure request (then replaced by the subject's pseudonym)
+    sa.Column("user_id", sa.String(128), nullable=False),
     sa.Index("ix_archived_runs_segment", "segment_id"),
+    sa.Index("ix_archived_runs_user", "tenant_id", "user_id"),
+)
+
+#: a trace record whose payload an erasure replaced: its original chain and leaf hashes (what the chain
+#: and the signed tree heads still commit to), and the erasure that did it
+redacted_records = sa.Table(
+    "redacted_records",
+    metadata,
+    sa.Column("seq", sa.BigInteger, primary_key=True, autoincrement=False),
+    sa.Column("hash", sa.LargeBinary(32), nullable=False),
+    sa.Column("leaf", sa.LargeBinary(32), nullable=False),
+    sa.Column("erase_id", ID, nullable=False),
+)
+
+#: one honoured erasure request; `subject` is the salted hash that replaced the person's id
+erasures = sa.Table(
+    "erasures",
+    metadata,
+    sa.Column("erase_id", ID, primary_key=True),
+    sa.Column("subject", sa.String(128), nullable=False),
+    sa.Column("runs", sa.Integer, nullable=False),
+    sa.Column("records", sa.Integer, nullable=False),
+    sa.Column("memory_entries", sa.Integer, nullable=False),
+    sa.Column("archived_runs", sa.Integer, nullable=False),
+    sa.Column("at", sa.Double, nullable=False),
+)
+
+#: a live Run whose personal data an erasure replaced (its rows are no longer checked against records)
+erased_runs = sa.Table(
+    "erased_runs",
+    metadata,
+    sa.Column("run_id", ID, primary_key=True),
+    sa.Column("erase_id", ID, nullable=False),
 )

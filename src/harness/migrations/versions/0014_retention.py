@@ -54,11 +54,30 @@ def upgrade() -> None:
                     sa.Column("state", sa.String(32), nullable=False),
                     sa.Column("created_at", sa.Double, nullable=False),
                     sa.Column("closed_at", sa.Double, nullable=False),
-                    sa.Column("archived_at", sa.Double, nullable=False))
+                    sa.Column("archived_at", sa.Double, nullable=False),
+                    sa.Column("user_id", sa.String(128), nullable=False))
     op.create_index("ix_archived_runs_segment", "archived_runs", ["segment_id"])
+    op.create_index("ix_archived_runs_user", "archived_runs", ["tenant_id", "user_id"])
+    op.create_table("redacted_records",
+                    sa.Column("seq", sa.BigInteger, primary_key=True, autoincrement=False),
+                    sa.Column("hash", sa.LargeBinary(32), nullable=False),
+                    sa.Column("leaf", sa.LargeBinary(32), nullable=False),
+                    sa.Column("erase_id", ID, nullable=False))
+    op.create_table("erasures",
+                    sa.Column("erase_id", ID, primary_key=True),
+                    sa.Column("subject", sa.String(128), nullable=False),
+                    sa.Column("runs", sa.Integer, nullable=False),
+                    sa.Column("records", sa.Integer, nullable=False),
+                    sa.Column("memory_entries", sa.Integer, nullable=False),
+                    sa.Column("archived_runs", sa.Integer, nullable=False),
+                    sa.Column("at", sa.Double, nullable=False))
+    op.create_table("erased_runs",
+                    sa.Column("run_id", ID, primary_key=True),
+                    sa.Column("erase_id", ID, nullable=False))
     dialect = op.get_bind().dialect.name
-    for statement in append_only_ddl(dialect, "pruned_records"):
-        op.execute(statement)
+    for tombstones in ("pruned_records", "redacted_records"):
+        for statement in append_only_ddl(dialect, tombstones):
+            op.execute(statement)
     for table in PRUNABLE:
         for statement in guarded_delete_ddl(dialect, table):
             op.execute(statement)
@@ -69,8 +88,11 @@ def downgrade() -> None:
     for table in PRUNABLE:
         for statement in plain_delete_ddl(dialect, table):
             op.execute(statement)
-    for statement in drop_append_only_ddl(dialect, "pruned_records"):
-        op.execute(statement)
+    for tombstones in ("pruned_records", "redacted_records"):
+        for statement in drop_append_only_ddl(dialect, tombstones):
+            op.execute(statement)
+    op.drop_index("ix_archived_runs_user", table_name="archived_runs")
     op.drop_index("ix_archived_runs_segment", table_name="archived_runs")
-    for table in ("archived_runs", "archive_segments", "pruned_records", "prune_grants"):
+    for table in ("erased_runs", "erasures", "redacted_records", "archived_runs", "archive_segments",
+                  "pruned_records", "prune_grants"):
         op.drop_table(table)
