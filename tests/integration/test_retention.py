@@ -186,3 +186,25 @@ def test_an_erasure_is_honoured_with_the_chain_still_verifying(world: World) -> 
     proven = verify_segment(data, [key], run_id=world.old[0])
     assert proven.ok, proven.failures[:3]
     assert RetentionStore(store).archived(world.old[0]) is not None
+
+
+def test_a_forged_tombstone_is_caught(tmp_path: Path) -> None:
+    """Someone who drops the guards and changes a pruned record's leaf hash is caught by the signed roots;
+    one who changes the chain hash of the last pruned record before a kept one, by that record's link
+    (SQLite: triggers dropped by hand)."""
+    world = World(str(tmp_path / "h.db"), tmp_path)
+    world.archiver.run()
+    store = world.store
+    with store.engine.connect() as conn:
+        seq = conn.execute(sa.text("SELECT MAX(p.seq) FROM pruned_records p JOIN trace_records r "
+                                   "ON r.seq = p.seq + 1")).scalar_one()
+    with store.engine.begin() as conn:
+        conn.exec_driver_sql("DROP TRIGGER pruned_records_no_update")
+        conn.execute(sa.text("UPDATE pruned_records SET leaf = hash WHERE seq = :s"), {"s": seq})
+    report = verify_chain(store, world.cpdir)
+    assert not report.ok and any(p.kind.startswith("checkpoint") for p in report.problems), report.problems[:3]
+    with store.engine.begin() as conn:
+        conn.execute(sa.text("UPDATE pruned_records SET leaf = :l, hash = :h WHERE seq = :s"),
+                     {"l": b"\x01" * 32, "h": b"\x02" * 32, "s": seq})
+    report = verify_chain(store, world.cpdir)
+    assert not report.ok and report.first_bad is not None and report.first_bad.seq == seq, report.problems[:3]
