@@ -314,7 +314,8 @@ def _offer_once(witness: Witness, database_id: str, tree: merkle.MerkleTree, che
 
 def publish_checkpoint(store: SqlStore, directory: Path, *, key: Ed25519PrivateKey | None = None,
                        endorsed_by: Ed25519PrivateKey | None = None,
-                       witnesses: Sequence[Witness] = ()) -> Checkpoint:
+                       witnesses: Sequence[Witness] = (),
+                       trees: list[merkle.MerkleTree] | None = None) -> Checkpoint:
     """Drain the outbox, sign the tree head of the whole chain and write it as the next checkpoint, then
     offer it to the witnesses (their answers are in `Checkpoint.witnessed`).
 
@@ -340,6 +341,8 @@ def publish_checkpoint(store: SqlStore, directory: Path, *, key: Ed25519PrivateK
     store.drain_all()
     size, head_hash = store.chain_head()
     tree = build_tree(store, size, head_hash)
+    if trees is not None:  # the caller proves records against this checkpoint next (the archiver)
+        trees.append(tree)
     _check_witnesses(witnesses, database_id, tree)
     previous = checkpoints[-1] if checkpoints else None
     head: dict[str, Any] = {

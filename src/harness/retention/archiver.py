@@ -26,11 +26,10 @@ from typing import Any
 
 from harness.adapters.sql.retention import ARCHIVE_SEGMENT, RetentionStore
 from harness.adapters.sql.store import SqlStore, StoredTraceRecord
-from harness.audit import multiproof
+from harness.audit import merkle, multiproof
 from harness.audit.checkpoint import (
     Checkpoint,
     TamperedHistoryError,
-    build_tree,
     current_key,
     publish_checkpoint,
 )
@@ -115,11 +114,12 @@ class Archiver:
         self.store.audit(None, ARCHIVE_SEGMENT, ACTOR, {
             "segment_id": segment_id, "runs": digest.runs, "records": digest.records, "digest": digest.hexdigest(),
             "name": name})
-        cp = publish_checkpoint(self.store, self.checkpoint_dir, witnesses=self.witnesses)
+        trees: list[merkle.MerkleTree] = []
+        cp = publish_checkpoint(self.store, self.checkpoint_dir, witnesses=self.witnesses, trees=trees)
         manifest = self.retention.manifest_record(head, segment_id)
         if manifest is None:
             raise ArchiveError(f"the manifest record of segment {segment_id} is not in the chain")
-        data = self._encode(cp, segment_id, digest, manifest, ids, bundle)
+        data = self._encode(cp, trees[0], segment_id, digest, manifest, ids, bundle)
         self._check(data, cp)
         location = self.segments.put(name, data)
         if self.segments.get(location) != data:
@@ -134,10 +134,9 @@ class Archiver:
         report.seconds = time.perf_counter() - started
         return report
 
-    def _encode(self, cp: Checkpoint, segment_id: str, digest: Digest, manifest: StoredTraceRecord,
-                ids: list[str], bundle: dict[str, dict[str, Any]]) -> bytes:
-        tree = build_tree(self.store, cp.tree_size, cp.chain_head_hash)
-        if tree.root().hex() != cp.root_hash:
+    def _encode(self, cp: Checkpoint, tree: merkle.MerkleTree, segment_id: str, digest: Digest,
+                manifest: StoredTraceRecord, ids: list[str], bundle: dict[str, dict[str, Any]]) -> bytes:
+        if tree.size != cp.tree_size or tree.root().hex() != cp.root_hash:
             raise TamperedHistoryError(f"the chain no longer matches {cp.path.name}")
         buffer = io.BytesIO()
         with gzip.GzipFile(fileobj=buffer, mode="wb", compresslevel=6, mtime=0) as out:
