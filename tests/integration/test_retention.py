@@ -30,13 +30,13 @@ from tests.integration.bulk_runs import clone, drive
 
 S = RunState
 PARKED = (S.PREPARING, S.PLANNING, S.POLICY_CHECK, S.AWAITING_HITL)
-N = 200
+N = 60
 
 
 class World:
     """A database with `n` old final Runs (cloned), an old parked Run, and a Run of today."""
 
-    def __init__(self, url: str, tmp: Path, n: int = 12) -> None:
+    def __init__(self, url: str, tmp: Path, n: int = 6) -> None:
         self.clock = FakeClock()
         self.store = SqlStore.open(url, self.clock)
         self.machine = StateMachine(self.store)
