@@ -26,15 +26,16 @@ import sqlalchemy as sa
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from harness.adapters.sql.store import SqlStore  # noqa: E402
-from harness.audit.checkpoint import publish_checkpoint  # noqa: E402
-from harness.audit.verify import verify_chain  # noqa: E402
-from harness.clock import FakeClock  # noqa: E402
-from harness.retention.archiver import Archiver  # noqa: E402
-from harness.retention.policy import DAY_S, RetentionPolicy  # noqa: E402
-from harness.retention.storage import LocalSegmentStore  # noqa: E402
-from harness.state_machine import StateMachine  # noqa: E402
-from tests.integration.bulk_runs import clone, drive  # noqa: E402
+from tests.integration.bulk_runs import clone, drive
+
+from harness.adapters.sql.store import SqlStore
+from harness.audit.checkpoint import publish_checkpoint
+from harness.audit.verify import verify_chain
+from harness.clock import FakeClock
+from harness.retention.archiver import Archiver
+from harness.retention.policy import DAY_S, RetentionPolicy
+from harness.retention.storage import LocalSegmentStore
+from harness.state_machine import StateMachine
 
 ADMIN = {"postgresql": "postgresql+psycopg://postgres@127.0.0.1:5432/postgres",
          "mariadb": "mysql+pymysql://root@127.0.0.1:3306/test"}

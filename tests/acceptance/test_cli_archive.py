@@ -106,9 +106,8 @@ def test_the_api_says_a_run_is_archived(old_runs: tuple[str, list[str], Path],
                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """GET /api/v1/runs/ID of an archived Run of the caller's tenant answers 410 with where it is; another
     tenant still gets 404."""
-    from tests.acceptance.api_helpers import key, make_client
-
     from harness.config import Settings, build_runtime
+    from tests.acceptance.api_helpers import key, make_client
 
     db, ids, tmp = old_runs
     assert cli("archive", *_args(db, tmp), "--older-than-days", "0").exit_code == 0
