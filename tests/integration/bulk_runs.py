@@ -36,9 +36,10 @@ def drive(machine: StateMachine, path: Sequence[RunState] = SUCCESS, tenant: str
 
 
 def _rows(conn: sa.Connection, table: sa.Table, column: sa.Column[Any], run_id: str) -> list[dict[str, Any]]:
+    """The template's rows, without their autoincrement ids (the copies get their own)."""
     rows = [dict(r) for r in conn.execute(sa.select(table).where(column == run_id)).mappings()]
     for r in rows:
-        r.pop("id", None) if table is not t.runs and table is not t.jobs else None
+        r.pop("id", None)
     return rows
 
 
