@@ -23,6 +23,8 @@ from harness.audit.publisher import CheckpointPublisher
 from harness.config import Runtime, Settings, build_runtime
 from harness.kernel import RunState
 from harness.kernel.thresholds import SWEEP_INTERVAL_S
+from harness.retention.policy import RetentionPolicy
+from harness.retention.scheduled import archive_once
 from harness.sweeper import ZombieSweeper
 from harness.worker import RunWorker
 
@@ -78,6 +80,7 @@ def make_app(broker: str | None = None) -> Celery:
                                             "schedule": float(os.environ.get("HARNESS_WEBHOOK_INTERVAL_S", "5"))}},
     )
     _schedule_checkpoints(app)
+    _schedule_archive(app)
 
     @app.task(name="harness.drive")
     def drive(run_id: str) -> str | None:
@@ -129,6 +132,20 @@ def _schedule_checkpoints(app: Celery) -> None:
             return {"published": None}
         return {"published": str(published.path), "tree_size": published.tree_size,
                 "witnesses": {name: error or "kept" for name, error in published.witnessed}}
+
+
+def _schedule_archive(app: Celery) -> None:
+    """Beat runs an archive pass every HARNESS_ARCHIVE_INTERVAL_S (0: never): the task `harness.archive`,
+    which does nothing unless a retention period is set (HARNESS_RETENTION_DAYS / _TENANTS)."""
+    interval = RetentionPolicy.from_env().interval_s
+    if interval > 0:
+        app.conf.beat_schedule["harness-archive"] = {"task": "harness.archive", "schedule": interval}
+
+    @app.task(name="harness.archive")
+    def archive() -> dict[str, object]:
+        rt = runtime()
+        report = archive_once(rt.store, rt.settings.checkpoint_dir, rt.settings.checkpoint_witnesses)
+        return {"archived": None} if report is None else report.to_dict()
 
 
 app = make_app()

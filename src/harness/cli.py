@@ -8,7 +8,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from harness import cli_ops, cli_replay, cli_runs, cli_serve, cli_webhooks
+from harness import cli_archive, cli_ops, cli_replay, cli_runs, cli_serve, cli_webhooks
 from harness.adapters.sql.ledger import CostLedger
 from harness.cli_audit import audit_app
 from harness.cli_support import DbOption, JsonOption, cli_errors, emit, open_store, screen
@@ -29,7 +29,8 @@ app.add_typer(witness_app, name="witness")
 for _name, _fn in (("run", cli_runs.run), ("trace", cli_runs.trace), ("cancel", cli_runs.cancel),
                    ("approve", cli_runs.approve), ("reject", cli_runs.reject), ("approvals", cli_runs.approvals),
                    ("demo", cli_runs.demo), ("sweep", cli_ops.sweep), ("serve", cli_serve.serve),
-                   ("replay", cli_replay.replay), ("worker", cli_ops.worker)):
+                   ("replay", cli_replay.replay), ("worker", cli_ops.worker), ("archive", cli_archive.archive),
+                   ("erase", cli_archive.erase)):
     app.command(_name)(cli_errors(_fn))
 
 
@@ -45,9 +46,19 @@ def runs_show(
     run_id: Annotated[str, typer.Argument(help="The Run's id.")],
     db: DbOption = None,
     json_: JsonOption = False,
+    from_archive: Annotated[bool, typer.Option(
+        "--from-archive", help="For an archived Run: read it back from its segment (checked first).")] = False,
+    checkpoint_dir: cli_archive.CheckpointDirOption = None,
+    s3_endpoint: cli_archive.EndpointOption = None,
 ) -> None:
-    """Show a Run: state, the path of transitions with timestamps, and the legacy job status."""
+    """Show a Run: state, the path of transitions with timestamps, and the legacy job status; for an
+    archived Run, where it is (and, with --from-archive, what it held)."""
     store = open_store(db)
+    archived = cli_archive.archived_or_none(store, run_id)
+    if archived is not None:
+        cli_archive.show_archived(store, archived, json_=json_, from_archive=from_archive,
+                                  checkpoint_dir_=checkpoint_dir, endpoint=s3_endpoint)
+        return
     run = store.get_run(run_id)
     path = store.transitions_of(run_id)
     status, snapshot = store.legacy_job(run_id)

@@ -33,6 +33,7 @@ from typing import Any
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from harness.adapters.sql.retention import PrunedRecord, iter_chain
 from harness.adapters.sql.store import SqlStore
 from harness.audit import merkle
 from harness.audit.chain import GENESIS_HASH, record_bytes
@@ -209,9 +210,15 @@ def leaf_hashes(store: SqlStore, size: int, head_hash: str | None = None) -> Ite
     """The leaf hashes of records 1..size, checking the chain as it goes (a tree over a broken chain
     would vouch for tampered history) and, when given, that record `size` has hash `head_hash`."""
     prev, expected = GENESIS_HASH, 1
-    for rec in store.iter_trace(1):
+    for rec in iter_chain(store):
         if rec.seq > size:
             break
+        if isinstance(rec, PrunedRecord):  # a tombstone: the next record's link and the roots check it
+            if rec.seq != expected:
+                raise TamperedHistoryError(f"the chain is broken at seq {expected}: run `harness audit verify`")
+            yield rec.leaf
+            prev, expected = rec.hash, expected + 1
+            continue
         data = record_bytes(rec.seq, rec.record_id, rec.run_id, rec.kind, rec.prev_hash, rec.payload)
         if rec.seq != expected or rec.prev_hash != prev or hashlib.sha256(data).hexdigest() != rec.hash:
             raise TamperedHistoryError(f"the chain is broken at seq {expected}: run `harness audit verify`")
@@ -307,7 +314,8 @@ def _offer_once(witness: Witness, database_id: str, tree: merkle.MerkleTree, che
 
 def publish_checkpoint(store: SqlStore, directory: Path, *, key: Ed25519PrivateKey | None = None,
                        endorsed_by: Ed25519PrivateKey | None = None,
-                       witnesses: Sequence[Witness] = ()) -> Checkpoint:
+                       witnesses: Sequence[Witness] = (),
+                       trees: list[merkle.MerkleTree] | None = None) -> Checkpoint:
     """Drain the outbox, sign the tree head of the whole chain and write it as the next checkpoint, then
     offer it to the witnesses (their answers are in `Checkpoint.witnessed`).
 
@@ -333,6 +341,8 @@ def publish_checkpoint(store: SqlStore, directory: Path, *, key: Ed25519PrivateK
     store.drain_all()
     size, head_hash = store.chain_head()
     tree = build_tree(store, size, head_hash)
+    if trees is not None:  # the caller proves records against this checkpoint next (the archiver)
+        trees.append(tree)
     _check_witnesses(witnesses, database_id, tree)
     previous = checkpoints[-1] if checkpoints else None
     head: dict[str, Any] = {

@@ -22,6 +22,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from harness.adapters.sql import schema as t
+from harness.adapters.sql.retention_schema import erased_runs
 from harness.adapters.sql.store import RUN_TRACE, SqlStore
 from harness.audit import commitment, mirror_records
 from harness.audit.chain import canonical_json, content_hash
@@ -369,7 +370,9 @@ def check_rows(store: SqlStore, report: ChainReport, *, batch: int = 200) -> Non
     after = ""
     while True:
         with store.reader.connect() as conn:
-            ids = list(conn.execute(sa.select(t.runs.c.run_id).where(t.runs.c.run_id > after)
+            # a Run whose personal data an erasure replaced has no rows left that its records could prove
+            erased = sa.exists().where(erased_runs.c.run_id == t.runs.c.run_id)
+            ids = list(conn.execute(sa.select(t.runs.c.run_id).where(t.runs.c.run_id > after, ~erased)
                                     .order_by(t.runs.c.run_id).limit(batch)).scalars())
         if not ids:
             break

@@ -27,6 +27,10 @@ class ChainReport:
     """The outcome of verify_chain; `first_bad` is the earliest problem in chain order."""
 
     records_checked: int = 0
+    #: of those, records the archive pruned: only their hashes are in the database (their segment has them)
+    records_pruned: int = 0
+    #: of those, records whose payload an erasure request replaced (their hashes still hold the chain)
+    records_redacted: int = 0
     chain_head: dict[str, Any] = field(default_factory=dict)
     problems: list[Problem] = field(default_factory=list)
     problem_count: int = 0

@@ -473,7 +473,12 @@ def _parser() -> argparse.ArgumentParser:
                           "by a version that did not commit to its records); it is still reported")
     cons = sub.add_parser("consistency", help="check that each checkpoint extends the one before it")
     cons.add_argument("checkpoints", nargs="+", metavar="CHECKPOINT")
-    for p in (exp, cons):
+    seg = sub.add_parser("segment", help="check an archive segment (and a Run in it) against its checkpoint")
+    seg.add_argument("segment")
+    seg.add_argument("--checkpoint", help="the checkpoint the segment names (default: the copy it carries, "
+                                          "still checked against the trusted public key)")
+    seg.add_argument("--run", help="a Run that must be in the segment")
+    for p in (exp, cons, seg):
         p.add_argument("--public-key", action="append",
                        help="a trusted PEM public key, repeatable (default: public-key.pem beside the checkpoint, "
                             "the first key that signed there; later keys are trusted through its endorsements)")
@@ -488,6 +493,8 @@ def _run(args: argparse.Namespace) -> VerifyResult:
         export, checkpoint = _read_json(args.export, "export"), _read_json(args.checkpoint, "checkpoint")
         keys = _through_rotations(_public_keys(args.public_key, args.checkpoint, notes), args.checkpoint, notes)
         result = verify_export(export, checkpoint, keys, allow_incomplete=args.allow_incomplete)
+    elif args.command == "segment":
+        result = _run_segment(args, notes)
     else:
         if len(args.checkpoints) < 2:
             raise FormatError("give at least two checkpoints, oldest first")
@@ -496,6 +503,27 @@ def _run(args: argparse.Namespace) -> VerifyResult:
         result = verify_sequence(docs, keys)
     result.notes[:0] = notes
     return result
+
+
+def _run_segment(args: argparse.Namespace, notes: list[str]) -> VerifyResult:
+    # segment imports this module: run as `python -m`, its FormatError is that module's, not __main__'s
+    from harness.audit import standalone as canonical  # noqa: PLW0406
+    from harness.audit.segment import verify_segment
+
+    try:
+        data = Path(args.segment).read_bytes()
+    except OSError as exc:
+        raise FormatError(f"cannot read segment file {args.segment}: {exc.strerror}") from None
+    checkpoint = _read_json(args.checkpoint, "checkpoint") if args.checkpoint else None
+    if args.checkpoint is None and not args.public_key:
+        raise FormatError("give --public-key (the key you trust), or --checkpoint with public-key.pem beside it")
+    keys = _public_keys(args.public_key, args.checkpoint or args.segment, notes)
+    if args.checkpoint:
+        keys = _through_rotations(keys, args.checkpoint, notes)
+    try:
+        return verify_segment(data, keys, checkpoint=checkpoint, run_id=args.run)
+    except canonical.FormatError as exc:
+        raise FormatError(str(exc)) from None
 
 
 def main(argv: Sequence[str] | None = None) -> int:

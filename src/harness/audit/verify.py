@@ -22,6 +22,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from harness.adapters.sql import schema as t
+from harness.adapters.sql.retention import REDACTED, PrunedRecord, iter_chain
 from harness.adapters.sql.store import SqlStore, StoredTraceRecord
 from harness.audit import merkle, mirrors, verify_checkpoints
 from harness.audit.chain import GENESIS_HASH, record_bytes, record_hash
@@ -49,7 +50,10 @@ class _Walk:
         self.watch = any(s.segments for s in sources.ours)
         self.roots: dict[int, tuple[str, str]] = {0: (merkle.EMPTY_ROOT.hex(), GENESIS_HASH)}
 
-    def step(self, rec: StoredTraceRecord) -> None:
+    def step(self, rec: StoredTraceRecord | PrunedRecord) -> None:
+        if isinstance(rec, PrunedRecord):
+            self._pruned(rec)
+            return
         # the canonical bytes are both the chain hash's input and the Merkle leaf: encode them once
         data = record_bytes(rec.seq, rec.record_id, rec.run_id, rec.kind, rec.prev_hash, rec.payload)
         problem = self._check(rec, hashlib.sha256(data).hexdigest() == rec.hash)
@@ -65,6 +69,24 @@ class _Walk:
         self.expected, self.prev, self.prev_id = rec.seq + 1, rec.hash, rec.record_id
         self.prev_ok = problem is None
         self.report.records_checked += 1
+
+    def _pruned(self, rec: PrunedRecord) -> None:
+        """A pruned record: only its place is checked here; its hash is what the next record must link to,
+        and its leaf hash is part of every signed tree head after it (the checkpoints check that)."""
+        if rec.seq != self.expected:
+            self.report.add(Problem("deleted" if rec.seq > self.expected else "inserted", self.expected, None,
+                                    f"the pruned record at seq {rec.seq} stands where seq {self.expected} should"))
+        if self.watch:
+            self.sources.see(self.acc.size, rec.leaf, rec)  # type: ignore[arg-type]
+        self.acc.append(rec.leaf)
+        if self.acc.size in self.sizes:
+            self.roots[self.acc.size] = (self.acc.root().hex(), rec.hash)
+        self.expected, self.prev, self.prev_id, self.prev_ok = rec.seq + 1, rec.hash, None, True
+        self.report.records_checked += 1
+        if rec.kind == REDACTED:
+            self.report.records_redacted += 1
+        else:
+            self.report.records_pruned += 1
 
     def _check(self, rec: StoredTraceRecord, self_ok: bool) -> Problem | None:
         if rec.seq < self.expected:
@@ -197,7 +219,7 @@ def verify_chain(store: SqlStore, checkpoint_dir: Path | None = None, *, limit: 
     sources = verify_checkpoints.gather(report.database_id or "", checkpoint_dir, witnesses, legacy_dir, report)
     before = store.chain_head()
     walk = _Walk(store, report, sources)
-    for rec in store.iter_trace(1):
+    for rec in iter_chain(store):
         walk.step(rec)
     after = store.chain_head()
     report.chain_head = {"seq": after[0], "hash": after[1]}

@@ -6,12 +6,13 @@ from dataclasses import dataclass, field
 
 from fastapi import Request
 
+from harness.adapters.sql.retention import RetentionStore
 from harness.adapters.sql.store import RunRecord
 from harness.config import Runtime
 from harness.errors import UnknownRunError
 from harness.policy.hitl import HitlRequest, UnknownRequestError
 from harness.service.auth import Authenticator, Principal
-from harness.service.errors import not_found
+from harness.service.errors import ApiError, not_found
 from harness.service.metrics import Metrics
 from harness.service.settings import ServiceSettings
 from harness.service.sse import ChangeHub
@@ -41,6 +42,11 @@ class Service:
         try:
             run = self.runtime.store.get_run(run_id)
         except UnknownRunError:
+            archived = RetentionStore(self.runtime.store).archived(run_id)
+            if archived is not None and archived.tenant_id == caller.tenant_id:
+                raise ApiError(410, "archived", f"run {run_id!r} was archived and pruned from the database: it is "
+                               f"in segment {archived.segment_id} at {archived.location}",
+                               extra={"archived": archived.to_dict()}) from None
             raise not_found("run", run_id) from None
         if run.tenant_id != caller.tenant_id:
             raise not_found("run", run_id)

@@ -38,12 +38,15 @@ DATABASE_RETRY_AFTER_S = 5
 class ApiError(Exception):
     """An answer other than success, with its HTTP status and a stable machine-readable code."""
 
-    def __init__(self, status: int, code: str, detail: str, headers: dict[str, str] | None = None) -> None:
+    def __init__(self, status: int, code: str, detail: str, headers: dict[str, str] | None = None,
+                 extra: dict[str, Any] | None = None) -> None:
         super().__init__(detail)
         self.status = status
         self.code = code
         self.detail = detail
         self.headers = headers
+        #: more fields of the error body (e.g. where an archived Run is)
+        self.extra = extra or {}
 
 
 def not_found(what: str, ident: str) -> ApiError:
@@ -68,7 +71,7 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(ApiError)
     async def _api_error(_request: Request, exc: ApiError) -> JSONResponse:
-        return JSONResponse(_body(exc.code, exc.detail), status_code=exc.status, headers=exc.headers)
+        return JSONResponse(_body(exc.code, exc.detail, **exc.extra), status_code=exc.status, headers=exc.headers)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:

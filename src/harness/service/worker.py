@@ -20,6 +20,7 @@ from contextlib import contextmanager
 
 from harness.audit.publisher import CheckpointPublisher
 from harness.config import Runtime
+from harness.retention.scheduled import ScheduledArchiver
 from harness.service.errors import ApiError
 from harness.service.logs import run_context
 from harness.sweeper import ZombieSweeper
@@ -66,6 +67,9 @@ class EmbeddedWorker:
         #: Runs this worker has queued or is driving, so the re-drive does not queue them twice
         self._queued: set[str] = set()
         self.checkpoints = _checkpoint_publisher(runtime)
+        #: archives final Runs past the retention period (HARNESS_RETENTION_DAYS) every archive interval
+        self.archiver = ScheduledArchiver(runtime.store, runtime.settings.checkpoint_dir,
+                                          runtime.settings.checkpoint_witnesses)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -93,6 +97,7 @@ class EmbeddedWorker:
         if housekeeper is not None:
             housekeeper.join(timeout_s)
         self.checkpoints.close()
+        self.archiver.close()
 
     @property
     def in_flight(self) -> int:
@@ -203,6 +208,7 @@ class EmbeddedWorker:
                 log.info("working directory of a Run closed elsewhere removed", extra={"run_id": run_id})
         self.runtime.store.drain_all()
         self.publish_checkpoint()
+        self.archiver.start_if_due()
 
     def publish_checkpoint(self) -> None:
         """Start publishing a signed checkpoint in the background when one is due (SPEC A3b: periodic,

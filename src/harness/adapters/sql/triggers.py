@@ -5,7 +5,7 @@ from __future__ import annotations
 from harness.audit.chain import GENESIS_HASH
 
 #: the primary key of each append-only table whose key is not `id` (MySQL's truncate guard references it)
-_PRIMARY_KEY = {"trace_records": "seq", "blobs": "hash"}
+_PRIMARY_KEY = {"trace_records": "seq", "blobs": "hash", "pruned_records": "seq", "redacted_records": "seq"}
 
 
 def append_only_ddl(dialect: str, table: str) -> list[str]:

@@ -19,6 +19,7 @@ def errors(*codes: int) -> dict[int | str, dict[str, Any]]:
         403: "Not permitted for this identity.",
         404: "Unknown id (or another tenant's).",
         409: "Conflicts with the current state.",
+        410: "The Run was archived and pruned: the body's `archived` says in which segment and where.",
         413: "The request body is larger than the service accepts.",
         422: "Malformed input, or a field over its limit.",
         503: "The worker is full or shutting down; retry later.",

@@ -115,7 +115,7 @@ def list_runs(
     )
 
 
-@router.get("/runs/{run_id}", response_model=RunDoc, responses=errors(404), summary="Get a Run")
+@router.get("/runs/{run_id}", response_model=RunDoc, responses=errors(404, 410), summary="Get a Run")
 async def get_run(
     run_id: str, caller: Caller, request: Request, wait: Wait = False, timeout: Timeout = 30.0
 ) -> RunDoc:

@@ -1,0 +1,210 @@
+"""Archive and prune on SQLite, PostgreSQL and MariaDB: the chain still verifies after a prune, still
+catches tampering in what remains, and the append-only guards open only for the audited prune."""
+
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from harness.adapters.sql.erasure import USER_ERASED
+from harness.adapters.sql.retention import RUNS_PRUNED, RetentionStore
+from harness.adapters.sql.store import SqlStore
+from harness.audit import standalone
+from harness.audit.checkpoint import current_key, latest_checkpoint, publish_checkpoint
+from harness.audit.export import export_run
+from harness.audit.reconcile import reconcile
+from harness.audit.segment import verify_segment
+from harness.audit.verify import verify_chain
+from harness.clock import FakeClock
+from harness.errors import UnknownRunError
+from harness.kernel import RunState
+from harness.retention.archiver import Archiver
+from harness.retention.erase import erase_user
+from harness.retention.policy import DAY_S, RetentionPolicy
+from harness.retention.storage import LocalSegmentStore
+from harness.state_machine import StateMachine
+from tests.integration.bulk_runs import clone, drive
+
+S = RunState
+PARKED = (S.PREPARING, S.PLANNING, S.POLICY_CHECK, S.AWAITING_HITL)
+N = 60
+
+
+class World:
+    """A database with `n` old final Runs (cloned), an old parked Run, and a Run of today."""
+
+    def __init__(self, url: str, tmp: Path, n: int = 6) -> None:
+        self.clock = FakeClock()
+        self.store = SqlStore.open(url, self.clock)
+        self.machine = StateMachine(self.store)
+        self.cpdir, self.archive_dir = tmp / "checkpoints", tmp / "archive"
+        self.old = clone(self.store, drive(self.machine), n - 1)
+        self.old.insert(0, self.store.list_runs(limit=1000)[-1].run_id)
+        self.parked = drive(self.machine, PARKED)
+        publish_checkpoint(self.store, self.cpdir)
+        self.clock.advance(40 * DAY_S)
+        self.today = drive(self.machine)
+        self.archiver = Archiver(self.store, LocalSegmentStore(self.archive_dir), self.cpdir,
+                                 policy=RetentionPolicy(days=30))
+
+
+@pytest.fixture
+def world(backend_url: str, tmp_path: Path) -> World:
+    """A fresh database of the backend under test, populated with a dozen old Runs."""
+    return World(backend_url, tmp_path)
+
+
+@pytest.fixture
+def big_world(backend_url: str, tmp_path: Path) -> World:
+    """The same with N old Runs."""
+    return World(backend_url, tmp_path, N)
+
+
+def test_archive_then_prune_keeps_the_chain_verifiable(big_world: World) -> None:
+    """After the old final Runs are archived and pruned, the chain verifies (checkpoints included), the
+    parked and recent Runs stay, and a new checkpoint and a live Run's export still prove."""
+    world = big_world
+    store = world.store
+    assert verify_chain(store, world.cpdir).ok
+    size_before = store.chain_head()[0]
+    report = world.archiver.run()
+    assert report.runs == report.pruned_runs == N and report.kept == []
+    assert report.records == report.pruned_records > N * 5
+    after = verify_chain(store, world.cpdir)
+    assert after.ok, after.problems[:3]
+    assert after.records_pruned == report.records and after.records_checked >= size_before
+    assert after.checkpoints_checked >= 2
+    for run_id in world.old[:3]:
+        with pytest.raises(UnknownRunError):
+            store.get_run(run_id)
+        assert RetentionStore(store).archived(run_id) is not None
+    assert store.get_run(world.parked).state is S.AWAITING_HITL
+    assert store.get_run(world.today).state is S.SUCCEEDED
+    assert [e.event for e in store.audit_events(event=RUNS_PRUNED)]
+    live = drive(world.machine)
+    cp = publish_checkpoint(store, world.cpdir)
+    assert verify_chain(store, world.cpdir).ok
+    checked = standalone.verify_export(export_run(store, live, cp), cp.doc, current_key(world.cpdir))
+    assert checked.ok and checked.complete, checked.failures
+    key = current_key(world.cpdir)
+    assert key is not None
+    segment = (world.archive_dir / Path(report.location or "").name).read_bytes()
+    assert verify_segment(segment, [key], run_id=world.old[-1]).ok
+
+
+def test_a_second_pass_archives_nothing_new_and_the_parked_run_never(world: World) -> None:
+    """A Run parked for approval is never archived, however old; a second pass finds nothing due."""
+    world.archiver.run()
+    world.clock.advance(400 * DAY_S)
+    report = world.archiver.run()
+    assert report.runs == 1  # the Run of "today", now old too; not the parked one
+    assert world.store.get_run(world.parked).state is S.AWAITING_HITL
+    assert world.archiver.run().runs == 0
+    assert verify_chain(world.store, world.cpdir).ok
+
+
+def test_tampering_in_what_remains_is_caught_after_a_prune(world: World) -> None:
+    """After a prune, an edited row of a remaining Run and records deleted through a forged grant (no
+    tombstones) are both named by verify."""
+    world.archiver.run()
+    store = world.store
+    with store.engine.begin() as conn:
+        conn.execute(sa.text("UPDATE runs SET state = 'FAILED' WHERE run_id = :r"), {"r": world.today})
+    report = verify_chain(store, world.cpdir)
+    assert not report.ok and any(p.run_id == world.today for p in report.problems)
+    with store.engine.begin() as conn:
+        conn.execute(sa.text("UPDATE runs SET state = 'SUCCEEDED' WHERE run_id = :r"), {"r": world.today})
+        conn.execute(sa.text("INSERT INTO prune_grants (run_id, segment_id) VALUES (:r, 'forged')"),
+                     {"r": world.today})
+        conn.execute(sa.text("DELETE FROM trace_records WHERE run_id = :r"), {"r": world.today})
+        conn.execute(sa.text("DELETE FROM prune_grants"))
+    report = verify_chain(store, world.cpdir)
+    assert not report.ok and report.first_bad is not None and report.first_bad.kind == "deleted"
+
+
+def test_the_append_only_guards_open_only_for_granted_runs(world: World) -> None:
+    """Without a grant a DELETE is refused on every append-only table; UPDATE is refused even with one;
+    tombstones can be neither changed nor deleted."""
+    world.archiver.run()
+    store, run_id = world.store, world.today
+    for table in ("trace_records", "transitions", "audit_events"):
+        with pytest.raises(sa.exc.DBAPIError, match="append-only"), store.engine.begin() as conn:
+            conn.execute(sa.text(f"DELETE FROM {table} WHERE run_id = :r"), {"r": run_id})
+    with pytest.raises(sa.exc.DBAPIError, match="append-only"), store.engine.begin() as conn:
+        conn.execute(sa.text("INSERT INTO prune_grants (run_id, segment_id) VALUES (:r, 'x')"), {"r": run_id})
+        conn.execute(sa.text("UPDATE trace_records SET kind = kind WHERE run_id = :r"), {"r": run_id})
+    for sql in ("DELETE FROM pruned_records", "UPDATE pruned_records SET seq = seq"):
+        with pytest.raises(sa.exc.DBAPIError, match="append-only"), store.engine.begin() as conn:
+            conn.execute(sa.text(sql))
+    assert verify_chain(store, world.cpdir).ok
+    assert latest_checkpoint(world.cpdir) is not None
+
+
+def test_an_erasure_is_honoured_with_the_chain_still_verifying(world: World) -> None:
+    """Erasing a person redacts their live and archived Runs (records replaced by a salted hash, ids by a
+    pseudonym), deletes their memory, leaves others' data alone, is audited under the pseudonym, and the
+    chain, the checkpoints, reconcile and the rewritten segment all still verify."""
+    store = world.store
+    world.archiver.run()
+    bob = drive(world.machine, user="bob")
+    now = store.clock.now()
+    with store.engine.begin() as conn:
+        for user, text in (("ana", "ana likes tea"), ("bob", "bob likes coffee")):
+            conn.execute(sa.text("INSERT INTO memory_entries (entry_id, tenant_id, scope, user_id, kind, content, "
+                                 "content_hash, created_at) VALUES (:e, 'acme', 'user', :u, 'fact', :c, :h, :t)"),
+                         {"e": f"m-{user}", "u": user, "c": text, "h": user * 8, "t": now})
+    report = erase_user(store, "acme", "ana", segments=LocalSegmentStore(world.archive_dir))
+    assert report.runs == 1 and report.archived_runs == len(world.old) and report.memory_entries == 1
+    assert report.still_running == [world.parked] and len(report.segments_rewritten) == 1
+    checked = verify_chain(store, world.cpdir)
+    assert checked.ok, checked.problems[:3]
+    assert checked.records_redacted == report.records > 5
+    assert reconcile(store).ok
+    with store.engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT user_id FROM runs WHERE run_id = :r"), {"r": world.today}).scalar_one() \
+            == report.subject
+        payloads = conn.execute(sa.text("SELECT payload FROM trace_records WHERE run_id = :r"),
+                                {"r": world.today}).scalars().all()
+        assert payloads and not any("ana" in p for p in payloads)
+        details = conn.execute(sa.text("SELECT detail FROM audit_events WHERE run_id = :r"),
+                               {"r": world.today}).scalars().all()
+        assert details and not any('"ana"' in d for d in details)
+        memory = conn.execute(sa.text("SELECT user_id FROM memory_entries")).scalars().all()
+        assert memory == ["bob"]
+    assert store.get_run(bob).user_id == "bob"
+    events = store.audit_events(event=USER_ERASED)
+    assert [e.detail["subject"] for e in events] == [report.subject] and "ana" not in str(events[0].detail)
+    files = sorted(world.archive_dir.iterdir())
+    assert len(files) == 1 and ".erased-" in files[0].name
+    data = files[0].read_bytes()
+    assert b'"ana"' not in gzip.decompress(data)
+    key = current_key(world.cpdir)
+    assert key is not None
+    proven = verify_segment(data, [key], run_id=world.old[0])
+    assert proven.ok, proven.failures[:3]
+    assert RetentionStore(store).archived(world.old[0]) is not None
+
+
+def test_a_forged_tombstone_is_caught(tmp_path: Path) -> None:
+    """Someone who drops the guards and changes a pruned record's leaf hash is caught by the signed roots;
+    one who changes the chain hash of the last pruned record before a kept one, by that record's link
+    (SQLite: triggers dropped by hand)."""
+    world = World(str(tmp_path / "h.db"), tmp_path)
+    world.archiver.run()
+    store = world.store
+    with store.engine.connect() as conn:
+        seq = conn.execute(sa.text("SELECT MAX(p.seq) FROM pruned_records p JOIN trace_records r "
+                                   "ON r.seq = p.seq + 1")).scalar_one()
+    with store.engine.begin() as conn:
+        conn.exec_driver_sql("DROP TRIGGER pruned_records_no_update")
+        conn.execute(sa.text("UPDATE pruned_records SET leaf = hash WHERE seq = :s"), {"s": seq})
+    report = verify_chain(store, world.cpdir)
+    assert not report.ok and any(p.kind.startswith("checkpoint") for p in report.problems), report.problems[:3]
+    with store.engine.begin() as conn:
+        conn.execute(sa.text("UPDATE pruned_records SET leaf = :l, hash = :h WHERE seq = :s"),
+                     {"l": b"\x01" * 32, "h": b"\x02" * 32, "s": seq})
+    report = verify_chain(store, world.cpdir)
+    assert not report.ok and report.first_bad is not None and report.first_bad.seq == seq, report.problems[:3]
