@@ -152,14 +152,19 @@ class BwrapSandbox:
         """Start a kept instance for the job's Run and skill: a holder process in the namespaces every
         later call enters (see harness.adapters.sandbox.instance)."""
         with tempfile.TemporaryDirectory(prefix="harness-sbx-") as folder:
-            info_path = Path(folder) / "info.json"
-            with open(info_path, "w") as info:
+            info_path, errors = Path(folder) / "info.json", Path(folder) / "stderr"
+            # setsid -f: the holder is nobody's child here (no zombie to reap, no tie to this process);
+            # no pipe either, or waiting for setsid would wait for the holder to close it
+            with open(info_path, "w") as info, open(errors, "w") as stderr:
                 argv = [self.setsid, "-f", *self.argv(job, kept=True, info_fd=info.fileno())[:-len(runner_argv())],
                         "/usr/bin/sleep", "infinity"]
                 subprocess.run(argv, pass_fds=(info.fileno(),), stdin=subprocess.DEVNULL,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, check=True, timeout=30,
+                               stdout=subprocess.DEVNULL, stderr=stderr, check=True, timeout=30,
                                cwd=job.workdir, env={"PATH": "/usr/bin:/bin"})
-            pid = int(read_info(info_path)["child-pid"])
+            try:
+                pid = int(read_info(info_path)["child-pid"])
+            except RuntimeError as exc:
+                raise RuntimeError(f"{exc}: {errors.read_text().strip()[-300:]}") from None
         return Holder(pid, process_start(pid))
 
     def run_in(self, holder: Holder, job: SandboxJob) -> SandboxOutcome:

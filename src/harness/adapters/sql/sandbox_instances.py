@@ -93,9 +93,9 @@ class Capacity:
     def needs(self, claim: Claim) -> list[tuple[str, str, Sequence[int], int]]:
         """(resource, its name for people, its units, how many the claim takes)."""
         wanted: list[tuple[str, str, Sequence[int], int]] = [
-            (f"host:{claim.host}", f"the host's instance cap ({self.host_cap})", range(self.host_cap), 1),
-                  (f"tenant:{claim.tenant_id}", f"tenant {claim.tenant_id}'s instance cap ({self.tenant_cap})",
-                   range(self.tenant_cap), 1)]
+            (f"tenant:{claim.tenant_id}", f"tenant {claim.tenant_id}'s instance cap ({self.tenant_cap})",
+             range(self.tenant_cap), 1),
+            (f"host:{claim.host}", f"the host's instance cap ({self.host_cap})", range(self.host_cap), 1)]
         if claim.ports:
             low, high = self.port_range or (0, -1)
             size = high - low + 1
