@@ -23,7 +23,7 @@ import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
-from harness.adapters.sandbox.instance import Holder, process_start, read_info
+from harness.adapters.sandbox.instance import Holder, process_start, read_info, wait_ready
 from harness.adapters.sandbox.process import RUNNER, run_process, runner_argv
 from harness.adapters.sandbox.types import SandboxJob, SandboxOutcome
 
@@ -163,6 +163,7 @@ class BwrapSandbox:
                                cwd=job.workdir, env={"PATH": "/usr/bin:/bin"})
             try:
                 pid = int(read_info(info_path)["child-pid"])
+                wait_ready(pid)
             except RuntimeError as exc:
                 raise RuntimeError(f"{exc}: {errors.read_text().strip()[-300:]}") from None
         return Holder(pid, process_start(pid))

@@ -83,3 +83,21 @@ def read_info(path: Path, timeout_s: float = START_TIMEOUT_S) -> dict[str, int]:
             raise RuntimeError(f"the sandbox instance did not report its namespaces within {timeout_s:.3g}s")
         time.sleep(pause)
         pause = min(pause * 2, 0.02)
+
+
+def wait_ready(pid: int, command: str = "sleep", timeout_s: float = START_TIMEOUT_S) -> None:
+    """Wait until the instance's first process has started its command: bwrap reports the pid as soon
+    as it exists, before its mounts are made; the command runs only once they are all in place."""
+    deadline = time.monotonic() + timeout_s
+    pause = 0.001
+    while True:
+        with contextlib.suppress(OSError):
+            for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
+                if Path(f"/proc/{child}/comm").read_text().strip() == command:
+                    return
+        if process_start(pid) is None:
+            raise RuntimeError("the sandbox instance ended while it started")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the sandbox instance was not ready within {timeout_s:.3g}s")
+        time.sleep(pause)
+        pause = min(pause * 2, 0.02)

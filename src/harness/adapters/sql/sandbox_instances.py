@@ -181,8 +181,10 @@ class InstanceTable:
 
     def started(self, instance_id: str, pid: int | None, pid_start: int | None, now: float, *,
                 new_generation: bool = False) -> InstanceRow:
-        """Note the instance's process (and, for a re-creation that kept its units, the next generation)."""
-        values: dict[str, Any] = {"pid": pid, "pid_start": pid_start, "started_at": now, "used_at": now}
+        """Note the instance's process and count the call it starts for (and, for a re-creation that kept
+        its units, the next generation)."""
+        values: dict[str, Any] = {"pid": pid, "pid_start": pid_start, "started_at": now, "used_at": now,
+                                  "calls": instances.c.calls + 1}
         with self.store.engine.begin() as conn:
             if new_generation:
                 row = conn.execute(sa.select(instances).where(instances.c.instance_id == instance_id)).one()
