@@ -104,7 +104,8 @@ INSTANCE_RULES = [
              {"action": "start", "text": "{text}"}),
     one_step("probe", "^probe (?P<port>\\d+)$", "test.probe", {"port": "{port}"}),
     one_step("hold", "^hold until (?P<path>\\S+)$", "test.hold", {"until": "{path}", "seconds": 100}),
-    one_step("hold_short", "^briefly hold until (?P<path>\\S+)$", "test.hold_short", {"until": "{path}", "seconds": 0.1}),
+    one_step("hold_short", "^briefly hold until (?P<path>\\S+)$", "test.hold_short",
+             {"until": "{path}", "seconds": 0.1}),
 ]
 
 

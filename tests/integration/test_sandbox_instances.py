@@ -14,8 +14,8 @@ import subprocess
 import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -217,7 +217,8 @@ def test_caps_are_hit_under_concurrent_runs(tmp_path: Path, call_log: Path) -> N
     names = ("tenant t1's instance cap (2)", "the host's instance cap (3)")
     for result, name in zip(results, names, strict=True):
         assert result.state == "CLOSED_FAILED", result
-        assert f"sandbox_unavailable: step a: no sandbox for test.hold_short: {name} is fully in use" in (result.error or "")
+        expected = f"sandbox_unavailable: step a: no sandbox for test.hold_short: {name} is fully in use"
+        assert expected in (result.error or "")
         ((event, detail),) = events(rt, result.run_id)
         assert event == "sandbox_unavailable" and detail["resource"] == name
     assert pool.table.live() == []
