@@ -227,11 +227,13 @@ class InstanceTable:
         """The instance's held seconds are in the Run's costs."""
         conn.execute(instances.update().where(instances.c.instance_id == instance_id).values(billed=True))
 
-    def live(self, host: str | None = None) -> list[InstanceRow]:
-        """Live instances, of one host or of all, oldest first."""
+    def live(self, host: str | None = None, *, tenant_id: str | None = None) -> list[InstanceRow]:
+        """Live instances, of one host (and one tenant) or of all, oldest first."""
         query = sa.select(instances).where(instances.c.state == LIVE).order_by(instances.c.created_at)
         if host is not None:
             query = query.where(instances.c.host == host)
+        if tenant_id is not None:
+            query = query.where(instances.c.tenant_id == tenant_id)
         with self.store.engine.connect() as conn:
             return [InstanceRow.of(r) for r in conn.execute(query)]
 
