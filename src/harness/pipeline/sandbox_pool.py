@@ -38,7 +38,7 @@ from harness.adapters.sql.sandbox_instances import (
     ShortageError,
 )
 from harness.adapters.sql.store import SqlStore
-from harness.kernel import FINAL, RunState
+from harness.kernel import RunState
 from harness.pipeline.trace_recorder import CostTrace
 from harness.ports import Sandbox
 
@@ -101,6 +101,8 @@ class SandboxPool:
         self.price_per_s = price_per_s
         self.price_table = price_table
         self.capacity = Capacity(settings.host_cap, settings.tenant_cap, settings.port_range)
+        #: Runs whose entry into TRACING ended an instance with a process on this host
+        self._to_stop: set[str] = set()
 
     # ------------------------------------------------------------------ taking one
 
@@ -189,7 +191,7 @@ class SandboxPool:
     def on_transition(self, conn: sa.Connection, run_id: str, _source: RunState, target: RunState) -> None:
         """Inside the transaction of a Run's entry into TRACING (or a final state reached another way):
         end its live instances, free their units, and record a kept instance's seconds as its cost."""
-        if target is not RunState.TRACING and target not in FINAL:
+        if target is not RunState.TRACING:  # every close passes TRACING
             return
         now = self.store.clock.now()
         for row in self.table.of_run(conn, run_id):
@@ -197,7 +199,9 @@ class SandboxPool:
                 self.store.write_audit(conn, run_id, "sandbox_instance_released", ACTOR, {
                     "skill": row.skill_id, "instance_id": row.instance_id, "held_s": round(row.held_until(now), 6),
                     "calls": row.calls, "generation": row.generation, "ports": list(row.ports)})
-            if row.persistent and not row.billed and target is RunState.TRACING:
+                if row.pid is not None and row.host == self.settings.host:
+                    self._to_stop.add(run_id)  # once the change commits (a rollback leaves it running)
+            if row.persistent and not row.billed:
                 self._bill(conn, row, row.held_until(now))
 
     def _bill(self, conn: sa.Connection, row: InstanceRow, seconds: float) -> None:
@@ -213,8 +217,9 @@ class SandboxPool:
         self.table.mark_billed(conn, row.instance_id)
 
     def after_change(self, run_id: str, _source: RunState, target: RunState) -> None:
-        """Once a Run's entry into TRACING committed, stop the processes of its ended instances here."""
-        if target is RunState.TRACING or target in FINAL:
+        """Once a Run's entry into TRACING committed, stop the processes of the instances it ended here."""
+        if target is RunState.TRACING and run_id in self._to_stop:
+            self._to_stop.discard(run_id)
             self.stop_ended(run_id)
 
     def stop_ended(self, run_id: str | None = None) -> int:
