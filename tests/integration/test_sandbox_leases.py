@@ -112,8 +112,10 @@ def test_a_kept_instance_is_billed_once_in_the_close(world: Runtime, tmp_path: P
     pool = world.tools.sandbox_pool
     assert pool is not None
     waiting = world.runs.submit({"task": "say later", **TESTER})[0].run_id
-    pool.lease(SANDBOX, job(waiting, tmp_path, "test.devserver"), tenant_id="t1", user_id="tess",
-               persistent=True, ports=1, deadline=time.monotonic() + 1)
+    for event in ("created", "reused"):  # a second call of the Run reuses its instance (rlimit: no process)
+        lease = pool.lease(SANDBOX, job(waiting, tmp_path, "test.devserver"), tenant_id="t1", user_id="tess",
+                           persistent=True, ports=1, deadline=time.monotonic() + 1)
+        assert lease.event == event and lease.row.generation == 1
     clock.advance(42)
     done = world.runs.drive(waiting)
     assert done.state == "SUCCEEDED"

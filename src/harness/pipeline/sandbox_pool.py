@@ -18,6 +18,7 @@ with `sandbox_unavailable` naming what was full. It never runs outside a sandbox
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -103,6 +104,8 @@ class SandboxPool:
         self.capacity = Capacity(settings.host_cap, settings.tenant_cap, settings.port_range)
         #: Runs whose entry into TRACING ended an instance with a process on this host
         self._to_stop: set[str] = set()
+        self._locks: dict[str, threading.Lock] = {}
+        self._locks_lock = threading.Lock()
 
     # ------------------------------------------------------------------ taking one
 
@@ -110,16 +113,31 @@ class SandboxPool:
               ports: int, deadline: float) -> Lease:
         """The Run's instance for the job's skill, waiting until time.monotonic() reaches `deadline` for
         units to be free. Raises SandboxUnavailableError (traced) when none came in time."""
+        with self._lock_of(job.run_id, job.skill_id):  # parallel steps of a Run share one instance
+            return self._lease(sandbox, job, tenant_id, user_id, persistent, ports, deadline)
+
+    def _lock_of(self, run_id: str, skill_id: str) -> threading.Lock:
+        with self._locks_lock:
+            if len(self._locks) > 10_000:  # forget the locks of long-gone Runs (none is held between calls)
+                self._locks.clear()
+            return self._locks.setdefault(f"{run_id}\0{skill_id}", threading.Lock())
+
+    def _lease(self, sandbox: Sandbox, job: SandboxJob, tenant_id: str, user_id: str, persistent: bool,
+               ports: int, deadline: float) -> Lease:
         began = time.monotonic()
         run_id, skill_id, host = job.run_id, job.skill_id, self.settings.host
         row = self.table.get(run_id, skill_id)
         reason = None
-        if row is not None and row.state == LIVE and row.host == host:
+        if row is not None and row.state == LIVE and row.host == host and row.isolation != sandbox.isolation:
+            reason = f"the sandbox changed from {row.isolation} to {sandbox.isolation}"
+            self.table.end_now(row, DEAD, reason, self.store.clock.now())
+        elif row is not None and row.state == LIVE and row.host == host:
             holder = Holder(row.pid, row.pid_start)
-            if not persistent or (row.pid is not None and alive(holder)):
+            has_process = persistent and row.isolation == "bwrap"
+            if not has_process or (row.pid is not None and alive(holder)):
                 self.table.touch(row.instance_id, self.store.clock.now(), self._lease_until())
                 return Lease(row, holder, port_env(row), 0.0, "reused")
-            if row.pid is not None or sandbox.isolation != "bwrap":
+            if row.pid is not None:
                 return self._restart(sandbox, job, row, "its process was gone", began)
             reason = "its start did not finish"
             self.table.end_now(row, DEAD, reason, self.store.clock.now())
