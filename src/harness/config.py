@@ -7,11 +7,12 @@ the working directory, the scripted LLM and the bundled support example's skills
 from __future__ import annotations
 
 import os
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from harness.adapters.llm.pricing import PricingTable
 from harness.adapters.llm.resilient import GuardedProvider, ProviderSettings, make_provider
@@ -35,6 +36,7 @@ from harness.pipeline.gatekeeper import PolicyEngine
 from harness.pipeline.limits import RequestLimits
 from harness.pipeline.plan_orchestrator import PlanOrchestrator
 from harness.pipeline.run_manager import RunManager
+from harness.pipeline.sandbox_pool import PoolSettings, SandboxPool
 from harness.pipeline.tool_controller import ToolController
 from harness.pipeline.trace_recorder import TraceRecorder
 from harness.policy.hitl import HitlDesk
@@ -76,6 +78,26 @@ class Settings(BaseModel):
     #: chain_remaining, and the most a caller may give
     chain_depth: int = Field(default=4, ge=0, le=MAX_CHAIN_DEPTH)
     sandbox: Literal["auto", "bwrap", "rlimit"] = "auto"
+    #: sandboxes as a scarce resource: this host's name (instances, caps and the port pool are per host),
+    #: how many instances may live at once on it and per tenant, its port range ("41000-41255"; "" for
+    #: none), and how long an instance's lease lives without this host renewing it
+    sandbox_host: str = Field(default_factory=socket.gethostname, min_length=1, max_length=100)
+    sandbox_host_cap: int = Field(default=32, ge=1, le=10_000)
+    sandbox_tenant_cap: int = Field(default=16, ge=1, le=10_000)
+    sandbox_ports: str = "41000-41255"
+    sandbox_lease_s: float = Field(default=300.0, gt=0)
+
+    @field_validator("sandbox_ports")
+    @classmethod
+    def _port_range(cls, value: str) -> str:
+        parse_port_range(value)
+        return value
+
+    def pool_settings(self) -> PoolSettings:
+        """The sandbox pool these settings describe."""
+        return PoolSettings(host=self.sandbox_host, host_cap=self.sandbox_host_cap,
+                            tenant_cap=self.sandbox_tenant_cap, port_range=parse_port_range(self.sandbox_ports),
+                            lease_s=self.sandbox_lease_s)
     #: Redis Streams between the outbox and the hash chain (SPEC D2), e.g. redis://127.0.0.1:6379/0;
     #: None drains the outbox straight into the chain
     trace_buffer: str | None = None
@@ -147,6 +169,11 @@ class Settings(BaseModel):
         if env.get("HARNESS_CHECKPOINT_WITNESS"):
             values["checkpoint_witnesses"] = tuple(w.strip() for w in env["HARNESS_CHECKPOINT_WITNESS"].split(",")
                                                    if w.strip())
+        for key in ("sandbox_host", "sandbox_host_cap", "sandbox_tenant_cap", "sandbox_lease_s"):
+            if env.get(f"HARNESS_{key.upper()}"):
+                values[key] = env[f"HARNESS_{key.upper()}"]
+        if "HARNESS_SANDBOX_PORTS" in env:
+            values["sandbox_ports"] = env["HARNESS_SANDBOX_PORTS"]
         for key in ("llm_model", "llm_fallback_model", "llm_base_url", "llm_api_key_env", "llm_pricing",
                     "llm_stream", "llm_plan_mode", "llm_timeout_s", "lease_ttl_s", "max_stalls", "sweep_interval_s",
                     "heartbeat_ceiling_factor", "decided_approval_s", "redrive_grace_s"):
@@ -165,6 +192,20 @@ class Settings(BaseModel):
             raise InvalidRequestError(f"invalid settings: {exc}") from exc
         settings.thresholds()  # a bad threshold is named now, not at the first sweep
         return settings
+
+
+def parse_port_range(text: str) -> tuple[int, int] | None:
+    """"LOW-HIGH" (inclusive, within 1024-65535) as a pair; "" for no port pool."""
+    if not text.strip():
+        return None
+    low, sep, high = text.strip().partition("-")
+    try:
+        pair = (int(low), int(high if sep else low))
+    except ValueError:
+        raise ValueError(f"sandbox_ports must be LOW-HIGH, like 41000-41255, not {text!r}") from None
+    if not 1024 <= pair[0] <= pair[1] <= 65535:
+        raise ValueError(f"sandbox_ports {text!r}: the range must lie within 1024-65535, low before high")
+    return pair
 
 
 #: fields of Settings that are paths: in a config file they are relative to the file's folder
@@ -285,10 +326,14 @@ def build_runtime(settings: Settings | None = None, *, clock: Clock | None = Non
         check_priced(settings, pricing, policy.policy.budgets.unpriced_model)
     provider = provider or llm_provider(settings, store.clock)
     secret_filter = SecretFilter()
+    sandboxes = SandboxPool(store, settings.pool_settings(), owner=f"{settings.sandbox_host}:{os.getpid()}",
+                            ledger=ledger, price_per_s=pricing.sandbox_price, price_table=pricing.as_of)
     tools = ToolController(registry, data_dir=settings.data_dir, sandbox_mode=settings.sandbox,
                            clock=store.clock, provider=provider, record_cost=ledger.record,
                            scrub=lambda text: secret_filter.scrub(text).text, sandbox_price=pricing.sandbox_price,
-                           price_table=pricing.as_of)
+                           price_table=pricing.as_of, sandbox_pool=sandboxes)
+    machine.in_transaction(sandboxes.on_transition)  # instances end (and are billed) as their Run closes
+    machine.subscribe(sandboxes.after_change)  # then their processes are stopped
     machine.cost_total = lambda run: ledger.run_total(run.run_id).to_dict()  # A1: child Runs included
     machine.subscribe(_release_workdir(tools))
     memory = open_memory(settings.memory, store.engine, store.clock, secret_filter)

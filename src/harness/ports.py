@@ -8,6 +8,7 @@ if TYPE_CHECKING:
     from sqlalchemy import Connection
 
     from harness.adapters.llm.types import LLMRequest, LLMResponse
+    from harness.adapters.sandbox.instance import Holder
     from harness.adapters.sandbox.types import SandboxJob, SandboxOutcome
     from harness.adapters.sql.store import SqlStore
     from harness.pipeline.contracts import Notification, RunRequest, RunResult
@@ -61,6 +62,14 @@ class Sandbox(Protocol):
 
     def run(self, job: SandboxJob) -> SandboxOutcome:
         """Run the call to its end or its limits."""
+        ...
+
+    def start_instance(self, job: SandboxJob) -> Holder:
+        """Start a kept instance for the job's Run and skill (its first call, or a re-creation)."""
+        ...
+
+    def run_in(self, holder: Holder, job: SandboxJob) -> SandboxOutcome:
+        """Run one call inside a kept instance."""
         ...
 
 

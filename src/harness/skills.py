@@ -12,6 +12,8 @@ A manifest is a YAML file::
     timeout_s: 10
     sandbox: false
     network: false
+    persistent: false                         # sandboxed only: keep the Run's instance between calls
+    ports: 0                                  # sandboxed only: ports leased from the host's pool
     idempotent: true
     fallback: null
     kind: python                              # python (default), llm or agent
@@ -101,6 +103,11 @@ class Manifest(BaseModel):
     timeout_s: float = Field(default=30.0, gt=0, le=3_600)
     sandbox: bool = False
     network: bool = False
+    #: keep one sandbox instance for the Run: what a call starts there (in a session of its own), its
+    #: /tmp and its network namespace are still there at the Run's next call of the skill
+    persistent: bool = False
+    #: ports leased from the host's pool for the Run's instance, given to the skill as HARNESS_PORTS
+    ports: int = Field(default=0, ge=0, le=16)
     idempotent: bool = False
     fallback: str | None = Field(default=None, pattern=SKILL_ID)
     limits: Limits = Limits()
@@ -130,6 +137,8 @@ class Manifest(BaseModel):
                 raise ValueError(f"kind: an {self.kind} skill has no entrypoint and is not sandboxed")
         if self.network and not self.sandbox:
             raise ValueError("network: only a sandboxed skill declares network access")
+        if (self.persistent or self.ports) and not self.sandbox:
+            raise ValueError("persistent: only a sandboxed skill keeps an instance or leases ports")
         if self.fallback == self.id:
             raise ValueError("fallback: a skill cannot be its own fallback")
         return self

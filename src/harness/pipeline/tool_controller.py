@@ -38,6 +38,7 @@ from harness.clock import SystemClock
 from harness.errors import ProviderError
 from harness.paths import default_data_dir
 from harness.pipeline.contracts import CallerIdentity, StepOutcome
+from harness.pipeline.sandbox_pool import SandboxPool
 from harness.pipeline.tool_kinds import (
     AgentCalls,
     Attempt,
@@ -126,7 +127,8 @@ class ToolController:
                  provider: LLMProvider | None = None,
                  record_cost: Callable[[CostTrace], None] | None = None,
                  scrub: Callable[[str], str] | None = None, sandbox_price: float = 0.0,
-                 price_table: str | None = None, data_dir: Path | None = None) -> None:
+                 price_table: str | None = None, data_dir: Path | None = None,
+                 sandbox_pool: SandboxPool | None = None) -> None:
         self.registry = registry
         self.workdirs = Workdirs(workdir_root or (data_dir or default_data_dir()) / "runs")
         #: handed to skills (SkillContext.data_dir): the folder the working directories are in, by default
@@ -138,10 +140,12 @@ class ToolController:
         self._sandbox = sandbox
         self._sandbox_mode = sandbox_mode
         self._sandbox_lock = threading.Lock()
+        self.sandbox_pool = sandbox_pool
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers, thread_name_prefix="skill")
         self._kinds: dict[str, Executor] = {
             "local": LocalCalls(self._pool),
-            "sandbox": SandboxCalls(self.sandbox, self.workdirs, record_cost, sandbox_price, price_table),
+            "sandbox": SandboxCalls(self.sandbox, self.workdirs, record_cost, sandbox_price, price_table,
+                                    sandbox_pool),
             "llm": LlmCalls(lambda: self.provider, self._pool, record_cost, scrub),
             "agent": AgentCalls(lambda: self.child_runs),
         }
@@ -175,6 +179,8 @@ class ToolController:
     def prune(self, final_among: Callable[[Sequence[str]], set[str]], limit: int = 1_000) -> list[str]:
         """Remove the working directories of Runs that are final: those closed by another process (a
         sweeper elsewhere), whose close this process's listener never saw. Returns the Runs pruned."""
+        if self.sandbox_pool is not None:  # instances of Runs closed elsewhere, and dead ones
+            self.sandbox_pool.reclaim(final_among)
         done = final_among(self.workdirs.run_ids(limit))
         return sorted(run_id for run_id in done if self.workdirs.remove(run_id))
 

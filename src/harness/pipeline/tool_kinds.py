@@ -12,15 +12,16 @@ import concurrent.futures
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from harness.adapters.llm.types import LLMRequest
-from harness.adapters.sandbox.types import SandboxJob
+from harness.adapters.sandbox.types import SandboxJob, SandboxOutcome
 from harness.adapters.sandbox.workdirs import Workdirs
 from harness.adapters.sql.store import NewRun
 from harness.errors import ContextError, SkillError
 from harness.pipeline.contracts import CallerIdentity, Message, RunRequest, RunResult, render_template
+from harness.pipeline.sandbox_pool import SandboxPool, SandboxUnavailableError
 from harness.pipeline.trace_recorder import CostTrace, unit_price
 from harness.ports import LLMProvider, Sandbox
 from harness.skills import Skill, SkillContext
@@ -110,9 +111,11 @@ class SandboxCalls:
 
     def __init__(self, sandbox: Callable[[], Sandbox], workdirs: Workdirs,
                  record_cost: Callable[[CostTrace], None] | None = None, price_per_s: float = 0.0,
-                 price_table: str | None = None) -> None:
+                 price_table: str | None = None, pool: SandboxPool | None = None) -> None:
         self.sandbox = sandbox
         self.workdirs = workdirs
+        #: instances, caps and ports (harness.pipeline.sandbox_pool); None: a fresh sandbox per call
+        self.pool = pool
         #: a sandboxed call's seconds are a cost (seed 004 §3.6), priced per second, recorded even when
         #: the call fails: the time was spent
         self.record_cost = record_cost
@@ -127,13 +130,16 @@ class SandboxCalls:
         workdir = self.workdirs.ensure(ctx.run_id)
         context = {"run_id": ctx.run_id, "step_id": ctx.step_id, "idempotency_key": ctx.idempotency_key,
                    "tenant_id": ctx.tenant_id, "user_id": ctx.user_id, "workdir": str(workdir)}
-        outcome = sandbox.run(SandboxJob(
+        job = SandboxJob(
             skill_id=skill.id, function=entry.function, arguments=dict(call.arguments), context=context,
             workdir=workdir, wall_s=call.timeout, limits=skill.manifest.limits,
             network=skill.manifest.network, entry_file=entry.file, entry_module=entry.module,
             entry_sha256=entry.sha256,
-        ))
-        self._record(call, sandbox.isolation, outcome.duration_ms / 1000)
+        )
+        persistent = skill.manifest.persistent
+        outcome = sandbox.run(job) if self.pool is None else self._in_instance(call, sandbox, job, persistent)
+        if not (persistent and self.pool is not None):  # a kept instance's seconds are billed when it ends
+            self._record(call, sandbox.isolation, outcome.duration_ms / 1000)
         if outcome.ok:
             return outcome.output
         if outcome.error_code == "timeout":
@@ -142,6 +148,19 @@ class SandboxCalls:
         raise ToolCallError(outcome.error_code or "sandbox_error", f"{outcome.message}{detail}",
                             retryable=outcome.retryable)
 
+
+    def _in_instance(self, call: Attempt, sandbox: Sandbox, job: SandboxJob, persistent: bool) -> SandboxOutcome:
+        """Run the call in the Run's instance of the skill: taken (or waited for) within the call's time."""
+        assert self.pool is not None
+        try:
+            lease = self.pool.lease(sandbox, job, tenant_id=call.ctx.tenant_id, user_id=call.ctx.user_id,
+                                    persistent=persistent, ports=call.skill.manifest.ports,
+                                    deadline=time.monotonic() + call.timeout)
+        except SandboxUnavailableError as exc:
+            raise ToolCallError("sandbox_unavailable", str(exc)) from exc
+        call.info["sandbox_instance"] = lease.event
+        job = replace(job, wall_s=max(call.timeout - lease.waited_s, 0.001), env=lease.env)
+        return sandbox.run_in(lease.holder, job) if persistent else sandbox.run(job)
 
     def _record(self, call: Attempt, isolation: str, seconds: float) -> None:
         if self.record_cost is None:

@@ -2,8 +2,8 @@
 
 Gauges read the database, so they are true for every process sharing it: Runs by state, stuck
 (zombie) Runs by state against kernel.thresholds, trace backlog, pending approvals and their wait,
-and the cancel ratio among closed Runs. Counters count what this process saw: transitions applied,
-HTTP requests, and how long decided approvals had waited.
+the cancel ratio among closed Runs, live sandbox instances and leased ports. Counters count what this
+process saw: transitions applied, HTTP requests, and how long decided approvals had waited.
 """
 
 from __future__ import annotations
@@ -15,10 +15,12 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from harness.adapters.sql.ledger import CostLedger
+from harness.adapters.sql.sandbox_instances import InstanceTable
 from harness.adapters.sql.store import SqlStore
 from harness.adapters.sql.webhooks import WebhookOutbox
 from harness.kernel import FINAL, RunState
 from harness.kernel.thresholds import DEFAULT, Thresholds
+from harness.pipeline.sandbox_pool import PoolSettings
 from harness.service import queries
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -28,11 +30,43 @@ _WAIT_BUCKETS = (1, 5, 15, 60, 300, 900, 3600, 4 * 3600, 24 * 3600, float("inf")
 class DatabaseCollector(Collector):
     """Gauges computed from the database at each scrape."""
 
-    def __init__(self, store: SqlStore, thresholds: Thresholds = DEFAULT) -> None:
+    def __init__(self, store: SqlStore, thresholds: Thresholds = DEFAULT,
+                 sandboxes: PoolSettings | None = None) -> None:
         self.store = store
         self.thresholds = thresholds
         self.ledger = CostLedger(store)
         self.outbox = WebhookOutbox(store)
+        self.instances = InstanceTable(store)
+        self.sandboxes = sandboxes
+
+    def _sandboxes(self) -> Iterator[Metric]:
+        """Live sandbox instances and leased ports, from the database (every host's), and this host's
+        capacity (its caps and the size of its port pool)."""
+        use = self.instances.use()
+        live = GaugeMetricFamily("harness_sandbox_instances", "Live sandbox instances by host.", labels=["host"])
+        for host, n in sorted(use.live_by_host.items()):
+            live.add_metric([host], n)
+        yield live
+        tenants = GaugeMetricFamily("harness_sandbox_instances_by_tenant", "Live sandbox instances by tenant.",
+                                    labels=["tenant"])
+        for tenant, n in sorted(use.live_by_tenant.items()):
+            tenants.add_metric([tenant], n)
+        yield tenants
+        ports = GaugeMetricFamily("harness_sandbox_ports_leased", "Ports of the pool leased to live instances.",
+                                  labels=["host"])
+        for host, n in sorted(use.ports_by_host.items()):
+            ports.add_metric([host], n)
+        yield ports
+        if self.sandboxes is not None:
+            low, high = self.sandboxes.port_range or (1, 0)
+            here = [self.sandboxes.host]
+            pool = GaugeMetricFamily("harness_sandbox_ports", "Ports in this host's pool.", labels=["host"])
+            pool.add_metric(here, high - low + 1)
+            caps = GaugeMetricFamily("harness_sandbox_instance_cap", "Instances allowed at once, per host and per "
+                                     "tenant.", labels=["host", "scope"])
+            caps.add_metric([*here, "host"], self.sandboxes.host_cap)
+            caps.add_metric([*here, "tenant"], self.sandboxes.tenant_cap)
+            yield from (pool, caps)
 
     def _costs(self) -> Iterator[Metric]:
         """Recorded spend by tenant and skill (planning calls as "(planning)"), from the costs table: true
@@ -58,6 +92,7 @@ class DatabaseCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         """The gauges, freshly read."""
         yield from self._costs()
+        yield from self._sandboxes()
         deliveries = GaugeMetricFamily("harness_webhook_deliveries", "Webhook deliveries in each status.",
                                        labels=["status"])
         for status, n in self.outbox.counts().items():
@@ -100,7 +135,8 @@ class DatabaseCollector(Collector):
 class Metrics:
     """This service's metrics registry (one per app, so tests and several apps do not collide)."""
 
-    def __init__(self, store: SqlStore, thresholds: Thresholds = DEFAULT) -> None:
+    def __init__(self, store: SqlStore, thresholds: Thresholds = DEFAULT,
+                 sandboxes: PoolSettings | None = None) -> None:
         self.registry = CollectorRegistry()
         self.transitions = Counter(
             "harness_transitions",
@@ -121,7 +157,7 @@ class Metrics:
             buckets=_WAIT_BUCKETS,
             registry=self.registry,
         )
-        self.registry.register(DatabaseCollector(store, thresholds))
+        self.registry.register(DatabaseCollector(store, thresholds, sandboxes))
 
     def on_transition(self, _run_id: str, source: RunState, target: RunState) -> None:
         """State machine listener."""

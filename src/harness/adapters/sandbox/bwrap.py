@@ -19,9 +19,11 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
+from harness.adapters.sandbox.instance import Holder, process_start, read_info, wait_ready
 from harness.adapters.sandbox.process import RUNNER, run_process, runner_argv
 from harness.adapters.sandbox.types import SandboxJob, SandboxOutcome
 
@@ -67,8 +69,9 @@ def unavailable_reason(binary: str = "bwrap") -> str | None:
     return None
 
 
-def _namespaces(*, network: bool, privileged: bool) -> list[str]:
-    args = ["--die-with-parent", "--new-session", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
+def _namespaces(*, network: bool, privileged: bool, kept: bool = False) -> list[str]:
+    args = [] if kept else ["--die-with-parent"]  # a kept instance outlives the process that started it
+    args += ["--new-session", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
             "--unshare-cgroup-try"]
     if not network:
         args.append("--unshare-net")
@@ -133,6 +136,8 @@ class BwrapSandbox:
             raise RuntimeError(f"{binary} is not installed")
         self.binary = path
         self.privileged = os.geteuid() == 0
+        self.nsenter = shutil.which("nsenter") or "/usr/bin/nsenter"
+        self.setsid = shutil.which("setsid") or "/usr/bin/setsid"
 
     def run(self, job: SandboxJob) -> SandboxOutcome:
         """Run one call; its failure is described in the outcome, never raised."""
@@ -143,8 +148,42 @@ class BwrapSandbox:
         return run_process(self.argv(job), job, isolation=self.isolation, env=env, uid=uid, gid=gid,
                            bwrap_status=True, network_cut=not job.network)
 
-    def argv(self, job: SandboxJob) -> list[str]:
-        """The full bwrap command line for a job."""
+    def start_instance(self, job: SandboxJob) -> Holder:
+        """Start a kept instance for the job's Run and skill: a holder process in the namespaces every
+        later call enters (see harness.adapters.sandbox.instance)."""
+        with tempfile.TemporaryDirectory(prefix="harness-sbx-") as folder:
+            info_path, errors = Path(folder) / "info.json", Path(folder) / "stderr"
+            # setsid -f: the holder is nobody's child here (no zombie to reap, no tie to this process);
+            # no pipe either, or waiting for setsid would wait for the holder to close it
+            with open(info_path, "w") as info, open(errors, "w") as stderr:
+                argv = [self.setsid, "-f", *self.argv(job, kept=True, info_fd=info.fileno())[:-len(runner_argv())],
+                        "/usr/bin/sleep", "infinity"]
+                subprocess.run(argv, pass_fds=(info.fileno(),), stdin=subprocess.DEVNULL,
+                               stdout=subprocess.DEVNULL, stderr=stderr, check=True, timeout=30,
+                               cwd=job.workdir, env={"PATH": "/usr/bin:/bin"})
+            try:
+                pid = int(read_info(info_path)["child-pid"])
+                wait_ready(pid)
+            except RuntimeError as exc:
+                raise RuntimeError(f"{exc}: {errors.read_text().strip()[-300:]}") from None
+        return Holder(pid, process_start(pid))
+
+    def run_in(self, holder: Holder, job: SandboxJob) -> SandboxOutcome:
+        """Run one call inside a kept instance: nsenter into its namespaces, then the usual runner."""
+        uid, gid = identity_for(job.run_id) if self.privileged else (None, None)
+        if uid is not None and gid is not None:
+            hand_over(job.workdir, uid, gid)
+        workdir = str(job.workdir.resolve())
+        user = [] if self.privileged else ["--user", "--preserve-credentials"]
+        argv = [self.nsenter, f"--target={holder.pid}", *user, "--mount", "--net", "--pid", "--ipc", "--uts",
+                "--root", f"--wd={workdir}", "--", *runner_argv()]
+        base = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": workdir, "LANG": "C.UTF-8", "TMPDIR": "/tmp"}
+        return run_process(argv, job, isolation=self.isolation, env={**base, **job.env}, uid=uid, gid=gid,
+                           bwrap_status=True, network_cut=not job.network, linger=False)
+
+    def argv(self, job: SandboxJob, *, kept: bool = False, info_fd: int | None = None) -> list[str]:
+        """The full bwrap command line for a job (for a kept instance: without --die-with-parent, and
+        reporting its namespaces on `info_fd`)."""
         plan = MountPlan(["/", "/usr", "/proc", "/dev", "/tmp", *_SYSTEM_LINKS])
         plan.bind(Path("/usr"))
         etc = [*_ETC, *(_ETC_NETWORK if job.network else ())]
@@ -154,13 +193,15 @@ class BwrapSandbox:
         tmp_bytes = job.limits.file_mb * 1024 * 1024
         workdir = str(job.workdir.resolve())
         return [
-            self.binary, *_namespaces(network=job.network, privileged=self.privileged), *_system_mounts(),
+            self.binary, *_namespaces(network=job.network, privileged=self.privileged, kept=kept), *_system_mounts(),
             "--perms", "1777", "--size", str(tmp_bytes), "--tmpfs", "/tmp",
             "--perms", "0755", "--dir", "/etc",
             *[a for name in etc for a in ("--ro-bind-try", f"/etc/{name}", f"/etc/{name}")],
             *plan.args,
             "--chdir", workdir, "--clearenv", "--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin",
             "--setenv", "HOME", workdir, "--setenv", "LANG", "C.UTF-8", "--setenv", "TMPDIR", "/tmp",
+            *[a for name, value in sorted(job.env.items()) for a in ("--setenv", name, value)],
+            *([] if info_fd is None else ["--info-fd", str(info_fd)]),
             "--", *runner_argv(),
         ]
 

@@ -61,8 +61,10 @@ def payload(job: SandboxJob, uid: int | None = None, gid: int | None = None,
 
 def run_process(argv: Sequence[str], job: SandboxJob, *, isolation: str, env: dict[str, str],
                 uid: int | None = None, gid: int | None = None, bwrap_status: bool = False,
-                network_cut: bool = False) -> SandboxOutcome:
-    """Run the call's process to its end or its wall-time limit and describe what happened."""
+                network_cut: bool = False, linger: bool = True) -> SandboxOutcome:
+    """Run the call's process to its end or its wall-time limit and describe what happened. `linger`
+    waits, after a failed call, for every process of its uid to be gone; a call into a kept instance
+    does not, since the services the skill started there are meant to stay."""
     started = time.perf_counter()
     with tempfile.TemporaryFile() as stdin, tempfile.TemporaryFile() as stdout, \
             tempfile.TemporaryFile() as stderr:
@@ -75,7 +77,7 @@ def run_process(argv: Sequence[str], job: SandboxJob, *, isolation: str, env: di
         tail = _read(stderr, None)[-STDERR_TAIL:].decode("utf-8", "replace")
     duration = round((time.perf_counter() - started) * 1000, 3)
     outcome = interpret(job, ended, raw, bwrap_status=bwrap_status)
-    if uid is not None and not outcome.get("ok"):
+    if linger and uid is not None and not outcome.get("ok"):
         _wait_until_gone(uid)  # a call that failed (a limit, a kill, a crash) may have left a crowd behind
     return SandboxOutcome(**{**outcome, "isolation": isolation, "stderr_tail": tail, "duration_ms": duration})
 

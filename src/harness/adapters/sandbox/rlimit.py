@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 
+from harness.adapters.sandbox.instance import Holder
 from harness.adapters.sandbox.process import run_process, runner_argv
 from harness.adapters.sandbox.types import SandboxJob, SandboxOutcome
 
@@ -34,5 +35,15 @@ class RlimitSandbox:
     def run(self, job: SandboxJob) -> SandboxOutcome:
         """Run one call; its failure is described in the outcome, never raised."""
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(job.workdir), "LANG": "C.UTF-8",
-               "TMPDIR": str(job.workdir)}
+               "TMPDIR": str(job.workdir), **job.env}
         return run_process(runner_argv(), job, isolation=self.isolation, env=env)
+
+    def start_instance(self, job: SandboxJob) -> Holder:
+        """A kept instance here has no namespaces to hold: its processes are the skill's own."""
+        return Holder()
+
+    def run_in(self, holder: Holder, job: SandboxJob) -> SandboxOutcome:
+        """Run one call of a kept instance (the same plain subprocess, with the instance's variables)."""
+        base = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(job.workdir), "LANG": "C.UTF-8",
+                "TMPDIR": str(job.workdir)}
+        return run_process(runner_argv(), job, isolation=self.isolation, env={**base, **job.env}, linger=False)

@@ -26,6 +26,8 @@ class SandboxJob:
     #: SHA-256 of the code the skill was pinned to (the file, or the module's source); the sandbox
     #: refuses to run code that no longer matches it (SPEC T1)
     entry_sha256: str | None = None
+    #: extra environment variables of the call (the instance's leased ports)
+    env: dict[str, str] = field(default_factory=dict)
 
     @property
     def run_id(self) -> str:

@@ -94,12 +94,16 @@ class CostLedger:
         """Record one cost and its trace record, in their own transaction; a cost that does not name its
         parent Run gets it from the Run (child Runs' costs count in their parent's total)."""
         with self.store.engine.begin() as conn:
-            if cost.parent_run_id is None:
-                parent = conn.execute(sa.select(t.runs.c.parent_run_id).where(t.runs.c.run_id == cost.run_id)).scalar()
-                if parent is not None:
-                    cost = cost.model_copy(update={"parent_run_id": parent})
-            self.insert(conn, cost)
-            self.store.enqueue(conn, [cost.to_record()], self.store.clock.now())
+            self.record_in(conn, cost)
+
+    def record_in(self, conn: sa.Connection, cost: CostTrace) -> None:
+        """`record` inside the caller's transaction."""
+        if cost.parent_run_id is None:
+            parent = conn.execute(sa.select(t.runs.c.parent_run_id).where(t.runs.c.run_id == cost.run_id)).scalar()
+            if parent is not None:
+                cost = cost.model_copy(update={"parent_run_id": parent})
+        self.insert(conn, cost)
+        self.store.enqueue(conn, [cost.to_record()], self.store.clock.now())
 
     def insert(self, conn: sa.Connection, cost: CostTrace) -> None:
         """Record one cost and add it to its user's and tenant's totals inside the caller's transaction

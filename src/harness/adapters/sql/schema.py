@@ -281,3 +281,45 @@ webhook_deliveries = sa.Table(
     sa.Index("ix_webhook_due", "status", "next_attempt_at"),
     sa.Index("ix_webhook_tenant", "tenant_id", "status", "created_at"),
 )
+
+#: sandbox instances kept for a Run's skill (revision 0015); state: live, released, dead
+sandbox_instances = sa.Table(
+    "sandbox_instances",
+    metadata,
+    sa.Column("instance_id", ID, primary_key=True),
+    sa.Column("run_id", ID, nullable=False),
+    sa.Column("skill_id", sa.String(128), nullable=False),
+    sa.Column("tenant_id", sa.String(128), nullable=False),
+    sa.Column("user_id", sa.String(128), nullable=False),
+    sa.Column("host", sa.String(128), nullable=False),
+    sa.Column("state", sa.String(16), nullable=False),
+    sa.Column("isolation", sa.String(16), nullable=False),
+    sa.Column("pid", sa.Integer),
+    sa.Column("pid_start", sa.BigInteger),
+    sa.Column("owner", sa.String(200), nullable=False),
+    sa.Column("ports", sa.String(400), nullable=False, server_default=""),
+    sa.Column("generation", sa.Integer, nullable=False, server_default="1"),
+    sa.Column("calls", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("persistent", sa.Boolean, nullable=False, server_default=sa.false()),
+    sa.Column("held_s", sa.Double, nullable=False, server_default="0"),
+    sa.Column("billed", sa.Boolean, nullable=False, server_default=sa.false()),
+    sa.Column("created_at", sa.Double, nullable=False),
+    sa.Column("started_at", sa.Double, nullable=False),
+    sa.Column("used_at", sa.Double, nullable=False),
+    sa.Column("lease_expires_at", sa.Double, nullable=False),
+    sa.Column("ended_at", sa.Double),
+    sa.Column("end_reason", sa.String(200)),
+    sa.UniqueConstraint("run_id", "skill_id", name="uq_sandbox_instance_run_skill"),
+    sa.Index("ix_sandbox_instances_state", "state", "host"),
+)
+
+#: scarce units (revision 0015): a port of a host's pool, a slot of a host's or a tenant's cap
+sandbox_leases = sa.Table(
+    "sandbox_leases",
+    metadata,
+    sa.Column("resource", sa.String(160), primary_key=True),
+    sa.Column("unit", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("instance_id", ID, nullable=False),
+    sa.Column("acquired_at", sa.Double, nullable=False),
+    sa.Index("ix_sandbox_leases_instance", "instance_id"),
+)

@@ -1,8 +1,9 @@
-"""Console pages for the cost view and the webhook deliveries (SPEC U3; seed 004 §3.6 cost dashboard).
+"""Console pages: the cost view, the webhook deliveries, the sandboxes in use (SPEC U3; seed 004 §3.6).
 
 The cost page draws spend over time as server-rendered SVG (no script, no CDN) and tables by user and by
 skill; the webhooks page lists deliveries with their attempts and errors, dead letters first to find, and
-lets an operator redeliver one (through the JSON API, like every console action).
+lets an operator redeliver one (through the JSON API, like every console action); the sandboxes page shows
+the tenant's live instances and how full this host's caps and port pool are.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request
 
 from harness.adapters.sql.ledger import CostGroup
+from harness.adapters.sql.sandbox_instances import InstanceTable
 from harness.adapters.sql.webhooks import STATUSES
 from harness.service.auth import OPERATOR_ROLES, session_principal
 from harness.service.core import service_of
@@ -103,3 +105,25 @@ def webhooks_page(request: Request, status: str | None = None) -> Page:
     return _page(request, svc, caller, "webhooks.html", deliveries=[delivery_document(d) for d in rows],
                  counts=counts, status_filter=chosen, statuses=STATUSES,
                  can_redeliver=caller.has_any(OPERATOR_ROLES))
+
+
+@router.get("/sandboxes", response_model=None)
+def sandboxes_page(request: Request) -> Page:
+    """The tenant's live sandbox instances, and the use of this host's caps and port pool."""
+    svc = service_of(request)
+    caller = session_principal(request)
+    if caller is None:
+        return _login_redirect(request)
+    table, pool = InstanceTable(svc.runtime.store), svc.runtime.settings.pool_settings()
+    use = table.use()
+    low, high = pool.port_range or (1, 0)
+    now = svc.runtime.store.clock.now()
+    rows = [{"run_id": r.run_id, "skill_id": r.skill_id, "host": r.host, "ports": ", ".join(map(str, r.ports)),
+             "generation": r.generation, "calls": r.calls, "isolation": r.isolation, "persistent": r.persistent,
+             "created_at": r.created_at, "held_s": round(r.held_until(now), 1)}
+            for r in table.live(tenant_id=caller.tenant_id)]
+    return _page(request, svc, caller, "sandboxes.html", instances=rows, host=pool.host,
+                 host_live=use.live_by_host.get(pool.host, 0), host_cap=pool.host_cap,
+                 tenant_live=use.live_by_tenant.get(caller.tenant_id, 0), tenant_cap=pool.tenant_cap,
+                 ports_leased=use.ports_by_host.get(pool.host, 0), ports_total=high - low + 1,
+                 port_range=f"{low}-{high}" if pool.port_range else "none")

@@ -1,0 +1,270 @@
+"""Sandbox instances and the scarce units they hold, in the database (revision 0015).
+
+An instance row is what any process sharing the database knows of a Run's sandbox for one skill: the
+host it lives on, its process (pid and start time), its leased ports, how often it was (re)created,
+and whether it is live, released (its Run closed) or dead (its process went away, or its host stopped
+renewing it). The scarce units are rows of `sandbox_leases` keyed by (resource, unit): a port of a host's
+pool, a slot of the host's cap, a slot of the tenant's cap. Taking units is one transaction that inserts
+their rows; the primary key refuses a unit two processes raced for, and the loser tries again with what
+is left, so no cap or port is ever handed out twice on any backend.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+
+from harness.adapters.sql import schema as t
+from harness.adapters.sql.store import SqlStore
+
+instances, leases = t.sandbox_instances, t.sandbox_leases
+_RACE_RETRIES = 8
+LIVE, RELEASED, DEAD = "live", "released", "dead"
+
+
+@dataclass(frozen=True)
+class InstanceRow:
+    """One instance as the database has it."""
+
+    instance_id: str
+    run_id: str
+    skill_id: str
+    tenant_id: str
+    user_id: str
+    host: str
+    state: str
+    isolation: str
+    pid: int | None
+    pid_start: int | None
+    owner: str
+    ports: tuple[int, ...]
+    generation: int
+    calls: int
+    persistent: bool
+    held_s: float
+    billed: bool
+    created_at: float
+    started_at: float
+    used_at: float
+    lease_expires_at: float
+    ended_at: float | None
+    end_reason: str | None
+
+    @classmethod
+    def of(cls, row: Any) -> InstanceRow:
+        """From a result row."""
+        values = dict(row._mapping)
+        values["ports"] = tuple(int(p) for p in values["ports"].split(",") if p)
+        values["persistent"], values["billed"] = bool(values["persistent"]), bool(values["billed"])
+        return cls(**values)
+
+    def held_until(self, now: float) -> float:
+        """Seconds this instance has existed, over all its generations, up to `now`."""
+        return self.held_s + (max(0.0, now - self.started_at) if self.state == LIVE else 0.0)
+
+
+@dataclass(frozen=True)
+class Claim:
+    """What a call asks for: an instance of (run, skill) on a host, holding `ports` ports."""
+
+    run_id: str
+    skill_id: str
+    tenant_id: str
+    user_id: str
+    host: str
+    isolation: str
+    persistent: bool
+    ports: int
+    owner: str
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """The limits units are taken within: the host's and the tenant's caps, the host's port range."""
+
+    host_cap: int
+    tenant_cap: int
+    port_range: tuple[int, int] | None = None
+
+    def needs(self, claim: Claim) -> list[tuple[str, str, Sequence[int], int]]:
+        """(resource, its name for people, its units, how many the claim takes)."""
+        wanted: list[tuple[str, str, Sequence[int], int]] = [
+            (f"tenant:{claim.tenant_id}", f"tenant {claim.tenant_id}'s instance cap ({self.tenant_cap})",
+             range(self.tenant_cap), 1),
+            (f"host:{claim.host}", f"the host's instance cap ({self.host_cap})", range(self.host_cap), 1)]
+        if claim.ports:
+            low, high = self.port_range or (0, -1)
+            size = high - low + 1
+            wanted.append((f"port:{claim.host}", f"the host's port pool ({size} ports, {low}-{high})",
+                           range(low, high + 1), claim.ports))
+        return wanted
+
+
+class ShortageError(Exception):
+    """No unit of a resource is free: `resource` names it for people."""
+
+    def __init__(self, resource: str) -> None:
+        super().__init__(resource)
+        self.resource = resource
+
+
+@dataclass(frozen=True)
+class PoolUse:
+    """What is held right now: live instances by host and tenant, leased ports by host."""
+
+    live_by_host: dict[str, int]
+    live_by_tenant: dict[str, int]
+    ports_by_host: dict[str, int]
+
+
+def instance_id_of(run_id: str, skill_id: str) -> str:
+    """The stable id of a Run's instance for a skill (the pair can be longer than an id column)."""
+    return "sbx-" + hashlib.sha256(f"{run_id}\0{skill_id}".encode()).hexdigest()[:40]
+
+
+class InstanceTable:
+    """Reads and writes of instance rows and their leases."""
+
+    def __init__(self, store: SqlStore) -> None:
+        self.store = store
+
+    def get(self, run_id: str, skill_id: str) -> InstanceRow | None:
+        """The Run's instance for the skill, whatever its state; None when it never had one."""
+        query = sa.select(instances).where(instances.c.run_id == run_id, instances.c.skill_id == skill_id)
+        with self.store.engine.connect() as conn:
+            row = conn.execute(query).first()
+        return None if row is None else InstanceRow.of(row)
+
+    def acquire(self, claim: Claim, capacity: Capacity, now: float, lease_until: float) -> InstanceRow:
+        """Take the claim's units and make its row live (a new row, or the next generation of a row whose
+        instance ended). Raises ShortageError naming the first resource with too few free units."""
+        for attempt in range(_RACE_RETRIES):
+            try:
+                with self.store.engine.begin() as conn:
+                    return self._acquire(conn, claim, capacity, now, lease_until)
+            except (sa.exc.IntegrityError, sa.exc.OperationalError):
+                if attempt == _RACE_RETRIES - 1:
+                    raise  # another process took the same units every time: not a shortage, a failure
+        raise AssertionError("unreachable")
+
+    def _acquire(self, conn: sa.Connection, claim: Claim, capacity: Capacity, now: float,
+                 lease_until: float) -> InstanceRow:
+        instance_id = instance_id_of(claim.run_id, claim.skill_id)
+        ports: list[int] = []
+        taken: list[dict[str, Any]] = []
+        for resource, name, units, count in capacity.needs(claim):
+            held = set(conn.execute(sa.select(leases.c.unit).where(leases.c.resource == resource)).scalars())
+            free = [u for u in units if u not in held][:count]
+            if len(free) < count:
+                raise ShortageError(name)
+            taken += [{"resource": resource, "unit": u, "instance_id": instance_id, "acquired_at": now} for u in free]
+            if resource.startswith("port:"):
+                ports = free
+        conn.execute(leases.insert(), taken)
+        values = {"tenant_id": claim.tenant_id, "user_id": claim.user_id, "host": claim.host, "state": LIVE,
+                  "isolation": claim.isolation, "pid": None, "pid_start": None, "owner": claim.owner,
+                  "ports": ",".join(str(p) for p in ports), "persistent": claim.persistent,
+                  "started_at": now, "used_at": now, "lease_expires_at": lease_until, "ended_at": None,
+                  "end_reason": None}
+        done = conn.execute(instances.update().where(instances.c.instance_id == instance_id,
+                                                     instances.c.state != LIVE)
+                            .values(generation=instances.c.generation + 1, **values))
+        if done.rowcount == 0:
+            conn.execute(instances.insert().values(instance_id=instance_id, run_id=claim.run_id,
+                                                   skill_id=claim.skill_id, created_at=now, **values))
+        row = conn.execute(sa.select(instances).where(instances.c.instance_id == instance_id)).one()
+        return InstanceRow.of(row)
+
+    def started(self, instance_id: str, pid: int | None, pid_start: int | None, now: float, *,
+                new_generation: bool = False) -> InstanceRow:
+        """Note the instance's process and count the call it starts for (and, for a re-creation that kept
+        its units, the next generation)."""
+        values: dict[str, Any] = {"pid": pid, "pid_start": pid_start, "started_at": now, "used_at": now,
+                                  "calls": instances.c.calls + 1}
+        with self.store.engine.begin() as conn:
+            if new_generation:
+                row = conn.execute(sa.select(instances).where(instances.c.instance_id == instance_id)).one()
+                values["held_s"] = InstanceRow.of(row).held_until(now)
+                values["generation"] = instances.c.generation + 1
+            conn.execute(instances.update().where(instances.c.instance_id == instance_id).values(**values))
+            return InstanceRow.of(conn.execute(sa.select(instances).where(
+                instances.c.instance_id == instance_id)).one())
+
+    def touch(self, instance_id: str, now: float, lease_until: float) -> None:
+        """Count a call and renew the instance's lease."""
+        with self.store.engine.begin() as conn:
+            conn.execute(instances.update().where(instances.c.instance_id == instance_id)
+                         .values(calls=instances.c.calls + 1, used_at=now, lease_expires_at=lease_until))
+
+    def end(self, conn: sa.Connection, row: InstanceRow, state: str, reason: str, now: float) -> bool:
+        """End a live instance (released or dead) and free its units, in the caller's transaction; False
+        when it was no longer live (another process ended it first)."""
+        current = (instances.c.instance_id == row.instance_id, instances.c.state == LIVE,
+                   instances.c.started_at == row.started_at)
+        done = conn.execute(instances.update().where(*current)
+                            .values(state=state, end_reason=reason[:200], ended_at=now,
+                                    held_s=row.held_until(now)))
+        if done.rowcount == 0:
+            return False
+        conn.execute(leases.delete().where(leases.c.instance_id == row.instance_id))
+        return True
+
+    def end_now(self, row: InstanceRow, state: str, reason: str, now: float) -> bool:
+        """`end` in a transaction of its own."""
+        with self.store.engine.begin() as conn:
+            return self.end(conn, row, state, reason, now)
+
+    def of_run(self, conn: sa.Connection, run_id: str) -> list[InstanceRow]:
+        """The Run's instances (any state), inside the caller's transaction."""
+        query = sa.select(instances).where(instances.c.run_id == run_id)
+        return [InstanceRow.of(r) for r in conn.execute(query)]
+
+    def mark_billed(self, conn: sa.Connection, instance_id: str) -> None:
+        """The instance's held seconds are in the Run's costs."""
+        conn.execute(instances.update().where(instances.c.instance_id == instance_id).values(billed=True))
+
+    def live(self, host: str | None = None, *, tenant_id: str | None = None) -> list[InstanceRow]:
+        """Live instances, of one host (and one tenant) or of all, oldest first."""
+        query = sa.select(instances).where(instances.c.state == LIVE).order_by(instances.c.created_at)
+        if host is not None:
+            query = query.where(instances.c.host == host)
+        if tenant_id is not None:
+            query = query.where(instances.c.tenant_id == tenant_id)
+        with self.store.engine.connect() as conn:
+            return [InstanceRow.of(r) for r in conn.execute(query)]
+
+    def ended_with_process(self, host: str) -> list[InstanceRow]:
+        """Ended instances of this host whose process may still run (nobody has stopped it yet)."""
+        query = sa.select(instances).where(instances.c.state != LIVE, instances.c.host == host,
+                                           instances.c.pid.is_not(None))
+        with self.store.engine.connect() as conn:
+            return [InstanceRow.of(r) for r in conn.execute(query)]
+
+    def forget_process(self, instance_id: str, pid: int) -> None:
+        """The ended instance's process is gone."""
+        with self.store.engine.begin() as conn:
+            conn.execute(instances.update().where(instances.c.instance_id == instance_id, instances.c.pid == pid,
+                                                  instances.c.state != LIVE).values(pid=None))
+
+    def renew(self, instance_ids: Sequence[str], until: float) -> None:
+        """Extend the leases of instances whose process was seen alive."""
+        if instance_ids:
+            with self.store.engine.begin() as conn:
+                conn.execute(instances.update().where(instances.c.instance_id.in_(list(instance_ids)),
+                                                      instances.c.state == LIVE).values(lease_expires_at=until))
+
+    def use(self) -> PoolUse:
+        """What every host holds now."""
+        with self.store.engine.connect() as conn:
+            by_host = conn.execute(sa.select(instances.c.host, sa.func.count()).where(instances.c.state == LIVE)
+                                   .group_by(instances.c.host)).all()
+            by_tenant = conn.execute(sa.select(instances.c.tenant_id, sa.func.count())
+                                     .where(instances.c.state == LIVE).group_by(instances.c.tenant_id)).all()
+            ports = conn.execute(sa.select(leases.c.resource, sa.func.count())
+                                 .where(leases.c.resource.like("port:%")).group_by(leases.c.resource)).all()
+        return PoolUse({h: int(n) for h, n in by_host}, {tn: int(n) for tn, n in by_tenant},
+                       {r.removeprefix("port:"): int(n) for r, n in ports})
