@@ -73,6 +73,8 @@ class Settings(BaseModel):
     #: how many levels of child Runs (AgentInvoke) a Run may start when its caller gives no
     #: chain_remaining, and the most a caller may give
     chain_depth: int = Field(default=4, ge=0, le=MAX_CHAIN_DEPTH)
+    #: how many rounds a Run may plan (each round's results are shown to the model before the next)
+    max_rounds: int = Field(default=4, ge=1, le=64)
     sandbox: Literal["auto", "bwrap", "rlimit"] = "auto"
     #: Redis Streams between the outbox and the hash chain (SPEC D2), e.g. redis://127.0.0.1:6379/0;
     #: None drains the outbox straight into the chain
@@ -131,7 +133,7 @@ class Settings(BaseModel):
                           ("data_dir", "HARNESS_DATA_DIR"), ("llm", "HARNESS_LLM"),
                           ("identities_file", "HARNESS_IDENTITIES"),
                           ("execution_limit_s", "HARNESS_EXECUTION_LIMIT_S"), ("sandbox", "HARNESS_SANDBOX"),
-                          ("chain_depth", "HARNESS_CHAIN_DEPTH"),
+                          ("chain_depth", "HARNESS_CHAIN_DEPTH"), ("max_rounds", "HARNESS_MAX_ROUNDS"),
                           ("tokenizer", "HARNESS_TOKENIZER"), ("memory", "HARNESS_MEMORY"),
                           ("memory_write_scope", "HARNESS_MEMORY_WRITE_SCOPE"),
                           ("trace_buffer", "HARNESS_TRACE_BUFFER"),
@@ -306,7 +308,7 @@ def build_runtime(settings: Settings | None = None, *, clock: Clock | None = Non
         store=store, machine=machine, assembler=assembler, orchestrator=PlanOrchestrator(
             provider, registry, max_attempts=1 if isinstance(provider, GuardedProvider) else 3),
         policy=policy, tools=tools, hitl=hitl, ledger=ledger, execution_limit_s=settings.execution_limit_s,
-        chain_depth=settings.chain_depth, limits=settings.limits, roles_of=identities.roles_of,
+        chain_depth=settings.chain_depth, max_rounds=settings.max_rounds, limits=settings.limits, roles_of=identities.roles_of,
         check_callback=lambda request: webhooks.check_callback(request.tenant_id, request.callback or ""),
     )
     tools.child_runs = runs  # AgentInvoke creates child Runs through the same kernel (T4)
