@@ -283,6 +283,10 @@ class ToolController:
                                   reraise=True):
                 with retry:
                     go.output = breaker.call(once, counts=counts_against)
+            problem = skill.output_problem(go.output)
+            if problem is not None:  # a definite answer that breaks the skill's contract: not retried
+                raise ToolCallError("invalid_output", f"{skill.id} returned an output that does not fit its "
+                                                      f"output_schema: {problem}")
         except Exception as exc:  # a skill's failure fails its step, never the process
             go.failure = exc
         go.duration_ms = (time.perf_counter() - started) * 1000
