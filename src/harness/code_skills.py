@@ -85,7 +85,11 @@ class CodeSkill:
         result = self.fn(**kwargs)
         if self.output is None:
             return result
-        return self.output.dump_python(result, mode="json")
+        try:
+            typed = self.output.validate_python(result, from_attributes=True)
+        except ValidationError:
+            return result  # as returned: the tool controller names how it breaks the output schema
+        return self.output.dump_python(typed, mode="json")
 
 
 def skill(id: str, *, version: str = "1.0.0", description: str | None = None, risk: Access = "read",
