@@ -277,7 +277,7 @@ class AsyncHarness:
         sync, seen = self.sync, after_seq
         started = sync.clock.now()
         while True:
-            batch = await asyncio.to_thread(lambda: list(sync.events(run_id, follow=False, after_seq=seen)))
+            batch = await asyncio.to_thread(_recorded_events, sync, run_id, seen)
             for event in batch:
                 seen = event.seq
                 yield event
@@ -307,3 +307,7 @@ class AsyncHarness:
         """See Harness.trace."""
         return await asyncio.to_thread(self.sync.trace, run_id)
 
+
+def _recorded_events(harness: Harness, run_id: str, after_seq: int) -> list[RunEvent]:
+    """The Run's changes recorded so far after `after_seq` (one poll of AsyncHarness.events)."""
+    return list(harness.events(run_id, follow=False, after_seq=after_seq))

@@ -14,12 +14,12 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from harness.adapters.llm.pricing import PricingTable
-from harness.agents import Agent, support_agent
 from harness.adapters.llm.resilient import GuardedProvider, ProviderSettings, make_provider
 from harness.adapters.llm.scripted import ScriptedProvider
 from harness.adapters.sql.ledger import CostLedger
 from harness.adapters.sql.store import SqlStore
 from harness.adapters.sql.webhooks import WebhookOutbox
+from harness.agents import Agent, support_agent
 from harness.context.secrets import SecretFilter
 from harness.context.tokenizer import tokenizer_for
 from harness.errors import InvalidRequestError
@@ -333,7 +333,8 @@ def build_runtime(settings: Settings | None = None, *, clock: Clock | None = Non
         store=store, machine=machine, assembler=assembler, orchestrator=PlanOrchestrator(
             provider, registry, max_attempts=1 if isinstance(provider, GuardedProvider) else 3),
         policy=policy, tools=tools, hitl=hitl, ledger=ledger, execution_limit_s=settings.execution_limit_s,
-        chain_depth=settings.chain_depth, max_rounds=settings.max_rounds, limits=settings.limits, roles_of=identities.roles_of,
+        chain_depth=settings.chain_depth, max_rounds=settings.max_rounds, limits=settings.limits,
+        roles_of=identities.roles_of,
         check_callback=lambda request: webhooks.check_callback(request.tenant_id, request.callback or ""),
     )
     tools.child_runs = runs  # AgentInvoke creates child Runs through the same kernel (T4)

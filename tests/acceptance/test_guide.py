@@ -27,7 +27,7 @@ def test_the_guides_program_runs_and_prints_what_the_guide_says(tmp_path: Path) 
     env = {k: v for k, v in os.environ.items() if not k.startswith("HARNESS_")}
     env["PYTHONPATH"] = str(tmp_path)
     done = subprocess.run([sys.executable, "main.py"], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=120)
+                          timeout=120, check=False)
     assert done.returncode == 0, done.stderr
     (shown,) = [body for lang, path, body in _blocks() if lang == "text" and path is None]
     assert done.stdout == shown

@@ -67,8 +67,9 @@ IDENTITIES = "identities:\n  default/ana: {roles: [agent]}\n  default/ops: {role
 def desk(tmp_path: Path) -> Agent:
     for name, text in (("rules.yaml", RULES), ("p.cedar", CEDAR), ("policy.yaml", POLICY), ("ids.yaml", IDENTITIES)):
         (tmp_path / name).write_text(text)
-    return Agent(name="desk", instructions="You are the ticket desk.", skills=[lookup_ticket, broken_ticket, close_ticket],
-                 policy=tmp_path / "policy.yaml", identities=tmp_path / "ids.yaml", llm_rules=tmp_path / "rules.yaml")
+    return Agent(name="desk", instructions="You are the ticket desk.",
+                 skills=[lookup_ticket, broken_ticket, close_ticket], policy=tmp_path / "policy.yaml",
+                 identities=tmp_path / "ids.yaml", llm_rules=tmp_path / "rules.yaml")
 
 
 @pytest.fixture

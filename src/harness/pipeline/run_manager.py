@@ -41,6 +41,7 @@ from harness.errors import (
 )
 from harness.kernel import FINAL, TRANSIENT, RunState
 from harness.kernel.events import LOST_RACE
+from harness.pipeline import rounds
 from harness.pipeline.child_runs import ChildRuns
 from harness.pipeline.context_assembler import ContextAssembler
 from harness.pipeline.contracts import (
@@ -56,7 +57,6 @@ from harness.pipeline.gatekeeper import PolicyEngine
 from harness.pipeline.intake import RolesOf, admit, body_hash
 from harness.pipeline.limits import RequestLimits
 from harness.pipeline.plan_orchestrator import PlanOrchestrator, StepRun, resolve
-from harness.pipeline import rounds
 from harness.pipeline.tool_controller import ToolController
 from harness.pipeline.tool_kinds import ChildWait, StepTimeoutError, ToolCallError
 from harness.pipeline.trace_recorder import (
