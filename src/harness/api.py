@@ -20,7 +20,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict
 
@@ -29,6 +29,9 @@ from harness.config import Runtime, Settings, build_runtime
 from harness.kernel import FINAL, RunState
 from harness.pipeline.contracts import Message, RunResult
 from harness.ports import Clock, LLMProvider
+
+if TYPE_CHECKING:
+    from harness.replay import ReplayReport
 
 __all__ = ["ApprovalRequest", "AsyncHarness", "DecisionOutcome", "Harness", "RunEvent", "TraceEntry"]
 
@@ -223,6 +226,12 @@ class Harness:
         self.runtime.store.drain_all()
         return [TraceEntry(seq=r.seq, kind=r.kind, hash=r.hash, data=r.data())
                 for r in self.runtime.store.trace_of(run_id)]
+
+    def replay(self, run_id: str) -> ReplayReport:
+        """Re-execute a finished Run from its recording on a scratch database and report any divergence."""
+        from harness.replay import replay
+
+        return replay(run_id, self.runtime.store, self.runtime.settings, self.runtime.agent)
 
     @staticmethod
     def _request(task: str, user: str, tenant: str, session: str, history: Sequence[Message | dict[str, str]],

@@ -286,7 +286,11 @@ def resolve_agent(settings: Settings, agent: Agent | None = None) -> tuple[Setti
     if agent is None:
         return settings, None
     values = {k: v for k, v in agent.settings_values().items() if k not in settings.model_fields_set}
-    return settings.model_copy(update=values), agent
+    resolved = settings.model_copy(update=values)
+    # the agent's values are not the deployment's choices: settings rebuilt from these (a replay's) find the
+    # same agent again
+    object.__setattr__(resolved, "__pydantic_fields_set__", set(settings.model_fields_set))
+    return resolved, agent
 
 
 def build_runtime(settings: Settings | None = None, *, clock: Clock | None = None,

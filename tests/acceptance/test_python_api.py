@@ -129,6 +129,7 @@ def test_events_follow_a_run_and_approve_reject_cancel_and_trace_are_typed(h: Ha
     assert {"policy", "hitl", "tool", "run"} <= {t.kind for t in trace}
     assert [t.seq for t in trace] == sorted(t.seq for t in trace)
 
+    assert h.replay(parked.run_id).ok  # a Run of an agent defined in code replays with that agent
     other = h.run("close T-4", user="ana")
     rejected = h.reject(other.approval_request_id, as_="ana", reason="not yet")
     assert rejected.accepted and rejected.run.state == "CLOSED_REJECTED"

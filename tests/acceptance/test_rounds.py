@@ -16,6 +16,7 @@ from harness.config import Runtime, Settings, build_runtime
 from harness.kernel import RunState
 from harness.pipeline.contracts import CallerIdentity
 from harness.pipeline.trace_recorder import policy_verdicts
+from harness.replay import replay
 
 from .checks import assert_audit_clean, trace_kinds
 
@@ -100,6 +101,8 @@ def test_the_support_agent_looks_up_decides_parks_and_answers_from_the_results(s
     costs = [r.data()["source"] for r in rt.store.trace_of(done.run_id) if r.kind == "cost"]
     assert costs == ["llm:scripted:plan", "llm:scripted:plan", "llm:scripted:answer"]
     assert_audit_clean(rt)
+    report = replay(done.run_id, rt.store, rt.settings)  # both rounds, the approval and the answer
+    assert report.ok, report.to_dict()
 
 
 def test_an_order_not_delivered_gets_a_direct_answer_in_round_two(support_runtime: Runtime) -> None:
