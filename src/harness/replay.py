@@ -38,12 +38,12 @@ from typing import Any, cast
 import sqlalchemy as sa
 
 from harness.adapters.llm.resilient import FallbackResponse
-from harness.agents import Agent
 from harness.adapters.llm.types import LLMRequest, LLMResponse
 from harness.adapters.sql import schema as t
 from harness.adapters.sql.blobs import BlobStore
 from harness.adapters.sql.ledger import recount_totals
 from harness.adapters.sql.store import RunRecord, SqlStore
+from harness.agents import Agent
 from harness.audit.chain import content_hash
 from harness.clock import FakeClock
 from harness.config import Runtime, Settings, build_runtime

@@ -61,7 +61,7 @@ def test_the_guides_agent_runs_against_an_openai_compatible_endpoint(server: Scr
     from the endpoint; the model is told the agent's instructions, then sees round 1's result before it
     plans round 2, and writes the answer from the results."""
     for _, path, body in _blocks():
-        if path and path.endswith(".py") and path != "main.py" or path and not path.endswith(".py"):
+        if (path and path.endswith(".py") and path != "main.py") or (path and not path.endswith(".py")):
             (tmp_path / path).write_text(body, encoding="utf-8")
     (tmp_path / "prices.yaml").write_text("models:\n  my-model: {input_per_mtok: 1.0, output_per_mtok: 2.0}\n")
     for key, value in (("HARNESS_LLM", "openai"), ("HARNESS_LLM_BASE_URL", f"{server.origin}/v1"),
