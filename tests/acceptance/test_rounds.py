@@ -167,6 +167,18 @@ def test_max_rounds_refuses_another_round_before_it_runs(tmp_path: Path, clock: 
         rt.close()
 
 
+def test_each_round_is_held_to_the_budget_with_what_earlier_rounds_spent(rounds_runtime: Runtime,
+                                                                         call_log: Path) -> None:
+    """Round 2's plan is checked against the budget with everything the Run spent so far: over it, the
+    round is rejected before its step runs."""
+    done = rounds_runtime.runs.create_run({"task": "pricey", **TESTER})
+    assert list(done.path) == [*TWO_ROUNDS, "REJECTED", "TRACING", "CLOSED_REJECTED"]
+    assert "budget.per_user" in (done.error or "")
+    assert [c["step"] for c in _calls(call_log)] == ["cheap"]
+    policies = [r.data() for r in rounds_runtime.store.trace_of(done.run_id) if r.kind == "policy"]
+    assert [p["decision"] for p in policies] == ["pass", "reject"]
+
+
 def test_the_max_rounds_setting_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     """HARNESS_MAX_ROUNDS sets the bound; a value that is not a positive number is refused by name."""
     monkeypatch.setenv("HARNESS_MAX_ROUNDS", "7")
