@@ -13,8 +13,8 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
-from harness.adapters.sql import schema as t
 from harness.adapters.sql.ledger import CostLedger
+from harness.adapters.sql import schema as t
 from harness.adapters.sql.store import NewRun, SqlStore
 from harness.clock import FakeClock
 from harness.kernel import FINAL
