@@ -1,10 +1,14 @@
 """harness-kernel: executes AI-agent Runs as governed, auditable, recoverable units of work.
 
-The library API: build a Runtime from Settings and drive Runs through its RunManager::
+The library API (docs/guide-your-own-agent.md)::
 
-    from harness import Settings, build_runtime
-    rt = build_runtime(Settings(db="harness.db"))
-    result = rt.runs.create_run({"task": "Where is order A-1001?", "user_id": "alice"})
+    from harness import Harness
+    with Harness(db="harness.db") as h:
+        result = h.run("Where is order A-1001?", user="alice")
+
+`Harness` (and `AsyncHarness`) sit on the composition root (`build_runtime`), as the CLI and the
+service do; an `Agent` names the instructions, model, skills (YAML manifests or `@skill` functions)
+and policy.
 
 Names are imported lazily, so that `harness.audit.standalone` (the auditor's verifier) can be used
 without loading any database code.
@@ -18,6 +22,17 @@ from typing import Any
 __version__ = "0.1.0"
 
 _EXPORTS = {
+    "Agent": "harness.agents",
+    "support_agent": "harness.agents",
+    "ApprovalRequest": "harness.api",
+    "AsyncHarness": "harness.api",
+    "DecisionOutcome": "harness.api",
+    "Harness": "harness.api",
+    "RunEvent": "harness.api",
+    "TraceEntry": "harness.api",
+    "CodeSkill": "harness.code_skills",
+    "skill": "harness.code_skills",
+    "SkillContext": "harness.skills",
     "Runtime": "harness.config",
     "Settings": "harness.config",
     "build_runtime": "harness.config",
@@ -35,21 +50,32 @@ _EXPORTS = {
 }
 
 __all__ = [  # spelled out for static tools; tests/unit/test_public_api.py keeps it equal to _EXPORTS
+    "Agent",
+    "ApprovalRequest",
+    "AsyncHarness",
     "BadInputError",
     "CallerIdentity",
     "CloseReason",
+    "CodeSkill",
+    "DecisionOutcome",
+    "Harness",
     "HarnessError",
     "InvalidRequestError",
     "InvalidTransitionError",
     "JobStatus",
+    "RunEvent",
     "RunRequest",
     "RunResult",
     "RunState",
     "Runtime",
     "Settings",
+    "SkillContext",
+    "TraceEntry",
     "UnknownRunError",
     "__version__",
     "build_runtime",
+    "skill",
+    "support_agent",
 ]
 
 

@@ -20,6 +20,7 @@ from harness.adapters.llm.scripted import ScriptedProvider
 from harness.adapters.sql.ledger import CostLedger
 from harness.adapters.sql.store import SqlStore
 from harness.adapters.sql.webhooks import WebhookOutbox
+from harness.agents import Agent, support_agent
 from harness.context.secrets import SecretFilter
 from harness.context.tokenizer import tokenizer_for
 from harness.errors import InvalidRequestError
@@ -54,6 +55,9 @@ class Settings(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     db: str | None = None
+    #: the agent file (YAML: name, instructions, model, skills, policy); None: the bundled support agent,
+    #: unless skills, policy, rules or identities are set one by one
+    agent: Path | None = None
     skills_dirs: tuple[Path, ...] = (EXAMPLE_DIR / "skills",)
     #: installed packages whose modules may be skill entrypoints (besides files in a skill's folder)
     skill_packages: tuple[str, ...] = ()
@@ -77,6 +81,8 @@ class Settings(BaseModel):
     #: how many levels of child Runs (AgentInvoke) a Run may start when its caller gives no
     #: chain_remaining, and the most a caller may give
     chain_depth: int = Field(default=4, ge=0, le=MAX_CHAIN_DEPTH)
+    #: how many rounds a Run may plan (each round's results are shown to the model before the next)
+    max_rounds: int = Field(default=4, ge=1, le=64)
     sandbox: Literal["auto", "bwrap", "rlimit"] = "auto"
     #: sandboxes as a scarce resource: this host's name (instances, caps and the port pool are per host),
     #: how many instances may live at once on it and per tenant, its port range ("41000-41255"; "" for
@@ -155,11 +161,11 @@ class Settings(BaseModel):
                           ("data_dir", "HARNESS_DATA_DIR"), ("llm", "HARNESS_LLM"),
                           ("identities_file", "HARNESS_IDENTITIES"),
                           ("execution_limit_s", "HARNESS_EXECUTION_LIMIT_S"), ("sandbox", "HARNESS_SANDBOX"),
-                          ("chain_depth", "HARNESS_CHAIN_DEPTH"),
+                          ("chain_depth", "HARNESS_CHAIN_DEPTH"), ("max_rounds", "HARNESS_MAX_ROUNDS"),
                           ("tokenizer", "HARNESS_TOKENIZER"), ("memory", "HARNESS_MEMORY"),
                           ("memory_write_scope", "HARNESS_MEMORY_WRITE_SCOPE"),
                           ("trace_buffer", "HARNESS_TRACE_BUFFER"),
-                          ("webhooks_file", "HARNESS_WEBHOOKS_FILE")):
+                          ("webhooks_file", "HARNESS_WEBHOOKS_FILE"), ("agent", "HARNESS_AGENT")):
             if env.get(name):
                 values[key] = env[name]
         for key, name in (("checkpoint_interval_s", "HARNESS_CHECKPOINT_INTERVAL_S"),
@@ -209,7 +215,7 @@ def parse_port_range(text: str) -> tuple[int, int] | None:
 
 
 #: fields of Settings that are paths: in a config file they are relative to the file's folder
-_PATH_FIELDS = ("skills_dirs", "policy_file", "llm_rules", "llm_pricing", "identities_file", "data_dir")
+_PATH_FIELDS = ("skills_dirs", "policy_file", "llm_rules", "llm_pricing", "identities_file", "data_dir", "agent")
 
 
 def _config_file(name: str | None) -> dict[str, object]:
@@ -249,6 +255,7 @@ class Runtime:
     identities: IdentityDirectory
     webhooks: WebhookConfig | None = None
     webhook_outbox: WebhookOutbox | None = None
+    agent: Agent | None = None
 
     def dispatcher(self) -> WebhookDispatcher:
         """A delivery loop for this runtime's webhook outbox (the caller closes it)."""
@@ -308,16 +315,39 @@ def open_trace_buffer(url: str) -> TraceBuffer:
     return RedisTraceBuffer.from_url(url)
 
 
+#: settings that, given one by one, mean the deployment assembles its own agent rather than the bundled one
+_AGENT_FIELDS = frozenset({"skills_dirs", "policy_file", "llm_rules", "identities_file"})
+
+
+def resolve_agent(settings: Settings, agent: Agent | None = None) -> tuple[Settings, Agent | None]:
+    """The agent a process runs (given, named by the settings, or the bundled support agent when the
+    settings assemble none) and the settings with the agent's values under the explicit ones."""
+    if agent is None and settings.agent is not None:
+        agent = Agent.from_file(settings.agent)
+    if agent is None and not settings.model_fields_set & _AGENT_FIELDS:
+        agent = support_agent()
+    if agent is None:
+        return settings, None
+    values = {k: v for k, v in agent.settings_values().items() if k not in settings.model_fields_set}
+    resolved = settings.model_copy(update=values)
+    # the agent's values are not the deployment's choices: settings rebuilt from these (a replay's) find the
+    # same agent again
+    object.__setattr__(resolved, "__pydantic_fields_set__", set(settings.model_fields_set))
+    return resolved, agent
+
+
 def build_runtime(settings: Settings | None = None, *, clock: Clock | None = None,
                   provider: LLMProvider | None = None, sink: ResultSink | None = None,
-                  store: SqlStore | None = None) -> Runtime:
-    """Wire the ports to their adapters."""
-    settings = settings or Settings.from_env()
+                  store: SqlStore | None = None, agent: Agent | None = None) -> Runtime:
+    """Wire the ports to their adapters, for `agent` (or the one the settings name)."""
+    settings, agent = resolve_agent(settings or Settings.from_env(), agent)
     store = store or SqlStore.open(settings.db, clock)
     if settings.trace_buffer and store.trace_buffer is None:
         store.trace_buffer = open_trace_buffer(settings.trace_buffer)
     machine = StateMachine(store)
     registry = SkillRegistry.from_dirs(*settings.skills_dirs, packages=settings.skill_packages)
+    if agent is not None and agent.code_skills:
+        registry = SkillRegistry([*registry.all(), *(s.skill for s in agent.code_skills)])
     ledger = CostLedger(store)
     policy = PolicyEngine.from_file(settings.policy_file, registry, ledger)
     hitl = HitlDesk(store, policy.policy.hitl)
@@ -342,7 +372,8 @@ def build_runtime(settings: Settings | None = None, *, clock: Clock | None = Non
     identities = IdentityDirectory.from_file(settings.identities_file)
     encoding = None if settings.tokenizer == "auto" else settings.tokenizer
     assembler = ContextAssembler(tokenizer_for(settings.llm, settings.llm_model, encoding), memory=memory,
-                                 secret_filter=secret_filter, memory_share=settings.memory_share)
+                                 secret_filter=secret_filter, memory_share=settings.memory_share,
+                                 instructions=agent.instructions if agent is not None else None)
     webhooks = load_webhook_config(settings.webhooks_file)
     outbox = WebhookOutbox(store)
     notifier = WebhookNotifier(outbox, webhooks)
@@ -353,12 +384,13 @@ def build_runtime(settings: Settings | None = None, *, clock: Clock | None = Non
         store=store, machine=machine, assembler=assembler, orchestrator=PlanOrchestrator(
             provider, registry, max_attempts=1 if isinstance(provider, GuardedProvider) else 3),
         policy=policy, tools=tools, hitl=hitl, ledger=ledger, execution_limit_s=settings.execution_limit_s,
-        chain_depth=settings.chain_depth, limits=settings.limits, roles_of=identities.roles_of,
+        chain_depth=settings.chain_depth, max_rounds=settings.max_rounds, limits=settings.limits,
+        roles_of=identities.roles_of,
         check_callback=lambda request: webhooks.check_callback(request.tenant_id, request.callback or ""),
     )
     tools.child_runs = runs  # AgentInvoke creates child Runs through the same kernel (T4)
     runtime = Runtime(settings, store, machine, registry, policy, hitl, tools, TraceRecorder(store), runs, identities,
-                      webhooks, outbox)
+                      webhooks, outbox, agent)
     from harness.worker import RunWorker  # the worker drives a Runtime: wired once the Runtime exists
 
     # every drive holds the Run's lease (K5b, T6), as the thread that drives it (owner host:pid:thread)

@@ -43,6 +43,7 @@ from harness.adapters.sql import schema as t
 from harness.adapters.sql.blobs import BlobStore
 from harness.adapters.sql.ledger import recount_totals
 from harness.adapters.sql.store import RunRecord, SqlStore
+from harness.agents import Agent
 from harness.audit.chain import content_hash
 from harness.clock import FakeClock
 from harness.config import Runtime, Settings, build_runtime
@@ -308,8 +309,9 @@ def _at(items: list[Any], index: int) -> Any:
     return items[index] if index < len(items) else None
 
 
-def replay(run_id: str, source: SqlStore, settings: Settings | None = None) -> ReplayReport:
-    """Replay one finished Run of `source` (read only) and compare; ReplayError when it cannot be."""
+def replay(run_id: str, source: SqlStore, settings: Settings | None = None, agent: Agent | None = None) -> ReplayReport:
+    """Replay one finished Run of `source` (read only) and compare; ReplayError when it cannot be. `agent`:
+    the agent the Run ran for, when it is defined in code (an agent file is found from the settings)."""
     run = source.get_run(run_id)
     if run.state not in FINAL:
         raise ReplayError(f"run {run_id} is {run.state.value}; only a finished Run can be replayed")
@@ -322,7 +324,7 @@ def replay(run_id: str, source: SqlStore, settings: Settings | None = None) -> R
     base = base.model_copy(update={"chain_depth": max(base.chain_depth, chain if isinstance(chain, int) else 0)})
     events = OutsideEvents(outside_events(source, run_id), plan_answers=len(recording.answers("plan")),
                            tool_steps=recording.called_steps(), crashed_steps=recording.crashed_steps())
-    with _scratch_runtime(base, run.created_at, recording, events) as (rt, clock):
+    with _scratch_runtime(base, run.created_at, recording, events, agent) as (rt, clock):
         _seed(source, rt.store, run.tenant_id, run.created_at)
         follow = _follow_clock(clock, [x.at for x in source.transitions_of(run_id)])
         rt.machine.subscribe(lambda _rid, _s, _t: follow())
@@ -357,14 +359,14 @@ def _settle(rt: Runtime, replay_id: str, step: Callable[[], object]) -> None:
 
 
 @contextmanager
-def _scratch_runtime(base: Settings, start: float, recording: Recording,
-                     events: OutsideEvents) -> Iterator[tuple[Runtime, FakeClock]]:
+def _scratch_runtime(base: Settings, start: float, recording: Recording, events: OutsideEvents,
+                     agent: Agent | None = None) -> Iterator[tuple[Runtime, FakeClock]]:
     """A runtime on a temporary database and folder, answering from the recording."""
     with tempfile.TemporaryDirectory(prefix="harness-replay-") as tmp:
         clock = FakeClock(start)
         scratch = Path(tmp)
         settings = base.model_copy(update={"db": str(scratch / "replay.db"), "data_dir": scratch / "data"})
-        rt = build_runtime(settings, clock=clock, provider=ReplayProvider(recording, events))
+        rt = build_runtime(settings, clock=clock, provider=ReplayProvider(recording, events), agent=agent)
         rt.runs.tools = cast(ToolController, ReplayTools(rt.runs.tools, recording, events))
         # the replay is the scratch database's only driver, on a clock that jumps to recorded moments: a
         # lease would seem to lapse at every jump and fence the drive, so it drives without one

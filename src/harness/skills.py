@@ -191,6 +191,21 @@ class Skill:
         """Raise jsonschema.ValidationError when the arguments do not fit the input schema."""
         self._arguments_validator.validate(arguments)
 
+    def output_problem(self, output: Any) -> str | None:
+        """Why the output does not fit the manifest's output_schema (naming the field), or None when it
+        fits or the manifest declares none."""
+        if self.manifest.output_schema is None:
+            return None
+        error = jsonschema.exceptions.best_match(self._output_validator.iter_errors(output))
+        if error is None:
+            return None
+        where = ".".join(str(p) for p in error.absolute_path) or "(the output)"
+        return f"{where}: {error.message}"
+
+    @functools.cached_property
+    def _output_validator(self) -> jsonschema.Draft202012Validator:
+        return jsonschema.Draft202012Validator(self.manifest.output_schema or {})
+
     @functools.cached_property
     def _arguments_validator(self) -> jsonschema.Draft202012Validator:
         """The input schema, compiled once per loaded skill (a manifest never changes under a Skill)."""

@@ -53,6 +53,8 @@ TABLE: tuple[Edge, ...] = (
     Edge(S.PREPARING, S.CANCELLED, "caller", "cancelled by the user"),
     Edge(S.PLANNING, S.CANCELLED, "caller", "cancelled by the user"),
     Edge(S.POLICY_CHECK, S.CANCELLED, "caller", "cancelled by the user"),
+    # documented extension (SPEC K2, rounds): the model sees a round's results and plans the next one
+    Edge(S.EXECUTING, S.PLANNING, "run_manager", "a round succeeded and its plan asks for another round"),
 )
 
 LEGAL: frozenset[tuple[RunState, RunState]] = frozenset((e.source, e.target) for e in TABLE)

@@ -181,11 +181,20 @@ class BudgetEstimate(Contract):
     cost_usd: float = Field(default=0.0, ge=0)
 
 
-class Plan(Contract):
-    """The model's plan (step ④): steps with tool calls, a dependency DAG, output keys and a budget."""
+#: what happens once a plan's steps have run: "finish" answers with `answer` or the rendered
+#: `answer_template`; "answer" has the model write the answer from the results; "next_round" shows the
+#: model the results and asks it for the next round's plan
+Then = Literal["finish", "answer", "next_round"]
 
-    steps: tuple[PlanStep, ...] = Field(min_length=1, max_length=64)
+
+class Plan(Contract):
+    """The model's plan (step ④) for one round: steps with tool calls, a dependency DAG, output keys, a
+    budget, and what happens after them. A plan with no steps is a direct answer."""
+
+    steps: tuple[PlanStep, ...] = Field(default=(), max_length=64)
+    answer: str | None = Field(default=None, max_length=20_000)
     answer_template: str = Field(default="", max_length=10_000)
+    then: Then = "finish"
     budget_estimate: BudgetEstimate = BudgetEstimate()
     requires_authorization: bool = False
 
@@ -197,6 +206,11 @@ class Plan(Contract):
         keys = [s.output_key for s in self.steps]
         if len(set(keys)) != len(keys):
             raise ValueError(f"output keys must be unique, got {keys}")
+        if not self.steps:
+            if self.then != "finish":
+                raise ValueError(f'a plan with no steps is a direct answer: "then" must be "finish", not {self.then!r}')
+            if not (self.answer or "").strip():
+                raise ValueError("a plan with no steps is a direct answer and needs a non-empty \"answer\"")
         return self
 
 

@@ -75,12 +75,13 @@ class PolicyEngine:
         return cached
 
     def evaluate(self, plan: Plan, caller: CallerIdentity, run_id: str, *,
-                 chain_remaining: int | None = None) -> Evaluation:
+                 chain_remaining: int | None = None, round_no: int = 1, max_rounds: int | None = None) -> Evaluation:
         """The unified decision on a plan, with every rule's verdict. `chain_remaining` is the Run's
         delegation budget (seed 004 §4.1): with none left, a step that would start a child Run is
-        rejected here, before any side effect; None skips the rule."""
+        rejected here, before any side effect; None skips the rule. A plan asking for another round
+        when the Run is in its `max_rounds`-th round is rejected before any of its calls start."""
         started = time.perf_counter()
-        verdicts: list[Verdict] = []
+        verdicts: list[Verdict] = self._shape(plan, round_no, max_rounds)
         levels: list[Level] = []
         checked = [(step, self.registry.get(step.tool_call.skill)) for step in plan.steps]
         structurals = [self._structural(step, skill) for step, skill in checked]
@@ -115,6 +116,20 @@ class PolicyEngine:
                             verdicts=tuple(PolicyVerdict(**v.model_dump()) for v in verdicts),
                             duration_us=round((time.perf_counter() - started) * 1e6, 1))
         return Evaluation(PolicyDecision(decision=decision, verdicts=tuple(verdicts), level=top), (trace,))
+
+    @staticmethod
+    def _shape(plan: Plan, round_no: int, max_rounds: int | None) -> list[Verdict]:
+        """Verdicts on the plan as a whole: a direct answer, and the rounds budget (SPEC K2, rounds)."""
+        out = []
+        if not plan.steps:
+            out.append(Verdict(rule_id="structural.direct_answer", family="structural", decision="pass",
+                               reason="a plan with no steps is a direct answer: nothing to execute"))
+        if plan.then == "next_round" and max_rounds is not None:
+            over = round_no >= max_rounds
+            out.append(Verdict(rule_id="budget.rounds", family="budget", decision="reject" if over else "pass",
+                               reason=f"round {round_no} asks for another round; this Run may plan at most "
+                                      f"{max_rounds} round(s)" + (" (HARNESS_MAX_ROUNDS)" if over else "")))
+        return out
 
     def check_call(self, step: PlanStep, arguments: dict[str, Any]) -> Verdict | None:
         """Re-apply the guardrails to concrete arguments at execution time; the rejecting verdict, if any."""

@@ -126,12 +126,17 @@ class PlanOrchestrator:
         # one pool for the life of the orchestrator: creating threads per Run cost more than the steps
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=max_parallel, thread_name_prefix="plan-step")
 
-    def plan(self, context: AssembledContext, tools: Sequence[ToolSpec]) -> PlanOutcome:
-        """Ask the model for a plan and validate it; PlanError names what is wrong."""
+    def plan(self, context: AssembledContext, tools: Sequence[ToolSpec], *, rounds: Sequence[Message] = (),
+             taken: tuple[set[str], set[str]] = (set(), set())) -> PlanOutcome:
+        """Ask the model for a plan and validate it; PlanError names what is wrong.
+
+        For a later round, `rounds` is the conversation of the completed rounds (each plan and its
+        results) and `taken` the step ids and output keys they used, which the new plan may not reuse
+        (its steps may read the earlier outputs)."""
         request = LLMRequest(
             purpose="plan", system=context.system_prompt,
-            messages=(*context.history, Message(role="user", content=context.user_input)), tools=tuple(tools),
-            max_tokens=max(256, min(4_096, context.budget_left)),
+            messages=(*context.history, Message(role="user", content=context.user_input), *rounds),
+            tools=tuple(tools), max_tokens=max(256, min(4_096, context.budget_left)),
         )
         response: LLMResponse | None = None
         for attempt in Retrying(stop=stop_after_attempt(self.max_attempts),
@@ -141,15 +146,16 @@ class PlanOrchestrator:
                 response = self.provider.complete(request)
         assert response is not None
         try:
-            plan = self.parse(response.content, {t.name for t in tools})
+            plan = self.parse(response.content, {t.name for t in tools}, taken)
         except PlanError as exc:
             exc.response = response  # the tokens were spent even though the plan is unusable
             raise
         problem = dag_problem(plan)
         return PlanOutcome(plan, problem is not None, problem, response)
 
-    def parse(self, content: str, visible: set[str]) -> Plan:
-        """A Plan from the model's text, or PlanError explaining why it is not one."""
+    def parse(self, content: str, visible: set[str], taken: tuple[set[str], set[str]] = (set(), set())) -> Plan:
+        """A Plan from the model's text, or PlanError explaining why it is not one. `taken`: the step ids
+        and output keys of the Run's earlier rounds."""
         try:
             raw = json.loads(_strip_fences(content))
         except json.JSONDecodeError as exc:
@@ -161,8 +167,15 @@ class PlanOrchestrator:
             err = exc.errors()[0]
             where = ".".join(str(p) for p in err["loc"]) or "(top level)"
             raise PlanError(f"the model's plan is invalid at {where}: {err['msg']}") from exc
-        keys = {s.output_key for s in plan.steps}
+        taken_ids, taken_keys = taken
+        keys = {s.output_key for s in plan.steps} | taken_keys
         for step in plan.steps:
+            if step.id in taken_ids:
+                raise PlanError(f"step id {step.id!r} was used in an earlier round; every step of a Run needs "
+                                "its own id")
+            if step.output_key in taken_keys:
+                raise PlanError(f"output key {step.output_key!r} was used in an earlier round; every output "
+                                "of a Run needs its own key")
             if self.registry.get(step.tool_call.skill) is None:
                 raise PlanError(f"step {step.id} calls {step.tool_call.skill!r}, which is not a known skill")
             for ref in refs_in(step.tool_call.arguments):

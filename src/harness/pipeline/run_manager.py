@@ -41,6 +41,7 @@ from harness.errors import (
 )
 from harness.kernel import FINAL, TRANSIENT, RunState
 from harness.kernel.events import LOST_RACE
+from harness.pipeline import rounds
 from harness.pipeline.child_runs import ChildRuns
 from harness.pipeline.context_assembler import ContextAssembler
 from harness.pipeline.contracts import (
@@ -57,7 +58,7 @@ from harness.pipeline.intake import RolesOf, admit, body_hash
 from harness.pipeline.limits import RequestLimits
 from harness.pipeline.plan_orchestrator import PlanOrchestrator, StepRun, resolve
 from harness.pipeline.tool_controller import ToolController
-from harness.pipeline.tool_kinds import ChildWait
+from harness.pipeline.tool_kinds import ChildWait, StepTimeoutError, ToolCallError
 from harness.pipeline.trace_recorder import (
     CostTrace,
     HITLTrace,
@@ -122,7 +123,7 @@ class RunManager:
                  orchestrator: PlanOrchestrator, policy: PolicyEngine, tools: ToolController, hitl: HitlDesk,
                  ledger: CostLedger, execution_limit_s: float = 600.0, chain_depth: int = 4,
                  limits: RequestLimits | None = None, roles_of: RolesOf | None = None,
-                 check_callback: Callable[[RunRequest], None] | None = None) -> None:
+                 check_callback: Callable[[RunRequest], None] | None = None, max_rounds: int = 4) -> None:
         self.store = store
         self.machine = machine
         self.assembler = assembler
@@ -136,6 +137,8 @@ class RunManager:
         self.execution_limit_s = execution_limit_s
         #: the delegation budget of a Run whose caller gives none, and the most a caller may give (§4.1)
         self.chain_depth = chain_depth
+        #: how many rounds a Run may plan (SPEC K2, rounds): a plan asking for more is refused by policy
+        self.max_rounds = max_rounds
         self.limits = limits or RequestLimits()
         self.roles_of = roles_of  # the identity directory's roles for a request that names none
         self._context_lock = threading.Lock()
@@ -215,12 +218,18 @@ class RunManager:
                                 _records(step_trace(run_id, 1, run.request, {"run_id": run_id}, 0.0)))
         if run.state == S.PREPARING:  # also a Run whose worker died here: steps ②③ are side-effect free (P1)
             run = self._prepare(run, request)
-        if run.state == S.PLANNING:
-            run = self._plan(run, request)
-        if run.state == S.POLICY_CHECK:
-            run = self._policy(run, request)
-        if run.state == S.EXECUTING:
-            run = self._execute(run, request)
+        # the main path, round after round (EXECUTING → PLANNING when a plan asks for another round);
+        # it stops when the Run parks, closes, or did not move (a lost race, a fenced drive)
+        for _ in range(3 * self.max_rounds + 3):
+            before = (run.state, run.version)
+            if run.state == S.PLANNING:
+                run = self._plan(run, request)
+            elif run.state == S.POLICY_CHECK:
+                run = self._policy(run, request)
+            elif run.state == S.EXECUTING:
+                run = self._execute(run, request)
+            if run.state not in (S.PLANNING, S.POLICY_CHECK, S.EXECUTING) or (run.state, run.version) == before:
+                break
         # the result reaches the caller through the ResultSink the state machine calls inside every close
         # and park (harness.webhooks), whoever makes it: not from here, which only a drive passes through
         return self.result(run_id)
@@ -437,13 +446,23 @@ class RunManager:
 
     def _plan(self, run: RunRecord, request: RunRequest) -> RunRecord:
         context = dict(run.context or {})
-        assembled = AssembledContext.model_validate(context["context"])
+        round_no = rounds.number(context)
+        # round 1 has the assembled context in the RunContext; a later round reads it back by hash
+        assembled = AssembledContext.model_validate(context["context"]) if "context" in context \
+            else self.assembled_context(run.run_id)
         specs = self.tools.tool_specs([s for s in (self.tools.registry.get(i) for i in context["visible_skills"])
                                        if s is not None])
         started = time.perf_counter()
-        llm_input = {"context": context["context"], "tools": [s.model_dump(mode="json") for s in specs]}
+        llm_input: dict[str, Any] = {"context": context.get("context") or assembled.model_dump(mode="json"),
+                                     "tools": [s.model_dump(mode="json") for s in specs]}
         try:
-            outcome = self.orchestrator.plan(assembled, specs)
+            transcript = rounds.transcript(context, self._scrub)  # earlier results, secrets filtered (C4)
+        except ContextError as exc:
+            return self._fail(run, S.PLANNING, 4, exc.code, exc, inputs=request.task)
+        if transcript:
+            llm_input["rounds"] = [m.model_dump(mode="json") for m in transcript]
+        try:
+            outcome = self.orchestrator.plan(assembled, specs, rounds=transcript, taken=rounds.taken_names(context))
         except PlanError as exc:
             if isinstance(exc.response, LLMResponse):
                 record_llm_call(self.store, run.run_id, "plan", llm_input,
@@ -463,7 +482,7 @@ class RunManager:
         context["cost"] = {"input_tokens": usage.input_tokens, "output_tokens": usage.output_tokens,
                            "usd": usage.cost_usd}
         detail = f"flattened to listed order: {outcome.dag_problem}" if outcome.flattened else ""
-        records = _records(step_trace(run.run_id, 4, context["context"], context["plan"], elapsed, detail=detail))
+        records = _records(step_trace(run.run_id, 4, llm_input["context"], context["plan"], elapsed, detail=detail))
         if outcome.flattened:
             self.store.audit(run.run_id, "plan_flattened", "plan_orchestrator", {"problem": outcome.dag_problem})
         records.extend(_records(cost))
@@ -472,26 +491,31 @@ class RunManager:
         records.append(llm_record)
         # the assembled context has served its purpose; it stays, by hash, in the plan request's blob
         # (A5), so the Run row rewritten at every later transition does not carry it (assembled_context)
-        del context["context"]
+        context.pop("context", None)
         context["plan_request_hash"] = llm_record.payload["request_hash"]
 
         def ledger_and_blobs(conn: sa.Connection) -> None:
             put(conn, contents_of(llm_values))
             self.ledger.insert(conn, cost)  # last: it locks the tenant's spend total until the commit
 
-        return self._advance(run, S.PLANNING, S.POLICY_CHECK, f"plan with {len(outcome.plan.steps)} steps",
+        what = f"plan with {len(outcome.plan.steps)} steps" if outcome.plan.steps else "a direct answer"
+        return self._advance(run, S.PLANNING, S.POLICY_CHECK, what if round_no == 1 else f"round {round_no}: {what}",
                              records, context=context, also=ledger_and_blobs)
 
-    def _cost(self, run: RunRecord, response: LLMResponse) -> CostTrace:
+    def _scrub(self, text: str) -> str:
+        """Text bound for a model with its secrets removed (C4); ContextError when the filter fails."""
+        return self.assembler.filter.scrub(text).text
+
+    def _cost(self, run: RunRecord, response: LLMResponse, purpose: str = "plan") -> CostTrace:
         usage = response.usage
-        return CostTrace(run_id=run.run_id, source=f"llm:{response.provider}:plan",
+        return CostTrace(run_id=run.run_id, source=f"llm:{response.provider}:{purpose}",
                          input_tokens=usage.input_tokens, output_tokens=usage.output_tokens, api_calls=1,
                          usd=usage.cost_usd, unit_price=unit_price(usage), priced=usage.priced,
                          model=response.model, tenant_id=run.tenant_id, user_id=run.user_id,
                          parent_run_id=run.parent_run_id)
 
-    def _record_cost(self, run: RunRecord, response: LLMResponse) -> None:
-        self.ledger.record(self._cost(run, response))
+    def _record_cost(self, run: RunRecord, response: LLMResponse, purpose: str = "plan") -> None:
+        self.ledger.record(self._cost(run, response, purpose))
 
     def _policy(self, run: RunRecord, request: RunRequest) -> RunRecord:
         context = dict(run.context or {})
@@ -499,7 +523,8 @@ class RunManager:
         caller = request.caller
         started = time.perf_counter()
         chain = self.chain_depth if request.chain_remaining is None else request.chain_remaining
-        evaluation = self.policy.evaluate(plan, caller, run.run_id, chain_remaining=chain)
+        evaluation = self.policy.evaluate(plan, caller, run.run_id, chain_remaining=chain,
+                                          round_no=rounds.number(context), max_rounds=self.max_rounds)
         decision = evaluation.decision
         elapsed = (time.perf_counter() - started) * 1000
         context["policy"] = {"decision": decision.decision, "level": decision.level}
@@ -541,8 +566,8 @@ class RunManager:
     def _execute_plan(self, run: RunRecord, request: RunRequest, context: dict[str, Any]) -> RunRecord:
         plan = Plan.model_validate(context["plan"])
         approved = self._approved_actions(run.run_id, context)
-        outputs = {o["output_key"]: o["output"] for o in context.get("steps", {}).values() if o["status"] == "ok"}
-        deadline = self._deadline(run)
+        outputs = {**rounds.earlier_outputs(context), **rounds.ok_outputs(context.get("steps", {}))}
+        deadline = self._deadline(run, rounds.executing_spent(context))
         started = time.perf_counter()
 
         def run_step(step: PlanStep, available: dict[str, Any]) -> StepRun:
@@ -565,22 +590,68 @@ class RunManager:
             detail = (failure.error or "").removeprefix(f"{code}: ")  # the code leads the message once
             return self._fail(self.store.get_run(run.run_id), S.EXECUTING, 6, code,
                               f"step {failure.step_id}: {detail}", target=target, inputs=context["plan"])
-        try:
-            answer = render_template(plan.answer_template, outputs) if plan.answer_template else None
-        except KeyError as exc:
-            return self._fail(run, S.EXECUTING, 6, "answer_template", f"answer template: {exc}")
+        if plan.then == "next_round":
+            return self._next_round(run, context, outputs, elapsed)
+        if plan.then == "answer":
+            written = self._answer_from_results(run, request, outputs, deadline)
+            if isinstance(written, RunRecord):
+                return written
+            answer: str | None = written
+        else:
+            try:
+                answer = plan.answer or (render_template(plan.answer_template, outputs) if plan.answer_template
+                                         else None)
+            except KeyError as exc:
+                return self._fail(run, S.EXECUTING, 6, "answer_template", f"answer template: {exc}")
         result = {"answer": answer, "artifacts": outputs}
         records = _records(step_trace(run.run_id, 6, context["plan"], outputs, elapsed),
                            step_trace(run.run_id, 8, {"run_id": run.run_id}, result, 0.0))
         return self._advance(run, S.EXECUTING, S.TRACING, "every step succeeded", records, result=result)
 
-    def _deadline(self, run: RunRecord) -> float:
-        """time.monotonic() by which execution must end: the execution limit (T5) counted from when the Run
-        entered EXECUTING (so a drive resumed after a crash does not start the clock again), or sooner when
-        the Run is a child whose parent gave it only what was left of its own budget (deadline_at, T4)."""
+    def _next_round(self, run: RunRecord, context: dict[str, Any], outputs: dict[str, Any],
+                    elapsed_ms: float) -> RunRecord:
+        """EXECUTING → PLANNING: the round is complete and recorded (with the transition), so no drive
+        repeats it; the model plans the next one from its results (SPEC K2, rounds)."""
+        round_no = rounds.number(context)
+        executing_s = max(0.0, self.store.clock.now() - run.last_state_change_at)
+        records = _records(step_trace(run.run_id, 6, context["plan"], outputs, elapsed_ms,
+                                      detail=f"round {round_no} done"))
+        return self._advance(run, S.EXECUTING, S.PLANNING,
+                             f"round {round_no} done: the model plans round {round_no + 1} from its results",
+                             records, context=rounds.close_round(context, executing_s))
+
+    def _answer_from_results(self, run: RunRecord, request: RunRequest, outputs: dict[str, Any],
+                             deadline: float) -> str | RunRecord:
+        """The final answer written by the model from the results: one LLM call through the tool
+        controller (secrets filtered, costed), recorded for replay. The Run as it now is when the call
+        could not be made or failed."""
+        if self.store.state_of(run.run_id) != S.EXECUTING or self._fenced(run.run_id):
+            return self.store.get_run(run.run_id)  # cancelled, swept or taken over: nothing leaves
+        messages = rounds.answer_messages(request.task, outputs, self._scrub)
+        system = self.assembled_context(run.run_id).system_prompt
+        llm_input = {"purpose": "answer", "system": system, "messages": [m.model_dump(mode="json") for m in messages]}
+        try:
+            response = self.tools.compose_answer(system, messages, run_id=run.run_id, caller=request.caller,
+                                                 deadline=deadline)
+        except (ProviderError, ContextError, StepTimeoutError, ToolCallError) as exc:
+            code = getattr(exc, "code", None) or (f"llm_{exc.kind}" if isinstance(exc, ProviderError) else "timeout")
+            if isinstance(exc, ProviderError):
+                record_llm_call(self.store, run.run_id, "answer", llm_input,
+                                error={"kind": exc.kind, "message": str(exc), "retryable": exc.retryable})
+            timed_out = isinstance(exc, StepTimeoutError) or (isinstance(exc, ProviderError) and exc.kind == "timeout")
+            return self._fail(run, S.EXECUTING, 8, code, f"writing the answer from the results: {exc}",
+                              target=S.TIMEOUT if timed_out else S.FAILED)
+        record_llm_call(self.store, run.run_id, "answer", llm_input, response=response.model_dump(mode="json"))
+        return response.content
+
+    def _deadline(self, run: RunRecord, spent_s: float = 0.0) -> float:
+        """time.monotonic() by which execution must end: the execution limit (T5) less what earlier rounds
+        spent executing, counted from when the Run entered EXECUTING (so a drive resumed after a crash does
+        not start the clock again), or sooner when the Run is a child whose parent gave it only what was
+        left of its own budget (deadline_at, T4)."""
         now = self.store.clock.now()
         entered = run.last_state_change_at if run.state == S.EXECUTING else now
-        remaining = self.execution_limit_s - max(0.0, now - entered)
+        remaining = self.execution_limit_s - spent_s - max(0.0, now - entered)
         if run.deadline_at is not None:
             remaining = min(remaining, run.deadline_at - now)
         return time.monotonic() + max(0.0, remaining)

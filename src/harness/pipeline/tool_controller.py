@@ -31,13 +31,13 @@ from tenacity import (
 )
 from tenacity.stop import stop_base
 
-from harness.adapters.llm.types import ToolSpec
+from harness.adapters.llm.types import LLMRequest, LLMResponse, ToolSpec
 from harness.adapters.sandbox import SandboxMode, Workdirs, select_sandbox
 from harness.audit.chain import content_hash
 from harness.clock import SystemClock
 from harness.errors import ProviderError
 from harness.paths import default_data_dir
-from harness.pipeline.contracts import CallerIdentity, StepOutcome
+from harness.pipeline.contracts import CallerIdentity, Message, StepOutcome
 from harness.pipeline.sandbox_pool import SandboxPool
 from harness.pipeline.tool_kinds import (
     AgentCalls,
@@ -50,7 +50,7 @@ from harness.pipeline.tool_kinds import (
     StepTimeoutError,
     ToolCallError,
 )
-from harness.pipeline.trace_recorder import CostTrace, ToolTrace
+from harness.pipeline.trace_recorder import CostTrace, ToolTrace, unit_price
 from harness.ports import Clock, LLMProvider, Sandbox
 from harness.resilience import BreakerConfig, BreakerRegistry, CircuitOpenError
 from harness.skills import Skill, SkillContext, SkillRegistry
@@ -135,6 +135,8 @@ class ToolController:
         self.data_dir = data_dir or self.workdirs.root.parent
         self.breakers = breakers or BreakerRegistry(clock or SystemClock())
         self.provider = provider
+        self.record_cost = record_cost
+        self.scrub = scrub
         #: set by the composition root once the Run manager exists (it needs this controller first)
         self.child_runs: ChildDriver | None = None
         self._sandbox = sandbox
@@ -221,6 +223,43 @@ class ToolController:
         )
         return CallResult(outcome, traces[-1], failure, traces)
 
+    def compose_answer(self, system: str, messages: Sequence[Message], *, run_id: str, caller: CallerIdentity,
+                       deadline: float | None = None, max_attempts: int = 3) -> LLMResponse:
+        """The final answer of a Run written by the model from its results: one completion (purpose
+        "answer") with every message filtered for secrets (C4), retried on transient errors (T3), bounded
+        by what is left of the Run's execution limit (T5) and recorded as a cost. Raises ProviderError,
+        StepTimeoutError, or ContextError when the secret filter fails."""
+        provider = self.provider
+        if provider is None:
+            raise ToolCallError("llm_unavailable", "writing the answer needs an LLM provider; the Runtime has none")
+        if self.scrub is not None:
+            scrub = self.scrub
+            system = scrub(system)
+            messages = [Message(role=m.role, content=scrub(m.content)) for m in messages]
+        request = LLMRequest(purpose="answer", system=system, messages=tuple(messages), max_tokens=1_024)
+        response: LLMResponse | None = None
+        for attempt in Retrying(stop=stop_any(stop_after_attempt(max_attempts), _Past(deadline)),
+                                wait=wait_exponential_jitter(multiplier=0.05, max=2.0, jitter=0.05),
+                                retry=retry_if_exception(is_retryable), reraise=True):
+            with attempt:
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    raise StepTimeoutError("the answer was not written: the Run's execution limit passed", "run")
+                future = self._pool.submit(provider.complete, request)
+                try:
+                    response = future.result(timeout=remaining)
+                except concurrent.futures.TimeoutError as exc:
+                    raise StepTimeoutError("writing the answer ran past the Run's execution limit", "run") from exc
+        assert response is not None
+        if self.record_cost is not None:
+            usage = response.usage
+            self.record_cost(CostTrace(run_id=run_id, source=f"llm:{response.provider}:answer",
+                                       input_tokens=usage.input_tokens, output_tokens=usage.output_tokens,
+                                       api_calls=1, usd=usage.cost_usd, unit_price=unit_price(usage),
+                                       priced=usage.priced, model=response.model, tenant_id=caller.tenant_id,
+                                       user_id=caller.user_id))
+        return response
+
     def _fallback_for(self, skill: Skill, failure: BaseException | None,
                       may_fall_back: Callable[[Skill], bool] | None) -> Skill | None:
         if failure is None or skill.manifest.fallback is None:
@@ -253,6 +292,10 @@ class ToolController:
                                   reraise=True):
                 with retry:
                     go.output = breaker.call(once, counts=counts_against)
+            problem = skill.output_problem(go.output)
+            if problem is not None:  # a definite answer that breaks the skill's contract: not retried
+                raise ToolCallError("invalid_output", f"{skill.id} returned an output that does not fit its "
+                                                      f"output_schema: {problem}")
         except Exception as exc:  # a skill's failure fails its step, never the process
             go.failure = exc
         go.duration_ms = (time.perf_counter() - started) * 1000

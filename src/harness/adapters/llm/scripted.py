@@ -5,15 +5,20 @@ A rules file is YAML::
     rules:
       - name: order_status                       # shown in traces
         when: '(?i)where is (my )?order (?P<order_id>[A-Z]-\\d+)'
-        purpose: plan                            # plan (default) or tool
+        purpose: plan                            # plan (default), tool, answer or any
+        round: 2                                 # plans: the round it answers (default: the first)
+        results: '"status": "delivered"'        # matched against the latest round's results (optional)
         plan: {steps: [...], answer_template: "..."}   # answered as JSON content, or
         reply: "free text"                       # answered verbatim (e.g. to script an invalid plan)
         error: {kind: server_error, message: "..."}    # raise a ProviderError (to script failures)
     fallback:
       reply: "..."
 
-The first rule whose `when` matches the last user message answers. Named groups of the pattern are
-substituted into every string of the plan written as ``{group}``.
+The first rule whose `when` matches the task answers: the last user message, not counting the
+messages that show the model a round's results. Named groups of the `when` and `results` patterns are
+substituted into every string of the plan or reply written as ``{group}``, and so is any result the
+model has been shown, written as ``{output_key.field}`` (``{order.status}``): a later round's plan or
+an answer from results can use what the earlier steps found, as a real model would.
 """
 
 from __future__ import annotations
@@ -27,6 +32,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from harness.adapters.llm.types import LLMRequest, LLMResponse, Usage
 from harness.errors import ProviderError
+from harness.pipeline.contracts import lookup_path
+from harness.pipeline.rounds import RESULTS_HEADER
 from harness.yamlfile import load_yaml_model
 
 _RETRYABLE = {"network_error": True, "server_error": True, "rate_limit": True}
@@ -47,14 +54,18 @@ class Rule(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: str
     when: str
-    purpose: Literal["plan", "tool", "any"] = "plan"
+    purpose: Literal["plan", "tool", "answer", "any"] = "plan"
+    round: int | None = Field(default=None, ge=1)
+    results: str | None = None
     plan: dict[str, Any] | None = None
     reply: str | None = None
     error: ScriptedError | None = None
 
-    @field_validator("when")
+    @field_validator("when", "results")
     @classmethod
-    def _compiles(cls, value: str) -> str:
+    def _compiles(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
         try:
             re.compile(value)
         except re.error as exc:
@@ -92,22 +103,63 @@ class RulesFile(BaseModel):
         return value
 
 
-_WHOLE = re.compile(r"^\{(\w+):(number|integer)\}$")
+_WHOLE = re.compile(r"^\{(\w+(?:\.\w+)*):(number|integer)\}$")
 
 
-def _substitute(value: Any, groups: dict[str, str]) -> Any:
-    """Put named groups into strings; "{name:number}" alone becomes a number."""
+_PLACEHOLDER = re.compile(r"\{(\w+(?:\.\w+)*)\}")
+
+
+def _substitute(value: Any, groups: dict[str, str], seen: dict[str, Any] | None = None) -> Any:
+    """Put named groups, and results the model was shown (`{key.field}`), into strings; "{name:number}"
+    alone becomes a number. A placeholder that names neither stays as written."""
+    seen = seen or {}
     if isinstance(value, str):
         whole = _WHOLE.match(value)
-        if whole and whole.group(1) in groups:
-            raw = groups[whole.group(1)]
-            return float(raw) if whole.group(2) == "number" else int(raw)
-        return re.sub(r"\{(\w+)\}", lambda m: groups.get(m.group(1), m.group(0)), value)
+        if whole:
+            name = whole.group(1)
+            try:
+                raw = groups[name] if name in groups else lookup_path(seen, name)
+            except KeyError:
+                raw = None
+            if raw is not None:
+                return float(raw) if whole.group(2) == "number" else int(float(raw))
+
+        def fill(match: re.Match[str]) -> str:
+            name = match.group(1)
+            if name in groups:
+                return groups[name]
+            try:
+                return str(lookup_path(seen, name))
+            except KeyError:
+                return match.group(0)
+        return _PLACEHOLDER.sub(fill, value)
     if isinstance(value, dict):
-        return {k: _substitute(v, groups) for k, v in value.items()}
+        return {k: _substitute(v, groups, seen) for k, v in value.items()}
     if isinstance(value, list):
-        return [_substitute(v, groups) for v in value]
+        return [_substitute(v, groups, seen) for v in value]
     return value
+
+
+def _conversation(request: LLMRequest) -> tuple[str, int, str, dict[str, Any]]:
+    """(task, round, latest results text, every result shown) read from a request's messages."""
+    task, round_no, latest, seen = "", 1, "", {}
+    for message in request.messages:
+        if message.role != "user":
+            continue
+        if message.content.startswith(RESULTS_HEADER):
+            if message.content.startswith(f"{RESULTS_HEADER} "):
+                round_no += 1
+            latest = message.content
+            body = message.content.split("\n", 1)[1].split("\n\n", 1)[0] if "\n" in message.content else ""
+            try:
+                shown = json.loads(body)
+            except ValueError:
+                shown = None
+            if isinstance(shown, dict):
+                seen.update(shown)
+        else:
+            task = message.content
+    return task, round_no, latest, seen
 
 
 def estimate_tokens(text: str) -> int:
@@ -132,13 +184,16 @@ class ScriptedProvider:
 
     def complete(self, request: LLMRequest) -> LLMResponse:
         """Answer with the first matching rule's plan, reply or error."""
-        prompt = next((m.content for m in reversed(request.messages) if m.role == "user"), "")
-        rule, groups = self._match(prompt, request.purpose)
+        prompt, round_no, latest, seen = _conversation(request)
+        rule, groups = self._match(prompt, request.purpose, round_no, latest)
         if rule.error is not None:
             kind = rule.error.kind
             raise ProviderError(f"scripted {kind}: {rule.error.message}", kind=kind,
                                 retryable=_RETRYABLE.get(kind, False))
-        content = rule.reply if rule.reply is not None else json.dumps(_substitute(rule.plan, groups))
+        if rule.reply is not None:
+            content = _substitute(rule.reply, groups, seen) if seen or rule.purpose == "answer" else rule.reply
+        else:
+            content = json.dumps(_substitute(rule.plan, groups, seen))
         prompt_text = request.system + "".join(m.content for m in request.messages)
         tokens_in, tokens_out = estimate_tokens(prompt_text), estimate_tokens(content)
         price = self.rules.pricing
@@ -149,13 +204,22 @@ class ScriptedProvider:
                       price_table="scripted rules")
         return LLMResponse(content=content, model=f"scripted:{rule.name}", provider=self.name, usage=usage)
 
-    def _match(self, prompt: str, purpose: str) -> tuple[Rule, dict[str, str]]:
+    def _match(self, prompt: str, purpose: str, round_no: int = 1, latest: str = "") -> tuple[Rule, dict[str, str]]:
         for rule, pattern in self._compiled:
             if rule.purpose not in (purpose, "any"):
                 continue
+            if purpose == "plan" and (rule.round or 1) != round_no:
+                continue
             found = pattern.search(prompt)
-            if found:
-                return rule, {k: v for k, v in found.groupdict().items() if v is not None}
+            if not found:
+                continue
+            groups = {k: v for k, v in found.groupdict().items() if v is not None}
+            if rule.results is not None:
+                shown = re.search(rule.results, latest)
+                if shown is None:
+                    continue
+                groups.update({k: v for k, v in shown.groupdict().items() if v is not None})
+            return rule, groups
         if self.rules.fallback is not None:
             return self.rules.fallback, {}
         raise ProviderError(f"no scripted rule in {self.source} matches {prompt[:80]!r}", kind="client_error",

@@ -22,7 +22,7 @@ class LLMRequest(BaseModel):
     """One completion request."""
 
     model_config = ConfigDict(frozen=True)
-    purpose: Literal["plan", "tool"] = "plan"
+    purpose: Literal["plan", "tool", "answer"] = "plan"
     system: str = ""
     messages: tuple[Message, ...]
     tools: tuple[ToolSpec, ...] = ()

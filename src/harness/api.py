@@ -1,0 +1,322 @@
+"""The Python API: `Harness` for code that blocks, `AsyncHarness` for asyncio applications.
+
+    from harness import Harness
+
+    with Harness(db="helpdesk.db") as h:
+        run = h.run("Refund order A-1003 if it was delivered", user="alice")
+        if run.state == "AWAITING_HITL":
+            h.approve(run.approval_request_id, as_="carol")
+        print(h.wait(run.run_id).answer)
+
+Every method goes through the same composition root as the CLI and the service (`build_runtime`): the
+same kernel, policy, approvals and trace. Results are typed (Pydantic models): RunResult, RunEvent,
+TraceEntry, ApprovalRequest, DecisionOutcome. Bad input raises a HarnessError subclass naming the
+problem (InvalidRequestError, UnknownRunError, UnknownIdentityError ...).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Iterator, Sequence
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ConfigDict
+
+from harness.agents import Agent
+from harness.config import Runtime, Settings, build_runtime
+from harness.kernel import FINAL, RunState
+from harness.pipeline.contracts import Message, RunResult
+from harness.ports import Clock, LLMProvider
+
+if TYPE_CHECKING:
+    from harness.replay import ReplayReport
+
+__all__ = ["ApprovalRequest", "AsyncHarness", "DecisionOutcome", "Harness", "RunEvent", "TraceEntry"]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+
+class RunEvent(_Model):
+    """One state change of a Run, in order: what `events` yields."""
+
+    run_id: str
+    seq: int
+    source: str | None
+    target: str
+    actor: str
+    reason: str
+    at: float
+    forced_by: str | None = None
+
+    @property
+    def final(self) -> bool:
+        """True when the Run reached a final state with this change."""
+        return RunState(self.target) in FINAL
+
+
+class TraceEntry(_Model):
+    """One record of a Run's hash-chained trace."""
+
+    seq: int
+    kind: str
+    hash: str
+    data: dict[str, Any]
+
+
+class ApprovalRequest(_Model):
+    """An approval request that waits for a decision."""
+
+    request_id: str
+    run_id: str
+    level: str
+    requester: str
+    required_approvals: int
+    approver_roles: tuple[str, ...]
+    deadline_at: float
+    actions: list[dict[str, Any]]
+    actions_hash: str
+
+
+class DecisionOutcome(_Model):
+    """What a decision did: accepted or refused (and why), and the Run as it now is."""
+
+    accepted: bool
+    effect: str | None
+    refusal: str | None
+    approvals: int
+    required_approvals: int
+    run: RunResult
+
+
+class Harness:
+    """Create Runs, follow them, decide their approvals and read their traces."""
+
+    def __init__(self, agent: Agent | str | None = None, *, db: str | None = None, settings: Settings | None = None,
+                 provider: LLMProvider | None = None, clock: Clock | None = None, poll_s: float = 0.05,
+                 **overrides: Any) -> None:
+        """`agent` (an Agent, or the path of an agent file) defaults to what the settings name (the bundled
+        support agent when they name none); `db` and other keyword arguments override the settings
+        (HARNESS_* variables) field by field."""
+        base = settings or Settings.from_env(db=db, **overrides)
+        if isinstance(agent, str):
+            agent = Agent.from_file(agent)
+        self.runtime: Runtime = build_runtime(base, clock=clock, provider=provider, agent=agent)
+        self.poll_s = poll_s
+        #: the clock `wait` and `events` count their timeouts by (the runtime's: injectable for tests)
+        self.clock: Clock = self.runtime.store.clock
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def close(self) -> None:
+        """Release threads and database connections."""
+        self.runtime.close()
+
+    def __enter__(self) -> Harness:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ Runs
+
+    def create(self, task: str, *, user: str = "anonymous", tenant: str = "default", session: str = "default",
+               history: Sequence[Message | dict[str, str]] = (), idempotency_key: str | None = None,
+               metadata: dict[str, str] | None = None, callback: str | None = None,
+               token_budget: int | None = None) -> RunResult:
+        """Accept a Run (durable before this returns) without driving it: a worker, `wait` or `drive` does.
+        The caller's roles come from the identity directory."""
+        run, _ = self.runtime.runs.submit(self._request(task, user, tenant, session, history, idempotency_key,
+                                                        metadata, callback, token_budget))
+        return self.runtime.runs.result(run.run_id)
+
+    def run(self, task: str, **kwargs: Any) -> RunResult:
+        """Create a Run and drive it in this process until it is final or waits for an approval."""
+        return self.drive(self.create(task, **kwargs).run_id)
+
+    def drive(self, run_id: str) -> RunResult:
+        """Carry the Run on in this process (under its lease) until it is final or parks."""
+        return self.runtime.runs.drive(run_id)
+
+    def get(self, run_id: str) -> RunResult:
+        """The Run as it is now."""
+        return self.runtime.runs.result(run_id)
+
+    def wait(self, run_id: str, *, timeout_s: float | None = None, through_approvals: bool = False) -> RunResult:
+        """Drive the Run (if nobody else does) and return it once it is final or, unless
+        `through_approvals`, waiting for an approval; TimeoutError after `timeout_s` of the clock."""
+        started = self.clock.now()
+        while True:
+            result = self.drive(run_id)
+            state = RunState(result.state)
+            if state in FINAL or (state == RunState.AWAITING_HITL and not through_approvals):
+                return result
+            if timeout_s is not None and self.clock.now() - started >= timeout_s:
+                raise TimeoutError(f"run {run_id} is still {state.value} after {timeout_s}s")
+            time.sleep(self.poll_s)
+
+    def events(self, run_id: str, *, follow: bool = True, after_seq: int = 0,
+               timeout_s: float | None = None) -> Iterator[RunEvent]:
+        """The Run's state changes in order, from after `after_seq`. With `follow` the iterator waits for
+        new ones until the Run is final (or `timeout_s` of the clock passed); without, it stops at the
+        last recorded change."""
+        seen, started = after_seq, self.clock.now()
+        while True:
+            for row in self.runtime.store.transitions_of(run_id):
+                if row.seq <= seen:
+                    continue
+                seen = row.seq
+                event = RunEvent(run_id=run_id, seq=row.seq, source=row.from_state.value if row.from_state else None,
+                                 target=row.to_state.value, actor=row.actor, reason=row.reason, at=row.at,
+                                 forced_by=row.forced_by)
+                yield event
+                if event.final:
+                    return
+            if not follow or (timeout_s is not None and self.clock.now() - started >= timeout_s):
+                return
+            time.sleep(self.poll_s)
+
+    def cancel(self, run_id: str, *, by: str = "operator", reason: str = "cancelled by the user") -> RunResult:
+        """Cancel a Run that has not finished; CancelRefusedError when it had begun to close."""
+        who = self.runtime.identities.resolve(by)
+        return self.runtime.runs.cancel(run_id, by=f"{who.tenant_id}/{who.user_id}", reason=reason)
+
+    # ------------------------------------------------------------------ approvals
+
+    def approvals(self, run_id: str | None = None, *, tenant: str | None = None) -> list[ApprovalRequest]:
+        """The approval requests waiting for a decision (of one Run, or of a tenant, or all)."""
+        self.runtime.runs.expire_approvals()
+        pending = [r for r in self.runtime.hitl.pending(tenant) if run_id is None or r.run_id == run_id]
+        return [ApprovalRequest(request_id=r.request_id, run_id=r.run_id, level=r.level, requester=r.requester,
+                                required_approvals=r.required_approvals, approver_roles=tuple(r.approver_roles),
+                                deadline_at=r.deadline_at, actions=r.actions, actions_hash=r.actions_hash)
+                for r in pending]
+
+    def approve(self, request_id: str | None, *, as_: str, reason: str = "", break_glass: bool = False,
+                resume: bool = True) -> DecisionOutcome:
+        """Approve as the identity `as_` ("tenant/user" or "user"; roles from the identity directory).
+        The approved Run is driven on in this process unless `resume` is False."""
+        return self._decide("approve", request_id, as_, reason, break_glass, resume)
+
+    def reject(self, request_id: str | None, *, as_: str, reason: str = "") -> DecisionOutcome:
+        """Reject as the identity `as_`; any reject is final."""
+        return self._decide("reject", request_id, as_, reason, False, False)
+
+    def _decide(self, decision: str, request_id: str | None, as_: str, reason: str, break_glass: bool,
+                resume: bool) -> DecisionOutcome:
+        from harness.errors import InvalidRequestError
+
+        if not request_id:
+            raise InvalidRequestError("no approval request id: the Run is not waiting for an approval")
+        approver = self.runtime.identities.resolve(as_)
+        verdict, result = self.runtime.runs.decide(request_id, approver, decision, reason=reason,
+                                                   break_glass=break_glass, resume=resume)
+        return DecisionOutcome(accepted=verdict.accepted, effect=verdict.effect, refusal=verdict.refusal,
+                               approvals=verdict.approvals, required_approvals=verdict.request.required_approvals,
+                               run=result)
+
+    # ------------------------------------------------------------------ trace
+
+    def trace(self, run_id: str) -> list[TraceEntry]:
+        """The Run's records of the hash-chained trace, in chain order (pending ones are chained first)."""
+        self.runtime.store.get_run(run_id)  # UnknownRunError for a Run that does not exist
+        self.runtime.store.drain_all()
+        return [TraceEntry(seq=r.seq, kind=r.kind, hash=r.hash, data=r.data())
+                for r in self.runtime.store.trace_of(run_id)]
+
+    def replay(self, run_id: str) -> ReplayReport:
+        """Re-execute a finished Run from its recording on a scratch database and report any divergence."""
+        from harness.replay import replay
+
+        return replay(run_id, self.runtime.store, self.runtime.settings, self.runtime.agent)
+
+    @staticmethod
+    def _request(task: str, user: str, tenant: str, session: str, history: Sequence[Message | dict[str, str]],
+                 idempotency_key: str | None, metadata: dict[str, str] | None, callback: str | None,
+                 token_budget: int | None) -> dict[str, Any]:
+        request: dict[str, Any] = {"task": task, "user_id": user, "tenant_id": tenant, "session_id": session,
+                                   "history": [m.model_dump() if isinstance(m, Message) else m for m in history]}
+        for key, value in (("idempotency_key", idempotency_key), ("metadata", metadata), ("callback", callback),
+                           ("token_budget", token_budget)):
+            if value is not None:
+                request[key] = value
+        return request
+
+
+class AsyncHarness:
+    """`Harness` for asyncio applications (FastAPI and the like): the same methods, awaitable; the work
+    runs on worker threads so the event loop is never blocked."""
+
+    def __init__(self, agent: Agent | str | None = None, **kwargs: Any) -> None:
+        self.sync = Harness(agent, **kwargs)
+
+    async def __aenter__(self) -> AsyncHarness:
+        return self
+
+    async def __aexit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Release threads and database connections."""
+        await asyncio.to_thread(self.sync.close)
+
+    async def create(self, task: str, **kwargs: Any) -> RunResult:
+        """See Harness.create."""
+        return await asyncio.to_thread(self.sync.create, task, **kwargs)
+
+    async def run(self, task: str, **kwargs: Any) -> RunResult:
+        """See Harness.run."""
+        return await asyncio.to_thread(self.sync.run, task, **kwargs)
+
+    async def get(self, run_id: str) -> RunResult:
+        """See Harness.get."""
+        return await asyncio.to_thread(self.sync.get, run_id)
+
+    async def wait(self, run_id: str, **kwargs: Any) -> RunResult:
+        """See Harness.wait (the waiting happens off the event loop)."""
+        return await asyncio.to_thread(self.sync.wait, run_id, **kwargs)
+
+    async def events(self, run_id: str, *, follow: bool = True, after_seq: int = 0,
+                     timeout_s: float | None = None) -> AsyncIterator[RunEvent]:
+        """See Harness.events: an async iterator; it sleeps with asyncio between polls."""
+        sync, seen = self.sync, after_seq
+        started = sync.clock.now()
+        while True:
+            batch = await asyncio.to_thread(_recorded_events, sync, run_id, seen)
+            for event in batch:
+                seen = event.seq
+                yield event
+                if event.final:
+                    return
+            if not follow or (timeout_s is not None and sync.clock.now() - started >= timeout_s):
+                return
+            await asyncio.sleep(sync.poll_s)
+
+    async def cancel(self, run_id: str, **kwargs: Any) -> RunResult:
+        """See Harness.cancel."""
+        return await asyncio.to_thread(self.sync.cancel, run_id, **kwargs)
+
+    async def approvals(self, run_id: str | None = None, **kwargs: Any) -> list[ApprovalRequest]:
+        """See Harness.approvals."""
+        return await asyncio.to_thread(self.sync.approvals, run_id, **kwargs)
+
+    async def approve(self, request_id: str | None, **kwargs: Any) -> DecisionOutcome:
+        """See Harness.approve."""
+        return await asyncio.to_thread(self.sync.approve, request_id, **kwargs)
+
+    async def reject(self, request_id: str | None, **kwargs: Any) -> DecisionOutcome:
+        """See Harness.reject."""
+        return await asyncio.to_thread(self.sync.reject, request_id, **kwargs)
+
+    async def trace(self, run_id: str) -> list[TraceEntry]:
+        """See Harness.trace."""
+        return await asyncio.to_thread(self.sync.trace, run_id)
+
+
+def _recorded_events(harness: Harness, run_id: str, after_seq: int) -> list[RunEvent]:
+    """The Run's changes recorded so far after `after_seq` (one poll of AsyncHarness.events)."""
+    return list(harness.events(run_id, follow=False, after_seq=after_seq))
