@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -34,7 +34,7 @@ from harness.pipeline.gatekeeper import PolicyEngine
 from harness.pipeline.limits import RequestLimits
 from harness.pipeline.plan_orchestrator import PlanOrchestrator
 from harness.pipeline.run_manager import RunManager
-from harness.pipeline.tool_controller import ToolController
+from harness.pipeline.tool_controller import Executor, ToolController
 from harness.pipeline.trace_recorder import TraceRecorder
 from harness.policy.hitl import HitlDesk
 from harness.ports import Clock, LLMProvider, ResultSink, TraceBuffer
@@ -44,6 +44,9 @@ from harness.webhooks.config import WebhookConfig, load_webhook_config
 from harness.webhooks.delivery import WebhookDispatcher
 from harness.webhooks.notifier import PushEvents, WebhookNotifier, WebhookResultSink
 from harness.yamlfile import read_yaml
+
+if TYPE_CHECKING:
+    from harness.mcp_skills import McpServers
 
 
 class Settings(BaseModel):
@@ -116,6 +119,8 @@ class Settings(BaseModel):
     checkpoint_interval_s: float = Field(default=300.0, ge=0.0)
     checkpoint_dir: Path | None = None
     checkpoint_witnesses: tuple[str, ...] = ()
+    #: MCP servers whose tools are skills (HARNESS_MCP_FILE, harness.mcp_skills); None: no MCP server
+    mcp_file: Path | None = None
 
     @classmethod
     def from_env(cls, **overrides: object) -> Settings:
@@ -135,7 +140,7 @@ class Settings(BaseModel):
                           ("tokenizer", "HARNESS_TOKENIZER"), ("memory", "HARNESS_MEMORY"),
                           ("memory_write_scope", "HARNESS_MEMORY_WRITE_SCOPE"),
                           ("trace_buffer", "HARNESS_TRACE_BUFFER"),
-                          ("webhooks_file", "HARNESS_WEBHOOKS_FILE")):
+                          ("webhooks_file", "HARNESS_WEBHOOKS_FILE"), ("mcp_file", "HARNESS_MCP_FILE")):
             if env.get(name):
                 values[key] = env[name]
         for key, name in (("checkpoint_interval_s", "HARNESS_CHECKPOINT_INTERVAL_S"),
@@ -166,7 +171,8 @@ class Settings(BaseModel):
 
 
 #: fields of Settings that are paths: in a config file they are relative to the file's folder
-_PATH_FIELDS = ("skills_dirs", "policy_file", "llm_rules", "llm_pricing", "identities_file", "data_dir")
+_PATH_FIELDS = ("skills_dirs", "policy_file", "llm_rules", "llm_pricing", "identities_file", "data_dir",
+                "mcp_file")
 
 
 def _config_file(name: str | None) -> dict[str, object]:
@@ -206,6 +212,7 @@ class Runtime:
     identities: IdentityDirectory
     webhooks: WebhookConfig | None = None
     webhook_outbox: WebhookOutbox | None = None
+    mcp: McpServers | None = None
 
     def dispatcher(self) -> WebhookDispatcher:
         """A delivery loop for this runtime's webhook outbox (the caller closes it)."""
@@ -216,6 +223,8 @@ class Runtime:
         """Release threads and connections."""
         self.runs.children.close()
         self.tools.close()
+        if self.mcp is not None:
+            self.mcp.close()  # stdio servers are stopped, not orphaned
         self.store.close()
 
 
@@ -255,6 +264,29 @@ def check_priced(settings: Settings, pricing: PricingTable, unpriced: str) -> No
                 "file HARNESS_LLM_PRICING names, or set budgets.unpriced_model: allow_with_warning in the policy")
 
 
+def open_mcp(settings: Settings, registry: SkillRegistry) -> McpServers | None:
+    """The MCP servers HARNESS_MCP_FILE names (they start at first use); they need the `mcp` extra."""
+    if settings.mcp_file is None:
+        return None
+    try:
+        from harness.mcp_skills import McpServers, load_mcp_file
+    except ImportError as exc:
+        raise InvalidRequestError("HARNESS_MCP_FILE needs the mcp package: pip install 'harness-kernel[mcp]'") from exc
+    groups = {skill.id.split(".", 1)[0] for skill in registry.all()}
+    return McpServers(load_mcp_file(settings.mcp_file), config_path=settings.mcp_file, reserved_groups=sorted(groups))
+
+
+def mcp_kinds(mcp: McpServers | None, ledger: CostLedger, store: SqlStore) -> dict[str, Executor]:
+    """The tool controller's executor of MCP tools: costs to the ledger, server restarts to the Run's audit."""
+    if mcp is None:
+        return {}
+    from harness.mcp_skills import McpCalls
+
+    def audit(run_id: str, event: str, detail: dict[str, object]) -> None:
+        store.audit(run_id, event, "tool_controller", dict(detail))
+    return {"mcp": McpCalls(mcp, ledger.record, audit)}
+
+
 def open_trace_buffer(url: str) -> TraceBuffer:
     """The trace buffer HARNESS_TRACE_BUFFER names (Redis Streams); it needs the `scale` extra."""
     try:
@@ -275,6 +307,9 @@ def build_runtime(settings: Settings | None = None, *, clock: Clock | None = Non
         store.trace_buffer = open_trace_buffer(settings.trace_buffer)
     machine = StateMachine(store)
     registry = SkillRegistry.from_dirs(*settings.skills_dirs, packages=settings.skill_packages)
+    mcp = open_mcp(settings, registry)
+    if mcp is not None:
+        registry = SkillRegistry(registry.all(), sources=(mcp,))
     ledger = CostLedger(store)
     policy = PolicyEngine.from_file(settings.policy_file, registry, ledger)
     hitl = HitlDesk(store, policy.policy.hitl)
@@ -286,7 +321,7 @@ def build_runtime(settings: Settings | None = None, *, clock: Clock | None = Non
     tools = ToolController(registry, workdir_root=settings.data_dir / "runs", sandbox_mode=settings.sandbox,
                            clock=store.clock, provider=provider, record_cost=ledger.record,
                            scrub=lambda text: secret_filter.scrub(text).text, sandbox_price=pricing.sandbox_price,
-                           price_table=pricing.as_of)
+                           price_table=pricing.as_of, kinds=mcp_kinds(mcp, ledger, store))
     machine.cost_total = lambda run: ledger.run_total(run.run_id).to_dict()  # A1: child Runs included
     machine.subscribe(_release_workdir(tools))
     memory = open_memory(settings.memory, store.engine, store.clock, secret_filter)
@@ -311,7 +346,7 @@ def build_runtime(settings: Settings | None = None, *, clock: Clock | None = Non
     )
     tools.child_runs = runs  # AgentInvoke creates child Runs through the same kernel (T4)
     runtime = Runtime(settings, store, machine, registry, policy, hitl, tools, TraceRecorder(store), runs, identities,
-                      webhooks, outbox)
+                      webhooks, outbox, mcp)
     from harness.worker import RunWorker  # the worker drives a Runtime: wired once the Runtime exists
 
     # every drive holds the Run's lease (K5b, T6), as the thread that drives it (owner host:pid:thread)

@@ -15,7 +15,7 @@ import concurrent.futures
 import socket
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -125,7 +125,7 @@ class ToolController:
                  provider: LLMProvider | None = None,
                  record_cost: Callable[[CostTrace], None] | None = None,
                  scrub: Callable[[str], str] | None = None, sandbox_price: float = 0.0,
-                 price_table: str | None = None) -> None:
+                 price_table: str | None = None, kinds: Mapping[str, Executor] | None = None) -> None:
         self.registry = registry
         self.workdirs = Workdirs(workdir_root or Path("harness-data") / "runs")
         self.breakers = breakers or BreakerRegistry(clock or SystemClock())
@@ -141,6 +141,7 @@ class ToolController:
             "sandbox": SandboxCalls(self.sandbox, self.workdirs, record_cost, sandbox_price, price_table),
             "llm": LlmCalls(lambda: self.provider, self._pool, record_cost, scrub),
             "agent": AgentCalls(lambda: self.child_runs),
+            **(kinds or {}),  # e.g. "mcp": tools of MCP servers (harness.mcp_skills)
         }
 
     @property
