@@ -282,9 +282,10 @@ def mcp_kinds(mcp: McpServers | None, ledger: CostLedger, store: SqlStore) -> di
         return {}
     from harness.mcp_skills import McpCalls
 
-    def audit(run_id: str, event: str, detail: dict[str, object]) -> None:
+    def audit(run_id: str | None, event: str, detail: dict[str, object]) -> None:
         store.audit(run_id, event, "tool_controller", dict(detail))
-    return {"mcp": McpCalls(mcp, ledger.record, audit)}
+    mcp.audit = audit
+    return {"mcp": McpCalls(mcp, ledger.record)}
 
 
 def open_trace_buffer(url: str) -> TraceBuffer:

@@ -34,6 +34,8 @@ opened again when they died (audited on the Run as `mcp_server_restarted`), and 
 
 from __future__ import annotations
 
+import contextvars
+import functools
 import re
 import threading
 from collections.abc import Callable, Sequence
@@ -56,6 +58,8 @@ __all__ = ["McpCalls", "McpServers", "McpUnavailableError", "ServerConfig", "Too
            "risk_for"]
 
 _SERVER_NAME = r"^[a-z][a-z0-9_]*$"
+#: the call this thread is making (run_id, step_id, skill id): a restart it causes is audited on its Run
+_CALLING: contextvars.ContextVar[tuple[str, str, str] | None] = contextvars.ContextVar("mcp_calling", default=None)
 _LIST_TIMEOUT_S = 30.0
 
 
@@ -173,8 +177,11 @@ class McpServers:
         self.path = config_path or Path("mcp")
         self._loop = McpLoop()
         self.connections = {name: McpConnection(_target(name, cfg), self._loop,
-                                                connect_timeout_s=cfg.connect_timeout_s)
+                                                connect_timeout_s=cfg.connect_timeout_s,
+                                                on_restart=functools.partial(self._restarted, name))
                             for name, cfg in servers.items()}
+        #: (run_id or None, event, detail): a restart goes on the audit trail, on the Run whose call met it
+        self.audit: Callable[[str | None, str, dict[str, Any]], None] | None = None
         self._lock = threading.Lock()
         self._skills: dict[str, dict[str, Skill]] = {}
         self.tools: dict[str, McpTool] = {}
@@ -218,6 +225,15 @@ class McpServers:
         tool = self.tools[skill.id]
         target = self.connections[tool.server].target
         return f"mcp:{tool.server} ({target.transport})", tool.risk_source
+
+    def _restarted(self, server: str, reason: str) -> None:
+        calling = _CALLING.get()
+        detail: dict[str, Any] = {"server": server, "reason": reason,
+                                  "restarts": self.connections[server].restarts}
+        if calling is not None:
+            detail.update(step_id=calling[1], skill=calling[2])
+        if self.audit is not None:
+            self.audit(calling[0] if calling else None, "mcp_server_restarted", detail)
 
     def close(self) -> None:
         """Close every connection (stdio servers are stopped) and the loop."""
@@ -280,20 +296,16 @@ class McpCalls:
     """The executor of `mcp` skills: the tool, called on its server, after checking that the server still
     lists it as the Run pinned it."""
 
-    def __init__(self, servers: McpServers, record_cost: Callable[[CostTrace], None] | None = None,
-                 audit: Callable[[str, str, dict[str, Any]], None] | None = None) -> None:
+    def __init__(self, servers: McpServers, record_cost: Callable[[CostTrace], None] | None = None) -> None:
         self.servers = servers
         self.record_cost = record_cost
-        #: (run_id, event, detail): a restart of a server is on the Run's audit trail
-        self.audit = audit
 
     def __call__(self, call: Attempt) -> Any:
         skill, ctx = call.skill, call.ctx
         tool = self.servers.tools[skill.id]
         connection = self.servers.connections[tool.server]
         call.info["isolation"] = f"mcp:{connection.target.transport}"
-        reopen = connection.pending_restart()
-        before = connection.restarts
+        token = _CALLING.set((ctx.run_id, ctx.step_id, skill.id))
         try:
             current = self.servers.refresh(tool.server).get(skill.id)
             if current is None or current.manifest_hash != skill.manifest_hash:
@@ -307,10 +319,7 @@ class McpCalls:
             raise ToolCallError(f"mcp_{exc.kind}", str(exc),
                                 retryable=exc.kind == "unavailable" or skill.manifest.idempotent) from exc
         finally:
-            if connection.restarts > before and self.audit is not None:
-                self.audit(ctx.run_id, "mcp_server_restarted", {
-                    "server": tool.server, "step_id": ctx.step_id, "skill": skill.id,
-                    "reason": reopen or "the connection broke", "restarts": connection.restarts})
+            _CALLING.reset(token)
         self._record(call, tool)
         return _output(skill.id, result)
 

@@ -14,7 +14,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import threading
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Literal
@@ -159,8 +159,11 @@ class _WatchedRead:
 class McpConnection:
     """One server's connection: opened at first use, reopened after the server died, closed on request."""
 
-    def __init__(self, target: Target, loop: McpLoop, *, connect_timeout_s: float = 30.0) -> None:
+    def __init__(self, target: Target, loop: McpLoop, *, connect_timeout_s: float = 30.0,
+                 on_restart: Callable[[str], None] | None = None) -> None:
         self.target = target
+        #: told why, each time a broken connection is opened again
+        self.on_restart = on_restart
         self.connect_timeout_s = connect_timeout_s
         #: how many times the connection was opened again after it had broken
         self.restarts = 0
@@ -223,6 +226,8 @@ class McpConnection:
                 self._shut()
                 self.restarts += 1
             self._open()
+            if reason is not None and self.on_restart is not None:
+                self.on_restart(reason)
             assert self._client is not None
             return self._client, reason is not None
 
