@@ -90,14 +90,16 @@ def notes_url() -> Iterator[str]:
     proc.wait(10)
 
 
-def write_mcp_file(folder: Path, repo: Path, notes_url: str) -> Path:
-    """The MCP config of these tests: git over stdio, notes over HTTP (slow: 0.5 s, breaker opens at once)."""
+def write_mcp_file(folder: Path, repo: Path | None, notes_url: str) -> Path:
+    """The MCP config of these tests: git over stdio (unless `repo` is None), notes over HTTP (slow: 0.5 s,
+    its breaker opens at the first failure)."""
     path = folder / "mcp.yaml"
-    path.write_text(json.dumps({"servers": {
-        "git": {"command": [sys.executable, "-m", "mcp_server_git", "--repository", str(repo)]},
-        "notes": {"url": notes_url, "include": ["notes_read", "notes_add", "slow"], "price_per_call_usd": 0.001,
-                  "tools": {"slow": {"timeout_s": 0.5, "breaker": {"failure_threshold": 1, "reset_timeout_s": 600}}}},
-    }}))
+    servers: dict[str, object] = {} if repo is None else {
+        "git": {"command": [sys.executable, "-m", "mcp_server_git", "--repository", str(repo)]}}
+    servers["notes"] = {
+        "url": notes_url, "include": ["notes_read", "notes_add", "slow"], "price_per_call_usd": 0.001,
+        "tools": {"slow": {"timeout_s": 0.5, "breaker": {"failure_threshold": 1, "reset_timeout_s": 600}}}}
+    path.write_text(json.dumps({"servers": servers}))
     return path
 
 
@@ -247,11 +249,11 @@ def test_a_crashed_stdio_server_is_restarted_and_the_restart_traced(rt: Runtime,
     assert [(e.detail["server"], e.detail["reason"]) for e in events] == [("git", "the server process exited")]
 
 
-def test_a_tool_whose_schema_changes_mid_run_is_refused(tmp_path: Path, repo: Path) -> None:
+def test_a_tool_whose_schema_changes_mid_run_is_refused(tmp_path: Path) -> None:
     """A server upgraded while a Run waits for approval: the approved call is refused (manifest_changed) and
     never sent; a new Run pins the new schema."""
     proc, url = start_notes_server()
-    runtime = runtime_for(tmp_path, write_mcp_file(tmp_path, repo, url))
+    runtime = runtime_for(tmp_path, write_mcp_file(tmp_path, None, url))
     try:
         parked = runtime.runs.create_run({"task": "note upgrade: before", **TESS})
         assert parked.state == "AWAITING_HITL"
@@ -296,9 +298,9 @@ def test_skills_list_shows_mcp_tools_with_source_and_risk(tmp_path: Path, repo: 
     assert set(_server_pids(repo)) == before  # the listing's own git server was shut down with it
 
 
-def test_an_unreachable_server_fails_the_run_at_preparing(tmp_path: Path, repo: Path) -> None:
+def test_an_unreachable_server_fails_the_run_at_preparing(tmp_path: Path) -> None:
     """A server that cannot be reached fails the Run with a reason naming it, before any plan."""
-    runtime = runtime_for(tmp_path, write_mcp_file(tmp_path, repo, f"http://127.0.0.1:{_free_port()}/mcp"))
+    runtime = runtime_for(tmp_path, write_mcp_file(tmp_path, None, f"http://127.0.0.1:{_free_port()}/mcp"))
     try:
         result = runtime.runs.create_run({"task": "read notes on x", **TESS})
         assert result.state == "CLOSED_FAILED" and "mcp_unavailable" in (result.error or "")

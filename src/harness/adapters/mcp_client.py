@@ -20,7 +20,7 @@ from types import TracebackType
 from typing import Any, Literal
 
 import anyio
-import httpx
+import httpx2
 import mcp_types
 from mcp import Client, StdioServerParameters
 from mcp.client.stdio import stdio_client
@@ -291,7 +291,7 @@ class McpConnection:
                 self._broken = "the connection closed during a request"
                 raise McpError(f"MCP server {name!r}: the connection closed during {what}", "closed") from exc
             raise McpError(f"MCP server {name!r}: {what} refused: {exc.error.message}", "protocol") from exc
-        except (httpx.TransportError, OSError, anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
+        except (httpx2.TransportError, OSError, anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
             self._broken = f"the transport failed ({type(exc).__name__})"
             raise McpError(f"MCP server {name!r}: {what} failed in transport: {_reason(exc)}", "closed") from exc
 
