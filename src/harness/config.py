@@ -49,6 +49,11 @@ if TYPE_CHECKING:
     from harness.mcp_skills import McpServers
 
 
+#: the model name and endpoint of HARNESS_LLM=local when HARNESS_LLM_MODEL / HARNESS_LLM_BASE_URL say nothing
+LOCAL_MODEL = "smollm2-135m-instruct"
+LOCAL_URL = "http://127.0.0.1:8080/v1"
+
+
 class Settings(BaseModel):
     """How a harness process is configured."""
 
@@ -58,7 +63,9 @@ class Settings(BaseModel):
     #: installed packages whose modules may be skill entrypoints (besides files in a skill's folder)
     skill_packages: tuple[str, ...] = ()
     policy_file: Path = EXAMPLE_DIR / "policy.yaml"
-    llm: Literal["scripted", "openai", "anthropic"] = "scripted"
+    #: "local": an OpenAI-compatible server of a model on this machine (llama-cpp-python's, see
+    #: docs/local-model.md), at llm_base_url (default http://127.0.0.1:8080/v1), needing no API key
+    llm: Literal["scripted", "openai", "anthropic", "local"] = "scripted"
     llm_rules: Path = EXAMPLE_DIR / "llm_rules.yaml"
     # The real providers (openai, anthropic): model, optional fallback model, endpoint, the name of the
     # environment variable holding the key (the key itself never sits in settings), prices per model.
@@ -70,6 +77,12 @@ class Settings(BaseModel):
     llm_stream: bool = False
     llm_plan_mode: Literal["json", "tool"] = "json"
     llm_timeout_s: float = Field(default=60.0, gt=0)
+    #: how the plan is asked for (None: json_schema for openai, json_object with a schema for local), whether
+    #: the skills are described in the system prompt instead of sent as tools (None: only for local), and
+    #: the most tokens an answer may take (None: 512 for local, else as the context budget allows)
+    llm_plan_format: Literal["json_schema", "json_object", "none"] | None = None
+    llm_tools_in_prompt: bool | None = None
+    llm_max_tokens: int | None = Field(default=None, gt=0)
     identities_file: Path = EXAMPLE_DIR / "identities.yaml"
     data_dir: Path = Path("harness-data")
     execution_limit_s: float = Field(default=600.0, gt=0)
@@ -151,7 +164,8 @@ class Settings(BaseModel):
             values["checkpoint_witnesses"] = tuple(w.strip() for w in env["HARNESS_CHECKPOINT_WITNESS"].split(",")
                                                    if w.strip())
         for key in ("llm_model", "llm_fallback_model", "llm_base_url", "llm_api_key_env", "llm_pricing",
-                    "llm_stream", "llm_plan_mode", "llm_timeout_s", "lease_ttl_s", "max_stalls", "sweep_interval_s",
+                    "llm_stream", "llm_plan_mode", "llm_timeout_s", "llm_plan_format", "llm_tools_in_prompt",
+                    "llm_max_tokens", "lease_ttl_s", "max_stalls", "sweep_interval_s",
                     "heartbeat_ceiling_factor", "decided_approval_s", "redrive_grace_s"):
             if env.get(f"HARNESS_{key.upper()}"):
                 values[key] = env[f"HARNESS_{key.upper()}"]
@@ -240,16 +254,21 @@ def llm_provider(settings: Settings, clock: Clock) -> LLMProvider:
     """The LLM provider the settings name; a real one retries itself (T3), with the SDK's retries off."""
     if settings.llm == "scripted":
         return ScriptedProvider.from_file(settings.llm_rules)
+    local = settings.llm == "local"
     key_env = settings.llm_api_key_env or f"{settings.llm.upper()}_API_KEY"
-    api_key = os.environ.get(key_env)
-    if not settings.llm_model or not api_key:
+    api_key = "local" if local else os.environ.get(key_env)  # a server on this machine needs no key
+    model = settings.llm_model or (LOCAL_MODEL if local else None)
+    if not model or not api_key:
         raise InvalidRequestError(f"HARNESS_LLM={settings.llm} needs HARNESS_LLM_MODEL and an API key "
                                   f"in ${key_env}")
-    pricing = PricingTable.for_deployment(settings.llm_pricing)
-    return make_provider(settings.llm, ProviderSettings(
-        model=settings.llm_model, api_key=api_key, base_url=settings.llm_base_url,
+    return make_provider("openai" if local else settings.llm, ProviderSettings(
+        model=model, api_key=api_key, base_url=settings.llm_base_url or (LOCAL_URL if local else None),
         fallback_model=settings.llm_fallback_model, timeout_s=settings.llm_timeout_s,
-        stream=settings.llm_stream, plan_mode=settings.llm_plan_mode, pricing=pricing), clock=clock)
+        stream=settings.llm_stream, plan_mode=settings.llm_plan_mode,
+        pricing=PricingTable.for_deployment(settings.llm_pricing),
+        plan_format=settings.llm_plan_format or ("json_object" if local else "json_schema"),
+        tools_in_prompt=local if settings.llm_tools_in_prompt is None else settings.llm_tools_in_prompt,
+        max_output_tokens=settings.llm_max_tokens or (512 if local else None)), clock=clock)
 
 
 def check_priced(settings: Settings, pricing: PricingTable, unpriced: str) -> None:
@@ -257,7 +276,8 @@ def check_priced(settings: Settings, pricing: PricingTable, unpriced: str) -> No
     price: every call would count 0 USD and no budget would ever bite."""
     if settings.llm == "scripted" or unpriced != "deny":
         return
-    for model in (settings.llm_model, settings.llm_fallback_model):
+    named = settings.llm_model or (LOCAL_MODEL if settings.llm == "local" else None)
+    for model in (named, settings.llm_fallback_model):
         if model and pricing.price_of(model) is None:
             raise InvalidRequestError(
                 f"the model {model!r} has no price in the price table (dated {pricing.as_of}); add it to the "

@@ -118,3 +118,44 @@ def plan_from_submit(request: LLMRequest, content: str,
     if request.purpose != "plan" or not submitted:
         return content, calls
     return json.dumps(submitted[0].arguments), [c for c in calls if c.name != SUBMIT_PLAN]
+
+
+#: step ids and output keys as the schema asks for them: a plain subset of what a Plan accepts, which
+#: keeps a constraining server's grammar small
+_SHORT_NAME = "^[a-z][a-z0-9_]{0,31}$"
+_REF = {"type": "object", "properties": {"$ref": {"type": "string"}}, "required": ["$ref"],
+        "additionalProperties": False}
+
+
+def plan_schema(specs: Iterable[ToolSpec], max_steps: int = 8) -> dict[str, Any]:
+    """The JSON Schema of a Plan that calls only these tools, each with arguments of its own schema (any
+    argument may instead be a {"$ref": ...} to an earlier output). Sent as the response format, it lets
+    a server that constrains its output (llama.cpp's grammar, OpenAI's structured outputs) return only
+    plans of a valid shape; the plan is validated after all the same."""
+    calls = []
+    for spec in specs:
+        arguments = object_schema(spec)
+        arguments["properties"] = {name: {"anyOf": [prop, _REF]}
+                                   for name, prop in arguments.get("properties", {}).items()}
+        calls.append({"type": "object", "properties": {"skill": {"const": spec.name}, "arguments": arguments},
+                      "required": ["skill", "arguments"], "additionalProperties": False})
+    tool_call: dict[str, Any] = {"anyOf": calls} if calls else Plan.model_json_schema()["$defs"]["ToolCall"]
+    step = {"type": "object", "properties": {
+        "id": {"type": "string", "pattern": _SHORT_NAME},
+        "goal": {"type": "string"},
+        "tool_call": tool_call,
+        "depends_on": {"type": "array", "items": {"type": "string"}},
+        "output_key": {"type": "string", "pattern": _SHORT_NAME},
+    }, "required": ["id", "goal", "tool_call", "depends_on", "output_key"], "additionalProperties": False}
+    return {"type": "object", "properties": {
+        "steps": {"type": "array", "items": step, "minItems": 1, "maxItems": max_steps},
+        "answer_template": {"type": "string"},
+    }, "required": ["steps", "answer_template"], "additionalProperties": False}
+
+
+def tools_in_prompt(specs: Iterable[ToolSpec]) -> str:
+    """The tools as text for the system prompt, for a server that does not render a request's tools into
+    its prompt (a small local model's chat template)."""
+    lines = [f"- {s.name}: {s.description or 'no description'}; arguments: "
+             f"{json.dumps(object_schema(s).get('properties', {}), sort_keys=True)}" for s in specs]
+    return "\n\nTools you may use (the skill name goes in tool_call.skill):\n" + "\n".join(lines) if lines else ""
