@@ -66,8 +66,11 @@ class LocalModelServer:
     """`python -m llama_cpp.server` with the SmolLM2 model on 127.0.0.1, started and stopped by its owner."""
 
     def __init__(self, *, port: int | None = None, n_ctx: int = 2048, model: Path | None = None,
-                 log: Path | None = None) -> None:
+                 log: Path | None = None, threads: int | None = None) -> None:
         self.port = port or free_port()
+        #: one thread by default: on a small shared machine llama.cpp's threads spin waiting for each other,
+        #: and two of them ran a 135M model at 0.3 tokens/s where one runs it at 6 (docs/local-model.md)
+        self.threads = threads or int(os.environ.get("HARNESS_LOCAL_MODEL_THREADS", "1"))
         self.n_ctx = n_ctx
         self.model = model or smollm2_gguf()
         self.log = log
@@ -81,7 +84,7 @@ class LocalModelServer:
     def start(self, timeout_s: float = 120.0) -> LocalModelServer:
         """Start the server and wait until it lists the model."""
         out = open(self.log, "ab") if self.log else subprocess.DEVNULL  # noqa: SIM115 (the child keeps it)
-        threads = str(max(1, min(2, os.cpu_count() or 1)))
+        threads = str(self.threads)
         self._proc = subprocess.Popen(
             [sys.executable, "-m", "llama_cpp.server", "--model", str(self.model), "--model_alias", MODEL_ALIAS,
              "--host", "127.0.0.1", "--port", str(self.port), "--n_ctx", str(self.n_ctx),

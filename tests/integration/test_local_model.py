@@ -42,7 +42,7 @@ def support_runtime_with(folder: Path, skill: str, base_url: str, monkeypatch: p
         shutil.copy(EXAMPLE_DIR / "skills" / name, support / "skills" / name)
     monkeypatch.setenv("HARNESS_EXAMPLE_LEDGER", str(folder / "ledger.jsonl"))
     return build_runtime(Settings(db=str(folder / "local.db"), skills_dirs=(support / "skills",), llm="local",
-                                  llm_base_url=base_url, data_dir=folder / "data", memory="off"))
+                                  llm_base_url=base_url, llm_timeout_s=180, data_dir=folder / "data", memory="off"))
 
 
 def test_a_read_only_lookup_planned_by_the_model_succeeds(local_model: LocalModelServer, tmp_path: Path,
