@@ -83,6 +83,8 @@ class Settings(BaseModel):
     llm_plan_format: Literal["json_schema", "json_object", "none"] | None = None
     llm_tools_in_prompt: bool | None = None
     llm_max_tokens: int | None = Field(default=None, gt=0)
+    #: the most steps the plan's schema admits (None: 1 for local, a small model repeats steps; else 8)
+    llm_plan_max_steps: int | None = Field(default=None, ge=1, le=64)
     identities_file: Path = EXAMPLE_DIR / "identities.yaml"
     data_dir: Path = Path("harness-data")
     execution_limit_s: float = Field(default=600.0, gt=0)
@@ -165,7 +167,7 @@ class Settings(BaseModel):
                                                    if w.strip())
         for key in ("llm_model", "llm_fallback_model", "llm_base_url", "llm_api_key_env", "llm_pricing",
                     "llm_stream", "llm_plan_mode", "llm_timeout_s", "llm_plan_format", "llm_tools_in_prompt",
-                    "llm_max_tokens", "lease_ttl_s", "max_stalls", "sweep_interval_s",
+                    "llm_max_tokens", "llm_plan_max_steps", "lease_ttl_s", "max_stalls", "sweep_interval_s",
                     "heartbeat_ceiling_factor", "decided_approval_s", "redrive_grace_s"):
             if env.get(f"HARNESS_{key.upper()}"):
                 values[key] = env[f"HARNESS_{key.upper()}"]
@@ -268,7 +270,8 @@ def llm_provider(settings: Settings, clock: Clock) -> LLMProvider:
         pricing=PricingTable.for_deployment(settings.llm_pricing),
         plan_format=settings.llm_plan_format or ("json_object" if local else "json_schema"),
         tools_in_prompt=local if settings.llm_tools_in_prompt is None else settings.llm_tools_in_prompt,
-        max_output_tokens=settings.llm_max_tokens or (512 if local else None)), clock=clock)
+        max_output_tokens=settings.llm_max_tokens or (512 if local else None),
+        plan_max_steps=settings.llm_plan_max_steps or (1 if local else 8)), clock=clock)
 
 
 def check_priced(settings: Settings, pricing: PricingTable, unpriced: str) -> None:

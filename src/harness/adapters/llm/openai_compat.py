@@ -109,7 +109,7 @@ class OpenAICompatProvider(GuardedProvider):
                                 "temperature": request.temperature, "max_tokens": min(request.max_tokens, cap)}
         if request.purpose == "plan" and not forced and self.settings.plan_format != "none":
             full = self.settings.plan_format == "json_schema"  # OpenAI's; json_object is a small local model's
-            schema = plan_schema(request.tools, 8 if full else 3, refs=full)
+            schema = plan_schema(request.tools, self.settings.plan_max_steps, refs=full)
             body["response_format"] = (
                 {"type": "json_schema", "json_schema": {"name": "plan", "schema": schema}}
                 if self.settings.plan_format == "json_schema" else {"type": "json_object", "schema": schema})

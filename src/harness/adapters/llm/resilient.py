@@ -68,6 +68,8 @@ class ProviderSettings:
     tools_in_prompt: bool = False
     #: the most tokens a completion may ask for (a small local context window holds prompt and answer)
     max_output_tokens: int | None = None
+    #: the most steps the plan schema admits (a 135M model repeats a step when it may write several)
+    plan_max_steps: int = 8
     quota: RetryQuota = field(default_factory=RetryQuota)
     breaker: BreakerConfig = field(default_factory=BreakerConfig)
     pricing: PricingTable = field(default_factory=PricingTable)

@@ -145,14 +145,14 @@ def plan_schema(specs: Iterable[ToolSpec], max_steps: int = 8, *, refs: bool = T
     tool_call: dict[str, Any] = {"anyOf": calls} if calls else Plan.model_json_schema()["$defs"]["ToolCall"]
     step = {"type": "object", "properties": {
         "id": {"type": "string", "pattern": _SHORT_NAME},
-        "goal": {"type": "string", "maxLength": 80},
+        "goal": {"type": "string", "maxLength": 40},
         "tool_call": tool_call,
         "depends_on": {"type": "array", "items": {"type": "string", "pattern": _SHORT_NAME}, "maxItems": max_steps},
         "output_key": {"type": "string", "pattern": _SHORT_NAME},
     }, "required": ["id", "goal", "tool_call", "depends_on", "output_key"], "additionalProperties": False}
     return {"type": "object", "properties": {
         "steps": {"type": "array", "items": step, "minItems": 1, "maxItems": max_steps},
-        "answer_template": {"type": "string", "maxLength": 200},
+        "answer_template": {"type": "string", "maxLength": 100},
     }, "required": ["steps", "answer_template"], "additionalProperties": False}
 
 
