@@ -15,6 +15,7 @@ import argparse
 import collections
 import json
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -53,6 +54,7 @@ def main() -> None:
             reason = None if validated else (result.error or "")[:160]
             rows.append({"task": task, "seconds": round(seconds, 3), "validated": validated, "state": result.state,
                          "reason": reason})
+            print(json.dumps(rows[-1]), file=sys.stderr, flush=True)  # progress, one line per Run
         rt.close()
     times = [r["seconds"] for r in rows]
     valid = sum(r["validated"] for r in rows)

@@ -159,6 +159,12 @@ def plan_schema(specs: Iterable[ToolSpec], max_steps: int = 8, *, refs: bool = T
 _CLASSES = {r"\d": "[0-9]", r"\w": "[A-Za-z0-9_]", r"\s": "[ \t\n]"}
 
 
+def _too_long(key: str, value: Any) -> bool:
+    """A length bound llama.cpp spells out one repetition at a time: past a few dozen its grammar parser
+    refuses it (and the server stops), so such a bound is left to the skill's own schema check."""
+    return key in ("maxLength", "minLength", "maxItems", "minItems") and isinstance(value, int) and value > 32
+
+
 def _plain_patterns(schema: Any) -> Any:
     """The schema with its regex patterns in the plain form llama.cpp's converter reads: `\\d`, `\\w` and `\\s`
     spelled as classes, and any pattern still holding an escape dropped (a grammar it cannot parse stops
@@ -167,7 +173,8 @@ def _plain_patterns(schema: Any) -> Any:
         return [_plain_patterns(v) for v in schema]
     if not isinstance(schema, dict):
         return schema
-    out = {k: _plain_patterns(v) for k, v in schema.items() if not (k == "pattern" and isinstance(v, str))}
+    out = {k: _plain_patterns(v) for k, v in schema.items()
+           if not (k == "pattern" and isinstance(v, str)) and not _too_long(k, v)}
     pattern = schema.get("pattern")
     if isinstance(pattern, str):
         for escape, cls in _CLASSES.items():
