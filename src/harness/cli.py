@@ -11,6 +11,7 @@ from rich.table import Table
 from harness import cli_archive, cli_ops, cli_replay, cli_runs, cli_serve, cli_webhooks
 from harness.adapters.sql.ledger import CostLedger
 from harness.cli_audit import audit_app
+from harness.cli_skills import skills_app
 from harness.cli_support import DbOption, JsonOption, cli_errors, emit, open_store, screen
 from harness.cli_witness import witness_app
 
@@ -26,6 +27,7 @@ app.add_typer(audit_app, name="audit")
 app.add_typer(cli_webhooks.webhooks_app, name="webhooks")
 app.command("costs")(cli_webhooks.costs)
 app.add_typer(witness_app, name="witness")
+app.add_typer(skills_app, name="skills")
 for _name, _fn in (("run", cli_runs.run), ("trace", cli_runs.trace), ("cancel", cli_runs.cancel),
                    ("approve", cli_runs.approve), ("reject", cli_runs.reject), ("approvals", cli_runs.approvals),
                    ("demo", cli_runs.demo), ("sweep", cli_ops.sweep), ("serve", cli_serve.serve),

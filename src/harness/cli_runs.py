@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from typing import Annotated, Any
@@ -278,10 +279,29 @@ DEMO_SCENARIOS = (
 )
 
 
-def demo(db: DbOption = None, json_: JsonOption = False) -> None:
+DemoLlm = Annotated[str, typer.Option(
+    "--llm", help="Who plans: 'scripted' (the example's rules) or 'local' (SmolLM2 on this machine through "
+                  "llama-cpp-python's server, started for the demo unless HARNESS_LLM_BASE_URL names one).")]
+
+
+def demo(db: DbOption = None, json_: JsonOption = False, llm: DemoLlm = "scripted") -> None:
     """Run the bundled support example: a success, two approvals (one left waiting for a support lead), a
     policy rejection and two failures."""
-    rt = runtime(db)  # the default database, so `harness serve` afterwards shows these Runs
+    if llm not in ("scripted", "local"):
+        fail(f"--llm must be scripted or local, not {llm!r}")
+    if llm == "local" and not os.environ.get("HARNESS_LLM_BASE_URL"):
+        from harness.local_model import LocalModelServer
+
+        if not json_:
+            typer.echo("starting the local model server (SmolLM2-135M-Instruct, llama-cpp-python) ...")
+        with LocalModelServer() as server:
+            _demo(build_runtime(Settings.from_env(db=db, llm="local", llm_base_url=server.base_url)), json_)
+        return
+    # the default database, so `harness serve` afterwards shows these Runs
+    _demo(build_runtime(Settings.from_env(db=db, llm=llm if llm == "local" else None)), json_)
+
+
+def _demo(rt: Runtime, json_: bool) -> None:
     rt.runs.assembler.warm()  # the vocabulary loads before the Run, not inside its step 2
     out, waiting = [], []
     for label, task, user, decider in DEMO_SCENARIOS:

@@ -10,7 +10,7 @@ import os
 import socket
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -38,7 +38,7 @@ from harness.pipeline.limits import RequestLimits
 from harness.pipeline.plan_orchestrator import PlanOrchestrator
 from harness.pipeline.run_manager import RunManager
 from harness.pipeline.sandbox_pool import PoolSettings, SandboxPool
-from harness.pipeline.tool_controller import ToolController
+from harness.pipeline.tool_controller import Executor, ToolController
 from harness.pipeline.trace_recorder import TraceRecorder
 from harness.policy.hitl import HitlDesk
 from harness.ports import Clock, LLMProvider, ResultSink, TraceBuffer
@@ -48,6 +48,14 @@ from harness.webhooks.config import WebhookConfig, load_webhook_config
 from harness.webhooks.delivery import WebhookDispatcher
 from harness.webhooks.notifier import PushEvents, WebhookNotifier, WebhookResultSink
 from harness.yamlfile import read_yaml
+
+if TYPE_CHECKING:
+    from harness.mcp_skills import McpServers
+
+
+#: the model name and endpoint of HARNESS_LLM=local when HARNESS_LLM_MODEL / HARNESS_LLM_BASE_URL say nothing
+LOCAL_MODEL = "smollm2-135m-instruct"
+LOCAL_URL = "http://127.0.0.1:8080/v1"
 
 
 class Settings(BaseModel):
@@ -62,7 +70,9 @@ class Settings(BaseModel):
     #: installed packages whose modules may be skill entrypoints (besides files in a skill's folder)
     skill_packages: tuple[str, ...] = ()
     policy_file: Path = EXAMPLE_DIR / "policy.yaml"
-    llm: Literal["scripted", "openai", "anthropic"] = "scripted"
+    #: "local": an OpenAI-compatible server of a model on this machine (llama-cpp-python's, see
+    #: docs/local-model.md), at llm_base_url (default http://127.0.0.1:8080/v1), needing no API key
+    llm: Literal["scripted", "openai", "anthropic", "local"] = "scripted"
     llm_rules: Path = EXAMPLE_DIR / "llm_rules.yaml"
     # The real providers (openai, anthropic): model, optional fallback model, endpoint, the name of the
     # environment variable holding the key (the key itself never sits in settings), prices per model.
@@ -74,6 +84,14 @@ class Settings(BaseModel):
     llm_stream: bool = False
     llm_plan_mode: Literal["json", "tool"] = "json"
     llm_timeout_s: float = Field(default=60.0, gt=0)
+    #: how the plan is asked for (None: json_schema for openai, json_object with a schema for local), whether
+    #: the skills are described in the system prompt instead of sent as tools (None: only for local), and
+    #: the most tokens an answer may take (None: 512 for local, else as the context budget allows)
+    llm_plan_format: Literal["json_schema", "json_object", "none"] | None = None
+    llm_tools_in_prompt: bool | None = None
+    llm_max_tokens: int | None = Field(default=None, gt=0)
+    #: the most steps the plan's schema admits (None: 1 for local, a small model repeats steps; else 8)
+    llm_plan_max_steps: int | None = Field(default=None, ge=1, le=64)
     identities_file: Path = EXAMPLE_DIR / "identities.yaml"
     #: Runs' working directories and the bundled example's ledger (HARNESS_DATA_DIR)
     data_dir: Path = Field(default_factory=default_data_dir)
@@ -146,6 +164,8 @@ class Settings(BaseModel):
     checkpoint_interval_s: float = Field(default=300.0, ge=0.0)
     checkpoint_dir: Path | None = None
     checkpoint_witnesses: tuple[str, ...] = ()
+    #: MCP servers whose tools are skills (HARNESS_MCP_FILE, harness.mcp_skills); None: no MCP server
+    mcp_file: Path | None = None
 
     @classmethod
     def from_env(cls, **overrides: object) -> Settings:
@@ -165,7 +185,8 @@ class Settings(BaseModel):
                           ("tokenizer", "HARNESS_TOKENIZER"), ("memory", "HARNESS_MEMORY"),
                           ("memory_write_scope", "HARNESS_MEMORY_WRITE_SCOPE"),
                           ("trace_buffer", "HARNESS_TRACE_BUFFER"),
-                          ("webhooks_file", "HARNESS_WEBHOOKS_FILE"), ("agent", "HARNESS_AGENT")):
+                          ("webhooks_file", "HARNESS_WEBHOOKS_FILE"), ("agent", "HARNESS_AGENT"),
+                          ("mcp_file", "HARNESS_MCP_FILE")):
             if env.get(name):
                 values[key] = env[name]
         for key, name in (("checkpoint_interval_s", "HARNESS_CHECKPOINT_INTERVAL_S"),
@@ -181,7 +202,8 @@ class Settings(BaseModel):
         if "HARNESS_SANDBOX_PORTS" in env:
             values["sandbox_ports"] = env["HARNESS_SANDBOX_PORTS"]
         for key in ("llm_model", "llm_fallback_model", "llm_base_url", "llm_api_key_env", "llm_pricing",
-                    "llm_stream", "llm_plan_mode", "llm_timeout_s", "lease_ttl_s", "max_stalls", "sweep_interval_s",
+                    "llm_stream", "llm_plan_mode", "llm_timeout_s", "llm_plan_format", "llm_tools_in_prompt",
+                    "llm_max_tokens", "llm_plan_max_steps", "lease_ttl_s", "max_stalls", "sweep_interval_s",
                     "heartbeat_ceiling_factor", "decided_approval_s", "redrive_grace_s"):
             if env.get(f"HARNESS_{key.upper()}"):
                 values[key] = env[f"HARNESS_{key.upper()}"]
@@ -215,7 +237,8 @@ def parse_port_range(text: str) -> tuple[int, int] | None:
 
 
 #: fields of Settings that are paths: in a config file they are relative to the file's folder
-_PATH_FIELDS = ("skills_dirs", "policy_file", "llm_rules", "llm_pricing", "identities_file", "data_dir", "agent")
+_PATH_FIELDS = ("skills_dirs", "policy_file", "llm_rules", "llm_pricing", "identities_file", "data_dir", "agent",
+                "mcp_file")
 
 
 def _config_file(name: str | None) -> dict[str, object]:
@@ -256,6 +279,7 @@ class Runtime:
     webhooks: WebhookConfig | None = None
     webhook_outbox: WebhookOutbox | None = None
     agent: Agent | None = None
+    mcp: McpServers | None = None
 
     def dispatcher(self) -> WebhookDispatcher:
         """A delivery loop for this runtime's webhook outbox (the caller closes it)."""
@@ -266,6 +290,8 @@ class Runtime:
         """Release threads and connections."""
         self.runs.children.close()
         self.tools.close()
+        if self.mcp is not None:
+            self.mcp.close()  # stdio servers are stopped, not orphaned
         self.store.close()
 
 
@@ -281,16 +307,22 @@ def llm_provider(settings: Settings, clock: Clock) -> LLMProvider:
     """The LLM provider the settings name; a real one retries itself (T3), with the SDK's retries off."""
     if settings.llm == "scripted":
         return ScriptedProvider.from_file(settings.llm_rules)
+    local = settings.llm == "local"
     key_env = settings.llm_api_key_env or f"{settings.llm.upper()}_API_KEY"
-    api_key = os.environ.get(key_env)
-    if not settings.llm_model or not api_key:
+    api_key = "local" if local else os.environ.get(key_env)  # a server on this machine needs no key
+    model = settings.llm_model or (LOCAL_MODEL if local else None)
+    if not model or not api_key:
         raise InvalidRequestError(f"HARNESS_LLM={settings.llm} needs HARNESS_LLM_MODEL and an API key "
                                   f"in ${key_env}")
-    pricing = PricingTable.for_deployment(settings.llm_pricing)
-    return make_provider(settings.llm, ProviderSettings(
-        model=settings.llm_model, api_key=api_key, base_url=settings.llm_base_url,
+    return make_provider("openai" if local else settings.llm, ProviderSettings(
+        model=model, api_key=api_key, base_url=settings.llm_base_url or (LOCAL_URL if local else None),
         fallback_model=settings.llm_fallback_model, timeout_s=settings.llm_timeout_s,
-        stream=settings.llm_stream, plan_mode=settings.llm_plan_mode, pricing=pricing), clock=clock)
+        stream=settings.llm_stream, plan_mode=settings.llm_plan_mode,
+        pricing=PricingTable.for_deployment(settings.llm_pricing),
+        plan_format=settings.llm_plan_format or ("json_object" if local else "json_schema"),
+        tools_in_prompt=local if settings.llm_tools_in_prompt is None else settings.llm_tools_in_prompt,
+        max_output_tokens=settings.llm_max_tokens or (512 if local else None),
+        plan_max_steps=settings.llm_plan_max_steps or (1 if local else 8)), clock=clock)
 
 
 def check_priced(settings: Settings, pricing: PricingTable, unpriced: str) -> None:
@@ -298,11 +330,36 @@ def check_priced(settings: Settings, pricing: PricingTable, unpriced: str) -> No
     price: every call would count 0 USD and no budget would ever bite."""
     if settings.llm == "scripted" or unpriced != "deny":
         return
-    for model in (settings.llm_model, settings.llm_fallback_model):
+    named = settings.llm_model or (LOCAL_MODEL if settings.llm == "local" else None)
+    for model in (named, settings.llm_fallback_model):
         if model and pricing.price_of(model) is None:
             raise InvalidRequestError(
                 f"the model {model!r} has no price in the price table (dated {pricing.as_of}); add it to the "
                 "file HARNESS_LLM_PRICING names, or set budgets.unpriced_model: allow_with_warning in the policy")
+
+
+def open_mcp(settings: Settings, registry: SkillRegistry) -> McpServers | None:
+    """The MCP servers HARNESS_MCP_FILE names (they start at first use); they need the `mcp` extra."""
+    if settings.mcp_file is None:
+        return None
+    try:
+        from harness.mcp_skills import McpServers, load_mcp_file
+    except ImportError as exc:
+        raise InvalidRequestError("HARNESS_MCP_FILE needs the mcp package: pip install 'harness-kernel[mcp]'") from exc
+    groups = {skill.id.split(".", 1)[0] for skill in registry.all()}
+    return McpServers(load_mcp_file(settings.mcp_file), config_path=settings.mcp_file, reserved_groups=sorted(groups))
+
+
+def mcp_kinds(mcp: McpServers | None, ledger: CostLedger, store: SqlStore) -> dict[str, Executor]:
+    """The tool controller's executor of MCP tools: costs to the ledger, server restarts to the Run's audit."""
+    if mcp is None:
+        return {}
+    from harness.mcp_skills import McpCalls
+
+    def audit(run_id: str | None, event: str, detail: dict[str, object]) -> None:
+        store.audit(run_id, event, "tool_controller", dict(detail))
+    mcp.audit = audit
+    return {"mcp": McpCalls(mcp, ledger.record)}
 
 
 def open_trace_buffer(url: str) -> TraceBuffer:
@@ -348,6 +405,9 @@ def build_runtime(settings: Settings | None = None, *, clock: Clock | None = Non
     registry = SkillRegistry.from_dirs(*settings.skills_dirs, packages=settings.skill_packages)
     if agent is not None and agent.code_skills:
         registry = SkillRegistry([*registry.all(), *(s.skill for s in agent.code_skills)])
+    mcp = open_mcp(settings, registry)
+    if mcp is not None:
+        registry = SkillRegistry(registry.all(), sources=(mcp,))
     ledger = CostLedger(store)
     policy = PolicyEngine.from_file(settings.policy_file, registry, ledger)
     hitl = HitlDesk(store, policy.policy.hitl)
@@ -361,7 +421,7 @@ def build_runtime(settings: Settings | None = None, *, clock: Clock | None = Non
     tools = ToolController(registry, data_dir=settings.data_dir, sandbox_mode=settings.sandbox,
                            clock=store.clock, provider=provider, record_cost=ledger.record,
                            scrub=lambda text: secret_filter.scrub(text).text, sandbox_price=pricing.sandbox_price,
-                           price_table=pricing.as_of, sandbox_pool=sandboxes)
+                           price_table=pricing.as_of, sandbox_pool=sandboxes, kinds=mcp_kinds(mcp, ledger, store))
     machine.in_transaction(sandboxes.on_transition)  # instances end (and are billed) as their Run closes
     machine.subscribe(sandboxes.after_change)  # then their processes are stopped
     machine.cost_total = lambda run: ledger.run_total(run.run_id).to_dict()  # A1: child Runs included
@@ -390,7 +450,7 @@ def build_runtime(settings: Settings | None = None, *, clock: Clock | None = Non
     )
     tools.child_runs = runs  # AgentInvoke creates child Runs through the same kernel (T4)
     runtime = Runtime(settings, store, machine, registry, policy, hitl, tools, TraceRecorder(store), runs, identities,
-                      webhooks, outbox, agent)
+                      webhooks, outbox, agent, mcp)
     from harness.worker import RunWorker  # the worker drives a Runtime: wired once the Runtime exists
 
     # every drive holds the Run's lease (K5b, T6), as the thread that drives it (owner host:pid:thread)

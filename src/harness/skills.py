@@ -20,7 +20,9 @@ A manifest is a YAML file::
     limits: {memory_mb: 512, cpu_s: 10, processes: 64, file_mb: 64, output_kb: 1024}   # sandboxed only
     breaker: {failure_threshold: 5, reset_timeout_s: 30}
 
-An `llm` skill has no entrypoint: its `prompt` (with ``{argument}`` placeholders) goes to the Runtime's
+An `mcp` skill is not declared in a file: it is one tool of an MCP server named in the deployment's MCP
+config (harness.mcp_skills), which sets its schema, risk and hash. An `llm` skill has no entrypoint: its
+`prompt` (with ``{argument}`` placeholders) goes to the Runtime's
 LLM provider. An `agent` skill's `prompt` becomes the task of a child Run (SPEC T4); its `timeout_s`
 bounds the whole child Run, a wait for a human approval included (capped by the parent's remaining time).
 A broken manifest is refused at load with the file and the field named.
@@ -32,7 +34,7 @@ import functools
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import jsonschema
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -45,7 +47,7 @@ from harness.skill_code import Entrypoint
 from harness.yamlfile import read_yaml
 
 __all__ = ["BreakerSettings", "Entrypoint", "Limits", "Manifest", "RetryPolicy", "Risk", "Skill", "SkillContext",
-           "SkillFn", "SkillRegistry", "load_manifest"]
+           "SkillFn", "SkillRegistry", "SkillSource", "load_manifest"]
 
 
 class Risk(BaseModel):
@@ -92,7 +94,7 @@ class Manifest(BaseModel):
     id: str = Field(pattern=SKILL_ID)
     version: str = Field(pattern=r"^\d+\.\d+(\.\d+)?([-+][A-Za-z0-9.]+)?$")
     description: str = ""
-    kind: Literal["python", "llm", "agent"] = "python"
+    kind: Literal["python", "llm", "agent", "mcp"] = "python"
     entrypoint: str | None = Field(default=None, pattern=r"^[^:]+:[A-Za-z_][A-Za-z0-9_]*$")
     prompt: str | None = Field(default=None, min_length=1, max_length=20_000)
     output: Literal["text", "json"] = "text"
@@ -130,11 +132,13 @@ class Manifest(BaseModel):
         # Each check raises with the field's name first, so the loader's message names it.
         if self.kind == "python" and self.entrypoint is None:
             raise ValueError("entrypoint: a python skill needs one (file.py:function or module:function)")
-        if self.kind != "python":
+        if self.kind in ("llm", "agent"):
             if self.prompt is None:
                 raise ValueError(f"prompt: an {self.kind} skill needs a prompt")
             if self.entrypoint is not None or self.sandbox:
                 raise ValueError(f"kind: an {self.kind} skill has no entrypoint and is not sandboxed")
+        if self.kind == "mcp" and (self.entrypoint is not None or self.prompt is not None or self.sandbox):
+            raise ValueError("kind: an mcp skill is a tool of an MCP server: no entrypoint, prompt or sandbox")
         if self.network and not self.sandbox:
             raise ValueError("network: only a sandboxed skill declares network access")
         if (self.persistent or self.ports) and not self.sandbox:
@@ -144,7 +148,7 @@ class Manifest(BaseModel):
         return self
 
     @property
-    def call_kind(self) -> Literal["local", "sandbox", "llm", "agent"]:
+    def call_kind(self) -> Literal["local", "sandbox", "llm", "agent", "mcp"]:
         """How the tool controller runs it (SPEC T4)."""
         if self.kind == "python":
             return "sandbox" if self.sandbox else "local"
@@ -243,10 +247,23 @@ def load_manifest(path: Path, packages: Sequence[str] = ()) -> Skill:
     return Skill(manifest, digest, path, skill_code.load(path, manifest.id, entry), entry)
 
 
-class SkillRegistry:
-    """Every skill found in a set of folders, by id."""
+class SkillSource(Protocol):
+    """Skills that are not files: listed when first needed (an MCP server's tools), possibly changing."""
 
-    def __init__(self, skills: Iterable[Skill]) -> None:
+    def skills(self) -> list[Skill]:
+        """Every skill the source offers now."""
+        ...
+
+    def get(self, skill_id: str) -> Skill | None:
+        """The skill with this id as last listed (listing it first if it never was), or None."""
+        ...
+
+
+class SkillRegistry:
+    """Every skill found in a set of folders, by id, and those of the skill sources (MCP servers)."""
+
+    def __init__(self, skills: Iterable[Skill], sources: Sequence[SkillSource] = ()) -> None:
+        self.sources = tuple(sources)
         self._skills: dict[str, Skill] = {}
         for skill in skills:
             if skill.id in self._skills:
@@ -286,8 +303,19 @@ class SkillRegistry:
 
     def get(self, skill_id: str) -> Skill | None:
         """The skill with this id, or None."""
-        return self._skills.get(skill_id)
+        found = self._skills.get(skill_id)
+        for source in self.sources:
+            if found is not None:
+                break
+            found = source.get(skill_id)
+        return found
 
     def all(self) -> list[Skill]:
-        """Every skill, sorted by id."""
-        return [self._skills[k] for k in sorted(self._skills)]
+        """Every skill, sorted by id (a source's skills as it lists them now)."""
+        skills = dict(self._skills)
+        for source in self.sources:
+            for skill in source.skills():
+                if skill.id in skills:
+                    raise ManifestError(f"{skill.path}: {skill.id!r} is already declared by {skills[skill.id].path}")
+                skills[skill.id] = skill
+        return [skills[k] for k in sorted(skills)]

@@ -210,6 +210,33 @@ def test_plan_mode_json_keeps_tools_visible_but_not_callable(server: ScriptedSer
     assert server.received[0].body["tool_choice"] == "none"
 
 
+def test_the_plan_is_asked_for_with_the_json_schema_of_a_plan_over_the_skills(server: ScriptedServer) -> None:
+    """A planning request carries a response format whose schema admits only the offered skills, each with its
+    own arguments (or a $ref); a tool request carries none."""
+    server.queue(api.completion('{"steps": []}'), api.completion("ok"))
+    Harness(server).provider.complete(ASK.model_copy(update={"purpose": "plan"}))
+    Harness(server).provider.complete(ASK)
+    plan_body, tool_body = (r.body for r in server.received)
+    assert "response_format" not in tool_body
+    fmt = plan_body["response_format"]
+    assert fmt["type"] == "json_schema" and fmt["json_schema"]["name"] == "plan"
+    (call,) = fmt["json_schema"]["schema"]["properties"]["steps"]["items"]["properties"]["tool_call"]["anyOf"]
+    assert call["properties"]["skill"] == {"const": "orders.lookup"}
+    assert call["properties"]["arguments"]["properties"]["order_id"]["anyOf"][0] == {"type": "string"}
+
+
+def test_a_local_server_gets_the_schema_its_way_and_the_tools_in_the_prompt(server: ScriptedServer) -> None:
+    """For a llama.cpp-style server the schema rides in a json_object response format, the skills are described in
+    the system prompt instead of sent as tools, and the answer's length is capped."""
+    server.queue(api.completion('{"steps": []}'))
+    Harness(server, plan_format="json_object", tools_in_prompt=True, max_output_tokens=300).provider.complete(
+        ASK.model_copy(update={"purpose": "plan"}))
+    body = server.received[0].body
+    assert body["response_format"]["type"] == "json_object" and "schema" in body["response_format"]
+    assert "tools" not in body and "tool_choice" not in body and body["max_tokens"] == 300
+    assert "orders.lookup: Look up an order." in body["messages"][0]["content"]
+
+
 def test_model_breaker_opens_falls_back_and_recovers(server: ScriptedServer) -> None:
     """Failing calls open the model's breaker; the fallback model then answers (and says so); after the
     reset timeout a trial goes to the primary again and its success closes the breaker."""

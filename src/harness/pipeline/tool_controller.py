@@ -15,7 +15,7 @@ import concurrent.futures
 import socket
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -128,7 +128,7 @@ class ToolController:
                  record_cost: Callable[[CostTrace], None] | None = None,
                  scrub: Callable[[str], str] | None = None, sandbox_price: float = 0.0,
                  price_table: str | None = None, data_dir: Path | None = None,
-                 sandbox_pool: SandboxPool | None = None) -> None:
+                 sandbox_pool: SandboxPool | None = None, kinds: Mapping[str, Executor] | None = None) -> None:
         self.registry = registry
         self.workdirs = Workdirs(workdir_root or (data_dir or default_data_dir()) / "runs")
         #: handed to skills (SkillContext.data_dir): the folder the working directories are in, by default
@@ -150,6 +150,7 @@ class ToolController:
                                     sandbox_pool),
             "llm": LlmCalls(lambda: self.provider, self._pool, record_cost, scrub),
             "agent": AgentCalls(lambda: self.child_runs),
+            **(kinds or {}),  # e.g. "mcp": tools of MCP servers (harness.mcp_skills)
         }
 
     @property

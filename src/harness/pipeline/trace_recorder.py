@@ -59,7 +59,7 @@ class ToolTrace(TraceModel):
     skill_id: str
     skill_version: str
     manifest_hash: str
-    call_kind: Literal["local", "sandbox", "llm", "agent"] = "local"
+    call_kind: Literal["local", "sandbox", "llm", "agent", "mcp"] = "local"
     idempotency_key: str
     arguments_hash: str
     result_hash: str | None

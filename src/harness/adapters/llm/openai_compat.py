@@ -6,8 +6,12 @@ fallback model are ours (GuardedProvider). SDK errors are translated here, at th
 only ever see ProviderError.
 
 Planning: the system prompt asks for a JSON plan, so in plan_mode "json" (the default) the skills
-are sent as tools for their schemas with tool_choice "none" and the plan is read from the content.
-In plan_mode "tool" a `submit_plan` tool is forced instead and its arguments become the content.
+are sent as tools for their schemas with tool_choice "none" and the plan is read from the content; the
+response format carries the JSON Schema of a plan over exactly those skills (`plan_format`), so a server
+that constrains its output returns only plans of a valid shape. The plan is validated all the same: an
+invalid one still fails the Run with the reason traced. With `tools_in_prompt` the skills are described in
+the system prompt instead (a local model's chat template may not show tools). In plan_mode "tool" a
+`submit_plan` tool is forced instead and its arguments become the content.
 """
 
 from __future__ import annotations
@@ -20,7 +24,15 @@ import openai
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from harness.adapters.llm.resilient import GuardedProvider, ProviderSettings, status_error
-from harness.adapters.llm.tool_formats import SUBMIT_PLAN, ToolNames, malformed, submit_plan_spec, to_openai
+from harness.adapters.llm.tool_formats import (
+    SUBMIT_PLAN,
+    ToolNames,
+    malformed,
+    plan_schema,
+    submit_plan_spec,
+    to_openai,
+    tools_in_prompt,
+)
 from harness.adapters.llm.types import LLMRequest, LLMResponse
 from harness.errors import ProviderError
 from harness.ports import Clock
@@ -91,9 +103,17 @@ class OpenAICompatProvider(GuardedProvider):
         if forced:
             specs.append(submit_plan_spec())
         names = ToolNames(s.name for s in specs)
-        body: dict[str, Any] = {"model": model, "messages": _messages(request),
-                                "temperature": request.temperature, "max_tokens": request.max_tokens}
-        if specs:
+        in_prompt = self.settings.tools_in_prompt and not forced
+        cap = self.settings.max_output_tokens or request.max_tokens
+        body: dict[str, Any] = {"model": model, "messages": _messages(request, in_prompt),
+                                "temperature": request.temperature, "max_tokens": min(request.max_tokens, cap)}
+        if request.purpose == "plan" and not forced and self.settings.plan_format != "none":
+            full = self.settings.plan_format == "json_schema"  # OpenAI's; json_object is a small local model's
+            schema = plan_schema(request.tools, self.settings.plan_max_steps, refs=full)
+            body["response_format"] = (
+                {"type": "json_schema", "json_schema": {"name": "plan", "schema": schema}}
+                if self.settings.plan_format == "json_schema" else {"type": "json_object", "schema": schema})
+        if specs and not in_prompt:
             body["tools"] = [to_openai(s, names) for s in specs]
             if forced:
                 body["tool_choice"] = {"type": "function", "function": {"name": names.wire(SUBMIT_PLAN)}}
@@ -140,8 +160,9 @@ class OpenAICompatProvider(GuardedProvider):
                               finish=finish, served_by=served_by, tokens=tokens)
 
 
-def _messages(request: LLMRequest) -> list[dict[str, str]]:
-    messages = [{"role": "system", "content": request.system}] if request.system else []
+def _messages(request: LLMRequest, tools_in_system: bool = False) -> list[dict[str, str]]:
+    system = request.system + (tools_in_prompt(request.tools) if tools_in_system else "")
+    messages = [{"role": "system", "content": system}] if system else []
     for m in request.messages:
         # History has no tool_call ids to pair a "tool" message with, so tool output is shown as user text.
         role, content = ("user", f"[tool output] {m.content}") if m.role == "tool" else (m.role, m.content)

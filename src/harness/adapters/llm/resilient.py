@@ -60,6 +60,16 @@ class ProviderSettings:
     timeout_s: float = 60.0
     stream: bool = False
     plan_mode: Literal["json", "tool"] = "json"
+    #: how a plan (plan_mode "json") is asked for: a JSON Schema response format the OpenAI way
+    #: ("json_schema"), the llama.cpp way ("json_object" with a schema), or none
+    plan_format: Literal["json_schema", "json_object", "none"] = "json_schema"
+    #: describe the tools in the system prompt instead of sending them as tools (for a server whose chat
+    #: template does not show a request's tools to the model)
+    tools_in_prompt: bool = False
+    #: the most tokens a completion may ask for (a small local context window holds prompt and answer)
+    max_output_tokens: int | None = None
+    #: the most steps the plan schema admits (a 135M model repeats a step when it may write several)
+    plan_max_steps: int = 8
     quota: RetryQuota = field(default_factory=RetryQuota)
     breaker: BreakerConfig = field(default_factory=BreakerConfig)
     pricing: PricingTable = field(default_factory=PricingTable)

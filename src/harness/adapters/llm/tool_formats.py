@@ -118,3 +118,75 @@ def plan_from_submit(request: LLMRequest, content: str,
     if request.purpose != "plan" or not submitted:
         return content, calls
     return json.dumps(submitted[0].arguments), [c for c in calls if c.name != SUBMIT_PLAN]
+
+
+#: step ids and output keys as the schema asks for them: a plain subset of what a Plan accepts, which
+#: keeps a constraining server's grammar small
+_SHORT_NAME = "^[a-z][a-z0-9_]{0,15}$"
+_REF = {"type": "object", "properties": {"$ref": {"type": "string"}}, "required": ["$ref"],
+        "additionalProperties": False}
+
+
+def plan_schema(specs: Iterable[ToolSpec], max_steps: int = 8, *, refs: bool = True) -> dict[str, Any]:
+    # the lengths are bounded so that a small model cannot spend its whole answer on one free text
+    """The JSON Schema of a Plan that calls only these tools, each with arguments of its own schema (with
+    `refs`, any argument may instead be a {"$ref": ...} to an earlier output; llama.cpp's converter reads a
+    property named "$ref" as a reference, so for it there are none). Sent as the response format, it lets
+    a server that constrains its output (llama.cpp's grammar, OpenAI's structured outputs) return only
+    plans of a valid shape; the plan is validated after all the same."""
+    calls = []
+    for spec in specs:
+        arguments = object_schema(spec) if refs else _plain_patterns(object_schema(spec))
+        if refs:
+            arguments["properties"] = {name: {"anyOf": [prop, _REF]}
+                                       for name, prop in arguments.get("properties", {}).items()}
+        calls.append({"type": "object", "properties": {"skill": {"const": spec.name}, "arguments": arguments},
+                      "required": ["skill", "arguments"], "additionalProperties": False})
+    tool_call: dict[str, Any] = {"anyOf": calls} if calls else Plan.model_json_schema()["$defs"]["ToolCall"]
+    step = {"type": "object", "properties": {
+        "id": {"type": "string", "pattern": _SHORT_NAME},
+        "goal": {"type": "string", "maxLength": 40},
+        "tool_call": tool_call,
+        "depends_on": {"type": "array", "items": {"type": "string", "pattern": _SHORT_NAME}, "maxItems": max_steps},
+        "output_key": {"type": "string", "pattern": _SHORT_NAME},
+    }, "required": ["id", "goal", "tool_call", "depends_on", "output_key"], "additionalProperties": False}
+    return {"type": "object", "properties": {
+        "steps": {"type": "array", "items": step, "minItems": 1, "maxItems": max_steps},
+        "answer_template": {"type": "string", "maxLength": 100},
+    }, "required": ["steps", "answer_template"], "additionalProperties": False}
+
+
+_CLASSES = {r"\d": "[0-9]", r"\w": "[A-Za-z0-9_]", r"\s": "[ \t\n]"}
+
+
+def _too_long(key: str, value: Any) -> bool:
+    """A length bound llama.cpp spells out one repetition at a time: past a few dozen its grammar parser
+    refuses it (and the server stops), so such a bound is left to the skill's own schema check."""
+    return key in ("maxLength", "minLength", "maxItems", "minItems") and isinstance(value, int) and value > 32
+
+
+def _plain_patterns(schema: Any) -> Any:
+    """The schema with its regex patterns in the plain form llama.cpp's converter reads: `\\d`, `\\w` and `\\s`
+    spelled as classes, and any pattern still holding an escape dropped (a grammar it cannot parse stops
+    that server; the arguments are checked against the skill's own schema anyway)."""
+    if isinstance(schema, list):
+        return [_plain_patterns(v) for v in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: _plain_patterns(v) for k, v in schema.items()
+           if not (k == "pattern" and isinstance(v, str)) and not _too_long(k, v)}
+    pattern = schema.get("pattern")
+    if isinstance(pattern, str):
+        for escape, cls in _CLASSES.items():
+            pattern = pattern.replace(escape, cls)
+        if "\\" not in pattern:
+            out["pattern"] = pattern
+    return out
+
+
+def tools_in_prompt(specs: Iterable[ToolSpec]) -> str:
+    """The tools as text for the system prompt, for a server that does not render a request's tools into
+    its prompt (a small local model's chat template)."""
+    lines = [f"- {s.name}: {s.description or 'no description'}; arguments: "
+             f"{json.dumps(object_schema(s).get('properties', {}), sort_keys=True)}" for s in specs]
+    return "\n\nTools you may use (the skill name goes in tool_call.skill):\n" + "\n".join(lines) if lines else ""
