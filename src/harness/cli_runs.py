@@ -271,6 +271,9 @@ def approvals(tenant: Annotated[str | None, typer.Option("--tenant")] = None, db
 #: the demo's Runs: (what it shows, task, who asks, who decides an approval at once — None: leave it waiting)
 DEMO_SCENARIOS = (
     ("success", "Where is order A-1001?", "alice", None),
+    ("a chat turn (no tools)", "Hi, what can you do?", "alice", None),
+    ("two rounds (look the order up, then decide from what was found)", "Refund order A-1004 if it was delivered",
+     "alice", None),
     ("approval (L2, self-confirm)", "Refund 42.50 EUR for order A-1001", "alice", "alice"),
     ("approval (L3, a support lead decides)", "Refund 180 EUR for order A-1003", "alice", None),
     ("policy rejection", "Refund 900 EUR for order A-1002", "alice", None),
@@ -285,8 +288,8 @@ DemoLlm = Annotated[str, typer.Option(
 
 
 def demo(db: DbOption = None, json_: JsonOption = False, llm: DemoLlm = "scripted") -> None:
-    """Run the bundled support example: a success, two approvals (one left waiting for a support lead), a
-    policy rejection and two failures."""
+    """Run the bundled support example: a success, a chat turn, a Run that plans in two rounds, two
+    approvals (one left waiting for a support lead), a policy rejection and two failures."""
     if llm not in ("scripted", "local"):
         fail(f"--llm must be scripted or local, not {llm!r}")
     if llm == "local" and not os.environ.get("HARNESS_LLM_BASE_URL"):

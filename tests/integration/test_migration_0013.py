@@ -21,6 +21,7 @@ from harness.audit.verify import verify_chain
 from harness.clock import FakeClock
 from harness.config import Settings, build_runtime
 from harness.pipeline.contracts import CallerIdentity
+from harness.pipeline.sandbox_pool import SandboxPool
 from harness.policy.hitl import HitlDesk
 from harness.state_machine import StateMachine
 
@@ -53,6 +54,8 @@ def _as_the_earlier_version(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(StateMachine, "_run_trace", old_run_trace)
     monkeypatch.setattr(SqlStore, "_with_record_commitment", lambda self, conn, run_id, outbox: outbox)
     monkeypatch.setattr(HitlDesk, "_chain", lambda self, conn, kind, payload, run_id: None)
+    # and it had no sandbox instances (their table came later)
+    monkeypatch.setattr(SandboxPool, "on_transition", lambda self, conn, run_id, source, target: None)
 
 
 def _database_id(engine: sa.Engine) -> str:

@@ -368,12 +368,15 @@ def check_rows(store: SqlStore, report: ChainReport, *, batch: int = 200) -> Non
     """Check every mirrored row against its record; problems go to `report`, the rest to its warnings."""
     checker = _Checker(report)
     after = ""
+    with store.reader.connect() as conn:
+        erasable = sa.inspect(conn).has_table(erased_runs.name)  # not on a database of an earlier version
     while True:
         with store.reader.connect() as conn:
-            # a Run whose personal data an erasure replaced has no rows left that its records could prove
-            erased = sa.exists().where(erased_runs.c.run_id == t.runs.c.run_id)
-            ids = list(conn.execute(sa.select(t.runs.c.run_id).where(t.runs.c.run_id > after, ~erased)
-                                    .order_by(t.runs.c.run_id).limit(batch)).scalars())
+            query = sa.select(t.runs.c.run_id).where(t.runs.c.run_id > after)
+            if erasable:
+                # a Run whose personal data an erasure replaced has no rows left that its records could prove
+                query = query.where(~sa.exists().where(erased_runs.c.run_id == t.runs.c.run_id))
+            ids = list(conn.execute(query.order_by(t.runs.c.run_id).limit(batch)).scalars())
         if not ids:
             break
         _check_batch(store, checker, ids)
