@@ -52,8 +52,8 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 CONTENDERS = ("harness", "harness-hitl", "langgraph", "langgraph-hitl", "langgraph-sync", "floor", "plain")
-#: the contenders with a PostgreSQL form
-PG_CONTENDERS = ("harness", "harness-hitl", "langgraph", "langgraph-hitl", "langgraph-sync", "floor", "plain")
+#: harness from another source tree (--baseline-src): the code before a change, measured in the same run
+BASELINES = ("harness-base", "harness-hitl-base")
 #: the loopback PostgreSQL server (trust authentication); its database `test` is only used to create and drop
 #: the contenders' own and to read the server's statistics
 PG_SERVER = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
@@ -74,9 +74,11 @@ def _synchronous_of(conn: Any) -> str:
 
 
 def _harness(runs: int, folder: Path, hitl: bool, db_url: str | None = None, count: int = 0) -> list[float]:
+    import harness
     from harness.config import Settings, build_runtime
     from harness.examples.support import EXAMPLE_DIR
 
+    EFFECTIVE["source"] = str(Path(harness.__file__).resolve().parents[1])
     os.environ["HARNESS_EXAMPLE_LEDGER"] = str(folder / "ledger.jsonl")
     rt = build_runtime(Settings(db=db_url or str(folder / "bench.db"),
                                 llm_rules=HERE / "fixtures" / "bench_rules.yaml",
@@ -444,7 +446,7 @@ def child(contender: str, runs: int, folder: Path, shape: dict[str, int], synchr
     if contender in ("plain", "floor"):
         count = 0  # nothing of theirs to count (plain) or counted by construction (floor)
     if contender.startswith("harness"):
-        times = _harness(runs, folder, contender.endswith("hitl"), db_url, count)
+        times = _harness(runs, folder, "hitl" in contender, db_url, count)
         db = ("bench.db", "bench.db-wal")
     elif contender.startswith("langgraph"):
         times = _langgraph(runs, folder, contender.endswith("hitl"), synchronous,
@@ -506,7 +508,8 @@ def summarise(times: list[float]) -> dict[str, float]:
 
 _METRICS = ("median_ms", "p99_ms", "runs_per_s", "bytes_per_run", "peak_rss_mb")
 _PAIRS = (("harness", "langgraph"), ("harness", "langgraph-sync"), ("harness-hitl", "langgraph-hitl"),
-          ("harness", "floor"))
+          ("harness", "floor"), ("harness", "harness-base"), ("harness-hitl", "harness-hitl-base"),
+          ("harness-base", "langgraph"), ("harness-base", "langgraph-sync"), ("harness-hitl-base", "langgraph-hitl"))
 
 
 _COUNTS = ("commits", "write_commits", "rollbacks", "statements", "round_trips", "wire_bytes")
@@ -534,25 +537,28 @@ def _fresh_database(backend: str, pg_server: str) -> Iterator[str | None]:
 
 def _one_round(runs: int, contenders: Sequence[str], synchronous: str, warmup: int,
                shape: dict[str, int], backend: str = "sqlite", count: int = 0,
-               pg_server: str = "") -> dict[str, dict[str, Any]]:
+               pg_server: str = "", baseline_src: str | None = None) -> dict[str, dict[str, Any]]:
     """Every contender once, each in its own fresh process (and, on PostgreSQL, its own fresh database),
     in the order given."""
     results: dict[str, dict[str, Any]] = {}
     for contender in contenders:
         with tempfile.TemporaryDirectory() as tmp, _fresh_database(backend, pg_server) as db_url:
             extra = ["--db-url", db_url] if db_url else []
+            env = dict(os.environ)
+            if contender in BASELINES and baseline_src:
+                env["PYTHONPATH"] = os.pathsep.join(p for p in (baseline_src, env.get("PYTHONPATH")) if p)
             proc = subprocess.run(
                 [sys.executable, __file__, "--child", contender, "--runs", str(runs), "--dir", tmp,
                  "--shape", json.dumps(shape), "--synchronous", synchronous, "--warmup", str(warmup),
                  "--count", str(count), *extra],
-                capture_output=True, text=True, check=False)
+                capture_output=True, text=True, check=False, env=env)
             if proc.returncode != 0:
                 results[contender] = {"error": proc.stderr.strip().splitlines()[-1:]}
                 continue
             raw = json.loads(proc.stdout.strip().splitlines()[-1])
             results[contender] = {**summarise(raw["times"]), "bytes_per_run": raw["bytes"] / raw["runs_made"],
                                   "peak_rss_mb": raw["peak_rss_kb"] / 1024}
-            for key in ("synchronous", "counts", "profile"):
+            for key in ("synchronous", "counts", "profile", "source"):
                 if key in raw:
                     results[contender][key] = raw[key]
     return results
@@ -560,7 +566,7 @@ def _one_round(runs: int, contenders: Sequence[str], synchronous: str, warmup: i
 
 def measure(runs: int, contenders: tuple[str, ...], synchronous: str = "NORMAL", warmup: int = 20,
             repeats: int = 1, *, backend: str = "sqlite", count: int = 0,
-            pg_server: str = PG_SERVER) -> dict[str, Any]:
+            pg_server: str = PG_SERVER, baseline_src: str | None = None) -> dict[str, Any]:
     """Every contender in its own process, the same number of Runs each, `repeats` rounds (the order
     rotated each round, so no contender always runs first or last). A contender's numbers are the
     median over the rounds; a ratio is the median of the ratios taken within each round (the same
@@ -570,7 +576,7 @@ def measure(runs: int, contenders: tuple[str, ...], synchronous: str = "NORMAL",
     rounds = []
     for i in range(repeats):
         order = list(contenders[i % len(contenders):]) + list(contenders[:i % len(contenders)])
-        rounds.append(_one_round(runs, order, synchronous, warmup, shape, backend, count, pg_server))
+        rounds.append(_one_round(runs, order, synchronous, warmup, shape, backend, count, pg_server, baseline_src))
     out: dict[str, Any] = {"backend": backend, "runs": runs, "warmup": warmup, "repeats": repeats,
                            "synchronous": synchronous if backend == "sqlite" else "server", "count": count,
                            "shape": shape, "results": {}}
@@ -588,6 +594,8 @@ def measure(runs: int, contenders: tuple[str, ...], synchronous: str = "NORMAL",
             merged["counts"] = {k: statistics.median(c[k] for c in counted) for k in _COUNTS if k in counted[0]}
         if "profile" in done[-1]:
             merged["profile"] = done[-1]["profile"]
+        if "source" in done[-1]:
+            merged["source"] = done[-1]["source"]
         out["results"][contender] = merged
     res = out["results"]
     if "median_ms" in res.get("harness", {}) and "median_ms" in res.get("plain", {}):
@@ -654,8 +662,8 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=20, help="untimed Runs each contender makes first")
     parser.add_argument("--repeats", type=int, default=1, help="rounds of every contender (medians over rounds)")
     parser.add_argument("--json", action="store_true")
-    parser.add_argument("--only", nargs="*", choices=CONTENDERS, default=list(CONTENDERS))
-    parser.add_argument("--child", choices=CONTENDERS, help=argparse.SUPPRESS)
+    parser.add_argument("--only", nargs="*", choices=CONTENDERS + BASELINES, default=list(CONTENDERS))
+    parser.add_argument("--child", choices=CONTENDERS + BASELINES, help=argparse.SUPPRESS)
     parser.add_argument("--dir", help=argparse.SUPPRESS)
     parser.add_argument("--shape", help=argparse.SUPPRESS)
     parser.add_argument("--backend", choices=("sqlite", "postgresql"), default="sqlite",
@@ -664,6 +672,8 @@ def main() -> None:
                         help="the PostgreSQL server's URL (a fresh database is created there per contender)")
     parser.add_argument("--count", type=int, default=10,
                         help="Runs per contender made after the timed ones with every statement counted (0: none)")
+    parser.add_argument("--baseline-src", help="a source tree of harness (its src/ folder) to run as harness-base "
+                        "and harness-hitl-base beside the installed one: before and after a change, in one run")
     parser.add_argument("--db-url", help=argparse.SUPPRESS)
     parser.add_argument("--synchronous", choices=("NORMAL", "FULL", "defaults"), default="NORMAL",
                         help="SQLite durability for every contender (default NORMAL); 'defaults': each its own")
@@ -673,10 +683,11 @@ def main() -> None:
                                args.warmup, args.db_url, args.count)))
         return
     only = tuple(args.only)
-    if args.backend == "postgresql":
-        only = tuple(c for c in only if c in PG_CONTENDERS)
+    if args.baseline_src:
+        only += tuple(f"{c}-base" for c in only if c in ("harness", "harness-hitl") and f"{c}-base" not in only)
+        args.baseline_src = str(Path(args.baseline_src).resolve())
     report = measure(args.runs, only, args.synchronous, args.warmup, max(1, args.repeats), backend=args.backend,
-                     count=max(0, args.count), pg_server=args.pg_server)
+                     count=max(0, args.count), pg_server=args.pg_server, baseline_src=args.baseline_src)
     print(json.dumps(report, indent=2) if args.json else table(report))
 
 

@@ -86,36 +86,47 @@ class StatementLog:
         self.backend = backend
         self.on = False
         self._open: dict[int, Transaction] = {}
-        self._begun: dict[int, bool] = {}
+        self._pings: dict[int, int] = {}
         self.transactions: list[Transaction] = []
 
     def mark(self) -> int:
         """A position to slice the transactions made from here on."""
         return len(self.transactions)
 
-    def statement(self, conn_key: int, sql: str, round_trips: int = 1, rows: int = 1) -> None:
+    def statement(self, conn_key: int, sql: str, round_trips: int = 1, rows: int = 1,
+                  autocommit: bool = False) -> None:
         if not self.on:
             return
         what = summary(sql)
+        if what == "ping":  # the pool's check at checkout: counted with the transaction that follows
+            self._pings[conn_key] = self._pings.get(conn_key, 0) + 1
+            return
         if self.backend == "sqlite" and what == "BEGIN":
             self._close(conn_key, "implicit")
         tx = self._open.get(conn_key)
         if tx is None:
-            tx = self._open[conn_key] = Transaction(caller(4))
+            tx = Transaction(caller(4))
+            pings = self._pings.pop(conn_key, 0)
+            tx.statements += ["ping"] * pings
+            tx.round_trips += pings
             self.transactions.append(tx)
-        if self.backend == "postgresql" and what != "ping" and not self._begun.get(conn_key):
-            # psycopg sends its BEGIN before the first statement; the pool's pings come before it
-            self._begun[conn_key] = True
-            tx.statements.append("BEGIN")
-            tx.round_trips += 1
-        tx.statements.extend([what] * rows)
+            if autocommit:  # its own transaction: no BEGIN, no COMMIT on the wire
+                tx.statements += [what] * rows
+                tx.round_trips += round_trips
+                tx.end = "autocommit"
+                return
+            self._open[conn_key] = tx
+            if self.backend == "postgresql":  # psycopg sends its BEGIN before the first statement
+                tx.statements.append("BEGIN")
+                tx.round_trips += 1
+        tx.statements += [what] * rows
         tx.round_trips += round_trips
         if self.backend == "sqlite" and what in ("COMMIT", "ROLLBACK"):
             self._close(conn_key, what)
 
-    def end(self, conn_key: int, how: str) -> None:
+    def end(self, conn_key: int, how: str, autocommit: bool = False) -> None:
         """SQLAlchemy committed or rolled back the connection's transaction (PostgreSQL's end)."""
-        if not self.on:
+        if not self.on or autocommit:  # the driver sends nothing in autocommit
             return
         tx = self._open.get(conn_key)
         if tx is not None and self.backend == "postgresql":
@@ -124,7 +135,6 @@ class StatementLog:
             self._close(conn_key, how)
 
     def _close(self, conn_key: int, how: str) -> None:
-        self._begun.pop(conn_key, None)
         tx = self._open.pop(conn_key, None)
         if tx is not None:
             tx.end = how
@@ -297,10 +307,12 @@ def on_harness_engine(engine: Any) -> Iterator[tuple[StatementLog, dict[str, int
             counter.release(dbapi_conn)
 
     def on_commit(conn: Any) -> None:
-        log.end(id(conn.connection.dbapi_connection), "COMMIT")
+        dbapi = conn.connection.dbapi_connection
+        log.end(id(dbapi), "COMMIT", bool(getattr(dbapi, "autocommit", False)))
 
     def on_rollback(conn: Any) -> None:
-        log.end(id(conn.connection.dbapi_connection), "ROLLBACK")
+        dbapi = conn.connection.dbapi_connection
+        log.end(id(dbapi), "ROLLBACK", bool(getattr(dbapi, "autocommit", False)))
 
     sa.event.listen(engine, "checkout", on_checkout)
     sa.event.listen(engine, "close", on_close)
@@ -324,12 +336,14 @@ def _logging_cursor(base: Any, log: StatementLog, key: int) -> Any:
 
     class LoggingCursor(base):  # type: ignore[misc, valid-type]
         def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
-            log.statement(key, query if isinstance(query, str) else str(query))
+            log.statement(key, query if isinstance(query, str) else str(query),
+                          autocommit=self.connection.autocommit)
             return super().execute(query, params, **kwargs)
 
         def executemany(self, query: Any, params_seq: Any, **kwargs: Any) -> Any:
             rows = list(params_seq)
-            log.statement(key, query if isinstance(query, str) else str(query), round_trips=1, rows=len(rows))
+            log.statement(key, query if isinstance(query, str) else str(query), round_trips=1, rows=len(rows),
+                          autocommit=self.connection.autocommit)
             return super().executemany(query, rows, **kwargs)
 
     return LoggingCursor
