@@ -109,3 +109,31 @@ def test_the_profiling_tool_runs_in_every_mode() -> None:
                               capture_output=True, text=True, timeout=300, check=False)
         assert done.returncode == 0, done.stderr
         assert expect in done.stdout
+
+
+def test_langgraph_comparison_runs_on_postgresql_and_counts_round_trips() -> None:
+    """--backend postgresql: harness and LangGraph + PostgresSaver each in a fresh database of the loopback
+    server, with their commits, statements and round trips counted from the wire, and one harness Run's
+    transactions profiled."""
+    from tests.integration.conftest import require_service
+
+    require_service("postgresql")
+    bench = BENCH.parent / "bench_vs_langgraph.py"
+    done = subprocess.run([sys.executable, str(bench), "--backend", "postgresql", "--runs", "1", "--warmup", "0",
+                           "--count", "1", "--json", "--only", "harness", "langgraph-sync", "floor"],
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["backend"] == "postgresql"
+    harness, langgraph = report["results"]["harness"], report["results"]["langgraph-sync"]
+    for result in (harness, langgraph, report["results"]["floor"]):
+        assert "error" not in result, result
+        assert result["median_ms"] > 0 and result["bytes_per_run"] > 0
+        assert result["synchronous"].startswith("synchronous_commit=")
+    for counts in (harness["counts"], langgraph["counts"]):
+        assert counts["write_commits"] >= 1 and counts["round_trips"] >= counts["write_commits"]
+        assert counts["statements"] >= counts["commits"] and counts["wire_bytes"] > 0
+    profile = harness["profile"]
+    assert profile[0]["caller"].startswith("run_manager.submit") and profile[0]["end"] == "COMMIT"
+    assert sum(t["end"] == "COMMIT" for t in profile) >= 4  # acceptance, model, tools, close at the least
+    assert "harness/langgraph-sync" in report["ratios"]

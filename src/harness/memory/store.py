@@ -17,7 +17,7 @@ from typing import Any, Literal
 import sqlalchemy as sa
 
 from harness.adapters.sql import schema as t
-from harness.adapters.sql.database import READ_ONLY
+from harness.adapters.sql.database import read_only
 from harness.adapters.sql.raw import RawStatements
 from harness.audit.chain import content_hash
 from harness.context.errors import RecallError, ScopeViolationError
@@ -88,7 +88,7 @@ class MemoryStore:
                  embedder: Embedder | None = None) -> None:
         self.engine = engine
         #: the same pool for reads: on SQLite a recall or a lookup does not queue for the write lock
-        self.reader = engine.execution_options(**{READ_ONLY: True})
+        self.reader = read_only(engine)
         self._raw = RawStatements(engine.dialect)  # the write-back's lookups on the DBAPI cursor (issue 9)
         self.clock = clock
         self.filter = secret_filter

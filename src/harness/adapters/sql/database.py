@@ -73,6 +73,22 @@ def create_engine(url: str, *, sqlite_synchronous: str | None = None) -> sa.Engi
     return sa.create_engine(url, **kwargs)
 
 
+def read_only(engine: sa.Engine) -> sa.Engine:
+    """The engine's view for connections that only read.
+
+    SQLite: a deferred BEGIN (a WAL snapshot, without queueing behind writers). PostgreSQL: autocommit.
+    Under its READ COMMITTED every statement reads its own snapshot inside a transaction too, so a read
+    sees exactly what it did; what goes is the BEGIN and the ROLLBACK around it (two round trips each
+    time) and the rollback's toll on the driver: psycopg forgets its prepared statements at every
+    ROLLBACK (sending DEALLOCATE ALL), so before this no statement of a Run stayed prepared. A reader
+    that needs one snapshot across statements asks for REPEATABLE READ on its connection.
+    """
+    options: dict[str, Any] = {READ_ONLY: True}
+    if engine.dialect.name == "postgresql":
+        options["isolation_level"] = "AUTOCOMMIT"
+    return engine.execution_options(**options)
+
+
 def _loopback(host: str | None) -> bool:
     return host in (None, "", "localhost", "::1") or str(host).startswith("127.")
 

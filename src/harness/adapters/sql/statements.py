@@ -10,6 +10,7 @@ from functools import cache
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql as pg
 
 from harness.adapters.sql import schema as t
 
@@ -60,6 +61,10 @@ RECORDS_OF_RUN = sa.union_all(
     sa.select(t.outbox.c.record_id, t.outbox.c.kind).where(t.outbox.c.run_id == b("p_run_id")),
 )
 OUTBOX_DELETE_ONE = t.outbox.delete().where(t.outbox.c.id == b("p_id"))
+#: PostgreSQL: a whole batch in one statement (an array parameter), where each row would be a round trip
+CHAINED_IDS_ANY = sa.select(t.trace_records.c.record_id).where(
+    t.trace_records.c.record_id == sa.any_(b("p_ids", type_=pg.ARRAY(sa.String))))
+OUTBOX_DELETE_ANY = t.outbox.delete().where(t.outbox.c.id == sa.any_(b("p_ids", type_=pg.ARRAY(sa.Integer))))
 OUTBOX_DELETE_RECORDS = t.outbox.delete().where(t.outbox.c.record_id.in_(b("p_ids", expanding=True)))
 
 

@@ -17,7 +17,7 @@ import sqlalchemy as sa
 
 from harness.adapters.sql import schema as t
 from harness.adapters.sql import statements as q
-from harness.adapters.sql.database import READ_ONLY, SQLITE_BUSY_TIMEOUT_MS, create_engine, migrate, resolve_url
+from harness.adapters.sql.database import SQLITE_BUSY_TIMEOUT_MS, create_engine, migrate, read_only, resolve_url
 from harness.adapters.sql.raw import RawStatements
 from harness.audit import commitment
 from harness.audit.chain import canonical_json, record_hash
@@ -241,7 +241,8 @@ class SqlStore:
     def __init__(self, engine: sa.Engine, clock: Clock | None = None) -> None:
         self.engine = engine
         #: the same pool, for reads only: on SQLite they do not take the write lock
-        self.reader = engine.execution_options(**{READ_ONLY: True})
+        self.reader = read_only(engine)
+        self._batches_by_array = engine.dialect.name == "postgresql"
         self.clock: Clock = clock or SystemClock()
         self._locks_rows = engine.dialect.name != "sqlite"  # SQLite serializes with BEGIN IMMEDIATE
         self._raw = RawStatements(engine.dialect)
@@ -579,7 +580,8 @@ class SqlStore:
         with self.engine.begin() as conn:
             self.enqueue(conn, records, self.clock.now())
 
-    def chain_batch(self, conn: sa.Connection, records: Sequence[PendingRecord]) -> int:
+    def chain_batch(self, conn: sa.Connection, records: Sequence[PendingRecord],
+                    head: tuple[int, str] | None = None) -> int:
         """Append records to the hash chain inside the caller's transaction; returns how many were chained.
 
         Idempotent: a record already in the chain, or repeated in the batch (re-delivery), is skipped.
@@ -587,12 +589,10 @@ class SqlStore:
         trigger refuses any record whose prev_hash is not the hash of the record at seq - 1 (migration
         0007), so concurrent chainers can never fork the chain.
         """
-        seq, prev = self._raw.fetchone(conn, q.HEAD_LOCKED if self._locks_rows else q.HEAD)
+        seq, prev = head or self._raw.fetchone(conn, q.HEAD_LOCKED if self._locks_rows else q.HEAD)
         if not records:
             return 0
-        # one probe of the record_id index per record: cheaper than rendering an IN list of the batch
-        seen = {r.record_id for r in records
-                if self._raw.fetchone(conn, q.CHAINED_ID, {"p_id": r.record_id}) is not None}
+        seen = self._already_chained(conn, records)
         rows = []
         for r in records:
             if r.record_id in seen:
@@ -608,6 +608,15 @@ class SqlStore:
             self._raw.execute(conn, q.HEAD_UPDATE, {"seq": seq, "hash": prev})
         return len(rows)
 
+    def _already_chained(self, conn: sa.Connection, records: Sequence[PendingRecord]) -> set[str]:
+        """Which of these records the chain already holds (a re-delivery)."""
+        if self._batches_by_array:  # one round trip for the batch, not one per record
+            return {r[0] for r in self._raw.fetchall(conn, q.CHAINED_IDS_ANY,
+                                                     {"p_ids": [r.record_id for r in records]})}
+        # in process (SQLite) one probe of the record_id index per record is cheaper than an IN list
+        return {r.record_id for r in records
+                if self._raw.fetchone(conn, q.CHAINED_ID, {"p_id": r.record_id}) is not None}
+
     def _drain_once(self, batch_size: int) -> tuple[int, int]:
         """Move up to `batch_size` outbox records into the hash chain; returns (chained, taken).
 
@@ -619,14 +628,18 @@ class SqlStore:
             return self._drain_batch(conn, batch_size)
 
     def _drain_batch(self, conn: sa.Connection, batch_size: int) -> tuple[int, int]:
-        self._raw.fetchone(conn, q.HEAD_LOCKED if self._locks_rows else q.HEAD)
+        head = self._raw.fetchone(conn, q.HEAD_LOCKED if self._locks_rows else q.HEAD)
         pending = [_OutboxRow(*r) for r in
                    self._raw.fetchall(conn, q.OUTBOX_BATCH, {"p_limit": batch_size})]
         if not pending:
             return 0, 0
+        # the head just read (and, on a server, locked) is the one the batch chains onto
         chained = self.chain_batch(conn, [PendingRecord(p.record_id, p.run_id, p.kind, p.payload)
-                                          for p in pending])
-        self._raw.executemany(conn, q.OUTBOX_DELETE_ONE, [{"p_id": p.id} for p in pending])
+                                          for p in pending], head=(int(head[0]), str(head[1])))
+        if self._batches_by_array:
+            self._raw.execute(conn, q.OUTBOX_DELETE_ANY, {"p_ids": [p.id for p in pending]}).close()
+        else:
+            self._raw.executemany(conn, q.OUTBOX_DELETE_ONE, [{"p_id": p.id} for p in pending])
         return chained, len(pending)
 
     def drain_within(self, conn: sa.Connection, batch_size: int = 500) -> int:
