@@ -301,6 +301,18 @@ def _plain(runs: int, folder: Path) -> list[float]:
     return times
 
 
+def _chain(rows: list[Any], seq: int, prev: str) -> tuple[list[tuple[Any, ...]], int, str]:
+    """The floors' hash chain over outbox rows (id, record_id, run_id, payload): the rows to insert into
+    `trace`, and the new chain head."""
+    chained = []
+    for _, record_id, rid, body in rows:
+        seq += 1
+        digest = hashlib.sha256(json.dumps([seq, record_id, rid, "r", prev, body]).encode()).hexdigest()
+        chained.append((seq, record_id, rid, body, prev, digest))
+        prev = digest
+    return chained, seq, prev
+
+
 def _floor(runs: int, folder: Path, records_per_run: int, transitions_per_run: int, synchronous: str) -> list[float]:
     """Plain sqlite3: the same tables' inserts per Run, one commit per transition, SHA-256 per record, the
     close chaining the outbox in its own transaction and time-ordered ids, as harness does."""
@@ -345,12 +357,7 @@ def _floor(runs: int, folder: Path, records_per_run: int, transitions_per_run: i
                 conn.execute("COMMIT")
         # the last transition (the close) chains the outbox in its own transaction, as harness does
         rows = conn.execute("SELECT id, record_id, run_id, payload FROM outbox ORDER BY id").fetchall()
-        chained = []
-        for _, record_id, rid, body in rows:
-            seq += 1
-            digest = hashlib.sha256(json.dumps([seq, record_id, rid, "r", prev, body]).encode()).hexdigest()
-            chained.append((seq, record_id, rid, body, prev, digest))
-            prev = digest
+        chained, seq, prev = _chain(rows, seq, prev)
         conn.executemany("INSERT INTO trace VALUES (?, ?, ?, ?, ?, ?)", chained)
         conn.execute("DELETE FROM outbox")
         conn.execute("COMMIT")
@@ -410,12 +417,7 @@ def _floor_pg(runs: int, db_url: str, records_per_run: int, transitions_per_run:
             if n < transitions_per_run - 1:
                 conn.commit()
         rows = conn.execute("SELECT id, record_id, run_id, payload FROM outbox ORDER BY id").fetchall()
-        chained = []
-        for _, record_id, rid, body in rows:
-            seq += 1
-            digest = hashlib.sha256(json.dumps([seq, record_id, rid, "r", prev, body]).encode()).hexdigest()
-            chained.append((seq, record_id, rid, body, prev, digest))
-            prev = digest
+        chained, seq, prev = _chain(rows, seq, prev)
         with conn.cursor() as cur:
             cur.executemany("INSERT INTO trace VALUES (%s, %s, %s, %s, %s, %s)", chained)
         conn.execute("DELETE FROM outbox")

@@ -65,7 +65,8 @@ def harness(folder: Path, log: Path, *args: str) -> dict[str, Any]:
                           capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
     if done.stderr.strip():
-        (folder / "cli-stderr.log").open("a").write(done.stderr)
+        with (folder / "cli-stderr.log").open("a") as kept:
+            kept.write(done.stderr)
     document: dict[str, Any] = json.loads(done.stdout)
     return document
 
