@@ -23,17 +23,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harness.adapters.llm.types import ToolSpec
 from harness.adapters.sql.store import SqlStore
 from harness.clock import FakeClock
 from harness.context.compression import compress, cost, key_items
 from harness.context.errors import CompressionRefusedError
 from harness.context.secrets import SecretFilter
 from harness.context.tokenizer import BpeTokenizer
+from harness.domain.contracts import Message, RunRequest
+from harness.domain.llm import ToolSpec
 from harness.memory.scope import MemoryScope, ScopeLevel
 from harness.memory.store import MemoryStore, Mode, NewMemory
 from harness.pipeline.context_assembler import ContextAssembler
-from harness.pipeline.contracts import Message, RunRequest
 
 TENANTS, PER_TENANT, USERS = 3, 10_000, 10
 TOOLS = [ToolSpec(name=f"skill_{i}", description="A support skill.",

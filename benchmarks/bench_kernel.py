@@ -37,8 +37,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from harness.adapters.sql.store import NewRun, SqlStore
-from harness.audit.chain import GENESIS_HASH, record_hash
+from harness.adapters.sql.store import SqlStore
+from harness.domain.chain import GENESIS_HASH, record_hash
+from harness.domain.records import NewRun
 from harness.kernel import RunState, audit_events_for, job_status
 from harness.state_machine import StateMachine
 
@@ -211,7 +212,7 @@ def _sha256(text: str) -> str:
 
 def _canonical(*fields: Any) -> bytes:
     """The chain's canonical bytes of (seq, record_id, run_id, kind, prev_hash, payload), written out by
-    hand (see harness.audit.chain)."""
+    hand (see harness.domain.chain)."""
     seq, record_id, run_id, kind, prev, payload = fields
     return json.dumps([seq, record_id, run_id or "", kind, prev, payload], separators=(",", ":"),
                       ensure_ascii=False).encode("utf-8")

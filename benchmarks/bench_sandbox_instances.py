@@ -23,11 +23,11 @@ from typing import Any
 
 from harness.adapters.sandbox import BwrapSandbox
 from harness.adapters.sandbox.bwrap import unavailable_reason
-from harness.adapters.sandbox.instance import Holder, stop
-from harness.adapters.sandbox.types import SandboxJob
+from harness.adapters.sandbox.instance import stop
 from harness.adapters.sandbox.workdirs import Workdirs
 from harness.adapters.sql.sandbox_instances import RELEASED
 from harness.adapters.sql.store import SqlStore
+from harness.domain.sandbox import Holder, SandboxJob
 from harness.pipeline.sandbox_pool import PoolSettings, SandboxPool
 
 CODE = "def noop(args, ctx):\n    return {'n': args.get('n', 0)}\n"

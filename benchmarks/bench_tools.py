@@ -26,7 +26,7 @@ from typing import Any
 
 from harness.adapters.sandbox import BwrapSandbox, RlimitSandbox
 from harness.adapters.sandbox.bwrap import unavailable_reason
-from harness.pipeline.contracts import CallerIdentity
+from harness.domain.contracts import CallerIdentity
 from harness.pipeline.tool_controller import ToolController
 from harness.ports import Sandbox
 from harness.skills import SkillContext, SkillRegistry

@@ -29,8 +29,9 @@ from typing import Any
 import sqlalchemy as sa
 
 from harness.adapters.redis_stream import RedisTraceBuffer
-from harness.adapters.sql.store import SqlStore, TraceRecordIn
+from harness.adapters.sql.store import SqlStore
 from harness.audit.verify import verify_chain
+from harness.domain.records import TraceRecordIn
 
 #: backend -> (admin URL, URL of a named database, CREATE, DROP)
 ADMIN = {

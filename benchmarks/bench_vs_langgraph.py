@@ -316,7 +316,7 @@ def _chain(rows: list[Any], seq: int, prev: str) -> tuple[list[tuple[Any, ...]],
 def _floor(runs: int, folder: Path, records_per_run: int, transitions_per_run: int, synchronous: str) -> list[float]:
     """Plain sqlite3: the same tables' inserts per Run, one commit per transition, SHA-256 per record, the
     close chaining the outbox in its own transaction and time-ordered ids, as harness does."""
-    from harness.ids import ordered_id
+    from harness.domain.ids import ordered_id
 
     conn = sqlite3.connect(folder / "floor.db", isolation_level=None)
     _pragma(conn, "NORMAL" if synchronous == "defaults" else synchronous)  # harness's own default
@@ -371,7 +371,7 @@ def _floor_pg(runs: int, db_url: str, records_per_run: int, transitions_per_run:
     (each a WAL flush), the same linear-chain check as a trigger, the close chaining the outbox."""
     import psycopg
 
-    from harness.ids import ordered_id
+    from harness.domain.ids import ordered_id
 
     conn = psycopg.connect(_libpq(db_url))
     conn.execute("""

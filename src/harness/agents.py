@@ -24,7 +24,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from harness.code_skills import CodeSkill
-from harness.errors import BadInputError
+from harness.domain.errors import BadInputError
 from harness.examples.support import EXAMPLE_DIR
 from harness.pipeline.context_assembler import PLAN_FORMAT, system_prompt_for
 from harness.yamlfile import read_yaml

@@ -26,8 +26,8 @@ from pydantic import BaseModel, ConfigDict
 
 from harness.agents import Agent
 from harness.config import Runtime, Settings, build_runtime
+from harness.domain.contracts import Message, RunResult
 from harness.kernel import FINAL, RunState
-from harness.pipeline.contracts import Message, RunResult
 from harness.ports import Clock, LLMProvider
 
 if TYPE_CHECKING:
@@ -207,7 +207,7 @@ class Harness:
 
     def _decide(self, decision: str, request_id: str | None, as_: str, reason: str, break_glass: bool,
                 resume: bool) -> DecisionOutcome:
-        from harness.errors import InvalidRequestError
+        from harness.domain.errors import InvalidRequestError
 
         if not request_id:
             raise InvalidRequestError("no approval request id: the Run is not waiting for an approval")

@@ -15,7 +15,7 @@ import typer
 from harness.adapters.sql.store import SqlStore
 from harness.cli_support import EXIT_CHECK_FAILED, DbOption, JsonOption, emit, screen
 from harness.config import Settings
-from harness.errors import InvalidRequestError
+from harness.domain.errors import InvalidRequestError
 from harness.replay import ReplayReport
 from harness.replay import replay as replay_run
 

@@ -13,10 +13,10 @@ from rich.tree import Tree
 
 from harness.cli_support import DbOption, JsonOption, emit, fail, screen
 from harness.config import Runtime, Settings, build_runtime
+from harness.domain.contracts import RunResult
+from harness.domain.traces import policy_verdicts
 from harness.kernel import FINAL, RunState
-from harness.pipeline.contracts import RunResult
 from harness.pipeline.trace_groups import group_records
-from harness.pipeline.trace_recorder import policy_verdicts
 from harness.timefmt import deadline_reason, human, iso
 
 Tenant = Annotated[str, typer.Option("--tenant", help="Tenant of the caller.")]

@@ -17,7 +17,7 @@ import typer
 from rich.console import Console
 
 from harness.adapters.sql.store import SqlStore
-from harness.errors import BadInputError, ConflictError, HarnessError, InvalidTransitionError
+from harness.domain.errors import BadInputError, ConflictError, HarnessError, InvalidTransitionError
 
 P = ParamSpec("P")
 R = TypeVar("R")

@@ -16,8 +16,8 @@ from harness.adapters.sql.webhooks import STATUSES
 from harness.adapters.webhook_http import WebhookSender
 from harness.cli_runs import runtime
 from harness.cli_support import EXIT_CHECK_FAILED, DbOption, JsonOption, cli_errors, emit, fail, screen
-from harness.ids import ordered_id
-from harness.pipeline.contracts import check_callback_url
+from harness.domain.contracts import check_callback_url
+from harness.domain.ids import ordered_id
 from harness.webhooks.config import DEFAULT_SECRET_ENV, SecretRef, WebhookConfigError
 from harness.webhooks.notifier import iso
 

@@ -36,8 +36,8 @@ from typing import Any, Literal, get_type_hints
 
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError, create_model
 
-from harness.audit.chain import content_hash
-from harness.errors import ManifestError
+from harness.domain.chain import content_hash
+from harness.domain.errors import ManifestError
 from harness.skills import Manifest, Skill, SkillContext
 
 __all__ = ["CodeSkill", "skill"]

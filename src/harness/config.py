@@ -23,7 +23,9 @@ from harness.adapters.sql.webhooks import WebhookOutbox
 from harness.agents import Agent, support_agent
 from harness.context.secrets import SecretFilter
 from harness.context.tokenizer import tokenizer_for
-from harness.errors import InvalidRequestError
+from harness.domain.contracts import MAX_CHAIN_DEPTH
+from harness.domain.errors import InvalidRequestError
+from harness.domain.limits import RequestLimits
 from harness.examples.support import EXAMPLE_DIR
 from harness.identity import IdentityDirectory
 from harness.kernel import FINAL, RunState
@@ -32,9 +34,7 @@ from harness.memory.store import open_memory
 from harness.memory.writeback import MemoryWriteBack
 from harness.paths import default_data_dir
 from harness.pipeline.context_assembler import ContextAssembler
-from harness.pipeline.contracts import MAX_CHAIN_DEPTH
 from harness.pipeline.gatekeeper import PolicyEngine
-from harness.pipeline.limits import RequestLimits
 from harness.pipeline.plan_orchestrator import PlanOrchestrator
 from harness.pipeline.run_manager import RunManager
 from harness.pipeline.sandbox_pool import PoolSettings, SandboxPool
@@ -153,7 +153,7 @@ class Settings(BaseModel):
                                     ceiling_factor=self.heartbeat_ceiling_factor, decided_s=self.decided_approval_s)
         except ValueError as exc:
             raise InvalidRequestError(f"invalid settings: state_thresholds: {exc}") from exc
-    #: how large a Run request may be (HARNESS_MAX_* variables, harness.pipeline.limits)
+    #: how large a Run request may be (HARNESS_MAX_* variables, harness.domain.limits)
     limits: RequestLimits = RequestLimits()
     #: approver endpoints, Caller signing secrets and the retry schedule of the pushed events (SPEC P4 /
     #: N1); None: only HARNESS_WEBHOOK_SECRET, if set, signing every tenant's callbacks

@@ -8,8 +8,8 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from harness.errors import BadInputError
-from harness.pipeline.contracts import IDENT, CallerIdentity
+from harness.domain.contracts import IDENT, CallerIdentity
+from harness.domain.errors import BadInputError
 
 
 class UnknownIdentityError(BadInputError):

@@ -19,7 +19,7 @@ from types import TracebackType
 
 import httpx
 
-from harness.errors import InvalidRequestError
+from harness.domain.errors import InvalidRequestError
 
 #: the name the server gives the model (the provider asks for it by this name)
 MODEL_ALIAS = "smollm2-135m-instruct"

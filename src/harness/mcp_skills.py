@@ -47,10 +47,10 @@ import mcp_types
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from harness.adapters.mcp_client import Listing, McpConnection, McpError, McpLoop, Target
-from harness.audit.chain import content_hash
-from harness.errors import ContextError, InvalidRequestError
+from harness.domain.chain import content_hash
+from harness.domain.errors import ContextError, InvalidRequestError
+from harness.domain.traces import CostTrace
 from harness.pipeline.tool_kinds import Attempt, ToolCallError
-from harness.pipeline.trace_recorder import CostTrace
 from harness.skills import BreakerSettings, Manifest, RetryPolicy, Risk, Skill
 from harness.yamlfile import read_yaml
 

@@ -38,20 +38,21 @@ from typing import Any, cast
 import sqlalchemy as sa
 
 from harness.adapters.llm.resilient import FallbackResponse
-from harness.adapters.llm.types import LLMRequest, LLMResponse
 from harness.adapters.sql import schema as t
 from harness.adapters.sql.blobs import BlobStore
 from harness.adapters.sql.ledger import recount_totals
-from harness.adapters.sql.store import RunRecord, SqlStore
+from harness.adapters.sql.store import SqlStore
 from harness.agents import Agent
-from harness.audit.chain import content_hash
 from harness.clock import FakeClock
 from harness.config import Runtime, Settings, build_runtime
-from harness.errors import BadInputError, ProviderError
+from harness.domain.chain import content_hash
+from harness.domain.contracts import RunRequest, StepOutcome
+from harness.domain.errors import BadInputError, ProviderError
+from harness.domain.llm import LLMRequest, LLMResponse
+from harness.domain.records import RunRecord
+from harness.domain.traces import ToolTrace, policy_verdicts
 from harness.kernel import FINAL, RunState
-from harness.pipeline.contracts import RunRequest, StepOutcome
 from harness.pipeline.tool_controller import CallResult, ToolController
-from harness.pipeline.trace_recorder import ToolTrace, policy_verdicts
 from harness.replay_events import OutsideEvents, ReplayStopped, WorkerDied, move_to, outside_events
 from harness.skills import Skill
 

@@ -29,7 +29,7 @@ from typing import TypeVar
 
 from tenacity import RetryCallState, Retrying, retry_if_exception, wait_exponential_jitter
 
-from harness.errors import HarnessError
+from harness.domain.errors import HarnessError
 from harness.ports import Clock
 
 T = TypeVar("T")

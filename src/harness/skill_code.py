@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.errors import ManifestError
+from harness.domain.errors import ManifestError
 
 
 @dataclass(frozen=True)

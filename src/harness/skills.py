@@ -40,9 +40,10 @@ import jsonschema
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from harness import skill_code
-from harness.audit.chain import content_hash
-from harness.errors import ManifestError
-from harness.pipeline.contracts import SKILL_ID
+from harness.domain.chain import content_hash
+from harness.domain.contracts import SKILL_ID
+from harness.domain.errors import ManifestError
+from harness.domain.sandbox import Limits
 from harness.skill_code import Entrypoint
 from harness.yamlfile import read_yaml
 
@@ -66,17 +67,6 @@ class RetryPolicy(BaseModel):
     max_attempts: int = Field(default=1, ge=1, le=10)
     backoff_s: float = Field(default=0.2, ge=0, le=60)
     max_backoff_s: float = Field(default=5.0, ge=0, le=600)
-
-
-class Limits(BaseModel):
-    """Resource limits of a sandboxed call (SPEC T4); wall time is the manifest's timeout_s."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    memory_mb: int = Field(default=512, ge=64, le=65_536)
-    cpu_s: float = Field(default=10.0, gt=0, le=3_600)
-    processes: int = Field(default=64, ge=1, le=4_096)
-    file_mb: int = Field(default=64, ge=1, le=65_536)
-    output_kb: int = Field(default=1_024, ge=1, le=1_048_576)
 
 
 class BreakerSettings(BaseModel):

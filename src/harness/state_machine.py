@@ -12,17 +12,10 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from harness.adapters.sql.store import (
-    _UNSET,
-    RUN_TRACE,
-    RunRecord,
-    SqlStore,
-    TraceRecordIn,
-    TransitionResult,
-    TransitionRow,
-)
-from harness.audit.chain import content_hash
+from harness.adapters.sql.store import _UNSET, SqlStore
 from harness.audit.commitment import RUN_TRACE_VERSION
+from harness.domain.chain import content_hash
+from harness.domain.records import RUN_TRACE, RunRecord, TraceRecordIn, TransitionResult, TransitionRow
 from harness.kernel import FINAL, TRANSIENT, CloseReason, RunState, automatic_next, final_state_for
 
 #: called while a Run closes, with the Run (in TRACING) and the final state it is moving to; returns

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 from harness.adapters.sql.leases import Lease, Leases
 from harness.config import Runtime
+from harness.domain.contracts import RunResult
 from harness.kernel import FINAL, RunState
-from harness.pipeline.contracts import RunResult
 
 log = logging.getLogger(__name__)
 S = RunState

@@ -8,7 +8,7 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from harness.errors import BadInputError
+from harness.domain.errors import BadInputError
 
 M = TypeVar("M", bound=BaseModel)
 

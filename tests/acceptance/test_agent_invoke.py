@@ -15,14 +15,14 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from harness.adapters.sql.store import RunRecord
 from harness.cli import app as cli_app
 from harness.clock import FakeClock
 from harness.config import Runtime, Settings, build_runtime
-from harness.errors import InvalidRequestError
+from harness.domain.contracts import CallerIdentity, RunResult
+from harness.domain.errors import InvalidRequestError
+from harness.domain.records import RunRecord
 from harness.kernel import RunState
 from harness.kernel.thresholds import Thresholds
-from harness.pipeline.contracts import CallerIdentity, RunResult
 from harness.sweeper import ZombieSweeper
 from tests.acceptance.agent_skills import TESTER, agent_settings
 from tests.acceptance.api_helpers import make_client

@@ -11,9 +11,10 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner, Result
 
-from harness.adapters.sql.store import NewRun, SqlStore
+from harness.adapters.sql.store import SqlStore
 from harness.cli import app
 from harness.clock import FakeClock
+from harness.domain.records import NewRun
 from harness.kernel import RunState
 from harness.retention.policy import DAY_S
 from harness.state_machine import StateMachine

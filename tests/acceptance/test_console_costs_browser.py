@@ -15,10 +15,11 @@ import sqlalchemy as sa
 
 from harness.adapters.sql import schema as t
 from harness.adapters.sql.ledger import CostLedger
-from harness.adapters.sql.store import NewRun, SqlStore
+from harness.adapters.sql.store import SqlStore
 from harness.clock import FakeClock
+from harness.domain.records import NewRun
+from harness.domain.traces import CostTrace
 from harness.kernel import FINAL
-from harness.pipeline.trace_recorder import CostTrace
 
 from .test_console_browser import ARGS, ARTIFACTS, CHROMIUM, _sign_in, playwright_api
 from .test_console_browser import server as _server_fixture

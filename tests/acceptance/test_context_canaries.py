@@ -22,10 +22,10 @@ from harness.adapters.llm.openai_compat import OpenAICompatProvider
 from harness.adapters.llm.pricing import ModelPrice, PricingTable
 from harness.adapters.llm.resilient import ProviderSettings
 from harness.adapters.llm.scripted import ScriptedProvider
-from harness.adapters.llm.types import LLMRequest, LLMResponse
 from harness.adapters.sql import schema as t
 from harness.clock import FakeClock
 from harness.config import Runtime, Settings, build_runtime
+from harness.domain.llm import LLMRequest, LLMResponse
 from harness.ports import LLMProvider
 from tests.fakes import openai_api as api
 from tests.fakes.server import ScriptedServer

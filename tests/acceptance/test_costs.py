@@ -17,11 +17,11 @@ import sqlalchemy as sa
 import yaml
 
 from harness.adapters.sql import schema as t
-from harness.adapters.sql.store import TraceRecordIn
 from harness.audit.reconcile import reconcile
 from harness.clock import FakeClock
 from harness.config import Runtime, Settings, build_runtime
-from harness.pipeline.trace_recorder import cost_fields
+from harness.domain.records import TraceRecordIn
+from harness.domain.traces import cost_fields
 
 from .api_helpers import make_client
 
@@ -172,7 +172,7 @@ def test_version_1_cost_records_still_read_and_verify(rt: Runtime) -> None:
     that version wrote them, verifies and reads as priced costs with no API calls."""
     from harness.adapters.sql.ledger import CostLedger
     from harness.audit.verify import verify_chain
-    from harness.pipeline.trace_recorder import CostTrace
+    from harness.domain.traces import CostTrace
 
     result = rt.runs.create_run({"task": "say hi", **TESS})
     old = {"source": "llm:scripted:plan", "input_tokens": 3, "output_tokens": 4, "usd": 0.5, "tenant_id": "t1",

@@ -10,7 +10,7 @@ import sqlalchemy as sa
 
 from harness.clock import FakeClock
 from harness.config import Runtime
-from harness.pipeline.contracts import CallerIdentity, RunResult
+from harness.domain.contracts import CallerIdentity, RunResult
 
 from .checks import assert_audit_clean
 

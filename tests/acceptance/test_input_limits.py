@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from harness.adapters.sql import schema as t
 from harness.config import Runtime, Settings, build_runtime
-from harness.pipeline.limits import RequestLimits
+from harness.domain.limits import RequestLimits
 from tests.acceptance.api_helpers import (  # noqa: F401 - fixtures
     ORDER_STATUS,
     client_fixture,
@@ -135,7 +135,7 @@ def test_the_cli_answers_a_request_over_a_limit_with_exit_2(tmp_path: Path, monk
 
 def test_the_library_refuses_a_request_over_its_size(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Embedded callers get the same limits: a 20 MB history is refused at submit and nothing is stored."""
-    from harness.errors import RequestTooLargeError
+    from harness.domain.errors import RequestTooLargeError
 
     rt = make_runtime(tmp_path, monkeypatch)
     try:

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from harness.audit.chain import content_hash
 from harness.config import Runtime
-from harness.errors import ContextError, InvalidRequestError
-from harness.pipeline.trace_recorder import policy_verdicts
+from harness.domain.chain import content_hash
+from harness.domain.errors import ContextError, InvalidRequestError
+from harness.domain.traces import policy_verdicts
 
 from .checks import assert_audit_clean, trace_kinds
 

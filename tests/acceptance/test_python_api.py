@@ -12,7 +12,7 @@ from pydantic import BaseModel
 
 from harness import Agent, AsyncHarness, Harness, SkillContext, skill, support_agent
 from harness.clock import FakeClock
-from harness.errors import BadInputError, CancelRefusedError, ManifestError, UnknownRunError
+from harness.domain.errors import BadInputError, CancelRefusedError, ManifestError, UnknownRunError
 from harness.pipeline.context_assembler import PLAN_FORMAT
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"

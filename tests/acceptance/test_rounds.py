@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 
 from harness.adapters.llm.scripted import ScriptedProvider
-from harness.adapters.llm.types import LLMRequest, LLMResponse
 from harness.adapters.sql.blobs import BlobStore
 from harness.clock import FakeClock
 from harness.config import Runtime, Settings, build_runtime
+from harness.domain.contracts import CallerIdentity
+from harness.domain.llm import LLMRequest, LLMResponse
+from harness.domain.traces import policy_verdicts
 from harness.kernel import RunState
-from harness.pipeline.contracts import CallerIdentity
-from harness.pipeline.trace_recorder import policy_verdicts
 from harness.replay import replay
 
 from .checks import assert_audit_clean, trace_kinds

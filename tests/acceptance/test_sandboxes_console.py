@@ -9,8 +9,8 @@ import time
 from fastapi.testclient import TestClient
 
 from harness.adapters.sandbox import RlimitSandbox
-from harness.adapters.sandbox.types import SandboxJob
 from harness.config import Runtime
+from harness.domain.sandbox import SandboxJob
 from tests.acceptance.api_helpers import (  # noqa: F401 - fixtures
     REFUND_L3,
     client_fixture,

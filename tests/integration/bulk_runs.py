@@ -12,10 +12,11 @@ from typing import Any
 import sqlalchemy as sa
 
 from harness.adapters.sql import schema as t
-from harness.adapters.sql.store import NewRun, SqlStore
+from harness.adapters.sql.store import SqlStore
 from harness.audit import commitment
-from harness.audit.chain import canonical_json
-from harness.ids import ordered_id
+from harness.domain.chain import canonical_json
+from harness.domain.ids import ordered_id
+from harness.domain.records import NewRun
 from harness.kernel import RunState
 from harness.state_machine import StateMachine
 

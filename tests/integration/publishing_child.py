@@ -5,9 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from harness.adapters.sql.store import NewRun, SqlStore
+from harness.adapters.sql.store import SqlStore
 from harness.audit.publisher import CheckpointPublisher
 from harness.clock import FakeClock
+from harness.domain.records import NewRun
 from harness.kernel import RunState as S
 from harness.state_machine import StateMachine
 

@@ -17,14 +17,15 @@ from alembic.config import Config
 from harness.adapters.sql import schema as t
 from harness.adapters.sql.blobs import blobs
 from harness.adapters.sql.database import MIGRATIONS_DIR, create_engine, head_revision, migrate, resolve_url
-from harness.adapters.sql.store import NewRun, SqlStore, TraceRecordIn
-from harness.audit.chain import canonical_json
+from harness.adapters.sql.store import SqlStore
 from harness.audit.reconcile import reconcile
 from harness.audit.verify import verify_chain
 from harness.clock import FakeClock
 from harness.config import Settings, build_runtime
+from harness.domain.chain import canonical_json
+from harness.domain.contracts import CallerIdentity
+from harness.domain.records import NewRun, TraceRecordIn
 from harness.kernel import RunState
-from harness.pipeline.contracts import CallerIdentity
 
 from ..acceptance.checks import assert_audit_clean
 from ..conftest import FIXTURES

@@ -12,7 +12,8 @@ import pytest
 import sqlalchemy as sa
 
 from harness.adapters.sql import schema as t
-from harness.adapters.sql.store import NewRun, SqlStore, TraceRecordIn
+from harness.adapters.sql.store import SqlStore
+from harness.domain.records import NewRun, TraceRecordIn
 from harness.kernel import FINAL, RunState
 from harness.state_machine import StateMachine
 from tests.integration.test_races import (

@@ -11,8 +11,9 @@ import pytest
 import sqlalchemy as sa
 
 from harness.adapters.sql import schema as t
-from harness.adapters.sql.store import NewRun, SqlStore
+from harness.adapters.sql.store import SqlStore
 from harness.clock import FakeClock
+from harness.domain.records import NewRun
 from harness.kernel import RunState
 from harness.service import queries
 from harness.service.sse import ChangeHub, change_stream

@@ -17,9 +17,8 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from harness.adapters.sql.store import NewRun, SqlStore
+from harness.adapters.sql.store import SqlStore
 from harness.audit import standalone
-from harness.audit.chain import record_hash
 from harness.audit.checkpoint import (
     KEY_ENV,
     CheckpointError,
@@ -32,6 +31,8 @@ from harness.audit.checkpoint import (
 from harness.audit.export import export_run
 from harness.audit.keys import default_key_path
 from harness.audit.standalone import signed_message, verify_consistency, verify_export, verify_sequence
+from harness.domain.chain import record_hash
+from harness.domain.records import NewRun
 from harness.kernel import RunState
 from harness.state_machine import StateMachine
 from tests.integration.test_tamper import rebuild_chain

@@ -18,9 +18,8 @@ import sqlalchemy as sa
 from typer.testing import CliRunner
 
 from harness.adapters.sql import triggers
-from harness.adapters.sql.store import NewRun, SqlStore, TraceRecordIn
+from harness.adapters.sql.store import SqlStore
 from harness.audit import standalone
-from harness.audit.chain import GENESIS_HASH, record_hash
 from harness.audit.checkpoint import (
     DEFAULT_DIR,
     CheckpointError,
@@ -35,6 +34,8 @@ from harness.audit.verify import verify_chain
 from harness.audit.witness import DirectoryWitness
 from harness.cli import app
 from harness.clock import FakeClock
+from harness.domain.chain import GENESIS_HASH, record_hash
+from harness.domain.records import NewRun, TraceRecordIn
 from harness.kernel import RunState as S
 from harness.state_machine import StateMachine
 

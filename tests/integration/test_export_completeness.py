@@ -11,13 +11,14 @@ from typing import Any
 
 import pytest
 
-from harness.adapters.sql.store import SqlStore, TraceRecordIn
+from harness.adapters.sql.store import SqlStore
 from harness.audit import standalone
 from harness.audit.checkpoint import public_key, publish_checkpoint
 from harness.audit.export import export_run
 from harness.audit.standalone import verify_export
 from harness.config import Runtime
-from harness.errors import CancelRefusedError
+from harness.domain.errors import CancelRefusedError
+from harness.domain.records import TraceRecordIn
 from harness.kernel import RunState as S
 from harness.state_machine import StateMachine
 

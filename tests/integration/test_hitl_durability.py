@@ -10,8 +10,8 @@ from pathlib import Path
 
 from harness.clock import FakeClock
 from harness.config import Runtime, Settings, build_runtime
-from harness.errors import ConflictError
-from harness.pipeline.contracts import CallerIdentity, RunResult
+from harness.domain.contracts import CallerIdentity, RunResult
+from harness.domain.errors import ConflictError
 
 from ..conftest import FIXTURES
 

@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 
-from harness.adapters.sql.store import NewRun, SqlStore
-from harness.errors import IdempotencyConflictError
+from harness.adapters.sql.store import SqlStore
+from harness.domain.errors import IdempotencyConflictError
+from harness.domain.records import NewRun
 
 from .test_races import assert_runs_consistent, start_forked
 

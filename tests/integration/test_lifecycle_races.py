@@ -24,8 +24,8 @@ import sqlalchemy as sa
 from harness.adapters.sql import schema as t
 from harness.audit.reconcile import reconcile
 from harness.config import Runtime, Settings, build_runtime
-from harness.errors import CancelRefusedError
-from harness.pipeline.contracts import CallerIdentity
+from harness.domain.contracts import CallerIdentity
+from harness.domain.errors import CancelRefusedError
 from harness.worker import RunWorker
 
 from ..conftest import FIXTURES
@@ -205,7 +205,7 @@ def test_one_driver_per_run_while_the_orphan_sweep_runs(rt: Runtime, tmp_path: P
 def test_reconcile_names_a_non_idempotent_step_called_twice(rt: Runtime) -> None:
     """Two executed ToolTraces for one step of a non-idempotent skill are a mismatch naming the Run and step;
     a refused attempt and an idempotent skill's re-run are not."""
-    from harness.adapters.sql.store import TraceRecordIn
+    from harness.domain.records import TraceRecordIn
 
     def tool(run_id: str, step: str, idempotent: bool, status: str = "ok") -> TraceRecordIn:
         return TraceRecordIn("tool", {"step_id": step, "skill_id": "notes.add", "skill_version": "1",

@@ -24,7 +24,7 @@ from typer.testing import CliRunner
 
 from harness.cli import app
 from harness.config import Runtime, Settings, build_runtime
-from harness.pipeline.contracts import CallerIdentity
+from harness.domain.contracts import CallerIdentity
 
 from ..acceptance.checks import assert_audit_clean
 

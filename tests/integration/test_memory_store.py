@@ -9,10 +9,11 @@ import pytest
 import sqlalchemy as sa
 
 from harness.adapters.sql import schema as t
-from harness.adapters.sql.store import NewRun, SqlStore
+from harness.adapters.sql.store import SqlStore
 from harness.clock import FakeClock
 from harness.context.errors import ScopeViolationError
 from harness.context.secrets import SecretFilter
+from harness.domain.records import NewRun
 from harness.memory.scope import MemoryScope
 from harness.memory.store import MemoryStore, NewMemory
 

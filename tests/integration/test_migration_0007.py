@@ -17,9 +17,9 @@ from harness.adapters.sql import schema as t
 from harness.adapters.sql import triggers
 from harness.adapters.sql.database import create_engine, head_revision, migrate, resolve_url
 from harness.adapters.sql.store import SqlStore
-from harness.audit.chain import GENESIS_HASH, record_hash
 from harness.audit.verify import verify_chain
 from harness.clock import FakeClock
+from harness.domain.chain import GENESIS_HASH, record_hash
 
 from .test_migration_0006 import (
     TABLE,

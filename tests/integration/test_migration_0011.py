@@ -14,9 +14,10 @@ from alembic import command
 
 from harness.adapters.sql import schema as t
 from harness.adapters.sql.database import create_engine, head_revision, migrate, resolve_url
-from harness.adapters.sql.store import NewRun, SqlStore
+from harness.adapters.sql.store import SqlStore
 from harness.clock import FakeClock
-from harness.errors import IdempotencyConflictError
+from harness.domain.errors import IdempotencyConflictError
+from harness.domain.records import NewRun
 
 from .test_migration_0006 import _to, _version
 

@@ -16,11 +16,12 @@ from alembic import command
 
 from harness.adapters.sql import schema as t
 from harness.adapters.sql.database import create_engine, head_revision, migrate, resolve_url
-from harness.adapters.sql.store import SqlStore, TraceRecordIn
+from harness.adapters.sql.store import SqlStore
 from harness.audit.verify import verify_chain
 from harness.clock import FakeClock
 from harness.config import Settings, build_runtime
-from harness.pipeline.contracts import CallerIdentity
+from harness.domain.contracts import CallerIdentity
+from harness.domain.records import TraceRecordIn
 from harness.pipeline.sandbox_pool import SandboxPool
 from harness.policy.hitl import HitlDesk
 from harness.state_machine import StateMachine

@@ -22,8 +22,9 @@ import pytest
 import sqlalchemy as sa
 
 from harness.adapters.sql import schema as t
-from harness.adapters.sql.store import NewRun, SqlStore
-from harness.audit.chain import GENESIS_HASH, record_hash
+from harness.adapters.sql.store import SqlStore
+from harness.domain.chain import GENESIS_HASH, record_hash
+from harness.domain.records import NewRun
 from harness.kernel import FINAL, FINAL_EVENT, LEGAL, RunState, job_status
 from harness.state_machine import StateMachine
 

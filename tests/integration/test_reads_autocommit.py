@@ -8,8 +8,9 @@ from collections.abc import Iterator
 import pytest
 import sqlalchemy as sa
 
-from harness.adapters.sql.store import NewRun, SqlStore
+from harness.adapters.sql.store import SqlStore
 from harness.clock import FakeClock
+from harness.domain.records import NewRun
 from harness.kernel import RunState
 from harness.state_machine import StateMachine
 

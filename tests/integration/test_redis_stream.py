@@ -22,11 +22,12 @@ import sqlalchemy as sa
 
 from harness.adapters.redis_stream import RECOVERED, UNAVAILABLE, RedisTraceBuffer
 from harness.adapters.sql import schema as t
-from harness.adapters.sql.store import PendingRecord, SqlStore, TraceRecordIn
+from harness.adapters.sql.store import SqlStore
 from harness.audit.verify import verify_chain
 from harness.clock import FakeClock
 from harness.config import Settings, build_runtime
-from harness.errors import InvalidRequestError
+from harness.domain.errors import InvalidRequestError
+from harness.domain.records import PendingRecord, TraceRecordIn
 from harness.kernel import FINAL, RunState
 
 from ..conftest import FIXTURES

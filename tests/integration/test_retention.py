@@ -19,7 +19,7 @@ from harness.audit.reconcile import reconcile
 from harness.audit.segment import verify_segment
 from harness.audit.verify import verify_chain
 from harness.clock import FakeClock
-from harness.errors import UnknownRunError
+from harness.domain.errors import UnknownRunError
 from harness.kernel import RunState
 from harness.retention.archiver import Archiver
 from harness.retention.erase import erase_user

@@ -23,9 +23,9 @@ from harness.adapters.sandbox import RlimitSandbox, Workdirs, select_sandbox
 from harness.adapters.sandbox.bwrap import identity_for, unavailable_reason
 from harness.clock import FakeClock
 from harness.config import Runtime, Settings, build_runtime
-from harness.errors import InvalidRequestError
+from harness.domain.contracts import CallerIdentity
+from harness.domain.errors import InvalidRequestError
 from harness.examples.support import EXAMPLE_DIR
-from harness.pipeline.contracts import CallerIdentity
 from harness.policy.config import Guardrail
 from harness.policy.guardrails import matches
 

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 
 from harness.adapters.sandbox import RlimitSandbox
-from harness.adapters.sandbox.instance import Holder, alive
-from harness.adapters.sandbox.types import SandboxJob
+from harness.adapters.sandbox.instance import alive
 from harness.adapters.sql.sandbox_instances import DEAD, LIVE, RELEASED
 from harness.clock import FakeClock
 from harness.config import Runtime, build_runtime
+from harness.domain.sandbox import Holder, SandboxJob
 from harness.pipeline.sandbox_pool import PoolSettings, SandboxPool, SandboxUnavailableError
 from tests.acceptance.agent_skills import TESTER
 from tests.acceptance.checks import assert_audit_clean

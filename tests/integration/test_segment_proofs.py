@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from harness.adapters.sql.store import SqlStore
-from harness.audit.chain import record_hash
 from harness.clock import FakeClock
+from harness.domain.chain import record_hash
 from harness.retention.archiver import Archiver
 from harness.retention.policy import DAY_S, RetentionPolicy
 from harness.retention.storage import LocalSegmentStore

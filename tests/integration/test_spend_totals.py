@@ -25,7 +25,7 @@ from harness.audit.reconcile import Mismatch, reconcile
 from harness.cli import app
 from harness.clock import FakeClock
 from harness.config import Runtime, Settings, build_runtime
-from harness.pipeline.trace_recorder import CostTrace
+from harness.domain.traces import CostTrace
 from harness.replay import replay
 
 from ..conftest import FIXTURES

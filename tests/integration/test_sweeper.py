@@ -10,10 +10,11 @@ import sqlalchemy as sa
 
 from harness.adapters.sql import schema as t
 from harness.adapters.sql.leases import Leases
-from harness.adapters.sql.store import NewRun, SqlStore
+from harness.adapters.sql.store import SqlStore
 from harness.clock import FakeClock
 from harness.config import Runtime, Settings
-from harness.errors import InvalidRequestError
+from harness.domain.errors import InvalidRequestError
+from harness.domain.records import NewRun
 from harness.kernel import FINAL, RunState
 from harness.kernel.thresholds import DEFAULT, SWEEP_INTERVAL_S
 from harness.state_machine import StateMachine

@@ -11,10 +11,11 @@ import pytest
 import sqlalchemy as sa
 
 from harness.adapters.sql import triggers
-from harness.adapters.sql.store import NewRun, SqlStore, StoredTraceRecord, TraceRecordIn
-from harness.audit.chain import GENESIS_HASH, record_hash
+from harness.adapters.sql.store import SqlStore
 from harness.audit.checkpoint import publish_checkpoint
 from harness.audit.verify import ChainReport, verify_chain
+from harness.domain.chain import GENESIS_HASH, record_hash
+from harness.domain.records import NewRun, StoredTraceRecord, TraceRecordIn
 from harness.kernel import RunState
 from harness.state_machine import StateMachine
 

@@ -18,7 +18,7 @@ from harness.audit.verify import verify_chain
 from harness.cli import app
 from harness.clock import FakeClock
 from harness.config import Runtime, Settings, build_runtime
-from harness.pipeline.contracts import CallerIdentity
+from harness.domain.contracts import CallerIdentity
 
 from ..conftest import FIXTURES
 

@@ -14,7 +14,7 @@ import yaml
 
 from harness.clock import FakeClock
 from harness.config import Runtime, Settings, build_runtime
-from harness.pipeline.contracts import CallerIdentity
+from harness.domain.contracts import CallerIdentity
 from harness.pipeline.tool_controller import CallResult, ToolController
 from harness.resilience import BreakerRegistry, BreakerState
 from harness.skills import SkillRegistry

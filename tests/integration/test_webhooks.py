@@ -11,12 +11,12 @@ import pytest
 import sqlalchemy as sa
 
 from harness.adapters.sql import schema as t
-from harness.adapters.sql.store import NewRun
 from harness.clock import FakeClock
 from harness.config import Runtime
-from harness.errors import BadInputError
+from harness.domain.contracts import CallerIdentity
+from harness.domain.errors import BadInputError
+from harness.domain.records import NewRun
 from harness.kernel import RunState
-from harness.pipeline.contracts import CallerIdentity
 from harness.sweeper import ZombieSweeper
 from tests.fakes.webhook_receiver import WebhookReceiver
 

@@ -20,7 +20,7 @@ import pytest
 from harness.adapters.sql.store import SqlStore
 from harness.adapters.sql.webhooks import OutgoingEvent, WebhookOutbox
 from harness.clock import FakeClock
-from harness.ids import ordered_id
+from harness.domain.ids import ordered_id
 from harness.kernel import FINAL
 from harness.webhooks.config import load_webhook_config
 from harness.webhooks.delivery import WebhookDispatcher

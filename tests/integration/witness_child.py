@@ -5,10 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from harness.adapters.sql.store import NewRun, SqlStore, TraceRecordIn
+from harness.adapters.sql.store import SqlStore
 from harness.audit.checkpoint import publish_checkpoint
 from harness.audit.witness import DirectoryWitness
 from harness.clock import FakeClock
+from harness.domain.records import NewRun, TraceRecordIn
 from harness.kernel import RunState as S
 from harness.state_machine import StateMachine
 

@@ -21,9 +21,9 @@ from harness.cli_replay import replay as replay_command
 from harness.cli_support import cli_errors
 from harness.clock import FakeClock
 from harness.config import Runtime, Settings, build_runtime
-from harness.pipeline.contracts import CallerIdentity, Plan
+from harness.domain.contracts import CallerIdentity, Plan
+from harness.domain.traces import TraceModel
 from harness.pipeline.gatekeeper import Evaluation
-from harness.pipeline.trace_recorder import TraceModel
 from harness.replay import ReplayError, ReplayReport, replay
 from tests.integration.conftest import (  # the real database servers, shared with the integration tests
     backend_url,

@@ -25,8 +25,8 @@ from harness.adapters.sql.blobs import BlobStore
 from harness.adapters.sql.leases import Leases
 from harness.clock import FakeClock
 from harness.config import Runtime, Settings, build_runtime
+from harness.domain.contracts import CallerIdentity
 from harness.kernel import RunState
-from harness.pipeline.contracts import CallerIdentity
 from harness.replay import replay
 from harness.sweeper import ZombieSweeper
 from harness.worker import RunWorker

@@ -7,7 +7,7 @@ import json
 from hypothesis import given
 from hypothesis import strategies as st
 
-from harness.audit.chain import record_bytes, record_hash
+from harness.domain.chain import record_bytes, record_hash
 
 _ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
 

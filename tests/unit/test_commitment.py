@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from harness.audit import commitment
-from harness.ids import ordered_id
+from harness.domain.ids import ordered_id
 
 
 def test_the_commitment_round_trips_ids_and_kinds() -> None:

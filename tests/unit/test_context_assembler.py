@@ -5,15 +5,15 @@ from __future__ import annotations
 import pytest
 import sqlalchemy as sa
 
-from harness.adapters.llm.types import ToolSpec
 from harness.adapters.sql.store import SqlStore
 from harness.context.errors import CompressionRefusedError, ScopeViolationError
 from harness.context.secrets import SecretFilter
 from harness.context.tokenizer import BpeTokenizer
-from harness.errors import ContextError
+from harness.domain.contracts import Message, RunRequest
+from harness.domain.errors import ContextError
+from harness.domain.llm import ToolSpec
 from harness.memory.store import MemoryStore, NewMemory
 from harness.pipeline.context_assembler import ContextAssembler
-from harness.pipeline.contracts import Message, RunRequest
 
 TOOLS = [ToolSpec(name="orders.lookup", description="Look up an order.",
                   parameters={"type": "object", "properties": {"order_id": {"type": "string"}}})]

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from harness.context.compression import compress, cost, key_items
 from harness.context.errors import CompressionRefusedError
 from harness.context.tokenizer import BpeTokenizer
-from harness.pipeline.contracts import Message
+from harness.domain.contracts import Message
 
 COUNT = BpeTokenizer("cl100k_base").count
 CHATTER = ("Thanks, that helps. Could you also explain how the shipping estimate is computed for parcels "

@@ -16,7 +16,7 @@ from harness.context.tokenizer import (
     openai_encoding,
     tokenizer_for,
 )
-from harness.errors import InvalidRequestError
+from harness.domain.errors import InvalidRequestError
 
 
 def test_cl100k_counts_known_strings_exactly() -> None:

@@ -1,4 +1,4 @@
-"""Time-ordered ids (harness.ids): valid version-7 UUIDs that sort by creation time."""
+"""Time-ordered ids (harness.domain.ids): valid version-7 UUIDs that sort by creation time."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import uuid
 
 import pytest
 
-from harness import ids
-from harness.ids import ordered_id
+from harness.domain import ids
+from harness.domain.ids import ordered_id
 
 
 def test_an_ordered_id_is_a_canonical_version_7_uuid() -> None:

@@ -12,8 +12,8 @@ import yaml
 
 from harness.clock import FakeClock
 from harness.config import Settings, build_runtime
-from harness.errors import ManifestError
-from harness.pipeline.contracts import CallerIdentity
+from harness.domain.contracts import CallerIdentity
+from harness.domain.errors import ManifestError
 from harness.skills import SkillRegistry, load_manifest
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"

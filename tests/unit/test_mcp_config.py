@@ -10,7 +10,7 @@ pytest.importorskip("mcp")
 
 from mcp_types import ToolAnnotations
 
-from harness.errors import InvalidRequestError
+from harness.domain.errors import InvalidRequestError
 from harness.mcp_skills import McpServers, ToolConfig, load_mcp_file, risk_for, skill_name
 from harness.policy.risk import level_for
 from harness.skills import Risk

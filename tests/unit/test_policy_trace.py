@@ -8,8 +8,8 @@ from rich.console import Console
 
 from harness.cli_runs import trace_tree
 from harness.config import Runtime
-from harness.pipeline.contracts import CallerIdentity, Plan, PlanStep, ToolCall
-from harness.pipeline.trace_recorder import PolicyTrace, PolicyVerdict, policy_verdicts
+from harness.domain.contracts import CallerIdentity, Plan, PlanStep, ToolCall
+from harness.domain.traces import PolicyTrace, PolicyVerdict, policy_verdicts
 
 TESS = CallerIdentity(tenant_id="t1", user_id="tess", roles=("tester",))
 #: a policy record as databases written before one-trace-per-evaluation hold it

@@ -11,7 +11,7 @@ import yaml
 
 from harness.adapters.llm.pricing import PricingTable
 from harness.config import Settings, build_runtime, check_priced
-from harness.errors import InvalidRequestError
+from harness.domain.errors import InvalidRequestError
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
@@ -72,7 +72,7 @@ def test_unpriced_calls_are_rejected_or_warned_by_the_budget_rule(tmp_path: Path
     """A Run whose calls were recorded without a price is rejected at policy under deny, and passes with
     a warning verdict naming the model under allow_with_warning."""
     from harness.adapters.llm.scripted import ScriptedProvider
-    from harness.adapters.llm.types import LLMRequest, LLMResponse, Usage
+    from harness.domain.llm import LLMRequest, LLMResponse, Usage
 
     class Unpriced:
         """The scripted provider, as if its model had no price."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from harness.clock import FakeClock
-from harness.errors import ProviderError
+from harness.domain.errors import ProviderError
 from harness.resilience import (
     BreakerConfig,
     BreakerRegistry,

@@ -8,7 +8,7 @@ import pytest
 
 from harness.audit.merkle import MerkleTree, leaf_hash
 from harness.audit.multiproof import multiproof, root_from
-from harness.errors import BadInputError
+from harness.domain.errors import BadInputError
 from harness.retention.policy import DAY_S, RetentionPolicy, parse_tenants
 
 

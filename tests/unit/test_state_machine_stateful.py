@@ -31,10 +31,11 @@ from hypothesis.stateful import (
 )
 
 from harness.adapters.sql import schema as t
-from harness.adapters.sql.store import NewRun, SqlStore
-from harness.audit.chain import GENESIS_HASH, record_hash
+from harness.adapters.sql.store import SqlStore
 from harness.clock import FakeClock
-from harness.errors import InvalidTransitionError
+from harness.domain.chain import GENESIS_HASH, record_hash
+from harness.domain.errors import InvalidTransitionError
+from harness.domain.records import NewRun
 from harness.kernel import FINAL, FINAL_EVENT, LEGAL, TRANSIENT, RunState, job_status, targets_from
 from harness.state_machine import StateMachine
 

@@ -13,9 +13,10 @@ import pytest
 import sqlalchemy as sa
 
 from harness.adapters.sql import schema as t
-from harness.adapters.sql.store import NewRun, SqlStore
+from harness.adapters.sql.store import SqlStore
 from harness.clock import FakeClock
-from harness.errors import InvalidTransitionError, UnknownRunError
+from harness.domain.errors import InvalidTransitionError, UnknownRunError
+from harness.domain.records import NewRun
 from harness.kernel import RunState
 from harness.state_machine import StateMachine
 

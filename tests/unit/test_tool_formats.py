@@ -18,8 +18,8 @@ from harness.adapters.llm.tool_formats import (
     to_anthropic,
     to_openai,
 )
-from harness.adapters.llm.types import ToolSpec
-from harness.errors import ProviderError
+from harness.domain.errors import ProviderError
+from harness.domain.llm import ToolSpec
 from harness.examples.support import EXAMPLE_DIR
 from harness.pipeline.tool_controller import ToolController
 from harness.skills import SkillRegistry

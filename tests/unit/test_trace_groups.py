@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from harness.ids import ordered_id
+from harness.domain.ids import ordered_id
 from harness.pipeline.trace_groups import group_records
 from harness.service.console_format import short
 from harness.timefmt import approvals_needed, deadline_reason, human, parse_deadline_reason, span

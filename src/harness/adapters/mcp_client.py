@@ -26,7 +26,7 @@ from mcp import Client, StdioServerParameters
 from mcp.client.stdio import stdio_client
 from mcp.shared.exceptions import MCPError
 
-from harness.errors import HarnessError
+from harness.domain.errors import HarnessError
 
 Kind = Literal["unavailable", "closed", "timeout", "protocol"]
 

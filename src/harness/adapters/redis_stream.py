@@ -34,8 +34,9 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from harness.adapters.sql.store import PendingRecord, SqlStore
-from harness.errors import InvalidRequestError
+from harness.domain.errors import InvalidRequestError
+from harness.domain.records import PendingRecord
+from harness.ports import ChainWriter
 
 log = logging.getLogger("harness.trace_buffer")
 
@@ -104,21 +105,21 @@ class RedisTraceBuffer:
 
     # ------------------------------------------------------------------ TraceBuffer
 
-    def drain(self, store: SqlStore, batch_size: int) -> int:
+    def drain(self, store: ChainWriter, batch_size: int) -> int:
         """Relay one batch and chain one batch; returns how many records were chained."""
         return self._carry(store, batch_size, until_idle=False)
 
-    def drain_all(self, store: SqlStore, batch_size: int) -> int:
+    def drain_all(self, store: ChainWriter, batch_size: int) -> int:
         """Relay and chain until neither moves a record; returns how many records were chained."""
         return self._carry(store, batch_size, until_idle=True)
 
-    def _carry(self, store: SqlStore, batch_size: int, *, until_idle: bool) -> int:
+    def _carry(self, store: ChainWriter, batch_size: int, *, until_idle: bool) -> int:
         if not self.available:
             return 0
         with self._lock:
             return self._carry_locked(store, batch_size, until_idle=until_idle)
 
-    def _carry_locked(self, store: SqlStore, batch_size: int, *, until_idle: bool) -> int:
+    def _carry_locked(self, store: ChainWriter, batch_size: int, *, until_idle: bool) -> int:
         total = 0
         try:
             while True:
@@ -136,7 +137,7 @@ class RedisTraceBuffer:
 
     # ------------------------------------------------------------------ relay: outbox → stream
 
-    def relay(self, store: SqlStore, limit: int) -> int:
+    def relay(self, store: ChainWriter, limit: int) -> int:
         """XADD the oldest outbox records not already waiting in the stream; returns how many."""
         records = store.pending_records(limit)
         if not records:
@@ -150,7 +151,7 @@ class RedisTraceBuffer:
 
     # ------------------------------------------------------------------ chainer: stream → chain
 
-    def chain(self, store: SqlStore, count: int) -> tuple[int, int]:
+    def chain(self, store: ChainWriter, count: int) -> tuple[int, int]:
         """Chain one batch from the stream, then acknowledge it; returns (chained, entries taken)."""
         entries = self._next_batch(count)
         if not entries:
@@ -205,7 +206,7 @@ class RedisTraceBuffer:
 
     # ------------------------------------------------------------------ outages
 
-    def _outage(self, store: SqlStore, exc: redis.RedisError) -> None:
+    def _outage(self, store: ChainWriter, exc: redis.RedisError) -> None:
         self._down_until = time.monotonic() + self.retry_s
         first = self.last_error is None
         self.last_error = f"{type(exc).__name__}: {exc}"
@@ -213,7 +214,7 @@ class RedisTraceBuffer:
             log.warning("trace buffer unavailable, records wait in the outbox: %s", self.last_error)
             store.audit(None, UNAVAILABLE, "trace_buffer", {"stream": self.stream, "error": self.last_error})
 
-    def _recovered(self, store: SqlStore) -> None:
+    def _recovered(self, store: ChainWriter) -> None:
         log.warning("trace buffer back after: %s", self.last_error)
         store.audit(None, RECOVERED, "trace_buffer", {"stream": self.stream, "error": self.last_error})
         self.last_error = None

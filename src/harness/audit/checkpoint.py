@@ -36,7 +36,6 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from harness.adapters.sql.retention import PrunedRecord, iter_chain
 from harness.adapters.sql.store import SqlStore
 from harness.audit import merkle
-from harness.audit.chain import GENESIS_HASH, record_bytes
 from harness.audit.files import json_dumps, json_load, write_new
 from harness.audit.keys import (
     KEY_ENV,
@@ -62,7 +61,8 @@ from harness.audit.standalone import (
     walk_keys,
 )
 from harness.audit.witness import Witness, WitnessError, WitnessRefusedError
-from harness.errors import StoreError
+from harness.domain.chain import GENESIS_HASH, record_bytes
+from harness.domain.errors import StoreError
 
 __all__ = ["KEY_ENV", "KEY_FILE", "CheckpointError", "json_dumps", "json_load"]
 

@@ -9,7 +9,7 @@ export can then tell a withheld record from a record written after the Run close
 cancel), and name the missing one's id and kind.
 
 The list is kept small (it is written once per Run): ids are the UUIDs every record gets
-(harness.ids.ordered_id), 16 raw bytes each, concatenated in sorted order and base64-encoded per kind.
+(harness.domain.ids.ordered_id), 16 raw bytes each, concatenated in sorted order and base64-encoded per kind.
 An id that is not a UUID (never written by harness itself) is listed as it is, under ``other``.
 
 Standard library only: the standalone verifier imports this module.

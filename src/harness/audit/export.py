@@ -15,9 +15,10 @@ from typing import Any
 import sqlalchemy as sa
 
 from harness.adapters.sql import schema as t
-from harness.adapters.sql.store import RUN_TRACE, SqlStore, StoredTraceRecord
+from harness.adapters.sql.store import SqlStore
 from harness.audit.checkpoint import Checkpoint, TamperedHistoryError, build_tree
 from harness.audit.standalone import EXPORT_FORMAT
+from harness.domain.records import RUN_TRACE, StoredTraceRecord
 
 
 def _record_doc(rec: StoredTraceRecord) -> dict[str, Any]:

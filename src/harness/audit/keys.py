@@ -21,7 +21,7 @@ from pathlib import Path
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from harness.errors import BadInputError
+from harness.domain.errors import BadInputError
 
 KEY_ENV = "HARNESS_CHECKPOINT_KEY"
 KEY_DIR_ENV = "HARNESS_CHECKPOINT_KEY_DIR"

@@ -3,7 +3,7 @@
 Domain separation: a leaf hashes as H(0x00 || data) and an interior node as H(0x01 || left || right),
 so a leaf can never be passed off as a node. The tree head of n leaves is MTH(D[0:n]), split at the
 largest power of two below n. The leaf data of the audit trail are the records' canonical bytes
-(harness.audit.chain.record_bytes), leaf index = seq - 1.
+(harness.domain.chain.record_bytes), leaf index = seq - 1.
 
 `MerkleTree` keeps every complete subtree hash in one flat buffer per level (2n hashes, 32 bytes each,
 no per-node objects), so a million leaves cost about 64 MB and every proof costs O(log n) lookups.

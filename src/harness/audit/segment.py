@@ -33,7 +33,6 @@ from typing import Any
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from harness.audit import completeness, merkle, multiproof
-from harness.audit.chain import canonical_json, record_bytes
 from harness.audit.standalone import (
     RECORD_FIELDS,
     FormatError,
@@ -43,6 +42,7 @@ from harness.audit.standalone import (
     hex_proof,
     signed_by_trusted,
 )
+from harness.domain.chain import canonical_json, record_bytes
 
 SEGMENT_FORMAT = "harness-archive-segment/1"
 MANIFEST_EVENT = "archive_segment"

@@ -1,6 +1,6 @@
 """The standalone verifier (SPEC A3b): checks exports and checkpoints with no database access.
 
-It imports only the standard library, `cryptography`, harness.audit.merkle and harness.audit.chain, so
+It imports only the standard library, `cryptography`, harness.audit.merkle and harness.domain.chain, so
 an auditor can run it with a copy of the export, the checkpoints and the public key, and nothing else.
 It is also the authority on the two document formats (the checkpoint publisher imports them from here):
 
@@ -34,7 +34,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from harness.audit import completeness, merkle
-from harness.audit.chain import canonical_json, record_bytes, record_hash
+from harness.domain.chain import canonical_json, record_bytes, record_hash
 
 CHECKPOINT_FORMAT = "harness-checkpoint/1"
 #: version 2 also signs the database id and the leaf digests of the records it adds (LEAF_PREFIX_BYTES each)

@@ -23,12 +23,13 @@ import sqlalchemy as sa
 
 from harness.adapters.sql import schema as t
 from harness.adapters.sql.retention import REDACTED, PrunedRecord, iter_chain
-from harness.adapters.sql.store import SqlStore, StoredTraceRecord
+from harness.adapters.sql.store import SqlStore
 from harness.audit import merkle, mirrors, verify_checkpoints
-from harness.audit.chain import GENESIS_HASH, record_bytes, record_hash
 from harness.audit.report import ChainReport, Problem
 from harness.audit.witness import Witness
-from harness.errors import StoreError
+from harness.domain.chain import GENESIS_HASH, record_bytes, record_hash
+from harness.domain.errors import StoreError
+from harness.domain.records import StoredTraceRecord
 
 __all__ = ["ChainReport", "Problem", "verify_chain"]
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from harness.context.errors import CompressionRefusedError
 from harness.context.tokenizer import MESSAGE_OVERHEAD
-from harness.pipeline.contracts import Message
+from harness.domain.contracts import Message
 
 Count = Callable[[str], int]
 

@@ -1,7 +1,7 @@
 """Why a context could not be assembled (SPEC C1-C4). Each is a ContextError, so the Run manager
 fails the Run in PREPARING with the error's code in its ErrorTrace.
 
-    ContextError                       (harness.errors) budget: the fixed part alone does not fit
+    ContextError                       (harness.domain.errors) budget: the fixed part alone does not fit
     ├── ScopeViolationError            a recall would cross a tenant/user/session/team boundary (C2)
     ├── CompressionRefusedError        compression would lose a key item (C3)
     └── SecretFilterError              the secret filter failed, so nothing may be sent (C4)
@@ -11,7 +11,7 @@ A recall that merely fails (database down, model missing) is not here: it degrad
 
 from __future__ import annotations
 
-from harness.errors import ContextError
+from harness.domain.errors import ContextError
 
 
 class ScopeViolationError(ContextError):

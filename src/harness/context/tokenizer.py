@@ -13,7 +13,7 @@ import math
 from functools import cache
 from typing import Any, Protocol
 
-from harness.errors import InvalidRequestError
+from harness.domain.errors import InvalidRequestError
 
 #: the encodings bpe-openai ships (a unit test keeps this in step with the package)
 ENCODINGS = ("cl100k_base", "o200k_base", "voyage3_base")

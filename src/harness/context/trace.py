@@ -7,9 +7,9 @@ failed and degraded to no memory adds an ErrorTrace, so the degradation is never
 
 from __future__ import annotations
 
-from harness.adapters.sql.store import TraceRecordIn
-from harness.pipeline.contracts import AssembledContext
-from harness.pipeline.trace_recorder import error_trace
+from harness.domain.contracts import AssembledContext
+from harness.domain.records import TraceRecordIn
+from harness.domain.traces import error_trace
 
 RECALL_DEGRADED = "memory_recall_degraded"
 

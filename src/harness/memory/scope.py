@@ -17,7 +17,7 @@ import sqlalchemy as sa
 
 from harness.adapters.sql import schema as t
 from harness.context.errors import ScopeViolationError
-from harness.pipeline.contracts import RunRequest
+from harness.domain.contracts import RunRequest
 
 ScopeLevel = Literal["tenant", "team", "user", "session"]
 LEVELS: tuple[ScopeLevel, ...] = ("tenant", "team", "user", "session")

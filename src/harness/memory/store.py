@@ -19,11 +19,11 @@ import sqlalchemy as sa
 from harness.adapters.sql import schema as t
 from harness.adapters.sql.database import read_only
 from harness.adapters.sql.raw import RawStatements
-from harness.audit.chain import content_hash
 from harness.context.errors import RecallError, ScopeViolationError
 from harness.context.secrets import SecretFilter
-from harness.errors import InvalidRequestError
-from harness.ids import ordered_id
+from harness.domain.chain import content_hash
+from harness.domain.errors import InvalidRequestError
+from harness.domain.ids import ordered_id
 from harness.memory import lexical
 from harness.memory.scope import LEVELS, MemoryScope, ScopeLevel
 from harness.memory.semantic import Embedder, to_blob, top_k

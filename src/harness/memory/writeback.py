@@ -15,12 +15,12 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from harness.adapters.sql.store import RunRecord, TraceRecordIn
-from harness.audit.chain import content_hash
+from harness.domain.chain import content_hash
+from harness.domain.records import RunRecord, TraceRecordIn
+from harness.domain.traces import error_trace
 from harness.kernel import RunState
 from harness.memory.scope import ScopeLevel
 from harness.memory.store import MemoryStore, NewMemory
-from harness.pipeline.trace_recorder import error_trace
 
 #: the longest artifacts summary a run-summary entry keeps
 MAX_ARTIFACTS_CHARS = 1_500

@@ -34,10 +34,10 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from harness.adapters.sql.leases import Lease, Leases
-from harness.adapters.sql.store import RunRecord, TraceRecordIn
-from harness.errors import UnknownRunError
+from harness.domain.contracts import RunResult
+from harness.domain.errors import UnknownRunError
+from harness.domain.records import RunRecord, TraceRecordIn
 from harness.kernel import FINAL, RunState
-from harness.pipeline.contracts import RunResult
 from harness.pipeline.tool_kinds import ChildWait
 from harness.ports import Fence
 

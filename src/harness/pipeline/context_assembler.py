@@ -20,16 +20,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from harness.adapters.llm.types import ToolSpec
-from harness.audit.chain import canonical_json
 from harness.context.compression import compress, key_tokens
 from harness.context.errors import CompressionRefusedError, ScopeViolationError
 from harness.context.secrets import SecretFilter
 from harness.context.tokenizer import MESSAGE_OVERHEAD, ApproxTokenizer, BpeTokenizer, Tokenizer
-from harness.errors import ContextError
+from harness.domain.chain import canonical_json
+from harness.domain.contracts import AssembledContext, Message, RunRequest
+from harness.domain.errors import ContextError
+from harness.domain.llm import ToolSpec
 from harness.memory.scope import MemoryScope, scope_of
 from harness.memory.store import MemoryStore
-from harness.pipeline.contracts import AssembledContext, Message, RunRequest
 
 __all__ = ["DEFAULT_SYSTEM_PROMPT", "GENERIC_INSTRUCTIONS", "PLAN_FORMAT", "ApproxTokenizer", "ContextAssembler",
            "Tokenizer", "system_prompt_for"]

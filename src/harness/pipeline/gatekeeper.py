@@ -21,8 +21,8 @@ from typing import Any
 import jsonschema
 
 from harness.adapters.sql.ledger import CostLedger
-from harness.pipeline.contracts import CallerIdentity, Plan, PlanStep, PolicyDecision, Verdict, refs_in
-from harness.pipeline.trace_recorder import PolicyTrace, PolicyVerdict
+from harness.domain.contracts import CallerIdentity, Plan, PlanStep, PolicyDecision, Verdict, refs_in
+from harness.domain.traces import PolicyTrace, PolicyVerdict
 from harness.policy.cedar import CedarPermissions
 from harness.policy.config import Level, PolicyFile, load_policy_file
 from harness.policy.guardrails import UNKNOWN, argument_value, matches

@@ -1,6 +1,6 @@
 """What happens to a Run request at submit, before anything is stored (step ①; SPEC U1, U2, C4, K5).
 
-1. Its size is checked against the configured limits (harness.pipeline.limits): over a limit, nothing
+1. Its size is checked against the configured limits (harness.domain.limits): over a limit, nothing
    is created.
 2. Secrets are removed from every free-text field — the task, each history message, the metadata and
    the memory query — with the same filter the context assembler uses (SPEC C4, amended): the filtered
@@ -19,12 +19,12 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from harness.audit.chain import canonical_json, content_hash
 from harness.context.errors import SecretFilterError
 from harness.context.secrets import SecretFilter
-from harness.errors import InvalidRequestError
-from harness.pipeline.contracts import RunRequest
-from harness.pipeline.limits import RequestLimits, check_request
+from harness.domain.chain import canonical_json, content_hash
+from harness.domain.contracts import RunRequest
+from harness.domain.errors import InvalidRequestError, RequestTooLargeError
+from harness.domain.limits import ENV, RequestLimits
 
 #: fields that say who asks, not what is asked: not part of the body an idempotency key is bound to
 IDENTITY_FIELDS = ("tenant_id", "user_id", "roles", "idempotency_key")
@@ -74,3 +74,30 @@ def body_hash(request: RunRequest) -> str:
     """The digest an idempotency key is bound to: the (filtered) request minus who sent it."""
     doc = request.model_dump(mode="json")
     return content_hash({k: v for k, v in doc.items() if k not in IDENTITY_FIELDS})
+
+
+def _over(field: str, size: int, unit: str, limit: int, setting: str) -> InvalidRequestError:
+    return InvalidRequestError(f"invalid run request: {field}: {size} {unit}; the limit is {limit} ({ENV[setting]})")
+
+
+def check_request(request: RunRequest, limits: RequestLimits, size_bytes: int) -> None:
+    """Raise when a field of `request`, or the request as a whole (`size_bytes` of JSON), is over its limit."""
+    if len(request.task) > limits.max_task_chars:
+        raise _over("task", len(request.task), "characters", limits.max_task_chars, "max_task_chars")
+    if len(request.history) > limits.max_history_messages:
+        raise _over("history", len(request.history), "messages", limits.max_history_messages,
+                    "max_history_messages")
+    for i, message in enumerate(request.history):
+        if len(message.content) > limits.max_message_chars:
+            raise _over(f"history.{i}.content", len(message.content), "characters", limits.max_message_chars,
+                        "max_message_chars")
+    if len(request.metadata) > limits.max_metadata_entries:
+        raise _over("metadata", len(request.metadata), "entries", limits.max_metadata_entries,
+                    "max_metadata_entries")
+    for key, value in request.metadata.items():
+        if len(value) > limits.max_metadata_value_chars:
+            raise _over(f"metadata.{key}", len(value), "characters", limits.max_metadata_value_chars,
+                        "max_metadata_value_chars")
+    if size_bytes > limits.max_request_bytes:
+        raise RequestTooLargeError(f"invalid run request: the request is {size_bytes} bytes; the limit is "
+                                   f"{limits.max_request_bytes} ({ENV['max_request_bytes']})")

@@ -18,9 +18,9 @@ from typing import Any
 from pydantic import ValidationError
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
 
-from harness.adapters.llm.types import LLMRequest, LLMResponse, ToolSpec
-from harness.errors import PlanError, ProviderError
-from harness.pipeline.contracts import AssembledContext, Message, Plan, PlanStep, lookup_path, refs_in
+from harness.domain.contracts import AssembledContext, Message, Plan, PlanStep, lookup_path, refs_in
+from harness.domain.errors import PlanError, ProviderError
+from harness.domain.llm import LLMRequest, LLMResponse, ToolSpec
 from harness.ports import LLMProvider
 from harness.skills import SkillRegistry
 

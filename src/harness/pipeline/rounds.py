@@ -16,7 +16,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from harness.pipeline.contracts import Message
+from harness.domain.contracts import Message
 
 #: the user message that shows the model a round's results starts with this, then the round's number
 RESULTS_HEADER = "Results of round"

@@ -19,7 +19,6 @@ from typing import Any
 import sqlalchemy as sa
 from pydantic import ValidationError
 
-from harness.adapters.llm.types import LLMResponse
 from harness.adapters.sql.blobs import (
     BlobStore,
     contents_of,
@@ -29,22 +28,9 @@ from harness.adapters.sql.blobs import (
     save_context_with_blobs,
 )
 from harness.adapters.sql.ledger import CostLedger
-from harness.adapters.sql.store import NewRun, RunRecord, SqlStore, TraceRecordIn, TransitionResult
+from harness.adapters.sql.store import SqlStore
 from harness.context.trace import context_records
-from harness.errors import (
-    CancelRefusedError,
-    ContextError,
-    InvalidRequestError,
-    PlanError,
-    ProviderError,
-    UnknownRunError,
-)
-from harness.kernel import FINAL, TRANSIENT, RunState
-from harness.kernel.events import LOST_RACE
-from harness.pipeline import rounds
-from harness.pipeline.child_runs import ChildRuns
-from harness.pipeline.context_assembler import ContextAssembler
-from harness.pipeline.contracts import (
+from harness.domain.contracts import (
     AssembledContext,
     CallerIdentity,
     Plan,
@@ -53,21 +39,28 @@ from harness.pipeline.contracts import (
     RunResult,
     render_template,
 )
+from harness.domain.errors import (
+    CancelRefusedError,
+    ContextError,
+    InvalidRequestError,
+    PlanError,
+    ProviderError,
+    UnknownRunError,
+)
+from harness.domain.limits import RequestLimits
+from harness.domain.llm import LLMResponse
+from harness.domain.records import NewRun, RunRecord, TraceRecordIn, TransitionResult
+from harness.domain.traces import CostTrace, HITLTrace, ToolTrace, TraceModel, error_trace, step_trace, unit_price
+from harness.kernel import FINAL, TRANSIENT, RunState
+from harness.kernel.events import LOST_RACE
+from harness.pipeline import rounds
+from harness.pipeline.child_runs import ChildRuns
+from harness.pipeline.context_assembler import ContextAssembler
 from harness.pipeline.gatekeeper import PolicyEngine
 from harness.pipeline.intake import RolesOf, admit, body_hash
-from harness.pipeline.limits import RequestLimits
 from harness.pipeline.plan_orchestrator import PlanOrchestrator, StepRun, resolve
 from harness.pipeline.tool_controller import ToolController
 from harness.pipeline.tool_kinds import ChildWait, StepTimeoutError, ToolCallError
-from harness.pipeline.trace_recorder import (
-    CostTrace,
-    HITLTrace,
-    ToolTrace,
-    TraceModel,
-    error_trace,
-    step_trace,
-    unit_price,
-)
 from harness.policy.hitl import Decision, HitlDesk, HitlRequest, plan_actions
 from harness.ports import Fence
 from harness.skills import Skill

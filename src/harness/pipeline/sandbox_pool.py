@@ -25,8 +25,7 @@ from dataclasses import dataclass
 
 import sqlalchemy as sa
 
-from harness.adapters.sandbox.instance import Holder, alive, stop
-from harness.adapters.sandbox.types import SandboxJob
+from harness.adapters.sandbox.instance import alive, stop
 from harness.adapters.sql.ledger import CostLedger
 from harness.adapters.sql.sandbox_instances import (
     DEAD,
@@ -39,8 +38,9 @@ from harness.adapters.sql.sandbox_instances import (
     ShortageError,
 )
 from harness.adapters.sql.store import SqlStore
+from harness.domain.sandbox import Holder, SandboxJob
+from harness.domain.traces import CostTrace
 from harness.kernel import RunState
-from harness.pipeline.trace_recorder import CostTrace
 from harness.ports import Sandbox
 
 log = logging.getLogger("harness.sandbox")

@@ -31,13 +31,14 @@ from tenacity import (
 )
 from tenacity.stop import stop_base
 
-from harness.adapters.llm.types import LLMRequest, LLMResponse, ToolSpec
 from harness.adapters.sandbox import SandboxMode, Workdirs, select_sandbox
-from harness.audit.chain import content_hash
 from harness.clock import SystemClock
-from harness.errors import ProviderError
+from harness.domain.chain import content_hash
+from harness.domain.contracts import CallerIdentity, Message, StepOutcome
+from harness.domain.errors import ProviderError
+from harness.domain.llm import LLMRequest, LLMResponse, ToolSpec
+from harness.domain.traces import CostTrace, ToolTrace, unit_price
 from harness.paths import default_data_dir
-from harness.pipeline.contracts import CallerIdentity, Message, StepOutcome
 from harness.pipeline.sandbox_pool import SandboxPool
 from harness.pipeline.tool_kinds import (
     AgentCalls,
@@ -50,7 +51,6 @@ from harness.pipeline.tool_kinds import (
     StepTimeoutError,
     ToolCallError,
 )
-from harness.pipeline.trace_recorder import CostTrace, ToolTrace, unit_price
 from harness.ports import Clock, LLMProvider, Sandbox
 from harness.resilience import BreakerConfig, BreakerRegistry, CircuitOpenError
 from harness.skills import Skill, SkillContext, SkillRegistry

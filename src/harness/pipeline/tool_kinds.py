@@ -15,14 +15,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from harness.adapters.llm.types import LLMRequest
-from harness.adapters.sandbox.types import SandboxJob, SandboxOutcome
 from harness.adapters.sandbox.workdirs import Workdirs
-from harness.adapters.sql.store import NewRun
-from harness.errors import ContextError, SkillError
-from harness.pipeline.contracts import CallerIdentity, Message, RunRequest, RunResult, render_template
+from harness.domain.contracts import CallerIdentity, Message, RunRequest, RunResult, render_template
+from harness.domain.errors import ContextError, SkillError
+from harness.domain.llm import LLMRequest
+from harness.domain.records import NewRun
+from harness.domain.sandbox import SandboxJob, SandboxOutcome
+from harness.domain.traces import CostTrace, unit_price
 from harness.pipeline.sandbox_pool import SandboxPool, SandboxUnavailableError
-from harness.pipeline.trace_recorder import CostTrace, unit_price
 from harness.ports import LLMProvider, Sandbox
 from harness.skills import Skill, SkillContext
 

@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from harness.pipeline.trace_recorder import STEP_NAMES
+from harness.domain.traces import STEP_NAMES
 
 R = TypeVar("R")
 

@@ -12,8 +12,8 @@ from typing import Any
 
 import cedarpy
 
-from harness.errors import PolicyConfigError
-from harness.pipeline.contracts import CallerIdentity
+from harness.domain.contracts import CallerIdentity
+from harness.domain.errors import PolicyConfigError
 from harness.skills import Skill
 
 

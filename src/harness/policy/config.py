@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from harness.errors import PolicyConfigError
+from harness.domain.errors import PolicyConfigError
 from harness.yamlfile import load_yaml_model
 
 Level = Literal["L1", "L2", "L3", "L4"]

@@ -24,14 +24,15 @@ from typing import Any, Literal
 import sqlalchemy as sa
 
 from harness.adapters.sql import schema as t
-from harness.adapters.sql.store import SqlStore, TraceRecordIn, TransitionResult
+from harness.adapters.sql.store import SqlStore
 from harness.audit import mirror_records
-from harness.audit.chain import canonical_json, content_hash
-from harness.errors import BadInputError, StoreError
-from harness.ids import ordered_id
+from harness.domain.chain import canonical_json, content_hash
+from harness.domain.contracts import CallerIdentity, Plan
+from harness.domain.errors import BadInputError, StoreError
+from harness.domain.ids import ordered_id
+from harness.domain.records import TraceRecordIn, TransitionResult
+from harness.domain.traces import HITLTrace
 from harness.kernel import RunState
-from harness.pipeline.contracts import CallerIdentity, Plan
-from harness.pipeline.trace_recorder import HITLTrace
 from harness.policy.config import Hitl, Level
 
 BREAK_GLASS_ROLE = "break_glass"

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.adapters.sql.retention import ARCHIVE_SEGMENT, RetentionStore
-from harness.adapters.sql.store import SqlStore, StoredTraceRecord
+from harness.adapters.sql.store import SqlStore
 from harness.audit import merkle, multiproof
 from harness.audit.checkpoint import (
     Checkpoint,
@@ -35,8 +35,9 @@ from harness.audit.checkpoint import (
 )
 from harness.audit.segment import SEGMENT_FORMAT, Digest, verify_segment
 from harness.audit.witness import Witness
-from harness.errors import HarnessError
-from harness.ids import ordered_id
+from harness.domain.errors import HarnessError
+from harness.domain.ids import ordered_id
+from harness.domain.records import StoredTraceRecord
 from harness.retention.policy import RetentionPolicy
 from harness.retention.storage import SegmentStore
 

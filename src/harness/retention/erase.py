@@ -21,9 +21,9 @@ from harness.adapters.sql.erasure import ErasureStore, _swap, pseudonym, redacte
 from harness.adapters.sql.retention import RetentionStore
 from harness.adapters.sql.store import SqlStore
 from harness.audit import merkle
-from harness.audit.chain import canonical_json, record_bytes
 from harness.audit.segment import decode, encode
-from harness.ids import ordered_id
+from harness.domain.chain import canonical_json, record_bytes
+from harness.domain.ids import ordered_id
 from harness.retention.archiver import ArchiveError
 from harness.retention.storage import SegmentStore, store_of
 

@@ -21,7 +21,7 @@ from collections.abc import Mapping
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from harness.errors import BadInputError
+from harness.domain.errors import BadInputError
 
 DAYS_ENV = "HARNESS_RETENTION_DAYS"
 TENANTS_ENV = "HARNESS_RETENTION_TENANTS"

@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Protocol
 
-from harness.errors import BadInputError, HarnessError
+from harness.domain.errors import BadInputError, HarnessError
 
 URL_ENV = "HARNESS_ARCHIVE_URL"
 ENDPOINT_ENV = "HARNESS_ARCHIVE_S3_ENDPOINT"

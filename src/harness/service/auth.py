@@ -19,8 +19,8 @@ from typing import Annotated
 from fastapi import Request, Security
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 
+from harness.domain.contracts import CallerIdentity
 from harness.identity import IdentityDirectory
-from harness.pipeline.contracts import CallerIdentity
 from harness.service.errors import ApiError
 
 SESSION_COOKIE = "harness_session"

@@ -6,9 +6,9 @@ import datetime as dt
 import json
 from typing import Any
 
+from harness.domain.traces import policy_verdicts
 from harness.kernel import FINAL, RunState
 from harness.kernel.projection import job_status
-from harness.pipeline.trace_recorder import policy_verdicts
 from harness.timefmt import parse_deadline_reason
 
 S = RunState

@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 from fastapi import Request
 
 from harness.adapters.sql.retention import RetentionStore
-from harness.adapters.sql.store import RunRecord
 from harness.config import Runtime
-from harness.errors import UnknownRunError
+from harness.domain.errors import UnknownRunError
+from harness.domain.records import RunRecord
 from harness.policy.hitl import HitlRequest, UnknownRequestError
 from harness.service.auth import Authenticator, Principal
 from harness.service.errors import ApiError, not_found

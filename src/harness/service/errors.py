@@ -18,7 +18,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from harness.adapters.sql.database import DatabaseError, is_outage
-from harness.errors import (
+from harness.domain.errors import (
     BadInputError,
     CancelRefusedError,
     ConflictError,

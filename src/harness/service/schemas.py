@@ -11,8 +11,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from harness.pipeline import limits
-from harness.pipeline.contracts import MAX_CHAIN_DEPTH, CallbackUrl, Ident, Message, MetadataKey
+from harness.domain import limits
+from harness.domain.contracts import MAX_CHAIN_DEPTH, CallbackUrl, Ident, Message, MetadataKey
 
 HEX64 = r"^[0-9a-f]{64}$"
 

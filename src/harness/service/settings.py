@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from harness.errors import InvalidRequestError
+from harness.domain.errors import InvalidRequestError
 
 _ENV = {
     "worker_threads": "HARNESS_WORKER_THREADS",

@@ -30,9 +30,9 @@ from opentelemetry.sdk.trace.export import (
 from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.trace import NonRecordingSpan, Span, SpanContext, StatusCode, TraceFlags
 
-from harness.adapters.llm.types import LLMRequest, LLMResponse
 from harness.config import Runtime
-from harness.errors import InvalidRequestError, ProviderError
+from harness.domain.errors import InvalidRequestError, ProviderError
+from harness.domain.llm import LLMRequest, LLMResponse
 from harness.kernel import FINAL, RunState
 from harness.pipeline.tool_controller import CallResult
 from harness.ports import LLMProvider

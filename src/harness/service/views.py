@@ -5,13 +5,13 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from harness.adapters.sql.store import RunRecord, StoredTraceRecord
 from harness.config import Runtime
-from harness.errors import UnknownRunError
+from harness.domain.errors import UnknownRunError
+from harness.domain.records import RunRecord, StoredTraceRecord
+from harness.domain.traces import STEP_NAMES
 from harness.kernel import FINAL, RunState, job_status
 from harness.kernel.states import PHASE_OF
 from harness.pipeline import trace_groups
-from harness.pipeline.trace_recorder import STEP_NAMES
 from harness.policy.hitl import HitlRequest
 from harness.service import queries, schemas
 

@@ -32,8 +32,8 @@ from typing import Annotated
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 from standardwebhooks import Webhook
 
-from harness.errors import BadInputError
-from harness.pipeline.contracts import IDENT, check_callback_url
+from harness.domain.contracts import IDENT, check_callback_url
+from harness.domain.errors import BadInputError
 from harness.yamlfile import load_yaml_model
 
 #: the environment variable whose secret signs callbacks when no webhooks file says otherwise

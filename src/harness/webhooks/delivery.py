@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from harness.adapters.sql.webhooks import Delivery, WebhookOutbox
 from harness.adapters.webhook_http import WebhookSender
-from harness.ids import ordered_id
+from harness.domain.ids import ordered_id
 from harness.webhooks.config import WebhookConfig
 
 log = logging.getLogger("harness.webhooks")

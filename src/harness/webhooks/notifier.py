@@ -17,15 +17,13 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from harness.adapters.sql.webhooks import OutgoingEvent, WebhookOutbox
-from harness.ids import ordered_id
+from harness.domain.contracts import Notification, NotificationType, RunRequest, RunResult
+from harness.domain.ids import ordered_id
 from harness.kernel import FINAL, RunState
-from harness.pipeline.contracts import Notification, NotificationType, RunRequest, RunResult
-from harness.ports import ResultSink
+from harness.ports import ResultSink, Tx
 from harness.webhooks.config import WebhookConfig
 
 if TYPE_CHECKING:
-    from sqlalchemy import Connection
-
     from harness.policy.hitl import HitlRequest
 
 S = RunState
@@ -58,7 +56,7 @@ class WebhookNotifier:
         self.outbox = outbox
         self.config = config
 
-    def notify(self, tx: Connection, notification: Notification) -> None:
+    def notify(self, tx: Tx, notification: Notification) -> None:
         """Queue the notification for the Run's callback and the matching approver endpoints, within `tx`."""
         body = {"type": notification.type, "event_id": notification.event_id,
                 "timestamp": iso(self.outbox.store.clock.now()), "data": notification.data}
@@ -81,7 +79,7 @@ class WebhookResultSink:
     def __init__(self, notifier: WebhookNotifier) -> None:
         self.notifier = notifier
 
-    def deliver(self, tx: Connection, result: RunResult, request: RunRequest) -> None:
+    def deliver(self, tx: Tx, result: RunResult, request: RunRequest) -> None:
         """Queue the result for the Run's callback (nothing when it has none), within `tx`."""
         if request.callback is None:
             return
@@ -105,7 +103,7 @@ class PushEvents:
 
     # ------------------------------------------------------------------ the state machine's hook
 
-    def on_transition(self, tx: Connection, run_id: str, source: RunState, target: RunState) -> None:
+    def on_transition(self, tx: Tx, run_id: str, source: RunState, target: RunState) -> None:
         """A change just applied in `tx`: push a park, a way out of an approval, or a close."""
         leaving = _LEAVING_HITL.get(target) if source == S.AWAITING_HITL else None
         if target != S.AWAITING_HITL and target not in FINAL and leaving is None:
@@ -131,7 +129,7 @@ class PushEvents:
 
     # ------------------------------------------------------------------ the approval desk's hook
 
-    def on_request(self, tx: Connection, request: HitlRequest, escalated_from: str | None) -> None:
+    def on_request(self, tx: Tx, request: HitlRequest, escalated_from: str | None) -> None:
         """An approval request was just inserted in `tx`: push it (opened, or escalated from another)."""
         snapshot = self.outbox.run_snapshot(tx, request.run_id)
         callback = RunRequest.model_validate(snapshot[0]["request"]).callback if snapshot else None
@@ -146,7 +144,7 @@ class PushEvents:
 
     # ------------------------------------------------------------------ payloads
 
-    def _approval(self, tx: Connection, kind: NotificationType, request: dict[str, Any], callback: str | None,
+    def _approval(self, tx: Tx, kind: NotificationType, request: dict[str, Any], callback: str | None,
                   outcome: RunState | None = None) -> None:
         roles = request["approver_roles"]
         roles = tuple(roles) if isinstance(roles, list | tuple) else tuple(_json_list(roles))

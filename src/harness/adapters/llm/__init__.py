@@ -1,5 +1,5 @@
 """LLM providers behind one port (SPEC P3): scripted (offline default), OpenAI-compatible, Anthropic."""
 
-from harness.adapters.llm.types import LLMRequest, LLMResponse, ToolSpec, Usage
+from harness.domain.llm import LLMRequest, LLMResponse, ToolSpec, Usage
 
 __all__ = ["LLMRequest", "LLMResponse", "ToolSpec", "Usage"]

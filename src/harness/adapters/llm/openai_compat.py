@@ -33,8 +33,8 @@ from harness.adapters.llm.tool_formats import (
     to_openai,
     tools_in_prompt,
 )
-from harness.adapters.llm.types import LLMRequest, LLMResponse
-from harness.errors import ProviderError
+from harness.domain.errors import ProviderError
+from harness.domain.llm import LLMRequest, LLMResponse
 from harness.ports import Clock
 from harness.resilience import BreakerRegistry
 

@@ -25,9 +25,9 @@ from typing import Any, Literal
 
 from harness.adapters.llm.pricing import PricingTable
 from harness.adapters.llm.tool_formats import ToolNames, parse_tool_calls, plan_from_submit
-from harness.adapters.llm.types import LLMRequest, LLMResponse, Usage
 from harness.clock import SystemClock
-from harness.errors import ProviderError
+from harness.domain.errors import ProviderError
+from harness.domain.llm import LLMRequest, LLMResponse, Usage
 from harness.ports import Clock
 from harness.resilience import (
     BreakerConfig,

@@ -30,9 +30,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from harness.adapters.llm.types import LLMRequest, LLMResponse, Usage
-from harness.errors import ProviderError
-from harness.pipeline.contracts import lookup_path
+from harness.domain.contracts import lookup_path
+from harness.domain.errors import ProviderError
+from harness.domain.llm import LLMRequest, LLMResponse, Usage
 from harness.pipeline.rounds import RESULTS_HEADER
 from harness.yamlfile import load_yaml_model
 

@@ -8,9 +8,9 @@ from typing import Literal
 
 from harness.adapters.sandbox.bwrap import BwrapSandbox, unavailable_reason
 from harness.adapters.sandbox.rlimit import RlimitSandbox
-from harness.adapters.sandbox.types import SandboxJob, SandboxOutcome
 from harness.adapters.sandbox.workdirs import Workdirs
-from harness.errors import InvalidRequestError
+from harness.domain.errors import InvalidRequestError
+from harness.domain.sandbox import SandboxJob, SandboxOutcome
 from harness.ports import Sandbox
 
 __all__ = ["BwrapSandbox", "RlimitSandbox", "SandboxJob", "SandboxOutcome", "Workdirs", "select_sandbox"]

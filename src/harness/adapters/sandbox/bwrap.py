@@ -23,9 +23,9 @@ import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
-from harness.adapters.sandbox.instance import Holder, process_start, read_info, wait_ready
+from harness.adapters.sandbox.instance import process_start, read_info, wait_ready
 from harness.adapters.sandbox.process import RUNNER, run_process, runner_argv
-from harness.adapters.sandbox.types import SandboxJob, SandboxOutcome
+from harness.domain.sandbox import Holder, SandboxJob, SandboxOutcome
 
 UID_BASE = 200_000
 UID_SPAN = 100_000

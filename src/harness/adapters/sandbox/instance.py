@@ -16,23 +16,14 @@ import json
 import os
 import signal
 import time
-from dataclasses import dataclass
 from pathlib import Path
+
+from harness.domain.sandbox import Holder
 
 #: how long a new holder may take to report its namespaces
 START_TIMEOUT_S = 10.0
 #: how long a killed holder may take to be gone
 STOP_TIMEOUT_S = 5.0
-
-
-@dataclass(frozen=True)
-class Holder:
-    """An instance's process: its pid and the kernel's start time of that pid (so a pid reused by an
-    unrelated process is not taken for the instance); (None, None) for the rlimit sandbox, which has no
-    namespaces to hold."""
-
-    pid: int | None = None
-    pid_start: int | None = None
 
 
 def process_start(pid: int) -> int | None:

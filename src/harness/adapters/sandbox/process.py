@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from harness.adapters.sandbox.types import SandboxJob, SandboxOutcome
+from harness.domain.sandbox import SandboxJob, SandboxOutcome
 
 RUNNER = Path(__file__).resolve().with_name("runner.py")
 STDERR_TAIL = 2_000

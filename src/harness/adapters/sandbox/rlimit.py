@@ -11,9 +11,8 @@ from __future__ import annotations
 import logging
 import os
 
-from harness.adapters.sandbox.instance import Holder
 from harness.adapters.sandbox.process import run_process, runner_argv
-from harness.adapters.sandbox.types import SandboxJob, SandboxOutcome
+from harness.domain.sandbox import Holder, SandboxJob, SandboxOutcome
 
 log = logging.getLogger("harness.sandbox")
 

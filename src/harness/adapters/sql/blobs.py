@@ -1,7 +1,7 @@
 """The content-addressed blob store: what the trace references by hash, kept so a Run can be replayed (A5).
 
 Trace records carry hashes of inputs and outputs (A1); the contents live here, keyed by the same
-hash (SHA-256 of the canonical JSON, harness.audit.chain.content_hash), and are written in the same
+hash (SHA-256 of the canonical JSON, harness.domain.chain.content_hash), and are written in the same
 transaction as the records that reference them — a record is never committed pointing at content
 that was not. Equal contents share one row. Reading back verifies the hash, so an edited blob is
 reported, never silently replayed.
@@ -19,8 +19,9 @@ from sqlalchemy.dialects import mysql, postgresql, sqlite
 from harness.adapters.sql import schema as t
 from harness.adapters.sql.database import READ_ONLY
 from harness.adapters.sql.raw import RawStatements
-from harness.adapters.sql.store import SqlStore, TraceRecordIn
-from harness.audit.chain import canonical_json, content_hash, text_hash
+from harness.adapters.sql.store import SqlStore
+from harness.domain.chain import canonical_json, content_hash, text_hash
+from harness.domain.records import TraceRecordIn
 
 blobs = sa.Table(
     "blobs",

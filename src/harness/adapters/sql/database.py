@@ -12,7 +12,8 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 
-from harness.errors import InvalidRequestError
+from harness.domain.errors import InvalidRequestError
+from harness.ports import Tx
 
 DEFAULT_SQLITE_FILE = "harness.db"
 #: how long a SQLite writer waits for the write lock before "database is locked"
@@ -184,3 +185,10 @@ def migrate(engine: sa.Engine) -> None:
         finally:
             if dialect in ("mysql", "mariadb"):  # a session lock: MySQL's DDL commits as it goes
                 conn.execute(sa.text(f"SELECT RELEASE_LOCK({_MYSQL_LOCK_NAME})"))
+
+
+def connection_of(tx: Tx) -> sa.Connection:
+    """The SQL connection behind a transaction handle the pipeline carried back to an adapter."""
+    if not isinstance(tx, sa.Connection):
+        raise TypeError(f"expected a transaction of the SQL store, got {type(tx).__name__}")
+    return tx

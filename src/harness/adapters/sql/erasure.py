@@ -43,8 +43,8 @@ from harness.adapters.sql.retention_schema import (
 )
 from harness.adapters.sql.store import SqlStore
 from harness.audit import merkle
-from harness.audit.chain import canonical_json, record_bytes
-from harness.errors import StoreError
+from harness.domain.chain import canonical_json, record_bytes
+from harness.domain.errors import StoreError
 from harness.kernel import FINAL
 
 USER_ERASED = "user_erased"

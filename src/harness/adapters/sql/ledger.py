@@ -20,7 +20,7 @@ from sqlalchemy.dialects import mysql, postgresql, sqlite
 from harness.adapters.sql import schema as t
 from harness.adapters.sql.raw import RawStatements
 from harness.adapters.sql.store import SqlStore
-from harness.pipeline.trace_recorder import COST_TRACE_VERSION, CostTrace
+from harness.domain.traces import COST_TRACE_VERSION, CostTrace
 
 b = sa.bindparam
 costs, totals = t.costs, t.spend_totals

@@ -25,10 +25,11 @@ from harness.adapters.sql.retention_schema import (
     pruned_records,
     redacted_records,
 )
-from harness.adapters.sql.store import SqlStore, StoredTraceRecord
+from harness.adapters.sql.store import SqlStore
 from harness.audit import merkle
-from harness.audit.chain import record_bytes
-from harness.errors import StoreError
+from harness.domain.chain import record_bytes
+from harness.domain.errors import StoreError
+from harness.domain.records import StoredTraceRecord
 from harness.kernel import FINAL
 
 RUNS_PRUNED = "runs_pruned"

@@ -10,7 +10,6 @@ import dataclasses
 import json
 import logging
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import sqlalchemy as sa
@@ -20,10 +19,21 @@ from harness.adapters.sql import statements as q
 from harness.adapters.sql.database import SQLITE_BUSY_TIMEOUT_MS, create_engine, migrate, read_only, resolve_url
 from harness.adapters.sql.raw import RawStatements
 from harness.audit import commitment
-from harness.audit.chain import canonical_json, record_hash
 from harness.clock import SystemClock
-from harness.errors import IdempotencyConflictError, InvalidTransitionError, StoreError, UnknownRunError
-from harness.ids import ordered_id
+from harness.domain.chain import canonical_json, record_hash
+from harness.domain.errors import IdempotencyConflictError, InvalidTransitionError, StoreError, UnknownRunError
+from harness.domain.ids import ordered_id
+from harness.domain.records import (
+    RUN_TRACE,
+    AuditEvent,
+    NewRun,
+    PendingRecord,
+    RunRecord,
+    StoredTraceRecord,
+    TraceRecordIn,
+    TransitionResult,
+    TransitionRow,
+)
 from harness.kernel import (
     FINAL,
     RunState,
@@ -40,137 +50,6 @@ from harness.ports import Clock, TraceBuffer
 _log = logging.getLogger(__name__)
 
 _UNSET: Any = object()
-
-
-@dataclass(frozen=True, slots=True)
-class TraceRecordIn:
-    """A record to append to the trace: written to the outbox, chained when drained."""
-
-    kind: str
-    payload: dict[str, Any]
-    run_id: str | None = None
-    #: assigned when the record is enqueued, unless given (a RunTrace names its closing transaction's)
-    record_id: str | None = None
-
-
-#: the kind of a Run's RunTrace record (SPEC A1)
-RUN_TRACE = "run"
-
-
-@dataclass(frozen=True, slots=True)
-class NewRun:
-    """What the store needs to create a Run."""
-
-    tenant_id: str
-    user_id: str
-    session_id: str
-    request: dict[str, Any]
-    idempotency_key: str | None = None
-    retry_of: str | None = None
-    parent_run_id: str | None = None
-    deadline_at: float | None = None
-    run_id: str = field(default_factory=ordered_id)
-    #: digest of the request body, bound to the idempotency key (harness.pipeline.intake.body_hash)
-    request_hash: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class RunRecord:
-    """A Run as stored."""
-
-    run_id: str
-    tenant_id: str
-    user_id: str
-    session_id: str
-    state: RunState
-    close_reason: CloseReason | None
-    version: int
-    retry_of: str | None
-    parent_run_id: str | None
-    idempotency_key: str | None
-    created_at: float
-    last_state_change_at: float
-    deadline_at: float | None
-    lease_owner: str | None
-    lease_epoch: int
-    stall_count: int
-    request: dict[str, Any]
-    context: dict[str, Any] | None
-    result: dict[str, Any] | None
-
-
-@dataclass(frozen=True, slots=True)
-class TransitionResult:
-    """What a call to transition() did. `applied` is False when another writer got there first."""
-
-    run_id: str
-    source: RunState
-    target: RunState
-    applied: bool
-    actual: RunState
-    seq: int | None = None
-    fenced: bool = False
-    close_reason: CloseReason | None = None
-
-    @property
-    def lost_race(self) -> bool:
-        """True when the compare-and-set found the Run no longer in `source` (or under another lease)."""
-        return not self.applied
-
-
-@dataclass(frozen=True, slots=True)
-class TransitionRow:
-    """One stored state change."""
-
-    seq: int
-    from_state: RunState | None
-    to_state: RunState
-    actor: str
-    reason: str
-    forced_by: str | None
-    at: float
-
-
-@dataclass(frozen=True, slots=True)
-class AuditEvent:
-    """One AuditLog event."""
-
-    event_id: str
-    run_id: str | None
-    event: str
-    actor: str
-    detail: dict[str, Any]
-    at: float
-
-
-@dataclass(frozen=True, slots=True)
-class StoredTraceRecord:
-    """One chained trace record, exactly as stored."""
-
-    seq: int
-    record_id: str
-    run_id: str | None
-    kind: str
-    payload: str
-    prev_hash: str
-    hash: str
-
-    def data(self) -> dict[str, Any]:
-        """The payload, parsed, with the record's run_id (stored once, in its own column: see `enqueue`)."""
-        parsed: dict[str, Any] = json.loads(self.payload)
-        if self.run_id is not None:
-            parsed.setdefault("run_id", self.run_id)
-        return parsed
-
-
-@dataclass(frozen=True, slots=True)
-class PendingRecord:
-    """A trace record waiting to be chained: an outbox row, or its copy in a trace buffer."""
-
-    record_id: str
-    run_id: str | None
-    kind: str
-    payload: str
 
 
 class _WrongExitError(Exception):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from harness.audit.chain import GENESIS_HASH
+from harness.domain.chain import GENESIS_HASH
 
 #: the primary key of each append-only table whose key is not `id` (MySQL's truncate guard references it)
 _PRIMARY_KEY = {"trace_records": "seq", "blobs": "hash", "pruned_records": "seq", "redacted_records": "seq"}

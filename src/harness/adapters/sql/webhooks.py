@@ -19,9 +19,11 @@ from typing import Any
 import sqlalchemy as sa
 
 from harness.adapters.sql import schema as t
+from harness.adapters.sql.database import connection_of
 from harness.adapters.sql.store import SqlStore
-from harness.audit.chain import canonical_json
-from harness.ids import ordered_id
+from harness.domain.chain import canonical_json
+from harness.domain.ids import ordered_id
+from harness.ports import Tx
 
 w = t.webhook_deliveries
 PENDING, DELIVERED, DEAD = "pending", "delivered", "dead"
@@ -85,10 +87,11 @@ class WebhookOutbox:
 
     # ------------------------------------------------------------------ queueing (inside the change's tx)
 
-    def enqueue(self, conn: sa.Connection, events: Sequence[OutgoingEvent]) -> None:
+    def enqueue(self, tx: Tx, events: Sequence[OutgoingEvent]) -> None:
         """Queue deliveries inside the caller's transaction: they commit with it or not at all."""
         if not events:
             return
+        conn = connection_of(tx)
         now = self.store.clock.now()
         conn.execute(w.insert(), [{
             "delivery_id": ordered_id(), "event_id": e.event_id, "event_type": e.event_type, "run_id": e.run_id,
@@ -97,8 +100,9 @@ class WebhookOutbox:
         } for e in events])
 
     @staticmethod
-    def run_snapshot(conn: sa.Connection, run_id: str) -> tuple[dict[str, Any], list[str]] | None:
+    def run_snapshot(tx: Tx, run_id: str) -> tuple[dict[str, Any], list[str]] | None:
         """(run columns, path of states) of a Run as this transaction sees it; None for no such Run."""
+        conn = connection_of(tx)
         row = conn.execute(sa.select(t.runs.c.tenant_id, t.runs.c.user_id, t.runs.c.state, t.runs.c.request,
                                      t.runs.c.result, t.runs.c.parent_run_id)
                            .where(t.runs.c.run_id == run_id)).first()
@@ -111,8 +115,9 @@ class WebhookOutbox:
                 "parent_run_id": row.parent_run_id}, path
 
     @staticmethod
-    def latest_request(conn: sa.Connection, run_id: str) -> dict[str, Any] | None:
+    def latest_request(tx: Tx, run_id: str) -> dict[str, Any] | None:
         """The Run's newest approval request as this transaction sees it, with its accepted approvers."""
+        conn = connection_of(tx)
         r = t.hitl_requests
         row = conn.execute(sa.select(r).where(r.c.run_id == run_id)
                            .order_by(r.c.created_at.desc(), r.c.request_id.desc()).limit(1)).first()

@@ -1,6 +1,6 @@
 """Content-addressed blobs: the recorded LLM answers, tool arguments and results that replay reads (SPEC A5).
 
-A blob's key is the SHA-256 of its canonical JSON (harness.audit.chain.content_hash), the same hash
+A blob's key is the SHA-256 of its canonical JSON (harness.domain.chain.content_hash), the same hash
 the trace records carry, so a record and its content meet without any other index. Blobs are
 append-only like the trace that references them.
 

@@ -25,8 +25,8 @@ import sqlalchemy as sa
 from alembic import op
 
 from harness.audit import mirror_records
-from harness.audit.chain import canonical_json
-from harness.ids import ordered_id
+from harness.domain.chain import canonical_json
+from harness.domain.ids import ordered_id
 
 revision = "0013_database_id"
 down_revision = "0012_webhooks_costs"

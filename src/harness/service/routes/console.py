@@ -14,9 +14,9 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 
+from harness.domain.traces import policy_verdicts
 from harness.kernel import FINAL, RunState
 from harness.pipeline.trace_groups import group_records
-from harness.pipeline.trace_recorder import policy_verdicts
 from harness.policy.hitl import BREAK_GLASS_ROLE
 from harness.service import queries, views
 from harness.service.auth import SESSION_COOKIE, Principal, session_principal

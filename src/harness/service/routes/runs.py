@@ -8,8 +8,8 @@ from fastapi import APIRouter, Header, Query, Request, Response, Security
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
+from harness.domain.contracts import RunRequest
 from harness.kernel import RunState
-from harness.pipeline.contracts import RunRequest
 from harness.service import queries, views
 from harness.service.auth import OPERATOR_ROLES, Principal, principal
 from harness.service.core import Service

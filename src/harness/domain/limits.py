@@ -2,7 +2,8 @@
 
 The limits are settings (each with a HARNESS_* environment variable); the ceilings below are what a
 setting may be raised to, and what the request contracts themselves refuse whatever the settings say.
-`check_request` runs at submit, before anything is stored: a request over a limit creates nothing.
+`harness.pipeline.intake.check_request` runs at submit, before anything is stored: a request over a
+limit creates nothing.
 A field over its limit is an InvalidRequestError naming the field (HTTP 422, CLI exit 2); the request
 as a whole over its size is a RequestTooLargeError (HTTP 413, CLI exit 2).
 """
@@ -10,14 +11,10 @@ as a whole over its size is a RequestTooLargeError (HTTP 413, CLI exit 2).
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from harness.errors import InvalidRequestError, RequestTooLargeError
-
-if TYPE_CHECKING:
-    from harness.pipeline.contracts import RunRequest
+from harness.domain.errors import InvalidRequestError
 
 #: what a limit may be raised to (and what the contracts refuse outright)
 TASK_CHARS_CEILING = 200_000
@@ -62,30 +59,3 @@ class RequestLimits(BaseModel):
             err = exc.errors()[0]
             field = str(err["loc"][0]) if err["loc"] else "?"
             raise InvalidRequestError(f"{ENV.get(field, field)}: {err['msg']}") from exc
-
-
-def _over(field: str, size: int, unit: str, limit: int, setting: str) -> InvalidRequestError:
-    return InvalidRequestError(f"invalid run request: {field}: {size} {unit}; the limit is {limit} ({ENV[setting]})")
-
-
-def check_request(request: RunRequest, limits: RequestLimits, size_bytes: int) -> None:
-    """Raise when a field of `request`, or the request as a whole (`size_bytes` of JSON), is over its limit."""
-    if len(request.task) > limits.max_task_chars:
-        raise _over("task", len(request.task), "characters", limits.max_task_chars, "max_task_chars")
-    if len(request.history) > limits.max_history_messages:
-        raise _over("history", len(request.history), "messages", limits.max_history_messages,
-                    "max_history_messages")
-    for i, message in enumerate(request.history):
-        if len(message.content) > limits.max_message_chars:
-            raise _over(f"history.{i}.content", len(message.content), "characters", limits.max_message_chars,
-                        "max_message_chars")
-    if len(request.metadata) > limits.max_metadata_entries:
-        raise _over("metadata", len(request.metadata), "entries", limits.max_metadata_entries,
-                    "max_metadata_entries")
-    for key, value in request.metadata.items():
-        if len(value) > limits.max_metadata_value_chars:
-            raise _over(f"metadata.{key}", len(value), "characters", limits.max_metadata_value_chars,
-                        "max_metadata_value_chars")
-    if size_bytes > limits.max_request_bytes:
-        raise RequestTooLargeError(f"invalid run request: the request is {size_bytes} bytes; the limit is "
-                                   f"{limits.max_request_bytes} ({ENV['max_request_bytes']})")

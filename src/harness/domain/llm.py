@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from harness.pipeline.contracts import Message
+from harness.domain.contracts import Message
 
 
 class ToolSpec(BaseModel):

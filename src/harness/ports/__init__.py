@@ -1,17 +1,26 @@
-"""Ports: the small interfaces through which the kernel reaches what varies."""
+"""Ports: the small interfaces through which the pipeline reaches what varies.
+
+They are written in domain types only (harness.domain, harness.kernel); the adapters under
+harness.adapters implement them, and the composition root (harness.config) wires one to each.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from sqlalchemy import Connection
+    from harness.domain.contracts import Notification, RunRequest, RunResult
+    from harness.domain.llm import LLMRequest, LLMResponse
+    from harness.domain.records import PendingRecord
+    from harness.domain.sandbox import Holder, SandboxJob, SandboxOutcome
 
-    from harness.adapters.llm.types import LLMRequest, LLMResponse
-    from harness.adapters.sandbox.instance import Holder
-    from harness.adapters.sandbox.types import SandboxJob, SandboxOutcome
-    from harness.adapters.sql.store import SqlStore
-    from harness.pipeline.contracts import Notification, RunRequest, RunResult
+
+class Tx(Protocol):
+    """An open transaction of the Run store, handed back to the adapters that write within it.
+
+    Opaque to everyone else: the pipeline only carries it from the store's `transaction()` to the calls
+    that must commit together with a state change (results, notifications, approvals)."""
 
 
 class Clock(Protocol):
@@ -39,7 +48,7 @@ class ResultSink(Protocol):
     a decision, a cancel, an approval timeout, the sweeper): the result is handed over exactly when the
     change commits, never without it and never lost after it."""
 
-    def deliver(self, tx: Connection, result: RunResult, request: RunRequest) -> None:
+    def deliver(self, tx: Tx, result: RunResult, request: RunRequest) -> None:
         """Hand the result of the Run created by `request` to its caller, within `tx`."""
         ...
 
@@ -49,7 +58,7 @@ class Notifier(Protocol):
     inside the transaction of the change the notification describes; delivery happens later, at least
     once, under the notification's stable event id."""
 
-    def notify(self, tx: Connection, notification: Notification) -> None:
+    def notify(self, tx: Tx, notification: Notification) -> None:
         """Queue the notification within `tx`."""
         ...
 
@@ -73,6 +82,22 @@ class Sandbox(Protocol):
         ...
 
 
+class ChainWriter(Protocol):
+    """The part of the Run store a trace buffer needs: the outbox's pending records, and the chain."""
+
+    def pending_records(self, limit: int) -> list[PendingRecord]:
+        """Up to `limit` outbox records, oldest first."""
+        ...
+
+    def chain_records(self, records: Sequence[PendingRecord]) -> int:
+        """Chain these records (idempotent by record id); returns how many were new."""
+        ...
+
+    def audit(self, run_id: str | None, event: str, actor: str, detail: dict[str, Any]) -> None:
+        """Write one audit event in its own transaction."""
+        ...
+
+
 class TraceBuffer(Protocol):
     """A buffer between the outbox and the hash chain, such as Redis Streams (SPEC A4, D2).
 
@@ -80,11 +105,11 @@ class TraceBuffer(Protocol):
     change, and are carried on once the buffer is back. Chaining is idempotent by record id.
     """
 
-    def drain(self, store: SqlStore, batch_size: int) -> int:
+    def drain(self, store: ChainWriter, batch_size: int) -> int:
         """Carry one batch outbox → buffer → chain; returns how many records were chained."""
         ...
 
-    def drain_all(self, store: SqlStore, batch_size: int) -> int:
+    def drain_all(self, store: ChainWriter, batch_size: int) -> int:
         """Carry batches until nothing moves; returns how many records were chained."""
         ...
 

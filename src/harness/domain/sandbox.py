@@ -6,7 +6,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.skills import Limits
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Limits(BaseModel):
+    """Resource limits of a sandboxed call (SPEC T4); wall time is the manifest's timeout_s."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    memory_mb: int = Field(default=512, ge=64, le=65_536)
+    cpu_s: float = Field(default=10.0, gt=0, le=3_600)
+    processes: int = Field(default=64, ge=1, le=4_096)
+    file_mb: int = Field(default=64, ge=1, le=65_536)
+    output_kb: int = Field(default=1_024, ge=1, le=1_048_576)
 
 
 @dataclass(frozen=True)
@@ -50,3 +61,13 @@ class SandboxOutcome:
     exit_status: int | None = None
     stderr_tail: str = ""
     duration_ms: float = 0.0
+
+
+@dataclass(frozen=True)
+class Holder:
+    """An instance's process: its pid and the kernel's start time of that pid (so a pid reused by an
+    unrelated process is not taken for the instance); (None, None) for the rlimit sandbox, which has no
+    namespaces to hold."""
+
+    pid: int | None = None
+    pid_start: int | None = None

@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from harness.pipeline import limits
+from harness.domain import limits
 
 IDENT = r"^[A-Za-z0-9][A-Za-z0-9_.:@\-]{0,127}$"
 Ident = Annotated[str, Field(pattern=IDENT)]
@@ -90,7 +90,7 @@ MetadataKey = Annotated[str, Field(min_length=1, max_length=limits.METADATA_KEY_
 
 class RunRequest(Contract):
     """What a caller submits to create a Run (step ①). Sizes are bounded by the ceilings here and by the
-    configured limits (harness.pipeline.limits), checked at submit."""
+    configured limits (harness.domain.limits), checked at submit."""
 
     task: str = Field(min_length=1, max_length=limits.TASK_CHARS_CEILING)
     tenant_id: Ident = "default"
