@@ -20,6 +20,7 @@ from harness.adapters.llm.scripted import ScriptedProvider
 from harness.adapters.sql.ledger import CostLedger
 from harness.adapters.sql.store import SqlStore
 from harness.adapters.sql.webhooks import WebhookOutbox
+from harness.adapters.webhook_http import WebhookSender
 from harness.agents import Agent, support_agent
 from harness.context.secrets import SecretFilter
 from harness.context.tokenizer import tokenizer_for
@@ -284,7 +285,7 @@ class Runtime:
     def dispatcher(self) -> WebhookDispatcher:
         """A delivery loop for this runtime's webhook outbox (the caller closes it)."""
         assert self.webhooks is not None and self.webhook_outbox is not None
-        return WebhookDispatcher(self.webhook_outbox, self.webhooks)
+        return WebhookDispatcher(self.webhook_outbox, self.webhooks, WebhookSender(self.webhooks.delivery.timeout_s))
 
     def close(self) -> None:
         """Release threads and connections."""

@@ -16,9 +16,10 @@ from harness.adapters.sql import schema as t
 from harness.adapters.sql.database import create_engine, head_revision, migrate, resolve_url
 from harness.adapters.sql.ledger import CostLedger
 from harness.adapters.sql.store import SqlStore
-from harness.adapters.sql.webhooks import OutgoingEvent, WebhookOutbox
+from harness.adapters.sql.webhooks import WebhookOutbox
 from harness.audit.reconcile import reconcile
 from harness.clock import FakeClock
+from harness.domain.webhooks import OutgoingEvent
 
 from .test_migration_0006 import _to, _version
 from .test_spend_totals import cost
