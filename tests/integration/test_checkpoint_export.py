@@ -18,7 +18,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from harness.adapters.sql.store import SqlStore
-from harness.audit import standalone
+from harness.audit import formats, standalone
 from harness.audit.checkpoint import (
     KEY_ENV,
     CheckpointError,
@@ -29,8 +29,9 @@ from harness.audit.checkpoint import (
     publish_checkpoint,
 )
 from harness.audit.export import export_run
+from harness.audit.formats import signed_message
 from harness.audit.keys import default_key_path
-from harness.audit.standalone import signed_message, verify_consistency, verify_export, verify_sequence
+from harness.audit.standalone import verify_consistency, verify_export, verify_sequence
 from harness.domain.chain import record_hash
 from harness.domain.records import NewRun
 from harness.kernel import RunState
@@ -263,7 +264,7 @@ def test_a_configured_key_is_used_and_must_be_private(
         publish_checkpoint(store, cpdir)
     os.chmod(path, 0o600)
     cp = publish_checkpoint(store, cpdir)
-    assert cp.doc["key_id"] == standalone.key_id_of(key.public_key())
+    assert cp.doc["key_id"] == formats.key_id_of(key.public_key())
     assert not (cpdir / "checkpoint-key.pem").exists()
 
 

@@ -28,8 +28,8 @@ from harness.audit.checkpoint import (
     publish_checkpoint,
 )
 from harness.audit.export import export_run
+from harness.audit.formats import CHECKPOINT_FORMAT, HEAD_FIELDS, signed_message
 from harness.audit.keys import KEY_ENV, default_key_path
-from harness.audit.standalone import CHECKPOINT_FORMAT, HEAD_FIELDS, signed_message
 from harness.audit.verify import verify_chain
 from harness.audit.witness import DirectoryWitness
 from harness.cli import app

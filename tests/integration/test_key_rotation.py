@@ -16,7 +16,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from typer.testing import CliRunner
 
 from harness.adapters.sql.store import SqlStore
-from harness.audit import standalone
+from harness.audit import formats, standalone
 from harness.audit.checkpoint import (
     KEY_ENV,
     PUBLIC_KEYS_DIR,
@@ -27,14 +27,8 @@ from harness.audit.checkpoint import (
     rotate_key,
 )
 from harness.audit.export import export_run
-from harness.audit.standalone import (
-    endorsement_message,
-    key_id_of,
-    raw_public_key,
-    signed_message,
-    verify_export,
-    verify_sequence,
-)
+from harness.audit.formats import endorsement_message, key_id_of, raw_public_key, signed_message
+from harness.audit.standalone import verify_export, verify_sequence
 from harness.audit.verify import verify_chain
 from harness.cli import app
 from harness.state_machine import StateMachine
@@ -104,7 +98,7 @@ def test_a_rotation_passes_trust_from_the_first_key_to_the_next(
     export = export_run(store, run_id, cps[2])
     alone = verify_export(export, cps[2].doc, anchor)  # one checkpoint, nothing passes trust on to its key
     assert not alone.ok and "not a trusted key" in alone.failures[0]
-    assert verify_export(export, cps[2].doc, [anchor, standalone.load_public_key(
+    assert verify_export(export, cps[2].doc, [anchor, formats.load_public_key(
         (cpdir / PUBLIC_KEYS_DIR / f"{new_id}.pem").read_bytes())]).ok
     assert verify_export(export_run(store, run_id, cps[1]), cps[1].doc, anchor).ok  # the endorsing checkpoint
 

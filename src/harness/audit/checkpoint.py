@@ -37,16 +37,7 @@ from harness.adapters.sql.retention import PrunedRecord, iter_chain
 from harness.adapters.sql.store import SqlStore
 from harness.audit import merkle
 from harness.audit.files import json_dumps, json_load, write_new
-from harness.audit.keys import (
-    KEY_ENV,
-    LEGACY_KEY_FILE,
-    CheckpointError,
-    create_private_key,
-    default_key_path,
-    read_private_key,
-    signing_key,
-)
-from harness.audit.standalone import (
+from harness.audit.formats import (
     CHECKPOINT_FORMAT_V2,
     LEAF_PREFIX_BYTES,
     PUBLIC_KEY_FILE,
@@ -59,6 +50,15 @@ from harness.audit.standalone import (
     raw_public_key,
     signed_message,
     walk_keys,
+)
+from harness.audit.keys import (
+    KEY_ENV,
+    LEGACY_KEY_FILE,
+    CheckpointError,
+    create_private_key,
+    default_key_path,
+    read_private_key,
+    signing_key,
 )
 from harness.audit.witness import Witness, WitnessError, WitnessRefusedError
 from harness.domain.chain import GENESIS_HASH, record_bytes

@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from harness.adapters.sql import schema as t
 from harness.adapters.sql.store import SqlStore
 from harness.audit.checkpoint import Checkpoint, TamperedHistoryError, build_tree
-from harness.audit.standalone import EXPORT_FORMAT
+from harness.audit.formats import EXPORT_FORMAT
 from harness.domain.records import RUN_TRACE, StoredTraceRecord
 
 
