@@ -38,8 +38,8 @@ from harness.audit.witness import Witness
 from harness.domain.errors import HarnessError
 from harness.domain.ids import ordered_id
 from harness.domain.records import StoredTraceRecord
+from harness.ports.segments import SegmentStore
 from harness.retention.policy import RetentionPolicy
-from harness.retention.storage import SegmentStore
 
 ACTOR = "archiver"
 
