@@ -18,6 +18,7 @@ from harness.adapters.llm.pricing import PricingTable
 from harness.adapters.llm.resilient import GuardedProvider, ProviderSettings, make_provider
 from harness.adapters.llm.scripted import ScriptedProvider
 from harness.adapters.sql.ledger import CostLedger
+from harness.adapters.sql.memory import SqlMemoryRows
 from harness.adapters.sql.store import SqlStore
 from harness.adapters.sql.webhooks import WebhookOutbox
 from harness.adapters.webhook_http import WebhookSender
@@ -427,7 +428,7 @@ def build_runtime(settings: Settings | None = None, *, clock: Clock | None = Non
     machine.subscribe(sandboxes.after_change)  # then their processes are stopped
     machine.cost_total = lambda run: ledger.run_total(run.run_id).to_dict()  # A1: child Runs included
     machine.subscribe(_release_workdir(tools))
-    memory = open_memory(settings.memory, store.engine, store.clock, secret_filter)
+    memory = open_memory(settings.memory, SqlMemoryRows(store.engine), store.clock, secret_filter)
     if memory is not None:
         machine.on_close(MemoryWriteBack(memory, settings.memory_write_scope))  # C5: SUCCEEDED only
     identities = IdentityDirectory.from_file(settings.identities_file)
