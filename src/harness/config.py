@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from harness.adapters.llm.pricing import PricingTable
 from harness.adapters.llm.resilient import GuardedProvider, ProviderSettings, make_provider
 from harness.adapters.llm.scripted import ScriptedProvider
+from harness.adapters.sql.audit_reads import SqlAuditReads
 from harness.adapters.sql.ledger import CostLedger
 from harness.adapters.sql.memory import SqlMemoryRows
 from harness.adapters.sql.store import SqlStore
@@ -44,6 +45,7 @@ from harness.pipeline.tool_controller import Executor, ToolController
 from harness.pipeline.trace_recorder import TraceRecorder
 from harness.policy.hitl import HitlDesk
 from harness.ports import Clock, LLMProvider, ResultSink, TraceBuffer
+from harness.ports.audit import AuditReads
 from harness.skills import SkillRegistry
 from harness.state_machine import Listener, StateMachine
 from harness.webhooks.config import WebhookConfig, load_webhook_config
@@ -362,6 +364,11 @@ def mcp_kinds(mcp: McpServers | None, ledger: CostLedger, store: SqlStore) -> di
         store.audit(run_id, event, "tool_controller", dict(detail))
     mcp.audit = audit
     return {"mcp": McpCalls(mcp, ledger.record)}
+
+
+def audit_reads(store: SqlStore) -> AuditReads:
+    """The audit's read port over a store: what the verifier, checkpoints and exports read."""
+    return SqlAuditReads(store)
 
 
 def open_trace_buffer(url: str) -> TraceBuffer:

@@ -17,6 +17,7 @@ import sqlalchemy as sa
 import yaml
 
 from harness.adapters.sql import schema as t
+from harness.adapters.sql.audit_reads import SqlAuditReads
 from harness.audit.reconcile import reconcile
 from harness.clock import FakeClock
 from harness.config import Runtime, Settings, build_runtime
@@ -182,7 +183,7 @@ def test_version_1_cost_records_still_read_and_verify(rt: Runtime) -> None:
         CostLedger(rt.store).insert(conn, row)
         rt.store.enqueue(conn, [TraceRecordIn("cost", old, result.run_id)], rt.store.clock.now())
     rt.store.drain_all()
-    report = verify_chain(rt.store)
+    report = verify_chain(SqlAuditReads(rt.store))
     assert report.ok, [str(p) for p in report.problems]
     fields = cost_fields(old)
     assert fields["v"] == 1 and fields["api_calls"] == 0 and fields["priced"] is True and fields["skill_id"] is None
