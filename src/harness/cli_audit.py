@@ -35,7 +35,7 @@ from harness.audit.reconcile import ReconcileReport, reconcile
 from harness.audit.verify import ChainReport, verify_chain
 from harness.audit.witness import WITNESS_ENV, configured_witnesses
 from harness.cli_support import EXIT_CHECK_FAILED, DbOption, JsonOption, cli_errors, emit, fail, open_store, screen
-from harness.config import audit_reads
+from harness.config import audit_reads, reconcile_reads
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -159,7 +159,7 @@ def _print_reconcile(report: ReconcileReport) -> None:
 def reconcile_cmd(db: DbOption = None, json_: JsonOption = False, limit: LimitOption = 20) -> None:
     """Check that final-state counts match their audit events, each Run agrees with its transitions and
     spend totals match the recorded costs."""
-    report = reconcile(_open(db), limit=limit)
+    report = reconcile(reconcile_reads(_open(db)), limit=limit)
     if json_:
         emit(report.to_dict())
     else:

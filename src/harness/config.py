@@ -20,6 +20,7 @@ from harness.adapters.llm.scripted import ScriptedProvider
 from harness.adapters.sql.audit_reads import SqlAuditReads
 from harness.adapters.sql.ledger import CostLedger
 from harness.adapters.sql.memory import SqlMemoryRows
+from harness.adapters.sql.reconcile_reads import SqlReconcileReads
 from harness.adapters.sql.store import SqlStore
 from harness.adapters.sql.webhooks import WebhookOutbox
 from harness.adapters.webhook_http import WebhookSender
@@ -45,7 +46,7 @@ from harness.pipeline.tool_controller import Executor, ToolController
 from harness.pipeline.trace_recorder import TraceRecorder
 from harness.policy.hitl import HitlDesk
 from harness.ports import Clock, LLMProvider, ResultSink, TraceBuffer
-from harness.ports.audit import AuditReads
+from harness.ports.audit import AuditReads, ReconcileReads
 from harness.skills import SkillRegistry
 from harness.state_machine import Listener, StateMachine
 from harness.webhooks.config import WebhookConfig, load_webhook_config
@@ -369,6 +370,11 @@ def mcp_kinds(mcp: McpServers | None, ledger: CostLedger, store: SqlStore) -> di
 def audit_reads(store: SqlStore) -> AuditReads:
     """The audit's read port over a store: what the verifier, checkpoints and exports read."""
     return SqlAuditReads(store)
+
+
+def reconcile_reads(store: SqlStore) -> ReconcileReads:
+    """What `harness audit reconcile` reads, over a store."""
+    return SqlReconcileReads(store)
 
 
 def open_trace_buffer(url: str) -> TraceBuffer:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 from harness.adapters.sql.audit_reads import SqlAuditReads
+from harness.adapters.sql.reconcile_reads import SqlReconcileReads
 from harness.config import Runtime
 
 
@@ -22,5 +23,5 @@ def assert_audit_clean(rt: Runtime) -> None:
     rt.store.drain_all()
     chain = verify_chain(SqlAuditReads(rt.store))
     assert chain.ok, chain
-    report = reconcile(rt.store)
+    report = reconcile(SqlReconcileReads(rt.store))
     assert report.ok, report

@@ -18,6 +18,7 @@ from harness.adapters.sql import schema as t
 from harness.adapters.sql.audit_reads import SqlAuditReads
 from harness.adapters.sql.blobs import blobs
 from harness.adapters.sql.database import MIGRATIONS_DIR, create_engine, head_revision, migrate, resolve_url
+from harness.adapters.sql.reconcile_reads import SqlReconcileReads
 from harness.adapters.sql.store import SqlStore
 from harness.audit.reconcile import reconcile
 from harness.audit.verify import verify_chain
@@ -259,7 +260,7 @@ def test_full_pipeline_run_is_audit_clean(backend_url: str, tmp_path: Path, call
         assert verdict.accepted and done.state == "SUCCEEDED"
         assert call_log.read_text().count("\n") >= 2
         assert_audit_clean(rt)
-        assert reconcile(rt.store).ok
+        assert reconcile(SqlReconcileReads(rt.store)).ok
     finally:
         rt.close()
 

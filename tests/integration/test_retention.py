@@ -11,6 +11,7 @@ import sqlalchemy as sa
 
 from harness.adapters.sql.audit_reads import SqlAuditReads
 from harness.adapters.sql.erasure import USER_ERASED
+from harness.adapters.sql.reconcile_reads import SqlReconcileReads
 from harness.adapters.sql.retention import RUNS_PRUNED, RetentionStore
 from harness.adapters.sql.store import SqlStore
 from harness.audit import standalone
@@ -163,7 +164,7 @@ def test_an_erasure_is_honoured_with_the_chain_still_verifying(world: World) -> 
     checked = verify_chain(SqlAuditReads(store), world.cpdir)
     assert checked.ok, checked.problems[:3]
     assert checked.records_redacted == report.records > 5
-    assert reconcile(store).ok
+    assert reconcile(SqlReconcileReads(store)).ok
     with store.engine.connect() as conn:
         assert conn.execute(sa.text("SELECT user_id FROM runs WHERE run_id = :r"), {"r": world.today}).scalar_one() \
             == report.subject

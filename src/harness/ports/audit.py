@@ -9,8 +9,9 @@ port at all.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from harness.domain.audit import ChainReport, PrunedRecord
@@ -87,4 +88,46 @@ class AuditReads(ChainReads, Protocol):
     def check_mirrors(self, report: ChainReport) -> None:
         """Compare every row that mirrors a record with the record (chained or still in the outbox);
         differences go to `report`."""
+        ...
+
+
+class ReconcileSnapshot(Protocol):
+    """The reads of one `harness audit reconcile`, on one connection."""
+
+    def final_counts(self) -> tuple[dict[str, int], dict[str, int]]:
+        """(Runs per final state, audit events per final event)."""
+        ...
+
+    def offenders(self, check: str, limit: int) -> tuple[int, list[tuple[Any, ...]]]:
+        """How many rows break the set-based check `check` (a name of harness.audit.reconcile.CHECKS), and
+        the first `limit` of them, run id first; a tenant-wide spend total's user is None."""
+        ...
+
+    def tool_calls(self) -> Iterator[tuple[str, str]]:
+        """(run id, payload JSON) of every ToolTrace, chained or in the outbox."""
+        ...
+
+    def run_traces(self, after: int, batch: int) -> list[tuple[int, str, str, float]]:
+        """Up to `batch` chained RunTraces after seq `after`: (seq, run id, payload JSON, closed at)."""
+        ...
+
+    def family(self, run_ids: Sequence[str]) -> list[str]:
+        """The Runs and all their child Runs, at any depth."""
+        ...
+
+    def costs_of(self, run_ids: Sequence[str]) -> list[Any]:
+        """The cost rows of these Runs (run_id, at, input_tokens, output_tokens, api_calls, sandbox_s, usd,
+        priced as attributes)."""
+        ...
+
+    def parents(self, run_ids: Sequence[str]) -> dict[str, str]:
+        """child run id -> parent run id, for those of these Runs that have a parent."""
+        ...
+
+
+class ReconcileReads(Protocol):
+    """Where `harness audit reconcile` reads."""
+
+    def snapshot(self) -> AbstractContextManager[ReconcileSnapshot]:
+        """The reads of one reconcile."""
         ...
