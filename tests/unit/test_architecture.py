@@ -15,10 +15,8 @@ KNOWN_CYCLES: set[frozenset[str]] = {
     frozenset({"harness.policy.risk", "harness.skills"}),
     frozenset({"harness.adapters.llm.anthropic", "harness.adapters.llm.openai_compat",
                "harness.adapters.llm.resilient"}),
-    frozenset({"harness.adapters.s3_segments", "harness.retention.storage"}),
     frozenset({"harness.pipeline.child_runs", "harness.pipeline.run_manager"}),
     frozenset({"harness.config", "harness.worker"}),
-    frozenset({"harness.audit.segment", "harness.audit.standalone"}),
 }
 
 
