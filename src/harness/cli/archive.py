@@ -19,7 +19,7 @@ from harness.audit.checkpoint import DIR_ENV, checkpoint_dir, current_key
 from harness.audit.segment import decode, verify_segment
 from harness.audit.standalone import FormatError
 from harness.audit.witness import configured_witnesses
-from harness.cli_support import EXIT_CHECK_FAILED, DbOption, JsonOption, emit, fail, open_store
+from harness.cli.support import EXIT_CHECK_FAILED, DbOption, JsonOption, emit, fail, open_store
 from harness.retention.archiver import ArchiveError, Archiver
 from harness.retention.erase import erase_user
 from harness.retention.policy import RetentionPolicy

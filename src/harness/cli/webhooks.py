@@ -14,8 +14,8 @@ from rich.table import Table
 from harness.adapters.sql.ledger import GROUPS, GroupBy
 from harness.adapters.sql.webhooks import STATUSES
 from harness.adapters.webhook_http import WebhookSender
-from harness.cli_runs import runtime
-from harness.cli_support import EXIT_CHECK_FAILED, DbOption, JsonOption, cli_errors, emit, fail, screen
+from harness.cli.runs import runtime
+from harness.cli.support import EXIT_CHECK_FAILED, DbOption, JsonOption, cli_errors, emit, fail, screen
 from harness.domain.contracts import check_callback_url
 from harness.domain.ids import ordered_id
 from harness.webhooks.config import DEFAULT_SECRET_ENV, SecretRef, WebhookConfigError

@@ -13,7 +13,7 @@ from typing import Annotated
 import typer
 
 from harness.adapters.sql.store import SqlStore
-from harness.cli_support import EXIT_CHECK_FAILED, DbOption, JsonOption, emit, screen
+from harness.cli.support import EXIT_CHECK_FAILED, DbOption, JsonOption, emit, screen
 from harness.config import Settings
 from harness.domain.errors import InvalidRequestError
 from harness.replay import ReplayReport

@@ -33,6 +33,16 @@ DbOption = Annotated[
 JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
 
 
+def make_app() -> typer.Typer:
+    """The `harness` command group, before its commands are added."""
+    return typer.Typer(
+        help="harness-kernel: governed, auditable, recoverable AI-agent Runs.",
+        no_args_is_help=True,
+        pretty_exceptions_enable=False,
+        add_completion=False,
+    )
+
+
 def open_store(db: str | None) -> SqlStore:
     """The store named by --db / HARNESS_DATABASE_URL, created on first use."""
     return SqlStore.open(db)

@@ -34,7 +34,7 @@ from harness.audit.keys import move_legacy_key
 from harness.audit.reconcile import ReconcileReport, reconcile
 from harness.audit.verify import ChainReport, verify_chain
 from harness.audit.witness import WITNESS_ENV, configured_witnesses
-from harness.cli_support import EXIT_CHECK_FAILED, DbOption, JsonOption, cli_errors, emit, fail, open_store, screen
+from harness.cli.support import EXIT_CHECK_FAILED, DbOption, JsonOption, cli_errors, emit, fail, open_store, screen
 
 P = ParamSpec("P")
 R = TypeVar("R")
