@@ -10,26 +10,28 @@ import os
 import socket
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from harness.adapters.llm.pricing import PricingTable
 from harness.adapters.llm.resilient import GuardedProvider, ProviderSettings, make_provider
 from harness.adapters.llm.scripted import ScriptedProvider
+from harness.adapters.sql.leases import Leases
 from harness.adapters.sql.ledger import CostLedger
 from harness.adapters.sql.store import SqlStore
 from harness.adapters.sql.webhooks import WebhookOutbox
 from harness.agents import Agent, support_agent
 from harness.context.secrets import SecretFilter
 from harness.context.tokenizer import tokenizer_for
-from harness.domain.contracts import MAX_CHAIN_DEPTH
+from harness.domain.contracts import MAX_CHAIN_DEPTH, RunResult
 from harness.domain.errors import InvalidRequestError
 from harness.domain.limits import RequestLimits
 from harness.examples.support import EXAMPLE_DIR
 from harness.identity import IdentityDirectory
 from harness.kernel import FINAL, RunState
 from harness.kernel.thresholds import Thresholds, parse_overrides
+from harness.leased_drive import LeasedDrive, default_owner
 from harness.memory.store import open_memory
 from harness.memory.writeback import MemoryWriteBack
 from harness.paths import default_data_dir
@@ -42,6 +44,7 @@ from harness.pipeline.tool_controller import Executor, ToolController
 from harness.pipeline.trace_recorder import TraceRecorder
 from harness.policy.hitl import HitlDesk
 from harness.ports import Clock, LLMProvider, ResultSink, TraceBuffer
+from harness.ports.leases import LeaseKeeper
 from harness.skills import SkillRegistry
 from harness.state_machine import Listener, StateMachine
 from harness.webhooks.config import WebhookConfig, load_webhook_config
@@ -393,6 +396,11 @@ def resolve_agent(settings: Settings, agent: Agent | None = None) -> tuple[Setti
     return resolved, agent
 
 
+def open_leases(runtime: Runtime, ttl_s: float) -> LeaseKeeper[Any]:
+    """The leases of the runtime's Runs, living `ttl_s` without a heartbeat."""
+    return Leases(runtime.store, ttl_s=ttl_s)
+
+
 def build_runtime(settings: Settings | None = None, *, clock: Clock | None = None,
                   provider: LLMProvider | None = None, sink: ResultSink | None = None,
                   store: SqlStore | None = None, agent: Agent | None = None) -> Runtime:
@@ -451,9 +459,11 @@ def build_runtime(settings: Settings | None = None, *, clock: Clock | None = Non
     tools.child_runs = runs  # AgentInvoke creates child Runs through the same kernel (T4)
     runtime = Runtime(settings, store, machine, registry, policy, hitl, tools, TraceRecorder(store), runs, identities,
                       webhooks, outbox, agent, mcp)
-    from harness.worker import RunWorker  # the worker drives a Runtime: wired once the Runtime exists
 
     # every drive holds the Run's lease (K5b, T6), as the thread that drives it (owner host:pid:thread)
-    runs.driver = lambda run_id: RunWorker(runtime).execute(run_id)
+    def drive(run_id: str) -> RunResult | None:
+        return LeasedDrive(store, runs, machine, open_leases(runtime, settings.lease_ttl_s), owner=default_owner(),
+                           max_stalls=settings.max_stalls).execute(run_id)
+    runs.driver = drive
     runs.children.leased_drive = runs.driver
     return runtime

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from harness.config import Runtime
 
 S = RunState
-#: the reason the worker writes when it fails a Run whose workers kept dying (worker.RunWorker._poisoned)
+#: the reason the worker writes when it fails a Run whose workers kept dying (leased_drive.LeasedDrive._poisoned)
 STALLED = "worker_stalled"
 
 
@@ -173,7 +173,7 @@ class OutsideEvents:
             rt.runs.cancel(run_id, by=event.actor, reason=event.reason)
         elif event.kind == "sweep":
             ZombieSweeper(rt.store, rt.machine).force(run_id, event.state, event.stuck_for_s, event.threshold_s)
-        else:  # the worker's poison close (worker.RunWorker._poisoned)
+        else:  # the worker's poison close (leased_drive.LeasedDrive._poisoned)
             rt.machine.transition(run_id, event.state, S.FAILED, actor=event.actor, reason=event.reason,
                                   result={"error": event.reason})
         self.closed = self.closed or rt.store.state_of(run_id) in FINAL

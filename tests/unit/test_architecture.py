@@ -17,7 +17,6 @@ KNOWN_CYCLES: set[frozenset[str]] = {
                "harness.adapters.llm.resilient"}),
     frozenset({"harness.adapters.s3_segments", "harness.retention.storage"}),
     frozenset({"harness.pipeline.child_runs", "harness.pipeline.run_manager"}),
-    frozenset({"harness.config", "harness.worker"}),
     frozenset({"harness.audit.segment", "harness.audit.standalone"}),
 }
 
