@@ -17,8 +17,11 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from harness.adapters.llm.pricing import PricingTable
 from harness.adapters.llm.resilient import GuardedProvider, ProviderSettings, make_provider
 from harness.adapters.llm.scripted import ScriptedProvider
+from harness.adapters.sql import database
 from harness.adapters.sql.leases import Leases
 from harness.adapters.sql.ledger import CostLedger
+from harness.adapters.sql.run_queries import RunQueries
+from harness.adapters.sql.sandbox_instances import InstanceTable
 from harness.adapters.sql.store import SqlStore
 from harness.adapters.sql.webhooks import WebhookOutbox
 from harness.agents import Agent, support_agent
@@ -45,6 +48,7 @@ from harness.pipeline.trace_recorder import TraceRecorder
 from harness.policy.hitl import HitlDesk
 from harness.ports import Clock, LLMProvider, ResultSink, TraceBuffer
 from harness.ports.leases import LeaseKeeper
+from harness.ports.queries import ReadModel
 from harness.skills import SkillRegistry
 from harness.state_machine import Listener, StateMachine
 from harness.webhooks.config import WebhookConfig, load_webhook_config
@@ -284,6 +288,11 @@ class Runtime:
     agent: Agent | None = None
     mcp: McpServers | None = None
 
+    @property
+    def reads(self) -> ReadModel:
+        """The read model over this runtime's store (listings, the change feed, counts)."""
+        return read_model(self.store)
+
     def dispatcher(self) -> WebhookDispatcher:
         """A delivery loop for this runtime's webhook outbox (the caller closes it)."""
         assert self.webhooks is not None and self.webhook_outbox is not None
@@ -296,6 +305,32 @@ class Runtime:
         if self.mcp is not None:
             self.mcp.close()  # stdio servers are stopped, not orphaned
         self.store.close()
+
+
+#: what the store raises when its database fails (the shells answer 503 or exit 2), and whether a failure is
+#: an outage (down, locked, read-only: a retry later may succeed) rather than a bug
+DatabaseError = database.DatabaseError
+is_outage = database.is_outage
+
+
+def cost_ledger(store: SqlStore) -> CostLedger:
+    """The cost ledger over a store (spend by Run, tenant, user, skill, day)."""
+    return CostLedger(store)
+
+
+def webhook_outbox(store: SqlStore) -> WebhookOutbox:
+    """The webhook deliveries waiting, done and dead, over a store."""
+    return WebhookOutbox(store)
+
+
+def sandbox_instances(store: SqlStore) -> InstanceTable:
+    """The sandbox instances of every host, over a store."""
+    return InstanceTable(store)
+
+
+def read_model(store: SqlStore) -> ReadModel:
+    """The read model (listings, the change feed, counts) over a store."""
+    return RunQueries(store)
 
 
 def _release_workdir(tools: ToolController) -> Listener:
