@@ -20,9 +20,10 @@ from harness.adapters.llm.scripted import ScriptedProvider
 from harness.adapters.sql import database
 from harness.adapters.sql.leases import Leases
 from harness.adapters.sql.ledger import CostLedger
+from harness.adapters.sql.retention import ArchivedRun, RetentionStore
 from harness.adapters.sql.run_queries import RunQueries
 from harness.adapters.sql.sandbox_instances import InstanceTable
-from harness.adapters.sql.store import SqlStore
+from harness.adapters.sql.store import SqlStore, open_existing
 from harness.adapters.sql.webhooks import WebhookOutbox
 from harness.agents import Agent, support_agent
 from harness.context.secrets import SecretFilter
@@ -326,6 +327,27 @@ def webhook_outbox(store: SqlStore) -> WebhookOutbox:
 def sandbox_instances(store: SqlStore) -> InstanceTable:
     """The sandbox instances of every host, over a store."""
     return InstanceTable(store)
+
+
+#: the store the composition root opens: shells name it in signatures where they hand a store on to code
+#: typed against it, and never build one themselves
+Store = SqlStore
+
+
+def archived_run(store: SqlStore, run_id: str) -> ArchivedRun | None:
+    """Where an archived Run is (segment, location, checkpoint), when it was archived."""
+    return RetentionStore(store).archived(run_id)
+
+
+def open_store(db: str | None = None, clock: Clock | None = None, *, migrate_schema: bool = True) -> SqlStore:
+    """The store named by `db` (a database URL or SQLite file path), HARNESS_DATABASE_URL or the default;
+    created and migrated on first use unless `migrate_schema` is false."""
+    return SqlStore.open(db, clock, migrate_schema=migrate_schema)
+
+
+def open_existing_store(db: str | None) -> SqlStore:
+    """The store named by `db`, refusing to create a new SQLite file (InvalidRequestError)."""
+    return open_existing(db)
 
 
 def read_model(store: SqlStore) -> ReadModel:

@@ -25,9 +25,9 @@ from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from harness.adapters.sql.store import SqlStore
 from harness.clock import FakeClock
 from harness.kernel import FINAL, RunState
+from harness.ports.queries import RunHistory
 from harness.sweeper import SWEEPER, ZombieSweeper
 
 if TYPE_CHECKING:
@@ -61,7 +61,7 @@ class OutsideEvent:
     threshold_s: float = 0.0
 
 
-def outside_events(source: SqlStore, run_id: str) -> list[OutsideEvent]:
+def outside_events(source: RunHistory, run_id: str) -> list[OutsideEvent]:
     """The Run's outside events, in order, from its transitions and the sweeper's observations."""
     detected = source.audit_events(run_id=run_id, event="zombie_detected")
     events = []

@@ -8,9 +8,9 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from harness.adapters.sql.ledger import CostLedger
 from harness.cli import archive as cli_archive
-from harness.cli.support import DbOption, JsonOption, cli_errors, emit, open_store, screen
+from harness.cli.support import DbOption, JsonOption, cli_errors, emit, screen
+from harness.config import cost_ledger, open_store
 
 runs_app = typer.Typer(help="Inspect Runs.", no_args_is_help=True)
 
@@ -43,7 +43,7 @@ def runs_show(
     run = store.get_run(run_id)
     path = store.transitions_of(run_id)
     status, snapshot = store.legacy_job(run_id)
-    cost = CostLedger(store).run_total(run_id).to_dict()
+    cost = cost_ledger(store).run_total(run_id).to_dict()
     doc: dict[str, Any] = {
         "run_id": run.run_id,
         "state": run.state.value,

@@ -9,8 +9,20 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from harness.domain.feed import Change, RunRow
-    from harness.domain.records import RunRecord
+    from harness.domain.records import AuditEvent, RunRecord, TransitionRow
     from harness.kernel.thresholds import Thresholds
+
+
+class RunHistory(Protocol):
+    """A Run's recorded transitions and audit events."""
+
+    def transitions_of(self, run_id: str) -> list[TransitionRow]:
+        """The Run's transitions, oldest first."""
+        ...
+
+    def audit_events(self, *, run_id: str | None = None, event: str | None = None) -> list[AuditEvent]:
+        """Audit events, oldest first, of one Run and/or one kind."""
+        ...
 
 
 class ReadModel(Protocol):

@@ -8,13 +8,18 @@ outbox, hash chain), store_runs (creating and moving Runs) and store_reads (read
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import sqlalchemy as sa
+
 from harness.adapters.sql.database import create_engine, migrate, resolve_url
 from harness.adapters.sql.store_base import UNSET as _UNSET  # the sentinel harness.state_machine passes on
 from harness.adapters.sql.store_reads import RunReads
 from harness.adapters.sql.store_runs import RunWrites
+from harness.domain.errors import InvalidRequestError
 from harness.ports import Clock
 
-__all__ = ["_UNSET", "SqlStore"]
+__all__ = ["_UNSET", "SqlStore", "open_existing"]
 
 
 class SqlStore(RunWrites, RunReads):
@@ -27,3 +32,12 @@ class SqlStore(RunWrites, RunReads):
         if migrate_schema:
             migrate(engine)
         return cls(engine, clock)
+
+
+def open_existing(db: str | None, clock: Clock | None = None) -> SqlStore:
+    """The store, refusing to create a new SQLite file (auditing a database that is not there is a mistake)."""
+    url = sa.engine.make_url(resolve_url(db))
+    path = url.database if url.get_backend_name() == "sqlite" else None
+    if path not in (None, "", ":memory:") and not Path(str(path)).is_file():
+        raise InvalidRequestError(f"no database at {path}")
+    return SqlStore.open(db, clock)
