@@ -20,6 +20,8 @@ from harness.adapters.llm.scripted import ScriptedProvider
 from harness.adapters.sql import database
 from harness.adapters.sql.leases import Leases
 from harness.adapters.sql.ledger import CostLedger
+from harness.adapters.sql.replay_reads import ReplayReads
+from harness.adapters.sql.replay_reads import set_deadline as replay_set_deadline
 from harness.adapters.sql.retention import ArchivedRun, RetentionStore
 from harness.adapters.sql.run_queries import RunQueries
 from harness.adapters.sql.sandbox_instances import InstanceTable
@@ -337,6 +339,16 @@ Store = SqlStore
 def archived_run(store: SqlStore, run_id: str) -> ArchivedRun | None:
     """Where an archived Run is (segment, location, checkpoint), when it was archived."""
     return RetentionStore(store).archived(run_id)
+
+
+def replay_reads(store: SqlStore) -> ReplayReads:
+    """What a replay reads of a recorded Run beyond the store's reads (outbox, blobs, decisions, history)."""
+    return ReplayReads(store)
+
+
+def set_deadline(store: SqlStore, run_id: str, deadline_at: float) -> None:
+    """Give a replayed Run the deadline its recorded original had."""
+    replay_set_deadline(store, run_id, deadline_at)
 
 
 def open_store(db: str | None = None, clock: Clock | None = None, *, migrate_schema: bool = True) -> SqlStore:
