@@ -27,6 +27,7 @@ from harness.adapters.sql.run_queries import RunQueries
 from harness.adapters.sql.sandbox_instances import InstanceTable
 from harness.adapters.sql.store import SqlStore, open_existing
 from harness.adapters.sql.webhooks import WebhookOutbox
+from harness.adapters.webhook_http import WebhookSender
 from harness.agents import Agent, support_agent
 from harness.context.secrets import SecretFilter
 from harness.context.tokenizer import tokenizer_for
@@ -360,6 +361,11 @@ def open_store(db: str | None = None, clock: Clock | None = None, *, migrate_sch
 def open_existing_store(db: str | None) -> SqlStore:
     """The store named by `db`, refusing to create a new SQLite file (InvalidRequestError)."""
     return open_existing(db)
+
+
+def webhook_sender(timeout_s: float) -> WebhookSender:
+    """A signed HTTP sender of webhook events (the caller closes it)."""
+    return WebhookSender(timeout_s)
 
 
 def read_model(store: SqlStore) -> ReadModel:
