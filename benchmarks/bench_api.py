@@ -54,7 +54,8 @@ def start_server(folder: Path, threads: int) -> tuple[subprocess.Popen[bytes], s
         [
             sys.executable,
             "-m",
-            "harness.cli_serve",
+            "harness.cli",
+            "serve",
             "--port",
             str(port),
             "--db",

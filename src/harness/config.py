@@ -10,30 +10,38 @@ import os
 import socket
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from harness.adapters.llm.pricing import PricingTable
 from harness.adapters.llm.resilient import GuardedProvider, ProviderSettings, make_provider
 from harness.adapters.llm.scripted import ScriptedProvider
+from harness.adapters.sql import database
 from harness.adapters.sql.audit_reads import SqlAuditReads
+from harness.adapters.sql.leases import Leases
 from harness.adapters.sql.ledger import CostLedger
 from harness.adapters.sql.memory import SqlMemoryRows
 from harness.adapters.sql.reconcile_reads import SqlReconcileReads
-from harness.adapters.sql.store import SqlStore
+from harness.adapters.sql.replay_reads import ReplayReads
+from harness.adapters.sql.replay_reads import set_deadline as replay_set_deadline
+from harness.adapters.sql.retention import ArchivedRun, RetentionStore
+from harness.adapters.sql.run_queries import RunQueries
+from harness.adapters.sql.sandbox_instances import InstanceTable
+from harness.adapters.sql.store import SqlStore, open_existing
 from harness.adapters.sql.webhooks import WebhookOutbox
 from harness.adapters.webhook_http import WebhookSender
 from harness.agents import Agent, support_agent
 from harness.context.secrets import SecretFilter
 from harness.context.tokenizer import tokenizer_for
-from harness.domain.contracts import MAX_CHAIN_DEPTH
+from harness.domain.contracts import MAX_CHAIN_DEPTH, RunResult
 from harness.domain.errors import InvalidRequestError
 from harness.domain.limits import RequestLimits
 from harness.examples.support import EXAMPLE_DIR
 from harness.identity import IdentityDirectory
 from harness.kernel import FINAL, RunState
 from harness.kernel.thresholds import Thresholds, parse_overrides
+from harness.leased_drive import LeasedDrive, default_owner
 from harness.memory.store import open_memory
 from harness.memory.writeback import MemoryWriteBack
 from harness.paths import default_data_dir
@@ -47,6 +55,8 @@ from harness.pipeline.trace_recorder import TraceRecorder
 from harness.policy.hitl import HitlDesk
 from harness.ports import Clock, LLMProvider, ResultSink, TraceBuffer
 from harness.ports.audit import AuditReads, ReconcileReads
+from harness.ports.leases import LeaseKeeper
+from harness.ports.queries import ReadModel
 from harness.skills import SkillRegistry
 from harness.state_machine import Listener, StateMachine
 from harness.webhooks.config import WebhookConfig, load_webhook_config
@@ -286,6 +296,11 @@ class Runtime:
     agent: Agent | None = None
     mcp: McpServers | None = None
 
+    @property
+    def reads(self) -> ReadModel:
+        """The read model over this runtime's store (listings, the change feed, counts)."""
+        return read_model(self.store)
+
     def dispatcher(self) -> WebhookDispatcher:
         """A delivery loop for this runtime's webhook outbox (the caller closes it)."""
         assert self.webhooks is not None and self.webhook_outbox is not None
@@ -298,6 +313,68 @@ class Runtime:
         if self.mcp is not None:
             self.mcp.close()  # stdio servers are stopped, not orphaned
         self.store.close()
+
+
+#: what the store raises when its database fails (the shells answer 503 or exit 2), and whether a failure is
+#: an outage (down, locked, read-only: a retry later may succeed) rather than a bug
+DatabaseError = database.DatabaseError
+is_outage = database.is_outage
+
+
+def cost_ledger(store: SqlStore) -> CostLedger:
+    """The cost ledger over a store (spend by Run, tenant, user, skill, day)."""
+    return CostLedger(store)
+
+
+def webhook_outbox(store: SqlStore) -> WebhookOutbox:
+    """The webhook deliveries waiting, done and dead, over a store."""
+    return WebhookOutbox(store)
+
+
+def sandbox_instances(store: SqlStore) -> InstanceTable:
+    """The sandbox instances of every host, over a store."""
+    return InstanceTable(store)
+
+
+#: the store the composition root opens: shells name it in signatures where they hand a store on to code
+#: typed against it, and never build one themselves
+Store = SqlStore
+
+
+def archived_run(store: SqlStore, run_id: str) -> ArchivedRun | None:
+    """Where an archived Run is (segment, location, checkpoint), when it was archived."""
+    return RetentionStore(store).archived(run_id)
+
+
+def replay_reads(store: SqlStore) -> ReplayReads:
+    """What a replay reads of a recorded Run beyond the store's reads (outbox, blobs, decisions, history)."""
+    return ReplayReads(store)
+
+
+def set_deadline(store: SqlStore, run_id: str, deadline_at: float) -> None:
+    """Give a replayed Run the deadline its recorded original had."""
+    replay_set_deadline(store, run_id, deadline_at)
+
+
+def open_store(db: str | None = None, clock: Clock | None = None, *, migrate_schema: bool = True) -> SqlStore:
+    """The store named by `db` (a database URL or SQLite file path), HARNESS_DATABASE_URL or the default;
+    created and migrated on first use unless `migrate_schema` is false."""
+    return SqlStore.open(db, clock, migrate_schema=migrate_schema)
+
+
+def open_existing_store(db: str | None) -> SqlStore:
+    """The store named by `db`, refusing to create a new SQLite file (InvalidRequestError)."""
+    return open_existing(db)
+
+
+def webhook_sender(timeout_s: float) -> WebhookSender:
+    """A signed HTTP sender of webhook events (the caller closes it)."""
+    return WebhookSender(timeout_s)
+
+
+def read_model(store: SqlStore) -> ReadModel:
+    """The read model (listings, the change feed, counts) over a store."""
+    return RunQueries(store)
 
 
 def _release_workdir(tools: ToolController) -> Listener:
@@ -408,6 +485,11 @@ def resolve_agent(settings: Settings, agent: Agent | None = None) -> tuple[Setti
     return resolved, agent
 
 
+def open_leases(runtime: Runtime, ttl_s: float) -> LeaseKeeper[Any]:
+    """The leases of the runtime's Runs, living `ttl_s` without a heartbeat."""
+    return Leases(runtime.store, ttl_s=ttl_s)
+
+
 def build_runtime(settings: Settings | None = None, *, clock: Clock | None = None,
                   provider: LLMProvider | None = None, sink: ResultSink | None = None,
                   store: SqlStore | None = None, agent: Agent | None = None) -> Runtime:
@@ -466,9 +548,11 @@ def build_runtime(settings: Settings | None = None, *, clock: Clock | None = Non
     tools.child_runs = runs  # AgentInvoke creates child Runs through the same kernel (T4)
     runtime = Runtime(settings, store, machine, registry, policy, hitl, tools, TraceRecorder(store), runs, identities,
                       webhooks, outbox, agent, mcp)
-    from harness.worker import RunWorker  # the worker drives a Runtime: wired once the Runtime exists
 
     # every drive holds the Run's lease (K5b, T6), as the thread that drives it (owner host:pid:thread)
-    runs.driver = lambda run_id: RunWorker(runtime).execute(run_id)
+    def drive(run_id: str) -> RunResult | None:
+        return LeasedDrive(store, runs, machine, open_leases(runtime, settings.lease_ttl_s), owner=default_owner(),
+                           max_stalls=settings.max_stalls).execute(run_id)
+    runs.driver = drive
     runs.children.leased_drive = runs.driver
     return runtime

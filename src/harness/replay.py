@@ -27,6 +27,7 @@ is not reproduced by a replay whose calls are instant.
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import tempfile
 from collections.abc import Callable, Iterator
@@ -35,20 +36,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
-import sqlalchemy as sa
-
 from harness.adapters.llm.resilient import FallbackResponse
-from harness.adapters.sql import schema as t
-from harness.adapters.sql.blobs import BlobStore
-from harness.adapters.sql.ledger import recount_totals
-from harness.adapters.sql.store import SqlStore
 from harness.agents import Agent
 from harness.clock import FakeClock
-from harness.config import Runtime, Settings, build_runtime
+from harness.config import Runtime, Settings, Store, build_runtime, replay_reads, set_deadline
 from harness.domain.chain import content_hash
 from harness.domain.contracts import RunRequest, StepOutcome
 from harness.domain.errors import BadInputError, ProviderError
 from harness.domain.llm import LLMRequest, LLMResponse
+from harness.domain.recorded import RecordedDecision
 from harness.domain.records import RunRecord
 from harness.domain.traces import ToolTrace, policy_verdicts
 from harness.kernel import FINAL, RunState
@@ -108,7 +104,7 @@ class RunFacts:
     result: dict[str, Any]
 
     @classmethod
-    def of(cls, store: SqlStore, run_id: str) -> RunFacts:
+    def of(cls, store: Store, run_id: str) -> RunFacts:
         """Read the facts of a Run from its store (chained trace plus anything still in the outbox)."""
         run = store.get_run(run_id)
         context = run.context or {}
@@ -143,14 +139,14 @@ class Recording:
         self.problems: list[Divergence] = []
 
     @classmethod
-    def load(cls, source: SqlStore, run_id: str) -> Recording:
+    def load(cls, source: Store, run_id: str) -> Recording:
         """Read the Run, its records and every blob they reference."""
         records = records_of(source, run_id)
-        store = BlobStore(source.engine)
-        if not store.available():
+        wanted = {str(p.get(k) or "") for _, p in records for k in ("response_hash", "result_hash")}
+        blobs = replay_reads(source).blobs(wanted)
+        if blobs is None:
             return cls(source.get_run(run_id), records, {}, has_contents=False)
-        wanted = [p.get(k) for _, p in records for k in ("response_hash", "result_hash")]
-        return cls(source.get_run(run_id), records, store.raw(h for h in wanted if h), has_contents=True)
+        return cls(source.get_run(run_id), records, blobs, has_contents=True)
 
     def answers(self, purpose: str) -> list[dict[str, Any]]:
         """The recorded LLM exchanges for one purpose, in order."""
@@ -185,7 +181,7 @@ class Recording:
             self._problem(what, digest, None, "the recording has no content for this hash")
             return False, None
         value = json.loads(text)
-        if not BlobStore.verified(digest, text):
+        if hashlib.sha256(text.encode("utf-8")).hexdigest() != digest:
             self._problem(what, digest, content_hash(value), "the recorded content does not match its hash: "
                           "the recording was altered")
         return True, value
@@ -270,13 +266,10 @@ class ReplayTools:
         return CallResult(outcome, traces[-1], failure, traces)
 
 
-def records_of(store: SqlStore, run_id: str) -> list[tuple[str, dict[str, Any]]]:
+def records_of(store: Store, run_id: str) -> list[tuple[str, dict[str, Any]]]:
     """(kind, payload) of a Run's trace records in order: the chain, then any not yet drained."""
     chained = [(r.kind, r.data()) for r in store.trace_of(run_id)]
-    with store.reader.connect() as conn:
-        pending = conn.execute(sa.select(t.outbox.c.kind, t.outbox.c.payload)
-                               .where(t.outbox.c.run_id == run_id).order_by(t.outbox.c.id)).all()
-    return chained + [(k, {"run_id": run_id, **json.loads(p)}) for k, p in pending]
+    return chained + replay_reads(store).outbox_records(run_id)
 
 
 def compare(source: RunFacts, replay: RunFacts) -> list[Divergence]:
@@ -310,7 +303,7 @@ def _at(items: list[Any], index: int) -> Any:
     return items[index] if index < len(items) else None
 
 
-def replay(run_id: str, source: SqlStore, settings: Settings | None = None, agent: Agent | None = None) -> ReplayReport:
+def replay(run_id: str, source: Store, settings: Settings | None = None, agent: Agent | None = None) -> ReplayReport:
     """Replay one finished Run of `source` (read only) and compare; ReplayError when it cannot be. `agent`:
     the agent the Run ran for, when it is defined in code (an agent file is found from the settings)."""
     run = source.get_run(run_id)
@@ -326,14 +319,13 @@ def replay(run_id: str, source: SqlStore, settings: Settings | None = None, agen
     events = OutsideEvents(outside_events(source, run_id), plan_answers=len(recording.answers("plan")),
                            tool_steps=recording.called_steps(), crashed_steps=recording.crashed_steps())
     with _scratch_runtime(base, run.created_at, recording, events, agent) as (rt, clock):
-        _seed(source, rt.store, run.tenant_id, run.created_at)
+        replay_reads(source).seed(rt.store, run.tenant_id, run.created_at)
         follow = _follow_clock(clock, [x.at for x in source.transitions_of(run_id)])
         rt.machine.subscribe(lambda _rid, _s, _t: follow())
         request = RunRequest.model_validate({**run.request, "retry_of": None})
         new, _ = rt.runs.submit(request)
         if run.deadline_at is not None:  # a child Run: due when its parent gave it, its approvals too
-            with rt.store.engine.begin() as conn:
-                conn.execute(t.runs.update().where(t.runs.c.run_id == new.run_id).values(deadline_at=run.deadline_at))
+            set_deadline(rt.store, new.run_id, run.deadline_at)
         events.begin(rt, clock, new.run_id)
         _settle(rt, new.run_id, lambda: rt.runs.drive(new.run_id))
         _replay_humans(rt, clock, source, run_id, new.run_id, events)
@@ -389,39 +381,12 @@ def _follow_clock(clock: FakeClock, times: list[float]) -> Callable[[], None]:
     return follow
 
 
-def _seed(source: SqlStore, target: SqlStore, tenant_id: str, before: float) -> None:
-    """Give the replay the tenant's recorded spend and memory from before the Run, so budgets and
-    recall decide as they did. Memory written by a Run counts only once that Run SUCCEEDED (C5); its
-    source Run is not in the scratch database, so such entries are copied as plain entries."""
-    succeeded = sa.select(t.runs.c.run_id).where(t.runs.c.state == RunState.SUCCEEDED.value)
-    for name, time_column in (("costs", "at"), ("memory_entries", "created_at")):
-        if not (sa.inspect(source.engine).has_table(name) and sa.inspect(target.engine).has_table(name)):
-            continue
-        table = sa.Table(name, sa.MetaData(), autoload_with=source.engine)
-        query = sa.select(table).where(table.c.tenant_id == tenant_id, table.c[time_column] < before)
-        if name == "memory_entries":
-            query = query.where(sa.or_(table.c.source_run_id.is_(None), table.c.source_run_id.in_(succeeded)))
-        with source.reader.connect() as conn:
-            rows = [dict(r._mapping) for r in conn.execute(query)]
-        if name == "memory_entries":
-            rows = [{**r, "source_run_id": None} for r in rows]
-        if rows:
-            with target.engine.begin() as conn:
-                conn.execute(sa.Table(name, sa.MetaData(), autoload_with=conn).insert(), rows)
-                if name == "costs":
-                    recount_totals(conn, tenant_id)  # the budget check reads the totals, not the rows
-
-
-def _replay_humans(rt: Runtime, clock: FakeClock, source: SqlStore, run_id: str, replay_id: str,
+def _replay_humans(rt: Runtime, clock: FakeClock, source: Store, run_id: str, replay_id: str,
                    events: OutsideEvents) -> None:
     """Re-submit the Run's human decisions, apply its approval timeouts (and escalations) and any outside
     event that came while it waited (a cancel), each at its recorded moment, in that order."""
-    with source.reader.connect() as conn:
-        decisions = conn.execute(sa.select(t.hitl_decisions).where(t.hitl_decisions.c.run_id == run_id)
-                                 .order_by(t.hitl_decisions.c.id)).all()
-        timeouts = conn.execute(sa.select(t.hitl_requests.c.decided_at).where(
-            t.hitl_requests.c.run_id == run_id, t.hitl_requests.c.status.in_(("timed_out", "escalated")),
-            t.hitl_requests.c.decided_at.is_not(None))).scalars().all()
+    recorded = replay_reads(source)
+    decisions, timeouts = recorded.decisions(run_id), recorded.approval_timeouts(run_id)
     moments: list[tuple[float, int, Callable[[], object]]] = [
         (float(at), 0, rt.runs.expire_approvals) for at in timeouts]
     moments += [(event.at, 1, functools.partial(events.apply_waiting, event)) for event in events.while_waiting()]
@@ -436,7 +401,7 @@ def _replay_humans(rt: Runtime, clock: FakeClock, source: SqlStore, run_id: str,
             _settle(rt, replay_id, rt.runs.expire_approvals)
 
 
-def _decide_as_recorded(rt: Runtime, replay_id: str, decision: sa.Row[Any]) -> None:
+def _decide_as_recorded(rt: Runtime, replay_id: str, decision: RecordedDecision) -> None:
     """Submit one recorded decision on the replayed Run's pending request, as the same identity."""
     rt.runs.expire_approvals()
     pending = [r for r in rt.hitl.for_run(replay_id) if r.status == "pending"]

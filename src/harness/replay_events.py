@@ -25,16 +25,16 @@ from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from harness.adapters.sql.store import SqlStore
 from harness.clock import FakeClock
 from harness.kernel import FINAL, RunState
+from harness.ports.queries import RunHistory
 from harness.sweeper import SWEEPER, ZombieSweeper
 
 if TYPE_CHECKING:
     from harness.config import Runtime
 
 S = RunState
-#: the reason the worker writes when it fails a Run whose workers kept dying (worker.RunWorker._poisoned)
+#: the reason the worker writes when it fails a Run whose workers kept dying (leased_drive.LeasedDrive._poisoned)
 STALLED = "worker_stalled"
 
 
@@ -61,7 +61,7 @@ class OutsideEvent:
     threshold_s: float = 0.0
 
 
-def outside_events(source: SqlStore, run_id: str) -> list[OutsideEvent]:
+def outside_events(source: RunHistory, run_id: str) -> list[OutsideEvent]:
     """The Run's outside events, in order, from its transitions and the sweeper's observations."""
     detected = source.audit_events(run_id=run_id, event="zombie_detected")
     events = []
@@ -173,7 +173,7 @@ class OutsideEvents:
             rt.runs.cancel(run_id, by=event.actor, reason=event.reason)
         elif event.kind == "sweep":
             ZombieSweeper(rt.store, rt.machine).force(run_id, event.state, event.stuck_for_s, event.threshold_s)
-        else:  # the worker's poison close (worker.RunWorker._poisoned)
+        else:  # the worker's poison close (leased_drive.LeasedDrive._poisoned)
             rt.machine.transition(run_id, event.state, S.FAILED, actor=event.actor, reason=event.reason,
                                   result={"error": event.reason})
         self.closed = self.closed or rt.store.state_of(run_id) in FINAL

@@ -1,109 +1,20 @@
 """A worker drives Runs under a lease (SPEC K5b, S1, T6): in-process or as the body of a Celery task.
 
-The worker takes the Run's lease (or leaves the Run to whoever holds it), heartbeats it from a
-background thread while the Run is driven, and releases it when the Run is final or parked. If a
-heartbeat finds the lease gone (the worker was paused past its lease and the Run was taken over or
-swept), the drive is fenced: every later transition carries the stale epoch and is refused, and no
-further tool call is made. A Run whose workers keep dying is failed after `max_stalls` takeovers.
+The lease-fenced drive itself is harness.leased_drive; a RunWorker is one built from a Runtime.
 """
 
 from __future__ import annotations
 
-import logging
-import os
-import socket
-import threading
-from dataclasses import dataclass
-
-from harness.adapters.sql.leases import Lease, Leases
-from harness.config import Runtime
-from harness.domain.contracts import RunResult
-from harness.kernel import FINAL, RunState
-
-log = logging.getLogger(__name__)
-S = RunState
+from harness.config import Runtime, open_leases
+from harness.leased_drive import LeasedDrive, default_owner
 
 
-#: states with a legal move to FAILED (seed table + the sweeper extensions of SPEC K2)
-_CAN_FAIL = frozenset({S.CREATED, S.PREPARING, S.PLANNING, S.POLICY_CHECK, S.EXECUTING, S.TRACING})
-
-
-def default_owner() -> str:
-    """host:pid:thread — unique per worker thread."""
-    return f"{socket.gethostname()}:{os.getpid()}:{threading.get_ident()}"
-
-
-@dataclass
-class Fence:
-    """The lease a drive runs under; `lost` flips when a heartbeat finds it taken over."""
-
-    lease: Lease
-    leases: Leases
-    lost: bool = False
-
-    @property
-    def epoch(self) -> int:
-        """The epoch every transition of this drive carries."""
-        return self.lease.epoch
-
-    def holds(self) -> bool:
-        """Checked before every side effect: still ours and unexpired."""
-        if self.lost:
-            return False
-        if not self.leases.holds(self.lease):
-            self.lost = True
-        return not self.lost
-
-
-class RunWorker:
-    """Drives Runs for one process or thread."""
+class RunWorker(LeasedDrive):
+    """Drives Runs of one Runtime for one process or thread."""
 
     def __init__(self, runtime: Runtime, *, owner: str | None = None, ttl_s: float | None = None,
                  max_stalls: int | None = None) -> None:
+        super().__init__(runtime.store, runtime.runs, runtime.machine,
+                         open_leases(runtime, ttl_s or runtime.settings.lease_ttl_s),
+                         owner=owner or default_owner(), max_stalls=max_stalls or runtime.settings.max_stalls)
         self.runtime = runtime
-        self.owner = owner or default_owner()
-        self.leases = Leases(runtime.store, ttl_s=ttl_s or runtime.settings.lease_ttl_s)
-        self.max_stalls = max_stalls or runtime.settings.max_stalls
-
-    def execute(self, run_id: str) -> RunResult | None:
-        """Drive the Run if this worker can take its lease; None when another live worker holds it."""
-        run = self.runtime.store.get_run(run_id)
-        if run.state in FINAL or run.state == S.AWAITING_HITL:
-            return self.runtime.runs.result(run_id)
-        lease = self.leases.acquire(run_id, self.owner)
-        if lease is None:
-            return None
-        fence = Fence(lease, self.leases)
-        if lease.stalls >= self.max_stalls:
-            return self._poisoned(run_id, fence)
-        stop = threading.Event()
-        beat = threading.Thread(target=self._heartbeat, args=(fence, stop), daemon=True, name=f"heartbeat-{run_id}")
-        beat.start()
-        try:
-            return self.runtime.runs.drive(run_id, fence=fence)
-        finally:
-            stop.set()
-            beat.join()
-            if not fence.lost:
-                self.leases.release(fence.lease)
-
-    def _heartbeat(self, fence: Fence, stop: threading.Event) -> None:
-        interval = self.leases.ttl_s / 3
-        while not stop.wait(interval):
-            renewed = self.leases.heartbeat(fence.lease)
-            if renewed is None:
-                log.warning("lease on run %s lost; this worker stops driving it", fence.lease.run_id)
-                fence.lost = True
-                return
-            fence.lease = renewed
-
-    def _poisoned(self, run_id: str, fence: Fence) -> RunResult:
-        run = self.runtime.store.get_run(run_id)
-        if run.state in _CAN_FAIL:
-            message = f"worker_stalled: the Run's workers died {fence.lease.stalls} times (poison input?)"
-            self.runtime.machine.transition(run_id, run.state, S.FAILED, actor=self.owner, reason=message,
-                                            lease_epoch=fence.epoch, result={"error": message})
-        elif run.state not in FINAL:
-            self.runtime.machine.advance(run_id, run.state, lease_epoch=fence.epoch)
-        self.leases.release(fence.lease)
-        return self.runtime.runs.result(run_id)

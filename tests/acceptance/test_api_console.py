@@ -8,7 +8,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from harness.config import Runtime
-from harness.service import queries, views
+from harness.service import views
 from tests.acceptance.api_helpers import (  # noqa: F401 - fixtures
     ORDER_STATUS,
     REFUND_L3,
@@ -110,7 +110,7 @@ def test_a_change_committed_while_the_run_page_is_built_reaches_its_live_stream(
     monkeypatch.undo()
     assert 'data-state="AWAITING_HITL"' in page  # the page shows what it read
     after = int(re.search(r'data-live-after="(\d+)"', page).group(1))  # type: ignore[union-attr]
-    delivered = [c.to_state for c in queries.changes_after(runtime.store, "default", after, run_id=run["run_id"])]
+    delivered = [c.to_state for c in runtime.reads.changes_after("default", after, run_id=run["run_id"])]
     assert "CLOSED_CANCELLED" in delivered
 
 

@@ -59,7 +59,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         [
             sys.executable,
             "-m",
-            "harness.cli_serve",
+            "harness.cli",
+            "serve",
             "--port",
             str(port),
             "--db",

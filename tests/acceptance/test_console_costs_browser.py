@@ -78,7 +78,7 @@ def _db_of(server: str) -> str:
             argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"harness.cli_serve" in argv and server.rsplit(":", 1)[1].encode() in argv:
+        if b"harness.cli" in argv and b"serve" in argv and server.rsplit(":", 1)[1].encode() in argv:
             return argv[argv.index(b"--db") + 1].decode()
     raise AssertionError("the server's process was not found")
 

@@ -151,7 +151,7 @@ def test_a_decision_whose_run_did_not_move_is_carried_out_by_the_sweeper(
     commits left) is counted as stuck once it has waited past the decided-approval threshold, and the sweep
     carries the decision out: approved Runs execute, rejected and timed-out ones close, an escalated one
     gets its L4 request."""
-    from harness.service.queries import zombie_counts
+    from harness.config import read_model
     from harness.sweeper import ZombieSweeper
 
     parked = park(test_runtime, "purge cache" if status == "escalated" else "update T-1")
@@ -162,10 +162,10 @@ def test_a_decision_whose_run_did_not_move_is_carried_out_by_the_sweeper(
     resumed: list[str] = []
     sweeper = ZombieSweeper(test_runtime.store, test_runtime.machine, thresholds=thresholds, resume=resumed.append,
                             resume_decisions=test_runtime.runs.resume_decisions)
-    assert zombie_counts(test_runtime.store, clock.now(), thresholds)["AWAITING_HITL"] == 0
+    assert read_model(test_runtime.store).zombie_counts(clock.now(), thresholds)["AWAITING_HITL"] == 0
     assert sweeper.sweep_once().decisions_resumed == []
     clock.advance(thresholds.decided_s + 1)
-    assert zombie_counts(test_runtime.store, clock.now(), thresholds)["AWAITING_HITL"] == 1
+    assert read_model(test_runtime.store).zombie_counts(clock.now(), thresholds)["AWAITING_HITL"] == 1
     report = sweeper.sweep_once()
     if status == "approved":
         assert report.decisions_resumed == resumed == [parked.run_id]
@@ -175,7 +175,7 @@ def test_a_decision_whose_run_did_not_move_is_carried_out_by_the_sweeper(
         assert test_runtime.runs.result(parked.run_id).state == expected and calls(call_log) == []
     if status == "escalated":
         assert [r.level for r in test_runtime.hitl.for_run(parked.run_id)] == ["L3", "L4"]
-    assert zombie_counts(test_runtime.store, clock.now(), thresholds)["AWAITING_HITL"] == 0
+    assert read_model(test_runtime.store).zombie_counts(clock.now(), thresholds)["AWAITING_HITL"] == 0
     assert test_runtime.store.audit_events(run_id=parked.run_id, event="hitl_decision_resumed")
 
 

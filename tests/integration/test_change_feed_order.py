@@ -13,9 +13,9 @@ import sqlalchemy as sa
 from harness.adapters.sql import schema as t
 from harness.adapters.sql.store import SqlStore
 from harness.clock import FakeClock
+from harness.config import read_model
 from harness.domain.records import NewRun
 from harness.kernel import RunState
-from harness.service import queries
 from harness.service.sse import ChangeHub, change_stream
 
 #: SQLite has one writer at a time: its ids cannot commit out of order
@@ -54,11 +54,11 @@ def test_a_change_that_commits_after_a_later_one_is_still_delivered(store: SqlSt
     past N while A is open; once A commits, both arrive, N first."""
     slow, _ = store.create_run(NewRun("acme", "alice", "s", {}))
     fast, _ = store.create_run(NewRun("acme", "bob", "s", {}))
-    start = queries.latest_cursor(store)
+    start = read_model(store).latest_cursor()
 
     async def scenario() -> tuple[list[str], list[str]]:
-        collector = Collector(change_stream(ChangeHub(), store, "acme", run_id=None, cursor=start, lifetime_s=30,
-                                            poll_s=0.05, stop=lambda: False))
+        collector = Collector(change_stream(ChangeHub(), read_model(store), "acme", run_id=None, cursor=start,
+                                            lifetime_s=30, poll_s=0.05, stop=lambda: False))
         with store.engine.connect() as held:
             held.execute(t.transitions.insert().values(
                 run_id=slow.run_id, seq=1, from_state="CREATED", to_state="PREPARING", actor="test",
@@ -83,7 +83,7 @@ def test_a_rolled_back_change_id_holds_the_stream_only_for_the_grace(store: SqlS
     monkeypatch.setattr("harness.service.sse.HOLE_GRACE_S", 0.3)
     lost, _ = store.create_run(NewRun("acme", "alice", "s", {}))
     kept, _ = store.create_run(NewRun("acme", "bob", "s", {}))
-    start = queries.latest_cursor(store)
+    start = read_model(store).latest_cursor()
     with store.engine.connect() as conn:
         conn.execute(t.transitions.insert().values(
             run_id=lost.run_id, seq=1, from_state="CREATED", to_state="PREPARING", actor="test",
@@ -94,8 +94,8 @@ def test_a_rolled_back_change_id_holds_the_stream_only_for_the_grace(store: SqlS
         assert conn.execute(sa.select(sa.func.max(t.transitions.c.id))).scalar_one() > start + 1  # a hole
 
     async def scenario() -> list[str]:
-        collector = Collector(change_stream(ChangeHub(), store, "acme", run_id=None, cursor=start, lifetime_s=30,
-                                            poll_s=0.05, stop=lambda: False))
+        collector = Collector(change_stream(ChangeHub(), read_model(store), "acme", run_id=None, cursor=start,
+                                            lifetime_s=30, poll_s=0.05, stop=lambda: False))
         await asyncio.sleep(1.2)
         await collector.stop()
         return collector.frames

@@ -17,8 +17,8 @@ import typer
 from typer.testing import CliRunner
 
 from harness.adapters.sql.blobs import BlobStore
-from harness.cli_replay import replay as replay_command
-from harness.cli_support import cli_errors
+from harness.cli.replay import replay as replay_command
+from harness.cli.support import cli_errors
 from harness.clock import FakeClock
 from harness.config import Runtime, Settings, build_runtime
 from harness.domain.contracts import CallerIdentity, Plan

@@ -16,7 +16,6 @@ KNOWN_CYCLES: set[frozenset[str]] = {
     frozenset({"harness.adapters.llm.anthropic", "harness.adapters.llm.openai_compat",
                "harness.adapters.llm.resilient"}),
     frozenset({"harness.pipeline.child_runs", "harness.pipeline.run_manager"}),
-    frozenset({"harness.config", "harness.worker"}),
 }
 
 

@@ -6,7 +6,7 @@ import io
 
 from rich.console import Console
 
-from harness.cli_runs import trace_tree
+from harness.cli.runs import trace_tree
 from harness.config import Runtime
 from harness.domain.contracts import CallerIdentity, Plan, PlanStep, ToolCall
 from harness.domain.traces import PolicyTrace, PolicyVerdict, policy_verdicts

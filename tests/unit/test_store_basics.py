@@ -113,7 +113,8 @@ def test_a_run_survives_its_creator_being_killed_right_after_create_run(db_path:
     SqlStore.open(str(db_path)).close()
     code = (
         "import sys, time\n"
-        "from harness.adapters.sql.store import NewRun, SqlStore\n"
+        "from harness.adapters.sql.store import SqlStore\n"
+        "from harness.domain.records import NewRun\n"
         "store = SqlStore.open(sys.argv[1])\n"
         "run, _ = store.create_run(NewRun('acme', 'alice', 's1', {'task': 'x'}))\n"
         "print(run.run_id, flush=True)\n"

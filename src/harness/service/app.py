@@ -120,7 +120,7 @@ def build_service(
             housekeeping_interval_s=settings.housekeeping_interval_s,
         ),
         hub=ChangeHub(),
-        metrics=Metrics(runtime.store, runtime.settings.thresholds(), runtime.settings.pool_settings()),
+        metrics=Metrics(runtime, runtime.settings.thresholds(), runtime.settings.pool_settings()),
         telemetry=telemetry,
         owns_runtime=owns,
         deliveries=DeliveryThread(runtime.dispatcher(), settings.webhook_interval_s)

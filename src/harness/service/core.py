@@ -6,8 +6,7 @@ from dataclasses import dataclass, field
 
 from fastapi import Request
 
-from harness.adapters.sql.retention import RetentionStore
-from harness.config import Runtime
+from harness.config import Runtime, archived_run
 from harness.domain.errors import UnknownRunError
 from harness.domain.records import RunRecord
 from harness.policy.hitl import HitlRequest, UnknownRequestError
@@ -42,7 +41,7 @@ class Service:
         try:
             run = self.runtime.store.get_run(run_id)
         except UnknownRunError:
-            archived = RetentionStore(self.runtime.store).archived(run_id)
+            archived = archived_run(self.runtime.store, run_id)
             if archived is not None and archived.tenant_id == caller.tenant_id:
                 raise ApiError(410, "archived", f"run {run_id!r} was archived and pruned from the database: it is "
                                f"in segment {archived.segment_id} at {archived.location}",

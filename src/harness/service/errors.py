@@ -17,7 +17,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from harness.adapters.sql.database import DatabaseError, is_outage
+from harness.config import DatabaseError, is_outage
 from harness.domain.errors import (
     BadInputError,
     CancelRefusedError,

@@ -14,14 +14,10 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from harness.adapters.sql.ledger import CostLedger
-from harness.adapters.sql.sandbox_instances import InstanceTable
-from harness.adapters.sql.store import SqlStore
-from harness.adapters.sql.webhooks import WebhookOutbox
+from harness.config import Runtime, cost_ledger, sandbox_instances, webhook_outbox
 from harness.kernel import FINAL, RunState
 from harness.kernel.thresholds import DEFAULT, Thresholds
 from harness.pipeline.sandbox_pool import PoolSettings
-from harness.service import queries
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _WAIT_BUCKETS = (1, 5, 15, 60, 300, 900, 3600, 4 * 3600, 24 * 3600, float("inf"))
@@ -30,13 +26,14 @@ _WAIT_BUCKETS = (1, 5, 15, 60, 300, 900, 3600, 4 * 3600, 24 * 3600, float("inf")
 class DatabaseCollector(Collector):
     """Gauges computed from the database at each scrape."""
 
-    def __init__(self, store: SqlStore, thresholds: Thresholds = DEFAULT,
+    def __init__(self, runtime: Runtime, thresholds: Thresholds = DEFAULT,
                  sandboxes: PoolSettings | None = None) -> None:
-        self.store = store
+        self.store = runtime.store
+        self.reads = runtime.reads
         self.thresholds = thresholds
-        self.ledger = CostLedger(store)
-        self.outbox = WebhookOutbox(store)
-        self.instances = InstanceTable(store)
+        self.ledger = cost_ledger(runtime.store)
+        self.outbox = webhook_outbox(runtime.store)
+        self.instances = sandbox_instances(runtime.store)
         self.sandboxes = sandboxes
 
     def _sandboxes(self) -> Iterator[Metric]:
@@ -99,7 +96,7 @@ class DatabaseCollector(Collector):
             deliveries.add_metric([status], n)
         yield deliveries
         now = self.store.clock.now()
-        by_state = queries.runs_by_state(self.store)
+        by_state = self.reads.runs_by_state()
         runs = GaugeMetricFamily("harness_runs", "Runs currently in each state.", labels=["state"])
         for state, n in by_state.items():
             runs.add_metric([state], n)
@@ -107,7 +104,7 @@ class DatabaseCollector(Collector):
         zombies = GaugeMetricFamily(
             "harness_zombie_runs", "Runs whose state outlived its threshold.", labels=["state"]
         )
-        for state, n in queries.zombie_counts(self.store, now, self.thresholds).items():
+        for state, n in self.reads.zombie_counts(now, self.thresholds).items():
             zombies.add_metric([state], n)
         yield zombies
         yield GaugeMetricFamily(
@@ -115,7 +112,7 @@ class DatabaseCollector(Collector):
             "Trace records waiting in the outbox to be chained.",
             value=self.store.outbox_backlog(),
         )
-        pending, oldest = queries.pending_approvals(self.store)
+        pending, oldest = self.reads.pending_approvals()
         yield GaugeMetricFamily(
             "harness_hitl_pending", "Approval requests waiting for a human.", value=pending
         )
@@ -135,7 +132,7 @@ class DatabaseCollector(Collector):
 class Metrics:
     """This service's metrics registry (one per app, so tests and several apps do not collide)."""
 
-    def __init__(self, store: SqlStore, thresholds: Thresholds = DEFAULT,
+    def __init__(self, runtime: Runtime, thresholds: Thresholds = DEFAULT,
                  sandboxes: PoolSettings | None = None) -> None:
         self.registry = CollectorRegistry()
         self.transitions = Counter(
@@ -157,7 +154,7 @@ class Metrics:
             buckets=_WAIT_BUCKETS,
             registry=self.registry,
         )
-        self.registry.register(DatabaseCollector(store, thresholds, sandboxes))
+        self.registry.register(DatabaseCollector(runtime, thresholds, sandboxes))
 
     def on_transition(self, _run_id: str, source: RunState, target: RunState) -> None:
         """State machine listener."""

@@ -16,11 +16,10 @@ from typing import Any
 
 from starlette.concurrency import run_in_threadpool
 
-from harness.adapters.sql.database import DatabaseError, is_outage
-from harness.adapters.sql.store import SqlStore
-from harness.kernel import RunState, job_status
-from harness.service import queries
-from harness.service.queries import Change
+from harness.config import DatabaseError, is_outage
+from harness.domain.feed import Change
+from harness.kernel import RunState, is_final, job_status
+from harness.ports.queries import ReadModel
 
 ANY_RUN = "*"
 SETTLED = frozenset({"SUCCEEDED", "CLOSED_REJECTED", "CLOSED_FAILED", "CLOSED_CANCELLED", "AWAITING_HITL"})
@@ -72,13 +71,13 @@ async def _pause(event: asyncio.Event, seconds: float) -> None:
         await asyncio.wait_for(event.wait(), timeout=max(seconds, 0.0))
 
 
-async def wait_settled(hub: ChangeHub, store: SqlStore, run_id: str, timeout_s: float, poll_s: float) -> str:
+async def wait_settled(hub: ChangeHub, reads: ReadModel, run_id: str, timeout_s: float, poll_s: float) -> str:
     """Wait until the Run is final or parked for a human, or the timeout passes; returns its state."""
     deadline = time.monotonic() + timeout_s
     with hub.watch(run_id) as woke:
         while True:
             woke.clear()  # before reading, so a change committed after the read still wakes us
-            state = (await run_in_threadpool(store.get_run, run_id)).state.value
+            state = (await run_in_threadpool(reads.get_run, run_id)).state.value
             remaining = deadline - time.monotonic()
             if state in SETTLED or remaining <= 0:
                 return state
@@ -136,7 +135,7 @@ def _frame(change: Change) -> str:
 
 async def change_stream(
     hub: ChangeHub,
-    store: SqlStore,
+    reads: ReadModel,
     tenant_id: str,
     *,
     run_id: str | None,
@@ -159,9 +158,9 @@ async def change_stream(
             woke.clear()
             through = None
             if horizon is not None:  # read only as far as every earlier change has committed
-                committed = await run_in_threadpool(queries.change_ids_after, store, cursor)
+                committed = await run_in_threadpool(reads.change_ids_after, cursor)
                 through = horizon.through(cursor, committed)
-            changes = await run_in_threadpool(queries.changes_after, store, tenant_id, cursor, run_id=run_id,
+            changes = await run_in_threadpool(reads.changes_after, tenant_id, cursor, run_id=run_id,
                                               through=through, limit=CHANGES_PER_READ)
             for change in changes:
                 cursor = change.cursor
@@ -172,9 +171,9 @@ async def change_stream(
                 last = (
                     changes[-1].to_state
                     if changes
-                    else (await run_in_threadpool(store.get_run, run_id)).state.value
+                    else (await run_in_threadpool(reads.get_run, run_id)).state.value
                 )
-                if queries.is_final(last):
+                if is_final(RunState(last)):
                     yield "event: end\ndata: {}\n\n"
                     return
             if changes:

@@ -7,13 +7,14 @@ from typing import Any
 
 from harness.config import Runtime
 from harness.domain.errors import UnknownRunError
+from harness.domain.feed import RunRow
 from harness.domain.records import RunRecord, StoredTraceRecord
 from harness.domain.traces import STEP_NAMES
 from harness.kernel import FINAL, RunState, job_status
 from harness.kernel.states import PHASE_OF
 from harness.pipeline import trace_groups
 from harness.policy.hitl import HitlRequest
-from harness.service import queries, schemas
+from harness.service import schemas
 
 API = "/api/v1"
 
@@ -87,7 +88,7 @@ def run_document(rt: Runtime, run: RunRecord) -> schemas.RunDoc:
     )
 
 
-def run_summary(row: queries.RunRow) -> schemas.RunSummary:
+def run_summary(row: RunRow) -> schemas.RunSummary:
     """A Run as a list shows it."""
     return schemas.RunSummary(
         run_id=row.run_id,
@@ -132,7 +133,7 @@ def approval_document(rt: Runtime, request: HitlRequest) -> schemas.ApprovalDoc:
         task = ""
     decisions = [
         schemas.DecisionRecordDoc(**{**d, "at": when(d["at"])})
-        for d in queries.decisions_of(rt.store, request.request_id)
+        for d in rt.reads.decisions_of(request.request_id)
     ]
     return schemas.ApprovalDoc(
         request_id=request.request_id,

@@ -88,7 +88,7 @@ async def decide(
     if wait:
         await wait_settled(
             svc.hub,
-            svc.runtime.store,
+            svc.runtime.reads,
             run_id,
             min(timeout, svc.settings.max_wait_s),
             svc.settings.poll_interval_s,

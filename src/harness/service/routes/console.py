@@ -18,7 +18,7 @@ from harness.domain.traces import policy_verdicts
 from harness.kernel import FINAL, RunState
 from harness.pipeline.trace_groups import group_records
 from harness.policy.hitl import BREAK_GLASS_ROLE
-from harness.service import queries, views
+from harness.service import views
 from harness.service.auth import SESSION_COOKIE, Principal, session_principal
 from harness.service.console_format import FILTERS, GLOBALS
 from harness.service.core import Service, service_of
@@ -53,7 +53,7 @@ def _page(
             "csrf": svc.auth.signer.csrf_token(token),
             "pending_count": pending,
             "can_break_glass": BREAK_GLASS_ROLE in caller.identity.roles,
-            "cursor": queries.latest_cursor(svc.runtime.store) if cursor is None else cursor,
+            "cursor": svc.runtime.reads.latest_cursor() if cursor is None else cursor,
             **context,
         },
         status_code=status,
@@ -121,8 +121,8 @@ def runs_page(request: Request, state: Annotated[str | None, Query()] = None) ->
     if caller is None:
         return _login_redirect(request)
     valid_state = state if state in {s.value for s in RunState} else None
-    cursor = queries.latest_cursor(svc.runtime.store)  # before the rows: see _page
-    rows = queries.list_runs(svc.runtime.store, caller.tenant_id, state=valid_state, limit=100)
+    cursor = svc.runtime.reads.latest_cursor()  # before the rows: see _page
+    rows = svc.runtime.reads.list_runs(caller.tenant_id, state=valid_state, limit=100)
     return _page(
         request,
         svc,
@@ -143,7 +143,7 @@ def run_page(request: Request, run_id: str) -> Page:
     caller = session_principal(request)
     if caller is None:
         return _login_redirect(request)
-    cursor = queries.latest_cursor(svc.runtime.store)  # before the Run is read: see _page
+    cursor = svc.runtime.reads.latest_cursor()  # before the Run is read: see _page
     try:
         run = svc.owned_run(caller, run_id)
     except ApiError:
@@ -180,7 +180,7 @@ def approvals_page(request: Request) -> Page:
     if caller is None:
         return _login_redirect(request)
     svc.runtime.runs.expire_approvals()
-    cursor = queries.latest_cursor(svc.runtime.store)  # before the requests are read: see _page
+    cursor = svc.runtime.reads.latest_cursor()  # before the requests are read: see _page
     pending = [views.approval_document(svc.runtime, r) for r in svc.runtime.hitl.pending(caller.tenant_id)]
     refusals = {a.request_id: _allowed(svc, caller, a.request_id) for a in pending}
     return _page(request, svc, caller, "approvals.html", cursor=cursor, approvals=pending, refusals=refusals,

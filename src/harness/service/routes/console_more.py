@@ -15,8 +15,8 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request
 
 from harness.adapters.sql.ledger import CostGroup
-from harness.adapters.sql.sandbox_instances import InstanceTable
 from harness.adapters.sql.webhooks import STATUSES
+from harness.config import sandbox_instances
 from harness.service.auth import OPERATOR_ROLES, session_principal
 from harness.service.core import service_of
 from harness.service.routes.console import Page, _login_redirect, _page
@@ -114,7 +114,7 @@ def sandboxes_page(request: Request) -> Page:
     caller = session_principal(request)
     if caller is None:
         return _login_redirect(request)
-    table, pool = InstanceTable(svc.runtime.store), svc.runtime.settings.pool_settings()
+    table, pool = sandbox_instances(svc.runtime.store), svc.runtime.settings.pool_settings()
     use = table.use()
     low, high = pool.port_range or (1, 0)
     now = svc.runtime.store.clock.now()

@@ -6,11 +6,9 @@ import dataclasses
 import importlib
 from typing import Annotated, Any
 
-import sqlalchemy as sa
 from fastapi import APIRouter, Response, Security
 
-from harness.adapters.sql import schema as t
-from harness.adapters.sql.database import DatabaseError
+from harness.config import DatabaseError
 from harness.service import views
 from harness.service.auth import Principal, operator, principal
 from harness.service.core import Service
@@ -29,15 +27,14 @@ def get_job(job_id: str, caller: Caller, svc: Service = ServiceDep) -> JobDoc:
     """The legacy view of a Run: one of four statuses (pending, running, done, failed), and the live
     state as `run_state_snapshot`. Written only by the projector inside each state change."""
     svc.owned_run(caller, job_id)
-    with svc.runtime.store.reader.connect() as conn:
-        row = conn.execute(sa.select(t.jobs).where(t.jobs.c.job_id == job_id)).first()
+    row = svc.runtime.reads.job(job_id)
     if row is None:
         raise not_found("job", job_id)
     return JobDoc(
-        job_id=row.job_id,
-        status=row.status,
-        run_state_snapshot=row.run_state_snapshot,
-        updated_at=views.when(row.updated_at),
+        job_id=row["job_id"],
+        status=row["status"],
+        run_state_snapshot=row["run_state_snapshot"],
+        updated_at=views.when(row["updated_at"]),
     )
 
 

@@ -10,7 +10,7 @@ from starlette.concurrency import run_in_threadpool
 
 from harness.domain.contracts import RunRequest
 from harness.kernel import RunState
-from harness.service import queries, views
+from harness.service import views
 from harness.service.auth import OPERATOR_ROLES, Principal, principal
 from harness.service.core import Service
 from harness.service.errors import ApiError
@@ -34,7 +34,7 @@ SSE: dict[int | str, dict[str, Any]] = {
 
 
 def _submit(svc: Service, caller: Principal, body: CreateRunBody) -> tuple[str, bool]:
-    if body.retry_of is not None and queries.tenant_of(svc.runtime.store, body.retry_of) != caller.tenant_id:
+    if body.retry_of is not None and svc.runtime.reads.tenant_of(body.retry_of) != caller.tenant_id:
         raise ApiError(422, "invalid_request", f"retry_of: no run with id {body.retry_of!r}")
     if not body.task.strip():
         raise ApiError(422, "invalid_request", "task: must not be blank")
@@ -86,7 +86,7 @@ async def create_run(
     if wait:
         await wait_settled(
             svc.hub,
-            svc.runtime.store,
+            svc.runtime.reads,
             run_id,
             min(timeout, svc.settings.max_wait_s),
             svc.settings.poll_interval_s,
@@ -106,9 +106,8 @@ def list_runs(
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
 ) -> RunList:
     """The caller's tenant's Runs, newest first."""
-    rows = queries.list_runs(
-        svc.runtime.store, caller.tenant_id, state=state.value if state else None, before=before, limit=limit
-    )
+    rows = svc.runtime.reads.list_runs(caller.tenant_id, state=state.value if state else None, before=before,
+                                       limit=limit)
     return RunList(
         runs=[views.run_summary(r) for r in rows],
         next_before=rows[-1].created_at if len(rows) == limit else None,
@@ -125,7 +124,7 @@ async def get_run(
     if wait:
         await wait_settled(
             svc.hub,
-            svc.runtime.store,
+            svc.runtime.reads,
             run_id,
             min(timeout, svc.settings.max_wait_s),
             svc.settings.poll_interval_s,
@@ -175,7 +174,7 @@ def _cursor(last_event_id: str | None, query_after: int | None) -> int | None:
 def _stream(svc: Service, tenant_id: str, run_id: str | None, cursor: int) -> StreamingResponse:
     frames = change_stream(
         svc.hub,
-        svc.runtime.store,
+        svc.runtime.reads,
         tenant_id,
         run_id=run_id,
         cursor=cursor,
@@ -224,5 +223,5 @@ def tenant_events(
     """Server-sent events for every Run of the caller's tenant, from now on unless resumed."""
     cursor = _cursor(last_event_id, after)
     return _stream(
-        svc, caller.tenant_id, None, queries.latest_cursor(svc.runtime.store) if cursor is None else cursor
+        svc, caller.tenant_id, None, svc.runtime.reads.latest_cursor() if cursor is None else cursor
     )

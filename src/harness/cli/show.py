@@ -1,4 +1,4 @@
-"""The `harness` command line: a thin shell over the library (SPEC U1)."""
+"""`harness runs show`: a Run's state, path of transitions, legacy job status and cost."""
 
 from __future__ import annotations
 
@@ -8,32 +8,11 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from harness import cli_archive, cli_ops, cli_replay, cli_runs, cli_serve, cli_webhooks
-from harness.adapters.sql.ledger import CostLedger
-from harness.cli_audit import audit_app
-from harness.cli_skills import skills_app
-from harness.cli_support import DbOption, JsonOption, cli_errors, emit, open_store, screen
-from harness.cli_witness import witness_app
+from harness.cli import archive as cli_archive
+from harness.cli.support import DbOption, JsonOption, cli_errors, emit, screen
+from harness.config import cost_ledger, open_store
 
-app = typer.Typer(
-    help="harness-kernel: governed, auditable, recoverable AI-agent Runs.",
-    no_args_is_help=True,
-    pretty_exceptions_enable=False,
-    add_completion=False,
-)
 runs_app = typer.Typer(help="Inspect Runs.", no_args_is_help=True)
-app.add_typer(runs_app, name="runs")
-app.add_typer(audit_app, name="audit")
-app.add_typer(cli_webhooks.webhooks_app, name="webhooks")
-app.command("costs")(cli_webhooks.costs)
-app.add_typer(witness_app, name="witness")
-app.add_typer(skills_app, name="skills")
-for _name, _fn in (("run", cli_runs.run), ("trace", cli_runs.trace), ("cancel", cli_runs.cancel),
-                   ("approve", cli_runs.approve), ("reject", cli_runs.reject), ("approvals", cli_runs.approvals),
-                   ("demo", cli_runs.demo), ("sweep", cli_ops.sweep), ("serve", cli_serve.serve),
-                   ("replay", cli_replay.replay), ("worker", cli_ops.worker), ("archive", cli_archive.archive),
-                   ("erase", cli_archive.erase)):
-    app.command(_name)(cli_errors(_fn))
 
 
 def _ts(seconds: float | None) -> str:
@@ -64,7 +43,7 @@ def runs_show(
     run = store.get_run(run_id)
     path = store.transitions_of(run_id)
     status, snapshot = store.legacy_job(run_id)
-    cost = CostLedger(store).run_total(run_id).to_dict()
+    cost = cost_ledger(store).run_total(run_id).to_dict()
     doc: dict[str, Any] = {
         "run_id": run.run_id,
         "state": run.state.value,
@@ -98,12 +77,3 @@ def runs_show(
     console.print(f"cost: {cost['usd']:.6f} USD · {cost['input_tokens']} tokens in, {cost['output_tokens']} out · "
                   f"{cost['api_calls']} API calls · {cost['sandbox_s']:.2f} sandbox s · {cost['costs']} costs"
                   + (f" incl. {cost['children']} child Run(s)" if cost["children"] else ""))
-
-
-def main() -> None:
-    """Entry point of the `harness` script."""
-    app()
-
-
-if __name__ == "__main__":
-    main()

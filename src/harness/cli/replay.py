@@ -12,19 +12,11 @@ from typing import Annotated
 
 import typer
 
-from harness.adapters.sql.store import SqlStore
-from harness.cli_support import EXIT_CHECK_FAILED, DbOption, JsonOption, emit, screen
-from harness.config import Settings
+from harness.cli.support import EXIT_CHECK_FAILED, DbOption, JsonOption, emit, screen
+from harness.config import Settings, open_store
 from harness.domain.errors import InvalidRequestError
 from harness.replay import ReplayReport
 from harness.replay import replay as replay_run
-
-
-def open_source(db: str | None) -> SqlStore:
-    """The database holding the Run, opened without migrating it (replay never writes there)."""
-    if db and "://" not in db and not Path(db).expanduser().exists():
-        raise InvalidRequestError(f"no database at {db!r}")
-    return SqlStore.open(db, migrate_schema=False)
 
 
 def replay(
@@ -33,7 +25,9 @@ def replay(
     json_: JsonOption = False,
 ) -> None:
     """Re-execute a finished Run with its recorded LLM answers and tool results; report any divergence."""
-    source = open_source(db)
+    if db and "://" not in db and not Path(db).expanduser().exists():
+        raise InvalidRequestError(f"no database at {db!r}")
+    source = open_store(db, migrate_schema=False)  # replay never writes to the Run's database
     try:
         report = replay_run(run_id, source, Settings.from_env())
     finally:

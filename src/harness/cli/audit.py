@@ -12,12 +12,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, ParamSpec, TypeVar
 
-import sqlalchemy as sa
 import typer
 from rich.table import Table
 
-from harness.adapters.sql.database import resolve_url
-from harness.adapters.sql.store import SqlStore
 from harness.audit.checkpoint import (
     DEFAULT_DIR,
     DIR_ENV,
@@ -34,8 +31,8 @@ from harness.audit.keys import move_legacy_key
 from harness.audit.reconcile import ReconcileReport, reconcile
 from harness.audit.verify import ChainReport, verify_chain
 from harness.audit.witness import WITNESS_ENV, configured_witnesses
-from harness.cli_support import EXIT_CHECK_FAILED, DbOption, JsonOption, cli_errors, emit, fail, open_store, screen
-from harness.config import audit_reads, reconcile_reads
+from harness.cli.support import EXIT_CHECK_FAILED, DbOption, JsonOption, cli_errors, emit, fail, screen
+from harness.config import DatabaseError, audit_reads, open_existing_store, reconcile_reads
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -65,19 +62,10 @@ def _audit_errors(fn: Callable[P, R]) -> Callable[P, R]:
             return fn(*args, **kwargs)
         except TamperedHistoryError as exc:
             fail(f"tampered history: {exc}", EXIT_CHECK_FAILED)
-        except sa.exc.SQLAlchemyError as exc:
+        except DatabaseError as exc:
             fail(f"database error: {str(exc.orig) if hasattr(exc, 'orig') else exc}")
 
     return wrapper
-
-
-def _open(db: str | None) -> SqlStore:
-    """The store, refusing to create a new SQLite file: auditing a database that is not there is a mistake."""
-    url = sa.engine.make_url(resolve_url(db))
-    path = url.database if url.get_backend_name() == "sqlite" else None
-    if path not in (None, "", ":memory:") and not Path(str(path)).is_file():
-        fail(f"no database at {path}")
-    return open_store(db)
 
 
 def _print_verify(report: ChainReport) -> None:
@@ -120,7 +108,7 @@ def verify(
 ) -> None:
     """Walk the hash chain, check every row people read against it and the chain against the signed
     checkpoints (local and witnessed); exit 1 naming the first bad record, or the table, row and field."""
-    store = _open(db)
+    store = open_existing_store(db)
     directory = checkpoint_dir(checkpoint_dir_, store.database_id())
     # a folder typed on the command line must exist (a typo is bad input); the one HARNESS_CHECKPOINT_DIR
     # names is created by the first checkpoint, and until then there are no checkpoints yet (a warning)
@@ -159,7 +147,7 @@ def _print_reconcile(report: ReconcileReport) -> None:
 def reconcile_cmd(db: DbOption = None, json_: JsonOption = False, limit: LimitOption = 20) -> None:
     """Check that final-state counts match their audit events, each Run agrees with its transitions and
     spend totals match the recorded costs."""
-    report = reconcile(reconcile_reads(_open(db)), limit=limit)
+    report = reconcile(reconcile_reads(open_existing_store(db)), limit=limit)
     if json_:
         emit(report.to_dict())
     else:
@@ -175,7 +163,7 @@ def checkpoint_cmd(db: DbOption = None, json_: JsonOption = False, dir_: DirOpti
                    witness: WitnessOption = None) -> None:
     """Drain the outbox, then publish a signed Merkle tree head of the whole chain as a new file, and give
     it to the witnesses; exit 1 when a witness did not keep it."""
-    store = _open(db)
+    store = open_existing_store(db)
     cp = publish_checkpoint(audit_reads(store), checkpoint_dir(dir_, store.database_id()),
                             witnesses=configured_witnesses(witness))
     doc = {**cp.summary(), "path": str(cp.path), "previous": (cp.doc.get("previous") or {}).get("file"),
@@ -210,7 +198,7 @@ def rotate_key_cmd(
 ) -> None:
     """Change the checkpoint signing key: publish a checkpoint signed by the new key and endorsed by the
     current one, so verifiers who trust the first key trust the new one; the old key signs nothing more."""
-    store = _open(db)
+    store = open_existing_store(db)
     cp, key_path = rotate_key(audit_reads(store), checkpoint_dir(dir_, store.database_id()), new_key,
                               witnesses=configured_witnesses(witness))
     endorsement = cp.doc["endorsement"]
@@ -245,7 +233,7 @@ def export_cmd(
     output: Annotated[Path | None, typer.Option("-o", "--output", help="Write the export here.")] = None,
 ) -> None:
     """Export a Run's trace records with inclusion proofs against the newest checkpoint."""
-    store = _open(db)
+    store = open_existing_store(db)
     directory = checkpoint_dir(dir_, store.database_id())
     cp = latest_checkpoint(directory)
     if cp is None:
@@ -277,7 +265,7 @@ def export_cmd(
 def move_key_cmd(db: DbOption = None, json_: JsonOption = False, dir_: DirOption = None) -> None:
     """Move a signing key an earlier version left in the checkpoint directory to the database's key folder
     (mode 0600), where a checkpoint directory writer cannot take it."""
-    store = _open(db)
+    store = open_existing_store(db)
     directory = checkpoint_dir(dir_, store.database_id())
     legacy = directory if (directory / "checkpoint-key.pem").exists() or dir_ else Path(DEFAULT_DIR)
     target = move_legacy_key(legacy, store.database_id())
@@ -292,7 +280,7 @@ def move_key_cmd(db: DbOption = None, json_: JsonOption = False, dir_: DirOption
 @_audit_errors
 def drain_cmd(db: DbOption = None, json_: JsonOption = False) -> None:
     """Chain every record waiting in the outbox now."""
-    store = _open(db)
+    store = open_existing_store(db)
     chained = store.drain_all()
     seq, digest = store.chain_head()
     head = {"seq": seq, "hash": digest}

@@ -7,8 +7,8 @@ from typing import Annotated
 
 import typer
 
-from harness.cli_runs import runtime
-from harness.cli_support import DbOption, JsonOption, emit
+from harness.cli.runs import runtime
+from harness.cli.support import DbOption, JsonOption, emit
 from harness.sweeper import SweepReport, ZombieSweeper
 
 

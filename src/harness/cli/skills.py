@@ -8,7 +8,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from harness.cli_support import DbOption, JsonOption, cli_errors, emit
+from harness.cli.support import DbOption, JsonOption, cli_errors, emit
 from harness.config import Runtime, Settings, build_runtime
 from harness.policy.risk import level_for
 from harness.skills import Skill

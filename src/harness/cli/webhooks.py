@@ -13,9 +13,9 @@ from rich.table import Table
 
 from harness.adapters.sql.ledger import GROUPS, GroupBy
 from harness.adapters.sql.webhooks import STATUSES
-from harness.adapters.webhook_http import WebhookSender
-from harness.cli_runs import runtime
-from harness.cli_support import EXIT_CHECK_FAILED, DbOption, JsonOption, cli_errors, emit, fail, screen
+from harness.cli.runs import runtime
+from harness.cli.support import EXIT_CHECK_FAILED, DbOption, JsonOption, cli_errors, emit, fail, screen
+from harness.config import webhook_sender
 from harness.domain.contracts import check_callback_url
 from harness.domain.ids import ordered_id
 from harness.webhooks.config import DEFAULT_SECRET_ENV, SecretRef, WebhookConfigError
@@ -68,7 +68,7 @@ def test(
                        "timestamp": iso(dt.datetime.now(dt.UTC).timestamp()),
                        "data": {"message": "a signed test event from harness", "host": os.uname().nodename}},
                       sort_keys=True, separators=(",", ":"))
-    sender = WebhookSender(timeout)
+    sender = webhook_sender(timeout)
     try:
         outcome = sender.send(url, event_id, body, secret)
     finally:

@@ -12,11 +12,10 @@ import sys
 from collections.abc import Callable
 from typing import Annotated, Any, NoReturn, ParamSpec, TypeVar
 
-import sqlalchemy.exc
 import typer
 from rich.console import Console
 
-from harness.adapters.sql.store import SqlStore
+from harness.config import DatabaseError
 from harness.domain.errors import BadInputError, ConflictError, HarnessError, InvalidTransitionError
 
 P = ParamSpec("P")
@@ -33,9 +32,14 @@ DbOption = Annotated[
 JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
 
 
-def open_store(db: str | None) -> SqlStore:
-    """The store named by --db / HARNESS_DATABASE_URL, created on first use."""
-    return SqlStore.open(db)
+def make_app() -> typer.Typer:
+    """The `harness` command group, before its commands are added."""
+    return typer.Typer(
+        help="harness-kernel: governed, auditable, recoverable AI-agent Runs.",
+        no_args_is_help=True,
+        pretty_exceptions_enable=False,
+        add_completion=False,
+    )
 
 
 def screen() -> Console:
@@ -72,7 +76,7 @@ def cli_errors(fn: Callable[P, R]) -> Callable[P, R]:
             fail(f"{type(exc).__name__}: {exc}")
         except OSError as exc:
             fail(f"{exc.strerror or exc}: {exc.filename or ''}".rstrip(": "))
-        except sqlalchemy.exc.SQLAlchemyError as exc:
+        except DatabaseError as exc:
             fail(f"database error: {exc.__class__.__name__}: {str(exc).splitlines()[0]}")
 
     return wrapper

@@ -11,7 +11,7 @@ from typing import Annotated, Any
 import typer
 from rich.tree import Tree
 
-from harness.cli_support import DbOption, JsonOption, emit, fail, screen
+from harness.cli.support import DbOption, JsonOption, emit, fail, screen
 from harness.config import Runtime, Settings, build_runtime
 from harness.domain.contracts import RunResult
 from harness.domain.traces import policy_verdicts

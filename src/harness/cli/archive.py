@@ -13,13 +13,13 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-from harness.adapters.sql.retention import ArchivedRun, RetentionStore
-from harness.adapters.sql.store import SqlStore
+from harness.adapters.sql.retention import ArchivedRun
 from harness.audit.checkpoint import DIR_ENV, checkpoint_dir, current_key
 from harness.audit.formats import FormatError
 from harness.audit.segment import decode, verify_segment
 from harness.audit.witness import configured_witnesses
-from harness.cli_support import EXIT_CHECK_FAILED, DbOption, JsonOption, emit, fail, open_store
+from harness.cli.support import EXIT_CHECK_FAILED, DbOption, JsonOption, emit, fail
+from harness.config import Store, archived_run, open_store
 from harness.ports.segments import SegmentStoreError
 from harness.retention.archiver import ArchiveError, Archiver
 from harness.retention.erase import erase_user
@@ -88,12 +88,12 @@ def _ts(seconds: float) -> str:
     return dt.datetime.fromtimestamp(seconds, dt.UTC).isoformat(timespec="milliseconds")
 
 
-def archived_or_none(store: SqlStore, run_id: str) -> ArchivedRun | None:
+def archived_or_none(store: Store, run_id: str) -> ArchivedRun | None:
     """Where an archived Run is, when it was archived."""
-    return RetentionStore(store).archived(run_id)
+    return archived_run(store, run_id)
 
 
-def read_back(store: SqlStore, archived: ArchivedRun, directory: Path, endpoint: str | None) -> dict[str, Any]:
+def read_back(store: Store, archived: ArchivedRun, directory: Path, endpoint: str | None) -> dict[str, Any]:
     """The archived Run's line of its segment, after the segment is checked against its checkpoint."""
     data = read_location(archived.location, endpoint)
     key = current_key(directory)
@@ -109,7 +109,7 @@ def read_back(store: SqlStore, archived: ArchivedRun, directory: Path, endpoint:
     return line
 
 
-def show_archived(store: SqlStore, archived: ArchivedRun, *, json_: bool, from_archive: bool,
+def show_archived(store: Store, archived: ArchivedRun, *, json_: bool, from_archive: bool,
                   checkpoint_dir_: str | None, endpoint: str | None) -> None:
     """`runs show` of an archived Run: where it is, and with --from-archive what it held."""
     doc: dict[str, Any] = {"run_id": archived.run_id, "archived": archived.to_dict(), "state": archived.state,

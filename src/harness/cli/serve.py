@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from harness.cli_support import DbOption
+from harness.cli.support import DbOption
 
 Host = Annotated[str, typer.Option("--host", help="Interface to listen on.")]
 Port = Annotated[int, typer.Option("--port", min=0, max=65535, help="TCP port (0 picks a free one).")]
@@ -61,12 +61,3 @@ def serve(
         log_level=log_level.lower(),
     )
     uvicorn.Server(config).run()
-
-
-def main() -> None:
-    """`python -m harness.cli_serve`: the same as `harness serve`."""
-    typer.run(serve)
-
-
-if __name__ == "__main__":
-    main()

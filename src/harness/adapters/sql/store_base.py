@@ -1,0 +1,109 @@
+"""The SQL store's shared state (engine, reader pool, clock, dialect statements) and row helpers."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+
+import sqlalchemy as sa
+
+from harness.adapters.sql.database import read_only
+from harness.adapters.sql.raw import RawStatements
+from harness.clock import SystemClock
+from harness.domain.records import (
+    RunRecord,
+    TransitionRow,
+)
+from harness.kernel import (
+    RunState,
+)
+from harness.kernel.states import CloseReason
+from harness.ports import Clock, TraceBuffer
+
+UNSET: Any = object()
+
+
+class WrongExitError(Exception):
+    """TRACING asked to exit somewhere its close reason does not lead (rolls the transaction back)."""
+
+    def __init__(self, reason: CloseReason | None) -> None:
+        super().__init__(str(reason))
+        self.reason = reason
+
+
+class CasRow(NamedTuple):
+    state: str
+    close_reason: str | None
+    version: int
+    lease_epoch: int
+
+
+class OutboxRow(NamedTuple):
+    id: int
+    record_id: str
+    run_id: str | None
+    kind: str
+    payload: str
+
+
+def without_run_id(payload: dict[str, Any], run_id: str | None) -> dict[str, Any]:
+    if run_id is None or payload.get("run_id") != run_id:
+        return payload
+    return {k: v for k, v in payload.items() if k != "run_id"}
+
+
+def transition_of(m: dict[str, Any]) -> TransitionRow:
+    source = RunState(m["from_state"]) if m["from_state"] else None
+    return TransitionRow(m["seq"], source, RunState(m["to_state"]), m["actor"], m["reason"], m["forced_by"], m["at"])
+
+
+def run_from_row(row: sa.Row[Any]) -> RunRecord:
+    return run_of(row._mapping)
+
+
+def run_of(m: Mapping[Any, Any]) -> RunRecord:
+    return RunRecord(
+        run_id=m["run_id"],
+        tenant_id=m["tenant_id"],
+        user_id=m["user_id"],
+        session_id=m["session_id"],
+        state=RunState(m["state"]),
+        close_reason=CloseReason(m["close_reason"]) if m["close_reason"] else None,
+        version=m["version"],
+        retry_of=m["retry_of"],
+        parent_run_id=m["parent_run_id"],
+        idempotency_key=m["idempotency_key"],
+        created_at=m["created_at"],
+        last_state_change_at=m["last_state_change_at"],
+        deadline_at=m["deadline_at"],
+        lease_owner=m["lease_owner"],
+        lease_epoch=m["lease_epoch"],
+        stall_count=m["stall_count"],
+        request=json.loads(m["request"]),
+        context=json.loads(m["context"]) if m["context"] else None,
+        result=json.loads(m["result"]) if m["result"] else None,
+    )
+
+
+
+class StoreBase:
+    """What every part of the SQL store shares: the engine, its read-only pool, the clock, the trace buffer."""
+
+    def __init__(self, engine: sa.Engine, clock: Clock | None = None) -> None:
+        self.engine = engine
+        #: the same pool, for reads only: on SQLite they do not take the write lock
+        self.reader = read_only(engine)
+        self._batches_by_array = engine.dialect.name == "postgresql"
+        self.clock: Clock = clock or SystemClock()
+        self._locks_rows = engine.dialect.name != "sqlite"  # SQLite serializes with BEGIN IMMEDIATE
+        self._raw = RawStatements(engine.dialect)
+        #: carries the outbox to the chain through e.g. Redis Streams (SPEC D2); None: drained directly
+        self.trace_buffer: TraceBuffer | None = None
+        self._database_id: str | None = None
+
+    def close(self) -> None:
+        """Release every pooled connection."""
+        if self.trace_buffer is not None:
+            self.trace_buffer.close()
+        self.engine.dispose()

@@ -1,0 +1,170 @@
+"""The SQL store's reads of Runs and its probes (write probe, database id, integrity check)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import sqlalchemy as sa
+
+from harness.adapters.sql import schema as t
+from harness.adapters.sql import statements as q
+from harness.adapters.sql.database import SQLITE_BUSY_TIMEOUT_MS
+from harness.adapters.sql.store_base import (
+    StoreBase,
+    run_from_row,
+    run_of,
+    transition_of,
+)
+from harness.domain.errors import StoreError, UnknownRunError
+from harness.domain.records import (
+    AuditEvent,
+    RunRecord,
+    TransitionRow,
+)
+from harness.kernel import (
+    FINAL,
+    RunState,
+)
+
+
+class RunReads(StoreBase):
+    """Runs, transitions, audit events and outcomes read back, on the read-only pool; the health probes."""
+
+    # ------------------------------------------------------------------ reads
+
+    def get_run(self, run_id: str) -> RunRecord:
+        """The Run with this id; UnknownRunError when there is none."""
+        with self.reader.connect() as conn:
+            rows = self._raw.mappings(conn, q.RUN_BY_ID, {"p_run_id": run_id})
+        if not rows:
+            raise UnknownRunError(run_id)
+        return run_of(rows[0])
+
+    def state_of(self, run_id: str) -> RunState:
+        """Only the Run's state: the cheap check made between steps (cancelled? swept?)."""
+        with self.reader.connect() as conn:
+            found = self._raw.fetchone(conn, q.STATE_OF, {"p_run_id": run_id})
+        if found is None:
+            raise UnknownRunError(run_id)
+        return RunState(found[0])
+
+    def final_among(self, run_ids: Sequence[str]) -> set[str]:
+        """Which of these Runs are in a final state (ids of no Run are not)."""
+        if not run_ids:
+            return set()
+        final = [s.value for s in FINAL]
+        query = sa.select(t.runs.c.run_id).where(t.runs.c.run_id.in_(list(run_ids)), t.runs.c.state.in_(final))
+        with self.reader.connect() as conn:
+            return set(conn.execute(query).scalars())
+
+    def list_runs(self, *, tenant_id: str | None = None, limit: int = 50) -> list[RunRecord]:
+        """The newest Runs first."""
+        query = sa.select(*q.RUN_RECORD).order_by(t.runs.c.created_at.desc()).limit(limit)
+        if tenant_id is not None:
+            query = query.where(t.runs.c.tenant_id == tenant_id)
+        with self.reader.connect() as conn:
+            return [run_from_row(r) for r in conn.execute(query)]
+
+    def unowned_runs(self, grace_s: float, limit: int = 1000) -> list[str]:
+        """Runs a driver should be driving and nobody is: in a state that moves on by itself (not final,
+        not waiting for a human), with no live lease, unchanged for `grace_s` — their driver died or
+        never started. Oldest first."""
+        now = self.clock.now()
+        active = [s.value for s in RunState if s not in FINAL and s != RunState.AWAITING_HITL]
+        query = (
+            sa.select(t.runs.c.run_id)
+            .where(t.runs.c.state.in_(active), t.runs.c.last_state_change_at <= now - grace_s,
+                   sa.or_(t.runs.c.lease_expires_at.is_(None), t.runs.c.lease_expires_at < now))
+            .order_by(t.runs.c.last_state_change_at)
+            .limit(limit)
+        )
+        with self.reader.connect() as conn:
+            return list(conn.execute(query).scalars())
+
+    def transitions_of(self, run_id: str) -> list[TransitionRow]:
+        """A Run's state changes in order, CREATED first."""
+        with self.reader.connect() as conn:
+            rows = self._raw.mappings(conn, q.TRANSITIONS_OF, {"p_run_id": run_id})
+        return [transition_of(r) for r in rows]
+
+    def run_with_transitions(self, run_id: str) -> tuple[RunRecord, list[TransitionRow]]:
+        """A Run and its state changes from one snapshot, in one round trip (what closing a Run needs)."""
+        with self.reader.connect() as conn, conn.begin():  # raw cursors do not autobegin: begin here
+            found = self._raw.mappings(conn, q.RUN_BY_ID, {"p_run_id": run_id})
+            if not found:
+                raise UnknownRunError(run_id)
+            rows = self._raw.mappings(conn, q.TRANSITIONS_OF, {"p_run_id": run_id})
+        return run_of(found[0]), [transition_of(r) for r in rows]
+
+    def outcome_of(self, run_id: str) -> tuple[RunState, dict[str, Any] | None, list[RunState]]:
+        """(state, result, path) of a Run from one snapshot: what its caller is answered, without the
+        request and RunContext a full read decodes."""
+        with self.reader.connect() as conn, conn.begin():
+            found = self._raw.fetchone(conn, q.OUTCOME_OF, {"p_run_id": run_id})
+            if found is None:
+                raise UnknownRunError(run_id)
+            path = [RunState(r[0]) for r in self._raw.fetchall(conn, q.PATH_OF, {"p_run_id": run_id})]
+        return RunState(found[0]), json.loads(found[1]) if found[1] else None, path
+
+    def audit_events(self, *, run_id: str | None = None, event: str | None = None) -> list[AuditEvent]:
+        """AuditLog events, oldest first, optionally for one Run or one event name."""
+        query = sa.select(t.audit_events).order_by(t.audit_events.c.id)
+        if run_id is not None:
+            query = query.where(t.audit_events.c.run_id == run_id)
+        if event is not None:
+            query = query.where(t.audit_events.c.event == event)
+        with self.reader.connect() as conn:
+            return [AuditEvent(r.event_id, r.run_id, r.event, r.actor, json.loads(r.detail), r.at)
+                    for r in conn.execute(query)]
+
+    def legacy_job(self, run_id: str) -> tuple[str, str]:
+        """(status, run_state_snapshot) of the legacy job row; for legacy consumers and checks only."""
+        with self.reader.connect() as conn:
+            row = conn.execute(
+                sa.select(t.jobs.c.status, t.jobs.c.run_state_snapshot).where(t.jobs.c.job_id == run_id)
+            ).first()
+        if row is None:
+            raise UnknownRunError(run_id)
+        return str(row.status), str(row.run_state_snapshot)
+
+    # ------------------------------------------------------------------ probes
+
+    def probe_write(self, by: str = "health", timeout_s: float = 2.0) -> None:
+        """Prove the database takes writes now: commit an update of the health heartbeat row. Raises the
+        database's error when it refuses; waits at most about `timeout_s` for a lock (SQLite's busy
+        timeout, PostgreSQL's statement timeout) instead of a writer's usual minute."""
+        with self.engine.connect() as conn:
+            sqlite = conn.dialect.name == "sqlite"
+            driver = conn.connection.driver_connection
+            if sqlite:
+                driver.execute(f"PRAGMA busy_timeout={int(timeout_s * 1000)}")  # type: ignore[union-attr]
+            try:
+                with conn.begin():
+                    if conn.dialect.name == "postgresql":
+                        conn.exec_driver_sql(f"SET LOCAL statement_timeout = {int(timeout_s * 1000)}")
+                    beat = {"at": self.clock.now(), "prober": by[:128]}
+                    updated = conn.execute(t.health_heartbeat.update().where(t.health_heartbeat.c.id == 1), beat)
+                    if updated.rowcount == 0:
+                        conn.execute(t.health_heartbeat.insert().values(id=1, **beat))
+            finally:
+                if sqlite:
+                    driver.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")  # type: ignore[union-attr]
+
+    def database_id(self) -> str:
+        """The id written when the database was created (migration 0013): what checkpoints name."""
+        if self._database_id is None:
+            with self.reader.connect() as conn:
+                found = conn.execute(sa.select(t.database_identity.c.database_id)
+                                     .where(t.database_identity.c.id == 1)).scalar()
+            if found is None:
+                raise StoreError("database_identity has no row: the database was damaged")
+            self._database_id = str(found)
+        return self._database_id
+
+    def raise_if_corrupt(self) -> None:
+        """Raise StoreError when the chain head table is missing its row (a damaged database)."""
+        with self.reader.connect() as conn:
+            if conn.execute(sa.select(t.chain_head.c.id)).first() is None:
+                raise StoreError("chain_head row is missing: the database was damaged")
