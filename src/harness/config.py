@@ -14,8 +14,9 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from harness.adapters.llm.factory import make_provider
 from harness.adapters.llm.pricing import PricingTable
-from harness.adapters.llm.resilient import GuardedProvider, ProviderSettings, make_provider
+from harness.adapters.llm.resilient import GuardedProvider, ProviderSettings
 from harness.adapters.llm.scripted import ScriptedProvider
 from harness.adapters.sql.ledger import CostLedger
 from harness.adapters.sql.store import SqlStore
