@@ -18,6 +18,7 @@ from harness.adapters.llm.factory import make_provider
 from harness.adapters.llm.pricing import PricingTable
 from harness.adapters.llm.resilient import GuardedProvider, ProviderSettings
 from harness.adapters.llm.scripted import ScriptedProvider
+from harness.adapters.sql.leases import Leases
 from harness.adapters.sql.ledger import CostLedger
 from harness.adapters.sql.store import SqlStore
 from harness.adapters.sql.webhooks import WebhookOutbox
@@ -448,6 +449,7 @@ def build_runtime(settings: Settings | None = None, *, clock: Clock | None = Non
         chain_depth=settings.chain_depth, max_rounds=settings.max_rounds, limits=settings.limits,
         roles_of=identities.roles_of,
         check_callback=lambda request: webhooks.check_callback(request.tenant_id, request.callback or ""),
+        child_leases=Leases(store, ttl_s=60.0),
     )
     tools.child_runs = runs  # AgentInvoke creates child Runs through the same kernel (T4)
     runtime = Runtime(settings, store, machine, registry, policy, hitl, tools, TraceRecorder(store), runs, identities,

@@ -15,9 +15,10 @@ import socket
 import threading
 from dataclasses import dataclass
 
-from harness.adapters.sql.leases import Lease, Leases
+from harness.adapters.sql.leases import Leases
 from harness.config import Runtime
 from harness.domain.contracts import RunResult
+from harness.domain.leases import Lease
 from harness.kernel import FINAL, RunState
 
 log = logging.getLogger(__name__)

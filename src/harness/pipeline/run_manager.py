@@ -63,6 +63,7 @@ from harness.pipeline.tool_controller import ToolController
 from harness.pipeline.tool_kinds import ChildWait, StepTimeoutError, ToolCallError
 from harness.policy.hitl import Decision, HitlDesk, HitlRequest, plan_actions
 from harness.ports import Fence
+from harness.ports.runs import RunLeases
 from harness.skills import Skill
 from harness.state_machine import StateMachine
 from harness.timefmt import approvals_needed
@@ -116,7 +117,8 @@ class RunManager:
                  orchestrator: PlanOrchestrator, policy: PolicyEngine, tools: ToolController, hitl: HitlDesk,
                  ledger: CostLedger, execution_limit_s: float = 600.0, chain_depth: int = 4,
                  limits: RequestLimits | None = None, roles_of: RolesOf | None = None,
-                 check_callback: Callable[[RunRequest], None] | None = None, max_rounds: int = 4) -> None:
+                 check_callback: Callable[[RunRequest], None] | None = None, max_rounds: int = 4,
+                 child_leases: RunLeases) -> None:
         self.store = store
         self.machine = machine
         self.assembler = assembler
@@ -141,7 +143,7 @@ class RunManager:
         #: another live driver holds the lease.
         self.driver: Callable[[str], RunResult | None] | None = None
         #: child Runs (AgentInvoke): the parent's wait, and waking a parent whose child ended (T4)
-        self.children = ChildRuns(self)
+        self.children = ChildRuns(self, child_leases)
 
     # ------------------------------------------------------------------ entry points
 
