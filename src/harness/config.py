@@ -20,6 +20,7 @@ from harness.adapters.llm.resilient import GuardedProvider, ProviderSettings
 from harness.adapters.llm.scripted import ScriptedProvider
 from harness.adapters.sql.leases import Leases
 from harness.adapters.sql.ledger import CostLedger
+from harness.adapters.sql.run_writes import SqlRunWrites
 from harness.adapters.sql.store import SqlStore
 from harness.adapters.sql.webhooks import WebhookOutbox
 from harness.agents import Agent, support_agent
@@ -443,7 +444,8 @@ def build_runtime(settings: Settings | None = None, *, clock: Clock | None = Non
     machine.in_transaction(pushes.on_transition)  # results of every close and park (P4), in its transaction
     hitl.on_insert(pushes.on_request)  # approval requests opened or escalated (N1), in their transaction
     runs = RunManager(
-        store=store, machine=machine, assembler=assembler, orchestrator=PlanOrchestrator(
+        store=store, writes=SqlRunWrites(store, ledger), machine=machine, assembler=assembler,
+        orchestrator=PlanOrchestrator(
             provider, registry, max_attempts=1 if isinstance(provider, GuardedProvider) else 3),
         policy=policy, tools=tools, hitl=hitl, ledger=ledger, execution_limit_s=settings.execution_limit_s,
         chain_depth=settings.chain_depth, max_rounds=settings.max_rounds, limits=settings.limits,
