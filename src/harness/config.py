@@ -18,6 +18,7 @@ from harness.adapters.llm.factory import make_provider
 from harness.adapters.llm.pricing import PricingTable
 from harness.adapters.llm.resilient import GuardedProvider, ProviderSettings
 from harness.adapters.llm.scripted import ScriptedProvider
+from harness.adapters.sandbox import Workdirs, select_sandbox
 from harness.adapters.sql.leases import Leases
 from harness.adapters.sql.ledger import CostLedger
 from harness.adapters.sql.run_writes import SqlRunWrites
@@ -421,7 +422,8 @@ def build_runtime(settings: Settings | None = None, *, clock: Clock | None = Non
     secret_filter = SecretFilter()
     sandboxes = SandboxPool(store, settings.pool_settings(), owner=f"{settings.sandbox_host}:{os.getpid()}",
                             ledger=ledger, price_per_s=pricing.sandbox_price, price_table=pricing.as_of)
-    tools = ToolController(registry, data_dir=settings.data_dir, sandbox_mode=settings.sandbox,
+    tools = ToolController(registry, workdirs=Workdirs(settings.data_dir / "runs"), data_dir=settings.data_dir,
+                           choose_sandbox=lambda: select_sandbox(settings.sandbox),
                            clock=store.clock, provider=provider, record_cost=ledger.record,
                            scrub=lambda text: secret_filter.scrub(text).text, sandbox_price=pricing.sandbox_price,
                            price_table=pricing.as_of, sandbox_pool=sandboxes, kinds=mcp_kinds(mcp, ledger, store))

@@ -15,7 +15,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from harness.adapters.sandbox.workdirs import Workdirs
 from harness.domain.contracts import CallerIdentity, Message, RunRequest, RunResult, render_template
 from harness.domain.errors import ContextError, SkillError
 from harness.domain.llm import LLMRequest
@@ -24,6 +23,7 @@ from harness.domain.sandbox import SandboxJob, SandboxOutcome
 from harness.domain.traces import CostTrace, unit_price
 from harness.pipeline.sandbox_pool import SandboxPool, SandboxUnavailableError
 from harness.ports import LLMProvider, Sandbox
+from harness.ports.workdirs import Workdirs
 from harness.skills import Skill, SkillContext
 
 if TYPE_CHECKING:
