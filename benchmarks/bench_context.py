@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from harness.adapters.sql.memory import SqlMemoryRows
 from harness.adapters.sql.store import SqlStore
 from harness.clock import FakeClock
 from harness.context.compression import compress, cost, key_items
@@ -207,7 +208,7 @@ def main() -> None:
         embedder = MiniLMEmbedder()
     with tempfile.TemporaryDirectory() as folder:
         store = SqlStore.open(str(Path(folder) / "bench.db"), FakeClock())
-        memory = MemoryStore(store.engine, store.clock, SecretFilter(), embedder)
+        memory = MemoryStore(SqlMemoryRows(store.engine), store.clock, SecretFilter(), embedder)
         report: dict[str, Any] = {"python": sys.version.split()[0],
                                   "entries": args.tenants * PER_TENANT + len(LABELLED),
                                   "seed_s": round(seed(memory, random.Random(7), args.tenants), 1)}

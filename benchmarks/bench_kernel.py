@@ -37,6 +37,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from harness.adapters.sql.audit_reads import SqlAuditReads
 from harness.adapters.sql.store import SqlStore
 from harness.domain.chain import GENESIS_HASH, record_hash
 from harness.domain.records import NewRun
@@ -278,7 +279,7 @@ def harness_recompute(db: Path) -> float:
         store.close()
 
 
-def _verifier() -> Callable[[SqlStore], Any] | None:
+def _verifier() -> Callable[[SqlAuditReads], Any] | None:
     try:
         from harness.audit.verify import verify_chain
     except ImportError:
@@ -294,7 +295,7 @@ def harness_verify(db: Path) -> float | None:
     store = SqlStore.open(str(db), migrate_schema=False)
     try:
         start = time.perf_counter()
-        report = verify(store)
+        report = verify(SqlAuditReads(store))
         elapsed = time.perf_counter() - start
         if not report.ok:
             raise RuntimeError(f"verify_chain found problems: {report.first_bad}")

@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests.integration.bulk_runs import clone, drive
 
+from harness.adapters.sql.audit_reads import SqlAuditReads
 from harness.adapters.sql.store import SqlStore
 from harness.audit.checkpoint import publish_checkpoint
 from harness.audit.verify import verify_chain
@@ -106,11 +107,11 @@ def main() -> None:
         t0 = time.perf_counter()
         clone(store, drive(machine), args.runs - 1)
         made = time.perf_counter() - t0
-        publish_checkpoint(store, tmp / "cp")
+        publish_checkpoint(SqlAuditReads(store), tmp / "cp")
         compact(store, args.backend, url)
         before = size(store, args.backend, url)
         t0 = time.perf_counter()
-        ok_before = verify_chain(store, tmp / "cp").ok
+        ok_before = verify_chain(SqlAuditReads(store), tmp / "cp").ok
         verify_before = time.perf_counter() - t0
         clock.advance(40 * DAY_S)
         report = Archiver(store, LocalSegmentStore(tmp / "archive"), tmp / "cp",
@@ -119,7 +120,7 @@ def main() -> None:
         compact(store, args.backend, url)
         compacted = size(store, args.backend, url)
         t0 = time.perf_counter()
-        checked = verify_chain(store, tmp / "cp")
+        checked = verify_chain(SqlAuditReads(store), tmp / "cp")
         verify_after = time.perf_counter() - t0
         print(json.dumps({
             "backend": args.backend, "runs": args.runs, "records": report.records, "create_s": round(made, 1),

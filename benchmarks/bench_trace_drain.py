@@ -29,6 +29,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from harness.adapters.redis_stream import RedisTraceBuffer
+from harness.adapters.sql.audit_reads import SqlAuditReads
 from harness.adapters.sql.store import SqlStore
 from harness.audit.verify import verify_chain
 from harness.domain.records import TraceRecordIn
@@ -84,7 +85,7 @@ def measure(backend: str, records: int, batch: int, redis_url: str, tmp: Path) -
         fill(store, records)
         seconds = timed(lambda: store.drain_all(batch))
         result["direct"] = records / seconds
-        assert verify_chain(store).ok
+        assert verify_chain(SqlAuditReads(store)).ok
         store.close()
     with database(backend, tmp) as url:
         store = SqlStore.open(url)
@@ -101,7 +102,7 @@ def measure(backend: str, records: int, batch: int, redis_url: str, tmp: Path) -
                 pass
 
         result["chain_only"] = records / timed(chain_all)
-        assert store.outbox_backlog() == 0 and verify_chain(store).ok
+        assert store.outbox_backlog() == 0 and verify_chain(SqlAuditReads(store)).ok
         buf.redis.delete(buf.stream, buf.inflight)
         store.close()
     return result

@@ -20,7 +20,7 @@ from celery import Celery
 from celery.signals import worker_process_init
 
 from harness.audit.publisher import CheckpointPublisher
-from harness.config import Runtime, Settings, build_runtime
+from harness.config import Runtime, Settings, audit_reads, build_runtime
 from harness.kernel import RunState
 from harness.kernel.thresholds import SWEEP_INTERVAL_S
 from harness.retention.policy import RetentionPolicy
@@ -126,8 +126,8 @@ def _schedule_checkpoints(app: Celery) -> None:
     def checkpoint() -> dict[str, object]:
         rt = runtime()
         s = rt.settings
-        published = CheckpointPublisher.from_settings(rt.store, s.checkpoint_interval_s, s.checkpoint_dir,
-                                                      s.checkpoint_witnesses).publish_if_due()
+        published = CheckpointPublisher.from_settings(audit_reads(rt.store), s.checkpoint_interval_s,
+                                                      s.checkpoint_dir, s.checkpoint_witnesses).publish_if_due()
         if published is None:
             return {"published": None}
         return {"published": str(published.path), "tree_size": published.tree_size,

@@ -16,14 +16,15 @@ from rich.console import Console
 from harness.adapters.sql.retention import ArchivedRun, RetentionStore
 from harness.adapters.sql.store import SqlStore
 from harness.audit.checkpoint import DIR_ENV, checkpoint_dir, current_key
+from harness.audit.formats import FormatError
 from harness.audit.segment import decode, verify_segment
-from harness.audit.standalone import FormatError
 from harness.audit.witness import configured_witnesses
 from harness.cli_support import EXIT_CHECK_FAILED, DbOption, JsonOption, emit, fail, open_store
+from harness.ports.segments import SegmentStoreError
 from harness.retention.archiver import ArchiveError, Archiver
 from harness.retention.erase import erase_user
 from harness.retention.policy import RetentionPolicy
-from harness.retention.storage import ENDPOINT_ENV, URL_ENV, SegmentStoreError, open_segment_store, read_location
+from harness.retention.storage import ENDPOINT_ENV, URL_ENV, open_segment_store, read_location
 
 ToOption = Annotated[str | None, typer.Option(
     "--to", envvar=URL_ENV, show_envvar=True,

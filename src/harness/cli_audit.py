@@ -35,6 +35,7 @@ from harness.audit.reconcile import ReconcileReport, reconcile
 from harness.audit.verify import ChainReport, verify_chain
 from harness.audit.witness import WITNESS_ENV, configured_witnesses
 from harness.cli_support import EXIT_CHECK_FAILED, DbOption, JsonOption, cli_errors, emit, fail, open_store, screen
+from harness.config import audit_reads, reconcile_reads
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -128,7 +129,8 @@ def verify(
     if typed and not directory.is_dir():
         fail(f"checkpoint directory {directory} does not exist")
     legacy = None if checkpoint_dir_ else Path(DEFAULT_DIR)
-    report = verify_chain(store, directory, limit=limit, witnesses=configured_witnesses(witness), legacy_dir=legacy)
+    report = verify_chain(audit_reads(store), directory, limit=limit, witnesses=configured_witnesses(witness),
+                          legacy_dir=legacy)
     if json_:
         emit(report.to_dict())
     else:
@@ -157,7 +159,7 @@ def _print_reconcile(report: ReconcileReport) -> None:
 def reconcile_cmd(db: DbOption = None, json_: JsonOption = False, limit: LimitOption = 20) -> None:
     """Check that final-state counts match their audit events, each Run agrees with its transitions and
     spend totals match the recorded costs."""
-    report = reconcile(_open(db), limit=limit)
+    report = reconcile(reconcile_reads(_open(db)), limit=limit)
     if json_:
         emit(report.to_dict())
     else:
@@ -174,7 +176,8 @@ def checkpoint_cmd(db: DbOption = None, json_: JsonOption = False, dir_: DirOpti
     """Drain the outbox, then publish a signed Merkle tree head of the whole chain as a new file, and give
     it to the witnesses; exit 1 when a witness did not keep it."""
     store = _open(db)
-    cp = publish_checkpoint(store, checkpoint_dir(dir_, store.database_id()), witnesses=configured_witnesses(witness))
+    cp = publish_checkpoint(audit_reads(store), checkpoint_dir(dir_, store.database_id()),
+                            witnesses=configured_witnesses(witness))
     doc = {**cp.summary(), "path": str(cp.path), "previous": (cp.doc.get("previous") or {}).get("file"),
            "witnesses": _witnessed(cp)}
     if json_:
@@ -208,7 +211,7 @@ def rotate_key_cmd(
     """Change the checkpoint signing key: publish a checkpoint signed by the new key and endorsed by the
     current one, so verifiers who trust the first key trust the new one; the old key signs nothing more."""
     store = _open(db)
-    cp, key_path = rotate_key(store, checkpoint_dir(dir_, store.database_id()), new_key,
+    cp, key_path = rotate_key(audit_reads(store), checkpoint_dir(dir_, store.database_id()), new_key,
                               witnesses=configured_witnesses(witness))
     endorsement = cp.doc["endorsement"]
     doc = {**cp.summary(), "path": str(cp.path), "endorsed_by": endorsement["by_key_id"],
@@ -252,7 +255,7 @@ def export_cmd(
     if cp.database_id not in (None, store.database_id()):
         fail(f"the newest checkpoint in {directory} is of database {cp.database_id}, not of this one "
              f"({store.database_id()}): give this database's checkpoint directory")
-    doc = export_run(store, run_id, cp)
+    doc = export_run(audit_reads(store), run_id, cp)
     if doc["complete"] and not doc["closed"]:
         sys.stderr.write(f"warning: run {run_id} has not closed: its export cannot prove that it holds every "
                          "record (harness-verify refuses it unless --allow-incomplete)\n")

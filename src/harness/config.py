@@ -19,11 +19,15 @@ from harness.adapters.llm.pricing import PricingTable
 from harness.adapters.llm.resilient import GuardedProvider, ProviderSettings
 from harness.adapters.llm.scripted import ScriptedProvider
 from harness.adapters.sandbox import Workdirs, select_sandbox
+from harness.adapters.sql.audit_reads import SqlAuditReads
 from harness.adapters.sql.leases import Leases
 from harness.adapters.sql.ledger import CostLedger
+from harness.adapters.sql.memory import SqlMemoryRows
+from harness.adapters.sql.reconcile_reads import SqlReconcileReads
 from harness.adapters.sql.run_writes import SqlRunWrites
 from harness.adapters.sql.store import SqlStore
 from harness.adapters.sql.webhooks import WebhookOutbox
+from harness.adapters.webhook_http import WebhookSender
 from harness.agents import Agent, support_agent
 from harness.context.secrets import SecretFilter
 from harness.context.tokenizer import tokenizer_for
@@ -46,6 +50,7 @@ from harness.pipeline.tool_controller import Executor, ToolController
 from harness.pipeline.trace_recorder import TraceRecorder
 from harness.policy.hitl import HitlDesk
 from harness.ports import Clock, LLMProvider, ResultSink, TraceBuffer
+from harness.ports.audit import AuditReads, ReconcileReads
 from harness.skills import SkillRegistry
 from harness.state_machine import Listener, StateMachine
 from harness.webhooks.config import WebhookConfig, load_webhook_config
@@ -288,7 +293,7 @@ class Runtime:
     def dispatcher(self) -> WebhookDispatcher:
         """A delivery loop for this runtime's webhook outbox (the caller closes it)."""
         assert self.webhooks is not None and self.webhook_outbox is not None
-        return WebhookDispatcher(self.webhook_outbox, self.webhooks)
+        return WebhookDispatcher(self.webhook_outbox, self.webhooks, WebhookSender(self.webhooks.delivery.timeout_s))
 
     def close(self) -> None:
         """Release threads and connections."""
@@ -366,6 +371,16 @@ def mcp_kinds(mcp: McpServers | None, ledger: CostLedger, store: SqlStore) -> di
     return {"mcp": McpCalls(mcp, ledger.record)}
 
 
+def audit_reads(store: SqlStore) -> AuditReads:
+    """The audit's read port over a store: what the verifier, checkpoints and exports read."""
+    return SqlAuditReads(store)
+
+
+def reconcile_reads(store: SqlStore) -> ReconcileReads:
+    """What `harness audit reconcile` reads, over a store."""
+    return SqlReconcileReads(store)
+
+
 def open_trace_buffer(url: str) -> TraceBuffer:
     """The trace buffer HARNESS_TRACE_BUFFER names (Redis Streams); it needs the `scale` extra."""
     try:
@@ -431,7 +446,7 @@ def build_runtime(settings: Settings | None = None, *, clock: Clock | None = Non
     machine.subscribe(sandboxes.after_change)  # then their processes are stopped
     machine.cost_total = lambda run: ledger.run_total(run.run_id).to_dict()  # A1: child Runs included
     machine.subscribe(_release_workdir(tools))
-    memory = open_memory(settings.memory, store.engine, store.clock, secret_filter)
+    memory = open_memory(settings.memory, SqlMemoryRows(store.engine), store.clock, secret_filter)
     if memory is not None:
         machine.on_close(MemoryWriteBack(memory, settings.memory_write_scope))  # C5: SUCCEEDED only
     identities = IdentityDirectory.from_file(settings.identities_file)

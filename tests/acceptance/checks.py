@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections import Counter
 
+from harness.adapters.sql.audit_reads import SqlAuditReads
+from harness.adapters.sql.reconcile_reads import SqlReconcileReads
 from harness.config import Runtime
 
 
@@ -19,7 +21,7 @@ def assert_audit_clean(rt: Runtime) -> None:
     from harness.audit.verify import verify_chain
 
     rt.store.drain_all()
-    chain = verify_chain(rt.store)
+    chain = verify_chain(SqlAuditReads(rt.store))
     assert chain.ok, chain
-    report = reconcile(rt.store)
+    report = reconcile(SqlReconcileReads(rt.store))
     assert report.ok, report

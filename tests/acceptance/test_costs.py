@@ -17,6 +17,8 @@ import sqlalchemy as sa
 import yaml
 
 from harness.adapters.sql import schema as t
+from harness.adapters.sql.audit_reads import SqlAuditReads
+from harness.adapters.sql.reconcile_reads import SqlReconcileReads
 from harness.audit.reconcile import reconcile
 from harness.clock import FakeClock
 from harness.config import Runtime, Settings, build_runtime
@@ -119,7 +121,7 @@ def test_a_runs_total_counts_every_cost_of_it_and_its_child_everywhere(rt: Runti
     assert total["sandbox_s"] == pytest.approx(sandboxed["sandbox_s"], abs=1e-6)
     records = [cost_fields(r.data()) for r in rt.store.trace_of(result.run_id) if r.kind == "cost"]
     assert {r["v"] for r in records} == {2} and sum(r["api_calls"] for r in records) == 2
-    report = reconcile(rt.store)
+    report = reconcile(SqlReconcileReads(rt.store))
     assert report.ok and report.counts["run_cost_total"] == 0, report.to_dict()
 
     with make_client(rt) as client:
@@ -151,17 +153,17 @@ def test_reconcile_finds_a_run_total_that_is_not_the_sum_of_its_costs(rt: Runtim
     recorded after the close (a call still running when the Run was cancelled) is only counted apart."""
     result = rt.runs.create_run({"task": "say hi", **TESS})
     rt.store.drain_all()
-    assert reconcile(rt.store).ok
+    assert reconcile(SqlReconcileReads(rt.store)).ok
     closed_at = rt.store.get_run(result.run_id).last_state_change_at
     row = {"run_id": result.run_id, "tenant_id": "t1", "user_id": "tess", "source": "llm:x:tool",
            "input_tokens": 5, "output_tokens": 5, "usd": 0.25, "api_calls": 1}
     with rt.store.engine.begin() as conn:
         conn.execute(t.costs.insert(), {**row, "at": closed_at + 5})
-    late = reconcile(rt.store)
+    late = reconcile(SqlReconcileReads(rt.store))
     assert late.counts["run_cost_total"] == 0 and late.info["costs_after_close"] == 1
     with rt.store.engine.begin() as conn:
         conn.execute(t.costs.insert(), {**row, "at": closed_at - 1})
-    report = reconcile(rt.store)
+    report = reconcile(SqlReconcileReads(rt.store))
     assert not report.ok and report.counts["run_cost_total"] == 1
     bad = next(m for m in report.mismatches if m.check == "run_cost_total")
     assert bad.run_id == result.run_id and "usd" in bad.detail
@@ -182,11 +184,11 @@ def test_version_1_cost_records_still_read_and_verify(rt: Runtime) -> None:
         CostLedger(rt.store).insert(conn, row)
         rt.store.enqueue(conn, [TraceRecordIn("cost", old, result.run_id)], rt.store.clock.now())
     rt.store.drain_all()
-    report = verify_chain(rt.store)
+    report = verify_chain(SqlAuditReads(rt.store))
     assert report.ok, [str(p) for p in report.problems]
     fields = cost_fields(old)
     assert fields["v"] == 1 and fields["api_calls"] == 0 and fields["priced"] is True and fields["skill_id"] is None
-    assert reconcile(rt.store).counts["run_cost_total"] == 0
+    assert reconcile(SqlReconcileReads(rt.store)).counts["run_cost_total"] == 0
 
 
 def test_the_cost_view_groups_by_tenant_user_skill_and_day(rt: Runtime) -> None:

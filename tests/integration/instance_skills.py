@@ -1,5 +1,6 @@
-"""Skills and rules of the sandbox-instance tests, over the agent skills (a child Run that parks for
-approval gives the parent a wait for a human between two calls of its instance's skill)."""
+"""Skills and rules of the sandbox-instance tests, over the agent skills. A wait for a human between two
+calls of a Run's instance's skill comes from a child Run that parks for approval, or from the Run itself:
+its second round holds an L3 step, so it parks before that round runs."""
 
 from __future__ import annotations
 
@@ -97,8 +98,27 @@ SERVE_THEN_WAIT = {"name": "serve_wait", "when": "^serve (?P<text>\\w+) then wai
          "depends_on": ["b"], "output_key": "c"},
     ]}}
 
+#: round 1 starts the server; round 2 (planned from its result) purges (L3: the Run parks for a named
+#: approver before the round runs), then queries the server
+SERVE_THEN_ASK = {"name": "serve_ask", "when": "^serve (?P<text>\\w+) then ask$", "plan": {
+    "then": "next_round",
+    "steps": [
+        {"id": "a", "tool_call": {"skill": "test.devserver", "arguments": {"action": "start", "text": "{text}"}},
+         "output_key": "a"},
+    ]}}
+SERVE_THEN_ASK_SECOND = {"name": "serve_ask_second", "round": 2, "when": "^serve (?P<text>\\w+) then ask$",
+                         "results": '"port": (?P<port>\\d+)', "plan": {
+    "answer_template": "the site on port {port} said {c.body}",
+    "steps": [
+        {"id": "b", "tool_call": {"skill": "test.purge", "arguments": {"what": "cache"}}, "output_key": "b"},
+        {"id": "c", "tool_call": {"skill": "test.devserver", "arguments": {"action": "query"}},
+         "depends_on": ["b"], "output_key": "c"},
+    ]}}
+
 INSTANCE_RULES = [
     SERVE_THEN_WAIT,
+    SERVE_THEN_ASK,
+    SERVE_THEN_ASK_SECOND,
     one_step("serve", "^serve (?P<text>\\w+)$", "test.devserver", {"action": "start", "text": "{text}"}),
     one_step("quick_serve", "^quickly serve (?P<text>\\w+)$", "test.devserver_quick",
              {"action": "start", "text": "{text}"}),

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from harness.adapters.sql.audit_reads import SqlAuditReads
 from harness.adapters.sql.store import SqlStore
 from harness.audit.publisher import CheckpointPublisher
 from harness.clock import FakeClock
@@ -26,7 +27,7 @@ def replica(url: str, folder: str, barrier: Any, out: str) -> None:
     """Child process: a replica whose checkpoint is due, released together with the others."""
     store = SqlStore.open(url, FakeClock())
     try:
-        publisher = CheckpointPublisher(store, interval_s=3600, directory=Path(folder))
+        publisher = CheckpointPublisher(SqlAuditReads(store), interval_s=3600, directory=Path(folder))
         barrier.wait()
         published = publisher.publish_if_due()
         Path(out).write_text(repr(published.path if published else None))

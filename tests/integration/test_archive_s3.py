@@ -14,9 +14,10 @@ import pytest
 
 from harness.adapters.sql.store import SqlStore
 from harness.clock import FakeClock
+from harness.ports.segments import SegmentStoreError
 from harness.retention.archiver import Archiver
 from harness.retention.policy import DAY_S, RetentionPolicy
-from harness.retention.storage import SegmentStoreError, open_segment_store, read_location
+from harness.retention.storage import open_segment_store, read_location
 from harness.state_machine import StateMachine
 from tests.integration.bulk_runs import clone, drive
 from tests.integration.conftest import wait_for_port

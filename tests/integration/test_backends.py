@@ -15,8 +15,10 @@ from alembic import command
 from alembic.config import Config
 
 from harness.adapters.sql import schema as t
+from harness.adapters.sql.audit_reads import SqlAuditReads
 from harness.adapters.sql.blobs import blobs
 from harness.adapters.sql.database import MIGRATIONS_DIR, create_engine, head_revision, migrate, resolve_url
+from harness.adapters.sql.reconcile_reads import SqlReconcileReads
 from harness.adapters.sql.store import SqlStore
 from harness.audit.reconcile import reconcile
 from harness.audit.verify import verify_chain
@@ -166,7 +168,7 @@ def test_concurrent_compare_and_set_has_one_winner(backend_url: str) -> None:
         assert sorted(outcomes) == [False] * 7 + [True]
         assert [r.seq for r in store.transitions_of(run_id)][:2] == [0, 1]
         store.drain_all()
-        assert verify_chain(store).ok
+        assert verify_chain(SqlAuditReads(store)).ok
     finally:
         store.close()
 
@@ -199,7 +201,7 @@ def test_large_unicode_payloads_round_trip_exactly(backend_url: str) -> None:
         [stored] = [r for r in store.trace_of(run_id) if r.kind == "tool"]
         assert stored.payload == canonical_json(big)  # byte for byte, as chained
         assert store.get_run(run_id).context == context
-        assert verify_chain(store).ok
+        assert verify_chain(SqlAuditReads(store)).ok
     finally:
         store.close()
 
@@ -229,7 +231,7 @@ def test_concurrent_drainers_chain_every_record_once(backend_url: str) -> None:
             th.join()
         assert sum(totals) == 1000
         assert store.outbox_backlog() == 0
-        report = verify_chain(store)
+        report = verify_chain(SqlAuditReads(store))
         assert report.ok and report.records_checked == 1000
     finally:
         store.close()
@@ -258,7 +260,7 @@ def test_full_pipeline_run_is_audit_clean(backend_url: str, tmp_path: Path, call
         assert verdict.accepted and done.state == "SUCCEEDED"
         assert call_log.read_text().count("\n") >= 2
         assert_audit_clean(rt)
-        assert reconcile(rt.store).ok
+        assert reconcile(SqlReconcileReads(rt.store)).ok
     finally:
         rt.close()
 

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from harness.adapters.sql.audit_reads import SqlAuditReads
+from harness.adapters.sql.reconcile_reads import SqlReconcileReads
 from harness.audit.reconcile import reconcile
 from harness.audit.verify import verify_chain
 from harness.config import Settings, build_runtime
@@ -187,8 +189,8 @@ def _assert_clean(rt: object, run_ids: list[str], call_log: Path) -> None:
         path = [t.to_state.value for t in store.transitions_of(run_id)]
         assert sum(s in {f.value for f in FINAL} for s in path) == 1, path
     store.drain_all()
-    assert reconcile(store).ok
-    assert verify_chain(store).ok
+    assert reconcile(SqlReconcileReads(store)).ok
+    assert verify_chain(SqlAuditReads(store)).ok
     log = [json.loads(line) for line in call_log.read_text().splitlines()]
     echoes = Counter(entry["key"] for entry in log if entry["skill"] == "test.echo")
     assert echoes and max(echoes.values()) == 1, [k for k, n in echoes.items() if n > 1]

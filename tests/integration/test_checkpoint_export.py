@@ -17,8 +17,9 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from harness.adapters.sql.audit_reads import SqlAuditReads
 from harness.adapters.sql.store import SqlStore
-from harness.audit import standalone
+from harness.audit import formats, standalone
 from harness.audit.checkpoint import (
     KEY_ENV,
     CheckpointError,
@@ -29,8 +30,9 @@ from harness.audit.checkpoint import (
     publish_checkpoint,
 )
 from harness.audit.export import export_run
+from harness.audit.formats import signed_message
 from harness.audit.keys import default_key_path
-from harness.audit.standalone import signed_message, verify_consistency, verify_export, verify_sequence
+from harness.audit.standalone import verify_consistency, verify_export, verify_sequence
 from harness.domain.chain import record_hash
 from harness.domain.records import NewRun
 from harness.kernel import RunState
@@ -83,8 +85,8 @@ def key_of(store: SqlStore) -> Ed25519PrivateKey:
 
 def test_an_export_verifies_standalone(store: SqlStore, run_id: str, cpdir: Path) -> None:
     """Every record of an exported Run is proven in the signed tree head, with no database at hand."""
-    cp = publish_checkpoint(store, cpdir)
-    export = export_run(store, run_id, cp)
+    cp = publish_checkpoint(SqlAuditReads(store), cpdir)
+    export = export_run(SqlAuditReads(store), run_id, cp)
     assert export["complete"] and len(export["records"]) == len(store.trace_of(run_id)) > 7
     result = verify_export(json.loads(json.dumps(export)), json.loads(cp.path.read_text()), public_key(cpdir))
     assert result.ok, result.failures
@@ -161,17 +163,17 @@ def forgeries(export: dict[str, Any], cp: dict[str, Any]) -> dict[str, tuple[dic
 def test_forged_exports_are_rejected(store: SqlStore, run_id: str, cpdir: Path, name: str, reason: str,
                                      ) -> None:
     """Each forgery of the proofs, the records or the signed head is rejected, naming why."""
-    cp = publish_checkpoint(store, cpdir)
-    forged_export, forged_cp = forgeries(export_run(store, run_id, cp), cp.doc)[name]
+    cp = publish_checkpoint(SqlAuditReads(store), cpdir)
+    forged_export, forged_cp = forgeries(export_run(SqlAuditReads(store), run_id, cp), cp.doc)[name]
     result = verify_export(forged_export, forged_cp, public_key(cpdir))
     assert not result.ok and reason in result.failures[0]
 
 
 def test_a_checkpoint_signed_by_another_key_is_rejected(store: SqlStore, run_id: str, cpdir: Path) -> None:
     """A valid signature under a key other than the trusted one does not count."""
-    cp = publish_checkpoint(store, cpdir)
+    cp = publish_checkpoint(SqlAuditReads(store), cpdir)
     other = Ed25519PrivateKey.generate()
-    result = verify_export(export_run(store, run_id, cp), cp.doc, other.public_key())
+    result = verify_export(export_run(SqlAuditReads(store), run_id, cp), cp.doc, other.public_key())
     assert not result.ok and "key" in result.failures[0]
 
 
@@ -180,17 +182,17 @@ def test_records_newer_than_the_checkpoint_are_listed_not_covered(
 ) -> None:
     """An export against an older checkpoint proves what it can and says what it cannot."""
     rid = drive(machine, (S.PREPARING, S.PLANNING))
-    cp = publish_checkpoint(store, cpdir)
+    cp = publish_checkpoint(SqlAuditReads(store), cpdir)
     machine.transition(rid, S.PLANNING, S.CANCELLED, actor="test", reason="stop")
-    export = export_run(store, rid, cp)
+    export = export_run(SqlAuditReads(store), rid, cp)
     assert not export["complete"] and export["not_covered"]
     result = verify_export(export, cp.doc, public_key(cpdir))
     assert not result.ok and "RunTrace is newer than the checkpoint" in result.failures[0]
     result = verify_export(export, cp.doc, public_key(cpdir), allow_incomplete=True)
     assert result.ok and result.complete is False
     assert any("newer than the checkpoint" in n for n in result.notes)
-    fresh = publish_checkpoint(store, cpdir)
-    assert export_run(store, rid, fresh)["complete"]
+    fresh = publish_checkpoint(SqlAuditReads(store), cpdir)
+    assert export_run(SqlAuditReads(store), rid, fresh)["complete"]
 
 
 def test_consecutive_checkpoints_are_consistent(store: SqlStore, machine: StateMachine, cpdir: Path) -> None:
@@ -198,12 +200,12 @@ def test_consecutive_checkpoints_are_consistent(store: SqlStore, machine: StateM
     docs = []
     for _ in range(3):
         drive(machine, SUCCESS)
-        docs.append(publish_checkpoint(store, cpdir).doc)
+        docs.append(publish_checkpoint(SqlAuditReads(store), cpdir).doc)
     key = public_key(cpdir)
     assert verify_consistency(docs[0], docs[1], key).ok
     assert verify_sequence(docs, key).ok
     assert not verify_consistency(docs[0], docs[2], key).ok  # no embedded proof: give the one between
-    tree = build_tree(store, docs[2]["tree_size"])
+    tree = build_tree(SqlAuditReads(store), docs[2]["tree_size"])
     assert verify_consistency(docs[0], docs[2], key, tree.consistency_proof(docs[0]["tree_size"])).ok
     assert not verify_consistency(docs[1], docs[0], key).ok
 
@@ -212,12 +214,12 @@ def test_consistency_fails_for_a_rewritten_history(store: SqlStore, machine: Sta
                                                    tmp_path: Path) -> None:
     """A newer head signed over a different history (same key) fails the proof from the older head."""
     drive(machine, SUCCESS)
-    old = publish_checkpoint(store, cpdir).doc
+    old = publish_checkpoint(SqlAuditReads(store), cpdir).doc
     other = SqlStore.open(str(tmp_path / "other.db"), store.clock)
     other_machine = StateMachine(other)
     drive(other_machine, SUCCESS)
     drive(other_machine, SUCCESS)
-    tree = build_tree(other, other.chain_head()[0])
+    tree = build_tree(SqlAuditReads(other), other.chain_head()[0])
     new = resign({**old, "tree_size": tree.size, "root_hash": tree.root().hex(),
                   "chain_head_hash": other.chain_head()[1]}, key_of(store))
     result = verify_consistency(old, new, public_key(cpdir), tree.consistency_proof(old["tree_size"]))
@@ -227,17 +229,17 @@ def test_consistency_fails_for_a_rewritten_history(store: SqlStore, machine: Sta
 
 def test_publishing_over_a_rewritten_history_is_refused(store: SqlStore, run_id: str, cpdir: Path) -> None:
     """The publisher will not sign a database whose history no longer matches its last checkpoint."""
-    publish_checkpoint(store, cpdir)
+    publish_checkpoint(SqlAuditReads(store), cpdir)
     rebuild_chain(store, keep=lambda r: True, payload=lambda r: r.payload.replace("to ", "TO "))
     with pytest.raises(TamperedHistoryError, match="differ from checkpoint-00000001"):
-        publish_checkpoint(store, cpdir)
+        publish_checkpoint(SqlAuditReads(store), cpdir)
     assert len(list_checkpoints(cpdir)) == 1
 
 
 def test_checkpoints_are_immutable_and_the_key_private(store: SqlStore, run_id: str, cpdir: Path) -> None:
     """Checkpoints are numbered new files, read-only; the generated private key is mode 0600, in a folder
     of mode 0700 apart from the checkpoints."""
-    first, second = publish_checkpoint(store, cpdir), publish_checkpoint(store, cpdir)
+    first, second = publish_checkpoint(SqlAuditReads(store), cpdir), publish_checkpoint(SqlAuditReads(store), cpdir)
     assert (first.serial, second.serial) == (1, 2) and second.doc["previous"]["file"] == first.path.name
     assert stat.S_IMODE(first.path.stat().st_mode) == 0o444
     key = default_key_path(store.database_id())
@@ -246,7 +248,7 @@ def test_checkpoints_are_immutable_and_the_key_private(store: SqlStore, run_id: 
                                                  "public-key.pem", "public-keys"}
     (cpdir / "checkpoint-00000003.json").write_text("{}")
     with pytest.raises(CheckpointError, match=r"checkpoint-00000003\.json"):
-        publish_checkpoint(store, cpdir)
+        publish_checkpoint(SqlAuditReads(store), cpdir)
 
 
 def test_a_configured_key_is_used_and_must_be_private(
@@ -260,10 +262,10 @@ def test_a_configured_key_is_used_and_must_be_private(
     os.chmod(path, 0o644)
     monkeypatch.setenv(KEY_ENV, str(path))
     with pytest.raises(CheckpointError, match="readable by other users"):
-        publish_checkpoint(store, cpdir)
+        publish_checkpoint(SqlAuditReads(store), cpdir)
     os.chmod(path, 0o600)
-    cp = publish_checkpoint(store, cpdir)
-    assert cp.doc["key_id"] == standalone.key_id_of(key.public_key())
+    cp = publish_checkpoint(SqlAuditReads(store), cpdir)
+    assert cp.doc["key_id"] == formats.key_id_of(key.public_key())
     assert not (cpdir / "checkpoint-key.pem").exists()
 
 
@@ -276,9 +278,9 @@ def write(path: Path, doc: Any) -> str:
 def test_harness_verify_command_line(store: SqlStore, run_id: str, cpdir: Path, tmp_path: Path,
                                      capsys: pytest.CaptureFixture[str]) -> None:
     """harness-verify exits 0 for a valid export or sequence, 1 for a forged one, 2 for bad input."""
-    first = publish_checkpoint(store, cpdir)
-    second = publish_checkpoint(store, cpdir)
-    good = write(tmp_path / "export.json", export_run(store, run_id, second))
+    first = publish_checkpoint(SqlAuditReads(store), cpdir)
+    second = publish_checkpoint(SqlAuditReads(store), cpdir)
+    good = write(tmp_path / "export.json", export_run(SqlAuditReads(store), run_id, second))
     cps = [str(first.path), str(second.path)]
     assert standalone.main(["export", good, "--checkpoint", str(second.path), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["ok"] is True
@@ -296,8 +298,8 @@ def test_harness_verify_command_line(store: SqlStore, run_id: str, cpdir: Path, 
 
 def test_harness_verify_runs_as_a_module(store: SqlStore, run_id: str, cpdir: Path, tmp_path: Path) -> None:
     """`python -m harness.audit.standalone` is the console script, with its exit codes."""
-    cp = publish_checkpoint(store, cpdir)
-    good = write(tmp_path / "export.json", export_run(store, run_id, cp))
+    cp = publish_checkpoint(SqlAuditReads(store), cpdir)
+    good = write(tmp_path / "export.json", export_run(SqlAuditReads(store), run_id, cp))
     args = [sys.executable, "-m", "harness.audit.standalone", "export", good, "--checkpoint", str(cp.path)]
     done = subprocess.run([*args, "--json"], capture_output=True, text=True, check=False)
     assert done.returncode == 0 and json.loads(done.stdout)["ok"]

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from harness.adapters.sql.audit_reads import SqlAuditReads
 from harness.adapters.sql.store import SqlStore
 from harness.audit.checkpoint import list_checkpoints
 from harness.audit.verify import verify_chain
@@ -74,7 +75,7 @@ def test_the_service_publishes_a_checkpoint_every_interval(runtime: Runtime, clo
     assert [cp.serial for cp in list_checkpoints(tmp_path / "cps")] == [1, 2]
     witness = DirectoryWitness(tmp_path / "witness")
     assert len(witness.checkpoints(runtime.store.database_id())) == 2
-    assert verify_chain(runtime.store, tmp_path / "cps", witnesses=[witness]).ok
+    assert verify_chain(SqlAuditReads(runtime.store), tmp_path / "cps", witnesses=[witness]).ok
     worker.stop()
 
 
@@ -126,7 +127,7 @@ def test_replicas_racing_publish_without_failing(backend_url: str, tmp_path: Pat
     assert 1 <= len(published) <= 2 and [cp.serial for cp in published] == list(range(1, len(published) + 1))
     store = SqlStore.open(backend_url, FakeClock())
     try:
-        report = verify_chain(store, tmp_path / "cps")
+        report = verify_chain(SqlAuditReads(store), tmp_path / "cps")
         assert report.ok and report.checkpoints_checked == len(published), report
     finally:
         store.close()
@@ -161,6 +162,6 @@ def test_harness_serve_publishes_on_its_own(tmp_path: Path) -> None:
         proc.wait(20)
     store = SqlStore.open(str(db))
     try:
-        assert verify_chain(store, tmp_path / "cps").checkpoints_checked == 1
+        assert verify_chain(SqlAuditReads(store), tmp_path / "cps").checkpoints_checked == 1
     finally:
         store.close()

@@ -18,6 +18,7 @@ import sqlalchemy as sa
 from typer.testing import CliRunner
 
 from harness.adapters.sql import triggers
+from harness.adapters.sql.audit_reads import SqlAuditReads
 from harness.adapters.sql.store import SqlStore
 from harness.audit import standalone
 from harness.audit.checkpoint import (
@@ -28,8 +29,8 @@ from harness.audit.checkpoint import (
     publish_checkpoint,
 )
 from harness.audit.export import export_run
+from harness.audit.formats import CHECKPOINT_FORMAT, HEAD_FIELDS, signed_message
 from harness.audit.keys import KEY_ENV, default_key_path
-from harness.audit.standalone import CHECKPOINT_FORMAT, HEAD_FIELDS, signed_message
 from harness.audit.verify import verify_chain
 from harness.audit.witness import DirectoryWitness
 from harness.cli import app
@@ -94,13 +95,13 @@ def test_the_signing_key_is_kept_apart_from_the_checkpoints(store: SqlStore, tmp
     folder of its own, and a key others may read is refused."""
     runs_with_steps(store, 1)
     cpdir = tmp_path / "cps"
-    publish_checkpoint(store, cpdir)
+    publish_checkpoint(SqlAuditReads(store), cpdir)
     assert not [p for p in cpdir.rglob("*") if p.is_file() and b"PRIVATE KEY" in p.read_bytes()]
     key = default_key_path(store.database_id())
     assert stat.S_IMODE(key.stat().st_mode) == 0o600 and stat.S_IMODE(key.parent.stat().st_mode) == 0o700
     key.chmod(0o640)
     with pytest.raises(CheckpointError, match="readable by other users"):
-        publish_checkpoint(store, cpdir)
+        publish_checkpoint(SqlAuditReads(store), cpdir)
     key.chmod(0o600)
 
 
@@ -112,19 +113,19 @@ def test_a_key_left_in_the_checkpoint_folder_is_refused_and_moved(store: SqlStor
     the checkpoint folder is refused too."""
     runs_with_steps(store, 1)
     cpdir = tmp_path / "cps"
-    first = publish_checkpoint(store, cpdir)
+    first = publish_checkpoint(SqlAuditReads(store), cpdir)
     shutil.move(default_key_path(store.database_id()), cpdir / "checkpoint-key.pem")
     with pytest.raises(CheckpointError, match="harness audit move-key"):
-        publish_checkpoint(store, cpdir)
+        publish_checkpoint(SqlAuditReads(store), cpdir)
     moved = audit("move-key", "--db", str(db_path), "--dir", str(cpdir), "--json")
     assert moved.exit_code == 0, moved.output
     assert json.loads(moved.stdout)["to"] == str(default_key_path(store.database_id()))
     assert not (cpdir / "checkpoint-key.pem").exists()
-    second = publish_checkpoint(store, cpdir)
-    assert second.doc["key_id"] == first.doc["key_id"] and verify_chain(store, cpdir).ok
+    second = publish_checkpoint(SqlAuditReads(store), cpdir)
+    assert second.doc["key_id"] == first.doc["key_id"] and verify_chain(SqlAuditReads(store), cpdir).ok
     monkeypatch.setenv(KEY_ENV, str(cpdir / "public-keys"))
     with pytest.raises(CheckpointError, match="inside the checkpoint directory"):
-        publish_checkpoint(store, cpdir)
+        publish_checkpoint(SqlAuditReads(store), cpdir)
 
 
 def test_a_rewrite_re_signed_locally_is_caught_by_the_witness(backend_url: str, tmp_path: Path) -> None:
@@ -135,23 +136,23 @@ def test_a_rewrite_re_signed_locally_is_caught_by_the_witness(backend_url: str, 
     try:
         cpdir, witness = tmp_path / "cps", DirectoryWitness(tmp_path / "witness")
         runs = runs_with_steps(store, 2)
-        assert publish_checkpoint(store, cpdir, witnesses=[witness]).witnessed == ((witness.name, None),)
+        assert publish_checkpoint(SqlAuditReads(store), cpdir, witnesses=[witness]).witnessed == ((witness.name, None),)
         runs += runs_with_steps(store, 2)
-        publish_checkpoint(store, cpdir, witnesses=[witness])
-        assert verify_chain(store, cpdir, witnesses=[witness]).ok
+        publish_checkpoint(SqlAuditReads(store), cpdir, witnesses=[witness])
+        assert verify_chain(SqlAuditReads(store), cpdir, witnesses=[witness]).ok
         victim = step_seq(store, runs[1])
         rewrite(store, victim)
         for cp in list_checkpoints(cpdir):
             cp.path.unlink()
-        publish_checkpoint(store, cpdir)  # re-signed with the real key, over the rewritten chain
-        assert verify_chain(store, cpdir).ok  # the local copy alone cannot tell
-        report = verify_chain(store, cpdir, witnesses=[witness])
+        publish_checkpoint(SqlAuditReads(store), cpdir)  # re-signed with the real key, over the rewritten chain
+        assert verify_chain(SqlAuditReads(store), cpdir).ok  # the local copy alone cannot tell
+        report = verify_chain(SqlAuditReads(store), cpdir, witnesses=[witness])
         mismatch = [p for p in report.problems if p.kind == "checkpoint_mismatch"]
         assert mismatch and all(p.seq == victim for p in mismatch), report.problems
         assert f"record {victim} is the first that differs" in mismatch[0].detail
         assert "witness" in mismatch[0].detail
         with pytest.raises(TamperedHistoryError, match="witness"):
-            publish_checkpoint(store, cpdir, witnesses=[witness])
+            publish_checkpoint(SqlAuditReads(store), cpdir, witnesses=[witness])
     finally:
         store.close()
 
@@ -161,16 +162,16 @@ def test_the_first_differing_record_is_named_per_checkpoint(store: SqlStore, tmp
     record; a rewrite inside the first's range names that record for both."""
     cpdir = tmp_path / "cps"
     early = runs_with_steps(store, 2)
-    publish_checkpoint(store, cpdir)
+    publish_checkpoint(SqlAuditReads(store), cpdir)
     late = runs_with_steps(store, 2)
-    publish_checkpoint(store, cpdir)
+    publish_checkpoint(SqlAuditReads(store), cpdir)
     late_seq = step_seq(store, late[0])
     rewrite(store, late_seq)
-    problems = [p for p in verify_chain(store, cpdir).problems if p.kind == "checkpoint_mismatch"]
+    problems = [p for p in verify_chain(SqlAuditReads(store), cpdir).problems if p.kind == "checkpoint_mismatch"]
     assert [(p.seq, "checkpoint-00000002.json" in p.detail) for p in problems] == [(late_seq, True)]
     early_seq = step_seq(store, early[0])
     rewrite(store, early_seq)
-    problems = [p for p in verify_chain(store, cpdir).problems if p.kind == "checkpoint_mismatch"]
+    problems = [p for p in verify_chain(SqlAuditReads(store), cpdir).problems if p.kind == "checkpoint_mismatch"]
     assert [p.seq for p in problems] == [early_seq, early_seq]
 
 
@@ -200,13 +201,13 @@ def test_a_checkpoint_of_another_database_is_reported_as_such(store: SqlStore, t
         runs_with_steps(other, 3)
         runs_with_steps(store, 1)
         cpdir = tmp_path / "other-cps"
-        publish_checkpoint(other, cpdir)
-        report = verify_chain(store, cpdir)
+        publish_checkpoint(SqlAuditReads(other), cpdir)
+        report = verify_chain(SqlAuditReads(store), cpdir)
         assert report.ok and report.problems == []
         assert any(f"of database {other.database_id()}, not of this database" in w for w in report.warnings)
         assert any("NO CHECKPOINT" in w for w in report.warnings)
         with pytest.raises(CheckpointError, match=f"holds checkpoints of database {other.database_id()}"):
-            publish_checkpoint(store, cpdir)
+            publish_checkpoint(SqlAuditReads(store), cpdir)
     finally:
         other.close()
 
@@ -253,9 +254,9 @@ def test_harness_verify_names_the_missing_file(store: SqlStore, tmp_path: Path,
     folder without a public key is named too; `harness audit export` without a checkpoint says how to get
     one."""
     run_id = runs_with_steps(store, 1)[0]
-    cp = publish_checkpoint(store, tmp_path / "cps")
+    cp = publish_checkpoint(SqlAuditReads(store), tmp_path / "cps")
     export = tmp_path / "run.json"
-    export.write_text(json.dumps(export_run(store, run_id, cp)))
+    export.write_text(json.dumps(export_run(SqlAuditReads(store), run_id, cp)))
     assert standalone.main(["export", str(export), "--checkpoint", str(tmp_path / "nope.json")]) == 2
     assert f"checkpoint file {tmp_path / 'nope.json'} does not exist" in capsys.readouterr().err
     alone = tmp_path / "alone.json"
@@ -272,11 +273,11 @@ def test_a_run_created_after_a_checkpoint_keeps_verifying(store: SqlStore, tmp_p
     cpdir = tmp_path / "cps"
     for _ in range(3):
         runs_with_steps(store, 1)
-        publish_checkpoint(store, cpdir)
+        publish_checkpoint(SqlAuditReads(store), cpdir)
     store.create_run(NewRun("acme", "ana", "s", {"task": "t"}))
     store.drain_all()
     machine = StateMachine(store)
     drive(machine, (S.PREPARING, S.FAILED))
-    report = verify_chain(store, cpdir)
+    report = verify_chain(SqlAuditReads(store), cpdir)
     assert report.ok and report.checkpoints_checked == 3 and not report.warnings, report
     assert os.path.exists(cpdir / "public-key.pem")

@@ -32,17 +32,22 @@ from tests.acceptance.checks import assert_audit_clean
 TASK = "delegate purge cache"
 
 
-def _drive_parent(folder: str, db: str, run_id: str, ttl_s: float, log: str) -> None:
-    """Child process: a worker drives the parent under a lease with `ttl_s`, waiting for its child."""
+def _drive_parent(folder: str, db: str, run_id: str, ttl_s: float, log: str, linger: bool = False) -> None:
+    """Child process: a worker drives the parent under a lease with `ttl_s`, waiting for its child. With
+    `linger`, the process stays up with its runtime open once the drive returns (a long-lived worker
+    that has parked the Run), until it is killed."""
     os.environ["HARNESS_TEST_CALL_LOG"] = log
     rt = build_runtime(agent_settings(Path(folder), db=db))
     rt.runs.children.poll_s = 0.05
     RunWorker(rt, ttl_s=ttl_s).execute(run_id)
+    if linger:
+        threading.Event().wait()
     rt.close()
 
 
-def start_driver(folder: Path, db: str, run_id: str, ttl_s: float, log: Path) -> Any:
-    proc = mp.get_context("spawn").Process(target=_drive_parent, args=(str(folder), db, run_id, ttl_s, str(log)))
+def start_driver(folder: Path, db: str, run_id: str, ttl_s: float, log: Path, linger: bool = False) -> Any:
+    proc = mp.get_context("spawn").Process(target=_drive_parent,
+                                           args=(str(folder), db, run_id, ttl_s, str(log), linger))
     proc.start()
     return proc
 

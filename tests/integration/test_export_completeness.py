@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from harness.adapters.sql.audit_reads import SqlAuditReads
 from harness.adapters.sql.store import SqlStore
 from harness.audit import standalone
 from harness.audit.checkpoint import public_key, publish_checkpoint
@@ -35,8 +36,8 @@ def cpdir(tmp_path: Path) -> Path:
 
 def exported(rt: Runtime, run_id: str, cpdir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     """(export, checkpoint document) of a Run, after a fresh checkpoint."""
-    cp = publish_checkpoint(rt.store, cpdir)
-    return export_run(rt.store, run_id, cp), cp.doc
+    cp = publish_checkpoint(SqlAuditReads(rt.store), cpdir)
+    return export_run(SqlAuditReads(rt.store), run_id, cp), cp.doc
 
 
 def without(export: dict[str, Any], keep: Any) -> dict[str, Any]:
@@ -107,8 +108,8 @@ def test_a_run_recorded_by_an_earlier_version_is_reported_unproven(
     monkeypatch.setattr(SqlStore, "_with_record_commitment", lambda self, conn, run_id, outbox: outbox)
     run_id = drive(machine, SUCCESS)
     monkeypatch.undo()
-    cp = publish_checkpoint(store, cpdir)
-    export = export_run(store, run_id, cp)
+    cp = publish_checkpoint(SqlAuditReads(store), cpdir)
+    export = export_run(SqlAuditReads(store), run_id, cp)
     result = verify_export(export, cp.doc, public_key(cpdir))
     assert not result.ok and "did not commit to its record count" in result.failures[0]
     path = tmp_path / "old.json"
@@ -124,8 +125,8 @@ def test_an_in_flight_run_is_exported_with_a_warning_and_refused(store: SqlStore
     """A Run that has not closed has no RunTrace yet: its export cannot be proven complete."""
     run_id = drive(machine, (S.PREPARING, S.PLANNING))
     store.record([TraceRecordIn("step", {"n": 1}, run_id)])
-    cp = publish_checkpoint(store, cpdir)
-    export = export_run(store, run_id, cp)
+    cp = publish_checkpoint(SqlAuditReads(store), cpdir)
+    export = export_run(SqlAuditReads(store), run_id, cp)
     assert export["complete"] and not export["closed"]
     result = verify_export(export, cp.doc, public_key(cpdir))
     assert not result.ok and "taken before the Run closed" in result.failures[0]

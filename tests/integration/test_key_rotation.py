@@ -15,8 +15,9 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from typer.testing import CliRunner
 
+from harness.adapters.sql.audit_reads import SqlAuditReads
 from harness.adapters.sql.store import SqlStore
-from harness.audit import standalone
+from harness.audit import formats, standalone
 from harness.audit.checkpoint import (
     KEY_ENV,
     PUBLIC_KEYS_DIR,
@@ -27,14 +28,8 @@ from harness.audit.checkpoint import (
     rotate_key,
 )
 from harness.audit.export import export_run
-from harness.audit.standalone import (
-    endorsement_message,
-    key_id_of,
-    raw_public_key,
-    signed_message,
-    verify_export,
-    verify_sequence,
-)
+from harness.audit.formats import endorsement_message, key_id_of, raw_public_key, signed_message
+from harness.audit.standalone import verify_export, verify_sequence
 from harness.audit.verify import verify_chain
 from harness.cli import app
 from harness.state_machine import StateMachine
@@ -58,11 +53,11 @@ def _pem_file(path: Path, key: Ed25519PrivateKey) -> Path:
 def _rotated(store: SqlStore, machine: StateMachine, cpdir: Path) -> list[Checkpoint]:
     """cp1 by the first key; cp2 by a new key, endorsed by the first (the rotation); cp3 by the new key."""
     drive(machine, SUCCESS)
-    first = publish_checkpoint(store, cpdir)
+    first = publish_checkpoint(SqlAuditReads(store), cpdir)
     drive(machine, SUCCESS)
-    second, _ = rotate_key(store, cpdir)
+    second, _ = rotate_key(SqlAuditReads(store), cpdir)
     drive(machine, SUCCESS)
-    third = publish_checkpoint(store, cpdir)
+    third = publish_checkpoint(SqlAuditReads(store), cpdir)
     return [first, second, third]
 
 
@@ -97,16 +92,17 @@ def test_a_rotation_passes_trust_from_the_first_key_to_the_next(
     sequence = verify_sequence([cp.doc for cp in cps], anchor)
     assert sequence.ok, sequence.failures
     assert any("rotated" in n for n in sequence.notes)
-    report = verify_chain(store, cpdir)
+    report = verify_chain(SqlAuditReads(store), cpdir)
     assert report.ok and report.checkpoints_checked == 3
 
     run_id = store.list_runs()[0].run_id
-    export = export_run(store, run_id, cps[2])
+    export = export_run(SqlAuditReads(store), run_id, cps[2])
     alone = verify_export(export, cps[2].doc, anchor)  # one checkpoint, nothing passes trust on to its key
     assert not alone.ok and "not a trusted key" in alone.failures[0]
-    assert verify_export(export, cps[2].doc, [anchor, standalone.load_public_key(
+    assert verify_export(export, cps[2].doc, [anchor, formats.load_public_key(
         (cpdir / PUBLIC_KEYS_DIR / f"{new_id}.pem").read_bytes())]).ok
-    assert verify_export(export_run(store, run_id, cps[1]), cps[1].doc, anchor).ok  # the endorsing checkpoint
+    endorsing = export_run(SqlAuditReads(store), run_id, cps[1])  # the endorsing checkpoint
+    assert verify_export(endorsing, cps[1].doc, anchor).ok
 
     # the command line trusts public-key.pem and follows the rotation recorded beside the checkpoint
     path = write(tmp_path / "export.json", export)
@@ -122,29 +118,29 @@ def test_the_signing_key_cannot_change_without_a_rotation(
     old, new = (_pem_file(tmp_path / name, Ed25519PrivateKey.generate()) for name in ("old.pem", "new.pem"))
     monkeypatch.setenv(KEY_ENV, str(old))
     drive(machine, SUCCESS)
-    publish_checkpoint(store, cpdir)
+    publish_checkpoint(SqlAuditReads(store), cpdir)
     monkeypatch.setenv(KEY_ENV, str(new))
     with pytest.raises(CheckpointError, match="rotate-key"):
-        publish_checkpoint(store, cpdir)
+        publish_checkpoint(SqlAuditReads(store), cpdir)
     with pytest.raises(CheckpointError, match="did not sign the newest checkpoint"):
-        rotate_key(store, cpdir, new)  # the configured key must be the current one to endorse
+        rotate_key(SqlAuditReads(store), cpdir, new)  # the configured key must be the current one to endorse
     monkeypatch.setenv(KEY_ENV, str(old))
     with pytest.raises(CheckpointError, match="--new-key"):
-        rotate_key(store, cpdir)  # harness writes no key outside the checkpoint directory
+        rotate_key(SqlAuditReads(store), cpdir)  # harness writes no key outside the checkpoint directory
     with pytest.raises(CheckpointError, match="is the current signing key"):
-        rotate_key(store, cpdir, old)
-    rotated, key_file = rotate_key(store, cpdir, new)
+        rotate_key(SqlAuditReads(store), cpdir, old)
+    rotated, key_file = rotate_key(SqlAuditReads(store), cpdir, new)
     assert key_file == new and rotated.doc["endorsement"]["by_key_id"] != rotated.doc["key_id"]
     with pytest.raises(CheckpointError, match="rotate-key"):
-        publish_checkpoint(store, cpdir)  # KEY_ENV still names the retired key
+        publish_checkpoint(SqlAuditReads(store), cpdir)  # KEY_ENV still names the retired key
     monkeypatch.setenv(KEY_ENV, str(new))
-    assert publish_checkpoint(store, cpdir).doc["key_id"] == rotated.doc["key_id"]
-    assert verify_chain(store, cpdir).ok
+    assert publish_checkpoint(SqlAuditReads(store), cpdir).doc["key_id"] == rotated.doc["key_id"]
+    assert verify_chain(SqlAuditReads(store), cpdir).ok
 
 
 def test_a_rotation_needs_a_checkpoint_to_rotate_from(store: SqlStore, cpdir: Path) -> None:
     with pytest.raises(CheckpointError, match="no checkpoint"):
-        rotate_key(store, cpdir)
+        rotate_key(SqlAuditReads(store), cpdir)
 
 
 def test_forged_rotations_are_refused(store: SqlStore, machine: StateMachine, cpdir: Path) -> None:
@@ -184,7 +180,7 @@ def test_forged_rotations_are_refused(store: SqlStore, machine: StateMachine, cp
 
     # the database verifier follows the same rules over the directory
     (cpdir / "checkpoint-00000004.json").write_text(json.dumps(self_endorsed))
-    report = verify_chain(store, cpdir)
+    report = verify_chain(SqlAuditReads(store), cpdir)
     assert not report.ok and any(p.kind == "checkpoint_invalid" for p in report.problems)
 
 
@@ -193,7 +189,7 @@ def test_a_history_rewritten_after_a_rotation_is_detected(store: SqlStore, machi
     """The consistency proofs run straight through the rotation: a rewrite is caught as before."""
     _rotated(store, machine, cpdir)
     rebuild_chain(store, keep=lambda r: True, payload=lambda r: r.payload.replace("to ", "TO "))
-    report = verify_chain(store, cpdir)
+    report = verify_chain(SqlAuditReads(store), cpdir)
     assert not report.ok and any(p.kind == "checkpoint_mismatch" for p in report.problems)
 
 

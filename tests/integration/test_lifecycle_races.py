@@ -22,6 +22,7 @@ import pytest
 import sqlalchemy as sa
 
 from harness.adapters.sql import schema as t
+from harness.adapters.sql.reconcile_reads import SqlReconcileReads
 from harness.audit.reconcile import reconcile
 from harness.config import Runtime, Settings, build_runtime
 from harness.domain.contracts import CallerIdentity
@@ -186,7 +187,7 @@ def test_a_cancel_racing_an_approval_takes_effect_or_says_it_lost(rt: Runtime, t
         else:
             assert final != "CLOSED_CANCELLED" and answer["state"] in ("TRACING", "SUCCEEDED"), answer
             assert final == "SUCCEEDED" and ran[answer["run_id"]] == 1
-    assert rt.store.drain_all() >= 0 and reconcile(rt.store).ok
+    assert rt.store.drain_all() >= 0 and reconcile(SqlReconcileReads(rt.store)).ok
 
 
 def test_one_driver_per_run_while_the_orphan_sweep_runs(rt: Runtime, tmp_path: Path, call_log: Path) -> None:
@@ -199,7 +200,7 @@ def test_one_driver_per_run_while_the_orphan_sweep_runs(rt: Runtime, tmp_path: P
     rt.store.drain_all()
     tools = [r.data() for r in rt.store.iter_trace() if r.kind == "tool" and r.data()["step_id"] == "b"]
     assert len(tools) == 1 and tools[0]["idempotent"] is False
-    assert reconcile(rt.store).ok
+    assert reconcile(SqlReconcileReads(rt.store)).ok
 
 
 def test_reconcile_names_a_non_idempotent_step_called_twice(rt: Runtime) -> None:
@@ -215,7 +216,7 @@ def test_reconcile_names_a_non_idempotent_step_called_twice(rt: Runtime) -> None
 
     rt.store.record([tool("r1", "b", False), tool("r1", "b", False), tool("r2", "b", False),
                      tool("r2", "b", False, "refused"), tool("r3", "b", True), tool("r3", "b", True)])
-    report = reconcile(rt.store)
+    report = reconcile(SqlReconcileReads(rt.store))
     assert report.counts["repeated_non_idempotent_call"] == 1
     [mismatch] = [m for m in report.mismatches if m.check == "repeated_non_idempotent_call"]
     assert mismatch.run_id == "r1" and "step b called 2 times" in mismatch.detail

@@ -14,6 +14,7 @@ import pytest
 import sqlalchemy as sa
 
 from harness.adapters.sql import schema as t
+from harness.adapters.sql.memory import SqlMemoryRows
 from harness.adapters.sql.store import SqlStore
 from harness.clock import FakeClock
 from harness.config import Settings, build_runtime
@@ -61,7 +62,7 @@ def test_embeddings_are_unit_float32_vectors_of_the_model(embedder: MiniLMEmbedd
 def test_vector_recall_finds_a_paraphrase_that_lexical_recall_misses(store: SqlStore,
                                                                      embedder: MiniLMEmbedder) -> None:
     """No shared word, same meaning: lexical finds nothing, vector and hybrid recall rank it first."""
-    memory = MemoryStore(store.engine, store.clock, SecretFilter(), embedder)
+    memory = MemoryStore(SqlMemoryRows(store.engine), store.clock, SecretFilter(), embedder)
     memory.add([NewMemory("t1", "user", text, user_id="alice", entry_id=key) for key, text in NOTES])
     assert memory.recall(ALICE, PARAPHRASE, 3, mode="lexical") == []
     assert memory.recall(ALICE, PARAPHRASE, 3, mode="vector")[0].entry_id == "refund"
@@ -73,7 +74,7 @@ def test_vector_recall_finds_a_paraphrase_that_lexical_recall_misses(store: SqlS
 
 def test_vector_recall_stays_inside_the_callers_scope(store: SqlStore, embedder: MiniLMEmbedder) -> None:
     """Another user's and another tenant's identical entries are never candidates for scoring."""
-    memory = MemoryStore(store.engine, store.clock, SecretFilter(), embedder)
+    memory = MemoryStore(SqlMemoryRows(store.engine), store.clock, SecretFilter(), embedder)
     text = NOTES[0][1]
     memory.add([NewMemory("t1", "user", text, user_id="bob", entry_id="bob"),
                 NewMemory("t2", "user", text, user_id="alice", entry_id="t2-alice"),
@@ -83,9 +84,9 @@ def test_vector_recall_stays_inside_the_callers_scope(store: SqlStore, embedder:
 
 def test_entries_stored_before_the_extra_are_backfilled(store: SqlStore, embedder: MiniLMEmbedder) -> None:
     """Entries written in lexical mode get embeddings by backfill and are then found by meaning."""
-    MemoryStore(store.engine, store.clock, SecretFilter()).add(
+    MemoryStore(SqlMemoryRows(store.engine), store.clock, SecretFilter()).add(
         [NewMemory("t1", "user", text, user_id="alice", entry_id=key) for key, text in NOTES])
-    memory = MemoryStore(store.engine, store.clock, SecretFilter(), embedder)
+    memory = MemoryStore(SqlMemoryRows(store.engine), store.clock, SecretFilter(), embedder)
     assert memory.recall(ALICE, PARAPHRASE, 3, mode="vector") == []
     assert memory.backfill_embeddings() == len(NOTES)
     assert memory.recall(ALICE, PARAPHRASE, 3, mode="vector")[0].entry_id == "refund"

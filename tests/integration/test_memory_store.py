@@ -9,6 +9,7 @@ import pytest
 import sqlalchemy as sa
 
 from harness.adapters.sql import schema as t
+from harness.adapters.sql.memory import SqlMemoryRows
 from harness.adapters.sql.store import SqlStore
 from harness.clock import FakeClock
 from harness.context.errors import ScopeViolationError
@@ -25,8 +26,14 @@ ALICE = MemoryScope("t1", "alice", "s1", "support")
 def memory(backend_url: str) -> Iterator[MemoryStore]:
     """A memory store on a fresh, migrated database of the backend under test."""
     store = SqlStore.open(backend_url, FakeClock())
-    yield MemoryStore(store.engine, store.clock, FILTER)
+    yield MemoryStore(SqlMemoryRows(store.engine), store.clock, FILTER)
     store.close()
+
+
+def engine_of(memory: MemoryStore) -> sa.Engine:
+    """The database under a memory store of these tests."""
+    assert isinstance(memory.rows, SqlMemoryRows)
+    return memory.rows.engine
 
 
 def seed(memory: MemoryStore) -> None:
@@ -70,7 +77,7 @@ def test_secrets_never_reach_the_memory_table(memory: MemoryStore) -> None:
     """Every write is scrubbed: the stored content holds placeholders, not the credential."""
     memory.add([NewMemory("t1", "user", "deploy with AKIAQ7CANARY4EXAMPLE1 please", user_id="alice",
                           entry_id="secret")])
-    with memory.engine.connect() as conn:
+    with engine_of(memory).connect() as conn:
         stored = conn.execute(sa.select(t.memory_entries.c.content)).scalar_one()
     assert "AKIAQ7CANARY4EXAMPLE1" not in stored and "[REDACTED:aws_key]" in stored
 
@@ -80,7 +87,7 @@ def test_writing_the_same_entry_twice_stores_it_once(memory: MemoryStore) -> Non
     entry = NewMemory("t1", "user", "one fact", user_id="alice", entry_id="fact-1")
     memory.add([entry])
     memory.add([entry])
-    with memory.engine.connect() as conn:
+    with engine_of(memory).connect() as conn:
         assert conn.execute(sa.select(sa.func.count()).select_from(t.memory_entries)).scalar_one() == 1
 
 
@@ -93,7 +100,7 @@ def test_the_same_content_in_the_same_scope_is_stored_once(memory: MemoryStore) 
     elsewhere = memory.add([NewMemory("t1", "user", "Order A-1001 shipped with DHL", user_id="bob", entry_id="d"),
                             NewMemory("t1", "tenant", "Order A-1001 shipped with DHL", entry_id="e")])
     assert (first, again, elsewhere) == (["a"], ["a", "a"], ["d", "e"])
-    with memory.engine.connect() as conn:
+    with engine_of(memory).connect() as conn:
         stored = set(conn.execute(sa.select(t.memory_entries.c.entry_id)).scalars())
     assert stored == {"a", "d", "e"}
 
@@ -104,7 +111,7 @@ def test_an_unrecallable_copy_does_not_swallow_a_new_entry(backend_url: str) -> 
     store = SqlStore.open(backend_url, FakeClock())
     try:
         run, _ = store.create_run(NewRun("t1", "alice", "s1", {"task": "x"}))
-        memory = MemoryStore(store.engine, store.clock, FILTER)
+        memory = MemoryStore(SqlMemoryRows(store.engine), store.clock, FILTER)
         memory.add([NewMemory("t1", "user", "refund by card", user_id="alice", source_run_id=run.run_id,
                               entry_id="pending")])
         assert memory.add([NewMemory("t1", "user", "refund by card", user_id="alice", entry_id="manual")]) == [
@@ -120,7 +127,7 @@ def test_recall_returns_each_content_once(memory: MemoryStore) -> None:
     row = {"tenant_id": "t1", "scope": "user", "team_id": None, "user_id": "alice", "session_id": None,
            "kind": "note", "content": "refund for A-1001 issued", "content_hash": "x", "source_run_id": None,
            "created_at": 0.0, "embedding": None, "embedding_model": None}
-    with memory.engine.begin() as conn:
+    with engine_of(memory).begin() as conn:
         conn.execute(t.memory_entries.insert(), [{**row, "entry_id": f"copy{i}"} for i in range(5)])
     memory.add([NewMemory("t1", "user", "refund for A-1002 refused", user_id="alice", entry_id="other")])
     found = memory.recall(ALICE, "refund", 2)
@@ -132,7 +139,7 @@ def test_entries_of_a_run_count_only_once_it_succeeded(backend_url: str) -> None
     store = SqlStore.open(backend_url, FakeClock())
     try:
         run, _ = store.create_run(NewRun("t1", "alice", "s1", {"task": "x"}))
-        memory = MemoryStore(store.engine, store.clock, FILTER)
+        memory = MemoryStore(SqlMemoryRows(store.engine), store.clock, FILTER)
         memory.add([NewMemory("t1", "user", "refund written by an unfinished run", user_id="alice",
                               source_run_id=run.run_id, entry_id="pending"),
                     NewMemory("t1", "user", "refund written by hand", user_id="alice", entry_id="manual")])

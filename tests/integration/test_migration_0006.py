@@ -15,6 +15,7 @@ from alembic.config import Config
 
 from harness.adapters.sql import schema as t
 from harness.adapters.sql import triggers
+from harness.adapters.sql.audit_reads import SqlAuditReads
 from harness.adapters.sql.database import create_engine, migrate, resolve_url
 from harness.adapters.sql.store import SqlStore
 from harness.audit.verify import verify_chain
@@ -130,11 +131,11 @@ def test_upgrade_keeps_the_chain_and_drops_only_the_hash_unique(engine: sa.Engin
     assert _rows(engine) == rows
     assert _columns(engine) == columns
     assert store.chain_head() == head
-    report = verify_chain(store)
+    report = verify_chain(SqlAuditReads(store))
     assert report.ok and report.records_checked == len(rows)
     _assert_schema_after_0006(engine)
     _chain_runs(store)
-    report = verify_chain(store)
+    report = verify_chain(SqlAuditReads(store))
     assert report.ok and report.records_checked == len(_rows(engine)) > len(rows)
 
 
@@ -155,13 +156,13 @@ def test_downgrade_puts_the_unique_back_and_upgrade_drops_it_again(engine: sa.En
     with pytest.raises(sa.exc.IntegrityError):
         _probe_insert(engine, hash=rows[-1][6])
     _assert_append_only(engine)
-    assert verify_chain(store).ok
+    assert verify_chain(SqlAuditReads(store)).ok
     _to(engine, command.upgrade, AFTER)
     assert _version(engine) == AFTER
     assert _rows(engine) == rows and _columns(engine) == columns
     _assert_schema_after_0006(engine)
     _chain_runs(store)
-    assert verify_chain(store).ok
+    assert verify_chain(SqlAuditReads(store)).ok
 
 
 def test_a_failed_sqlite_rebuild_leaves_the_table_as_it_was(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -186,6 +187,6 @@ def test_a_failed_sqlite_rebuild_leaves_the_table_as_it_was(tmp_path: Path, monk
         assert _unique_columns(engine) == ALL_UNIQUE
         assert "trace_records_rebuilt" not in sa.inspect(engine).get_table_names()
         _assert_append_only(engine)
-        assert verify_chain(store).ok
+        assert verify_chain(SqlAuditReads(store)).ok
     finally:
         engine.dispose()

@@ -15,6 +15,7 @@ from alembic import command
 
 from harness.adapters.sql import schema as t
 from harness.adapters.sql import triggers
+from harness.adapters.sql.audit_reads import SqlAuditReads
 from harness.adapters.sql.database import create_engine, head_revision, migrate, resolve_url
 from harness.adapters.sql.store import SqlStore
 from harness.audit.verify import verify_chain
@@ -119,11 +120,11 @@ def test_upgrade_keeps_the_chain_and_guards_it_with_the_trigger(engine: sa.Engin
     assert _rows(engine) == rows
     assert _columns(engine) == columns
     assert store.chain_head() == head
-    report = verify_chain(store)
+    report = verify_chain(SqlAuditReads(store))
     assert report.ok and report.records_checked == len(rows)
     _assert_schema_after_0007(engine)
     _chain_runs(store)
-    report = verify_chain(store)
+    report = verify_chain(SqlAuditReads(store))
     assert report.ok and report.records_checked == len(_rows(engine)) > len(rows)
 
 
@@ -147,13 +148,13 @@ def test_downgrade_puts_the_unique_back_and_upgrade_replaces_it_again(engine: sa
         _insert(engine, last[0] + 1, last[5])  # the UNIQUE refuses the fork again
     _insert(engine, last[0] + 2, "e" * 64)  # the trigger is gone: a gap and a wrong link go in
     _assert_append_only(engine)
-    assert verify_chain(store).ok
+    assert verify_chain(SqlAuditReads(store)).ok
     migrate(engine)
     assert _version(engine) == head_revision()
     assert _rows(engine) == rows and _columns(engine) == columns
     _assert_schema_after_0007(engine)
     _chain_runs(store)
-    assert verify_chain(store).ok
+    assert verify_chain(SqlAuditReads(store)).ok
 
 
 def test_a_database_migrated_from_empty_starts_the_chain_at_the_genesis(engine: sa.Engine) -> None:
@@ -170,7 +171,7 @@ def test_a_database_migrated_from_empty_starts_the_chain_at_the_genesis(engine: 
     store = SqlStore(engine, FakeClock())
     _chain_runs(store)
     assert _rows(engine)[0][5] == GENESIS_HASH
-    assert verify_chain(store).ok
+    assert verify_chain(SqlAuditReads(store)).ok
     _assert_schema_after_0007(engine)
 
 
@@ -197,6 +198,6 @@ def test_a_failed_sqlite_rebuild_leaves_the_table_as_it_was(tmp_path: Path, monk
         assert "trace_records_rebuilt" not in sa.inspect(engine).get_table_names()
         _assert_append_only(engine)
         _insert(engine, rows[-1][0] + 2, "e" * 64)  # no linear-chain trigger was left behind
-        assert verify_chain(store).ok
+        assert verify_chain(SqlAuditReads(store)).ok
     finally:
         engine.dispose()

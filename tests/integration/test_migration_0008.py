@@ -16,6 +16,7 @@ from alembic import command
 from harness.adapters.sql import schema as t
 from harness.adapters.sql.database import create_engine, head_revision, migrate, resolve_url
 from harness.adapters.sql.ledger import CostLedger
+from harness.adapters.sql.reconcile_reads import SqlReconcileReads
 from harness.adapters.sql.store import SqlStore
 from harness.audit.reconcile import reconcile
 from harness.clock import FakeClock
@@ -89,7 +90,7 @@ def test_upgrade_fills_the_totals_with_the_sums_of_the_recorded_costs(engine: sa
     assert _totals(engine) == expected
     _assert_schema_after_0008(engine)
     store = SqlStore(engine, FakeClock())
-    assert reconcile(store).ok
+    assert reconcile(SqlReconcileReads(store)).ok
     ledger = CostLedger(store)
     ledger.record(cost("acme", "ana", "after", 0.5))
     ledger.record(cost("initech", "dee", "after-2", 0.25))
@@ -97,7 +98,7 @@ def test_upgrade_fills_the_totals_with_the_sums_of_the_recorded_costs(engine: sa
     assert totals[("acme", "ana")][0] == count + 1
     assert totals[("acme", "ana")][1] == pytest.approx(usd + 0.5)
     assert totals[("initech", "")] == totals[("initech", "dee")] == (1, 0.25)
-    assert reconcile(store).ok
+    assert reconcile(SqlReconcileReads(store)).ok
 
 
 def test_downgrade_drops_the_totals_and_upgrade_counts_what_was_recorded_meanwhile(engine: sa.Engine) -> None:
@@ -119,7 +120,7 @@ def test_downgrade_drops_the_totals_and_upgrade_counts_what_was_recorded_meanwhi
     assert _totals(engine) == expected
     assert sum(count for (_, user), (count, _) in expected.items() if user == "") == 60
     _assert_schema_after_0008(engine)
-    assert reconcile(store).ok
+    assert reconcile(SqlReconcileReads(store)).ok
 
 
 def test_a_database_migrated_from_empty_has_no_totals_yet(engine: sa.Engine) -> None:

@@ -15,10 +15,12 @@ from alembic import command
 from harness.adapters.sql import schema as t
 from harness.adapters.sql.database import create_engine, head_revision, migrate, resolve_url
 from harness.adapters.sql.ledger import CostLedger
+from harness.adapters.sql.reconcile_reads import SqlReconcileReads
 from harness.adapters.sql.store import SqlStore
-from harness.adapters.sql.webhooks import OutgoingEvent, WebhookOutbox
+from harness.adapters.sql.webhooks import WebhookOutbox
 from harness.audit.reconcile import reconcile
 from harness.clock import FakeClock
+from harness.domain.webhooks import OutgoingEvent
 
 from .test_migration_0006 import _to, _version
 from .test_spend_totals import cost
@@ -82,7 +84,7 @@ def test_upgrade_keeps_recorded_costs_and_adds_the_outbox(engine: sa.Engine) -> 
     assert {tuple(r) for r in filled} == {(0, 0.0, True, None)}
     store = SqlStore(engine, FakeClock())
     CostLedger(store).record(cost("acme", "ana", "after", 0.5))
-    assert reconcile(store).ok
+    assert reconcile(SqlReconcileReads(store)).ok
     with engine.begin() as conn:
         WebhookOutbox(store).enqueue(conn, [OutgoingEvent("e1", "run.finished", None, "acme", "caller:acme",
                                                           "http://127.0.0.1:9/x", {"n": 1})])
@@ -105,4 +107,4 @@ def test_downgrade_keeps_the_costs_and_drops_the_outbox(engine: sa.Engine) -> No
     migrate(engine)
     assert _costs(engine) == rows
     _assert_schema(engine)
-    assert reconcile(store).ok
+    assert reconcile(SqlReconcileReads(store)).ok

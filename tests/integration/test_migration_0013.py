@@ -15,6 +15,7 @@ import sqlalchemy as sa
 from alembic import command
 
 from harness.adapters.sql import schema as t
+from harness.adapters.sql.audit_reads import SqlAuditReads
 from harness.adapters.sql.database import create_engine, head_revision, migrate, resolve_url
 from harness.adapters.sql.store import SqlStore
 from harness.audit.verify import verify_chain
@@ -89,17 +90,17 @@ def test_a_chain_of_the_earlier_version_keeps_verifying_and_its_approvals_are_pr
     assert "ix_outbox_run" in {i["name"] for i in sa.inspect(engine).get_indexes("outbox")}
     assert store.outbox_backlog() == 2  # the request's and the decision's mirrors, waiting to be chained
     store.drain_all()
-    report = verify_chain(store)
+    report = verify_chain(SqlAuditReads(store))
     assert report.ok, report.problems
     assert any("2 Run(s) were closed by a version" in w for w in report.warnings), report.warnings
     new = build_runtime(settings, clock=FakeClock(), store=store)
     new.runs.create_run({"task": "echo new", **TESTER})
     store.drain_all()
-    assert verify_chain(store).ok
+    assert verify_chain(SqlAuditReads(store)).ok
     with engine.begin() as conn:
         drop_append_only(conn, "hitl_decisions")
         conn.execute(sa.text("UPDATE hitl_decisions SET approver = 't1/lee'"))
-    problems = verify_chain(store).problems
+    problems = verify_chain(SqlAuditReads(store)).problems
     assert [(p.table, p.field) for p in problems] == [("hitl_decisions", "approver")]
     rt.close()
 

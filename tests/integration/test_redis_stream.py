@@ -22,6 +22,7 @@ import sqlalchemy as sa
 
 from harness.adapters.redis_stream import RECOVERED, UNAVAILABLE, RedisTraceBuffer
 from harness.adapters.sql import schema as t
+from harness.adapters.sql.audit_reads import SqlAuditReads
 from harness.adapters.sql.store import SqlStore
 from harness.audit.verify import verify_chain
 from harness.clock import FakeClock
@@ -57,7 +58,7 @@ def _assert_all_chained_once(store: SqlStore, buf: RedisTraceBuffer, expected: s
     assert expected <= set(chained), f"{len(expected - set(chained))} records lost"
     assert store.outbox_backlog() == 0
     assert buf.redis.xlen(buf.stream) == 0 and buf.redis.scard(buf.inflight) == 0
-    report = verify_chain(store)
+    report = verify_chain(SqlAuditReads(store))
     assert report.ok, report.first_bad
 
 
@@ -255,7 +256,7 @@ def test_a_redis_outage_blocks_no_run_and_loses_no_record(
         events = [e.event for e in rt.store.audit_events() if e.event in (UNAVAILABLE, RECOVERED)]
         rt.store.drain_all()
         assert events == [UNAVAILABLE, RECOVERED]
-        assert verify_chain(rt.store).ok
+        assert verify_chain(SqlAuditReads(rt.store)).ok
     finally:
         rt.close()
 

@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
+from harness.adapters.sql.audit_reads import SqlAuditReads
 from harness.adapters.sql.erasure import USER_ERASED
+from harness.adapters.sql.reconcile_reads import SqlReconcileReads
 from harness.adapters.sql.retention import RUNS_PRUNED, RetentionStore
 from harness.adapters.sql.store import SqlStore
 from harness.audit import standalone
@@ -44,7 +46,7 @@ class World:
         self.old = clone(self.store, drive(self.machine), n - 1)
         self.old.insert(0, self.store.list_runs(limit=1000)[-1].run_id)
         self.parked = drive(self.machine, PARKED)
-        publish_checkpoint(self.store, self.cpdir)
+        publish_checkpoint(SqlAuditReads(self.store), self.cpdir)
         self.clock.advance(40 * DAY_S)
         self.today = drive(self.machine)
         self.archiver = Archiver(self.store, LocalSegmentStore(self.archive_dir), self.cpdir,
@@ -68,12 +70,12 @@ def test_archive_then_prune_keeps_the_chain_verifiable(big_world: World) -> None
     parked and recent Runs stay, and a new checkpoint and a live Run's export still prove."""
     world = big_world
     store = world.store
-    assert verify_chain(store, world.cpdir).ok
+    assert verify_chain(SqlAuditReads(store), world.cpdir).ok
     size_before = store.chain_head()[0]
     report = world.archiver.run()
     assert report.runs == report.pruned_runs == N and report.kept == []
     assert report.records == report.pruned_records > N * 5
-    after = verify_chain(store, world.cpdir)
+    after = verify_chain(SqlAuditReads(store), world.cpdir)
     assert after.ok, after.problems[:3]
     assert after.records_pruned == report.records and after.records_checked >= size_before
     assert after.checkpoints_checked >= 2
@@ -85,9 +87,9 @@ def test_archive_then_prune_keeps_the_chain_verifiable(big_world: World) -> None
     assert store.get_run(world.today).state is S.SUCCEEDED
     assert [e.event for e in store.audit_events(event=RUNS_PRUNED)]
     live = drive(world.machine)
-    cp = publish_checkpoint(store, world.cpdir)
-    assert verify_chain(store, world.cpdir).ok
-    checked = standalone.verify_export(export_run(store, live, cp), cp.doc, current_key(world.cpdir))
+    cp = publish_checkpoint(SqlAuditReads(store), world.cpdir)
+    assert verify_chain(SqlAuditReads(store), world.cpdir).ok
+    checked = standalone.verify_export(export_run(SqlAuditReads(store), live, cp), cp.doc, current_key(world.cpdir))
     assert checked.ok and checked.complete, checked.failures
     key = current_key(world.cpdir)
     assert key is not None
@@ -103,7 +105,7 @@ def test_a_second_pass_archives_nothing_new_and_the_parked_run_never(world: Worl
     assert report.runs == 1  # the Run of "today", now old too; not the parked one
     assert world.store.get_run(world.parked).state is S.AWAITING_HITL
     assert world.archiver.run().runs == 0
-    assert verify_chain(world.store, world.cpdir).ok
+    assert verify_chain(SqlAuditReads(world.store), world.cpdir).ok
 
 
 def test_tampering_in_what_remains_is_caught_after_a_prune(world: World) -> None:
@@ -113,7 +115,7 @@ def test_tampering_in_what_remains_is_caught_after_a_prune(world: World) -> None
     store = world.store
     with store.engine.begin() as conn:
         conn.execute(sa.text("UPDATE runs SET state = 'FAILED' WHERE run_id = :r"), {"r": world.today})
-    report = verify_chain(store, world.cpdir)
+    report = verify_chain(SqlAuditReads(store), world.cpdir)
     assert not report.ok and any(p.run_id == world.today for p in report.problems)
     with store.engine.begin() as conn:
         conn.execute(sa.text("UPDATE runs SET state = 'SUCCEEDED' WHERE run_id = :r"), {"r": world.today})
@@ -121,7 +123,7 @@ def test_tampering_in_what_remains_is_caught_after_a_prune(world: World) -> None
                      {"r": world.today})
         conn.execute(sa.text("DELETE FROM trace_records WHERE run_id = :r"), {"r": world.today})
         conn.execute(sa.text("DELETE FROM prune_grants"))
-    report = verify_chain(store, world.cpdir)
+    report = verify_chain(SqlAuditReads(store), world.cpdir)
     assert not report.ok and report.first_bad is not None and report.first_bad.kind == "deleted"
 
 
@@ -139,7 +141,7 @@ def test_the_append_only_guards_open_only_for_granted_runs(world: World) -> None
     for sql in ("DELETE FROM pruned_records", "UPDATE pruned_records SET seq = seq"):
         with pytest.raises(sa.exc.DBAPIError, match="append-only"), store.engine.begin() as conn:
             conn.execute(sa.text(sql))
-    assert verify_chain(store, world.cpdir).ok
+    assert verify_chain(SqlAuditReads(store), world.cpdir).ok
     assert latest_checkpoint(world.cpdir) is not None
 
 
@@ -159,10 +161,10 @@ def test_an_erasure_is_honoured_with_the_chain_still_verifying(world: World) -> 
     report = erase_user(store, "acme", "ana", segments=LocalSegmentStore(world.archive_dir))
     assert report.runs == 1 and report.archived_runs == len(world.old) and report.memory_entries == 1
     assert report.still_running == [world.parked] and len(report.segments_rewritten) == 1
-    checked = verify_chain(store, world.cpdir)
+    checked = verify_chain(SqlAuditReads(store), world.cpdir)
     assert checked.ok, checked.problems[:3]
     assert checked.records_redacted == report.records > 5
-    assert reconcile(store).ok
+    assert reconcile(SqlReconcileReads(store)).ok
     with store.engine.connect() as conn:
         assert conn.execute(sa.text("SELECT user_id FROM runs WHERE run_id = :r"), {"r": world.today}).scalar_one() \
             == report.subject
@@ -201,10 +203,10 @@ def test_a_forged_tombstone_is_caught(tmp_path: Path) -> None:
     with store.engine.begin() as conn:
         conn.exec_driver_sql("DROP TRIGGER pruned_records_no_update")
         conn.execute(sa.text("UPDATE pruned_records SET leaf = hash WHERE seq = :s"), {"s": seq})
-    report = verify_chain(store, world.cpdir)
+    report = verify_chain(SqlAuditReads(store), world.cpdir)
     assert not report.ok and any(p.kind.startswith("checkpoint") for p in report.problems), report.problems[:3]
     with store.engine.begin() as conn:
         conn.execute(sa.text("UPDATE pruned_records SET leaf = :l, hash = :h WHERE seq = :s"),
                      {"l": b"\x01" * 32, "h": b"\x02" * 32, "s": seq})
-    report = verify_chain(store, world.cpdir)
+    report = verify_chain(SqlAuditReads(store), world.cpdir)
     assert not report.ok and report.first_bad is not None and report.first_bad.seq == seq, report.problems[:3]

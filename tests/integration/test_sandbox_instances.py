@@ -34,7 +34,7 @@ from tests.acceptance.agent_skills import TESTER
 from tests.acceptance.checks import assert_audit_clean
 from tests.integration.conftest import port_open
 from tests.integration.instance_skills import instance_settings
-from tests.integration.test_child_runs import children, eventually, harness, kill, start_driver
+from tests.integration.test_child_runs import children, eventually, harness, kill, purges, start_driver
 from tests.integration.test_sandbox import need_bwrap
 
 BACKENDS = ("sqlite",)
@@ -53,6 +53,17 @@ def world(tmp_path: Path, call_log: Path) -> Iterator[Runtime]:
     rt.close()
 
 
+@pytest.fixture
+def drivers() -> Iterator[list[Any]]:
+    """Driver processes a test starts: any still alive when it ends (it failed early) is killed."""
+    started: list[Any] = []
+    yield started
+    for proc in started:
+        if proc.is_alive():
+            proc.kill()
+        proc.join(30)
+
+
 def instance_of(rt: Runtime, run_id: str, skill_id: str = "test.devserver") -> InstanceRow:
     assert rt.tools.sandbox_pool is not None
     row = rt.tools.sandbox_pool.table.get(run_id, skill_id)
@@ -62,6 +73,35 @@ def instance_of(rt: Runtime, run_id: str, skill_id: str = "test.devserver") -> I
 
 def events(rt: Runtime, run_id: str, prefix: str = "sandbox_") -> list[tuple[str, dict[str, Any]]]:
     return [(e.event, e.detail) for e in rt.store.audit_events(run_id=run_id) if e.event.startswith(prefix)]
+
+
+def assert_one_instance_served_then_released(rt: Runtime, run_id: str, first: InstanceRow,
+                                             instance_killed: bool) -> None:
+    """The Run's two calls had one instance (`first`, as its first call left it): kept (generation 1) or
+    re-created once, traced, with the same port; released at the close with every process of it gone, its
+    units back in the pool, its seconds billed once; the audit chain intact."""
+    trail = [name for name, _ in events(rt, run_id)]
+    assert trail == ["sandbox_instance_created", *(["sandbox_instance_recreated"] if instance_killed else []),
+                     "sandbox_instance_released"]
+    if instance_killed:
+        (recreated,) = [d for n, d in events(rt, run_id) if n == "sandbox_instance_recreated"]
+        assert recreated["reason"] == "its process was gone" and recreated["ports"] == list(first.ports)
+        assert recreated["instance_id"] == first.instance_id
+    ended = instance_of(rt, run_id)
+    assert ended.instance_id == first.instance_id and ended.generation == (2 if instance_killed else 1)
+    assert ended.state == RELEASED and ended.pid is None and ended.calls == 2
+    pids = [d["pid"] for n, d in events(rt, run_id) if "pid" in d]  # every generation's process
+    assert len(pids) == (2 if instance_killed else 1)
+    assert all(process_start(pid) is None for pid in pids), "the released instance's processes are gone"
+    assert rt.tools.sandbox_pool is not None
+    use = rt.tools.sandbox_pool.table.use()
+    assert use.ports_by_host == {} and use.live_by_host == {}
+    with rt.store.reader.connect() as conn:
+        billed = conn.execute(sa.select(t.costs.c.sandbox_s).where(
+            t.costs.c.run_id == run_id, t.costs.c.source == "sandbox_instance:bwrap:test.devserver")).scalars().all()
+    assert len(billed) == 1 and billed[0] == pytest.approx(ended.held_s)  # the instance's seconds, once
+    assert rt.runs.ledger.run_total(run_id).sandbox_s >= billed[0]
+    assert_audit_clean(rt)
 
 
 @pytest.mark.parametrize("instance_killed", [False, True], ids=["kept", "recreated"])
@@ -95,27 +135,53 @@ def test_a_service_from_step_one_answers_step_two_across_an_approval_and_a_resta
     step_c = result.artifacts["c"]
     assert step_c["port"] == port and step_c["restarted"] is instance_killed
     assert step_c["generation"] == (2 if instance_killed else 1)
-    trail = [name for name, _ in events(world, parent_id)]
-    expected = ["sandbox_instance_created", *(["sandbox_instance_recreated"] if instance_killed else []),
-                "sandbox_instance_released"]
-    assert trail == expected
+    assert_one_instance_served_then_released(world, parent_id, row, instance_killed)  # steps a and c
+
+
+@pytest.mark.parametrize("instance_killed", [False, True], ids=["kept", "recreated"])
+def test_a_run_parked_for_its_own_approval_keeps_its_instance_across_a_restart(
+        world: Runtime, tmp_path: Path, call_log: Path, drivers: list[Any], instance_killed: bool) -> None:
+    """Round 1 starts an HTTP server in the Run's instance on its leased port; round 2, planned from that
+    result, holds an L3 step, so the Run itself parks AWAITING_HITL with its instance kept. The process
+    that drove it is SIGKILLed; the approval, from another process, resumes the Run there and the query
+    of round 2 fetches the page from the same instance's server. If the instance's own process was killed
+    too, the query gets a re-created instance over the preserved working directory, same port, traced."""
+    run_id = world.runs.submit({"task": "serve hello then ask", **TESTER})[0].run_id
+    proc = start_driver(tmp_path, world.settings.db or "", run_id, 3.0, call_log, linger=True)
+    drivers.append(proc)
+    eventually(lambda: world.store.state_of(run_id) == RunState.AWAITING_HITL, "the Run parks for approval")
+    parked = world.runs.result(run_id)
+    assert list(parked.path) == ["CREATED", "PREPARING", "PLANNING", "POLICY_CHECK", "EXECUTING", "PLANNING",
+                                 "POLICY_CHECK", "AWAITING_HITL"]
+    row = instance_of(world, run_id)
+    (port,) = row.ports
+    assert row.state == LIVE and row.isolation == "bwrap" and row.calls == 1 and alive(Holder(row.pid, row.pid_start))
+    assert [n for n, _ in events(world, run_id)] == ["sandbox_instance_created"]  # not released by the wait
+    assert not port_open(port), "the host's loopback must not reach a service inside the instance"
+    probe = world.runs.create_run({"task": f"probe {port}", **TESTER})
+    assert probe.state == "SUCCEEDED" and probe.artifacts["a"]["reached"] is False, probe.error
+    (request,) = world.hitl.pending("t1")
+    assert request.run_id == run_id and request.level == "L3"
+    assert [a["step_id"] for a in request.actions] == ["b", "c"]  # the round's steps, approved together
+    assert purges(call_log) == []  # nothing of round 2 ran before the approval
+    assert proc.is_alive()
+    kill(proc, world, run_id)  # the harness process that created the instance is gone, never closed
+    assert alive(Holder(row.pid, row.pid_start)), "the instance outlives the process that started it"
     if instance_killed:
-        (recreated,) = [d for n, d in events(world, parent_id) if n == "sandbox_instance_recreated"]
-        assert recreated["reason"] == "its process was gone" and recreated["ports"] == [port]
-    ended = instance_of(world, parent_id)
-    assert ended.state == RELEASED and ended.pid is None and ended.calls == 2  # steps a and c
-    pids = [d["pid"] for n, d in events(world, parent_id) if "pid" in d]  # every generation's process
-    assert len(pids) == (2 if instance_killed else 1)
-    assert all(process_start(pid) is None for pid in pids), "the released instance's processes are gone"
-    assert world.tools.sandbox_pool is not None
-    use = world.tools.sandbox_pool.table.use()
-    assert use.ports_by_host == {} and use.live_by_host == {}
-    with world.store.reader.connect() as conn:
-        billed = conn.execute(sa.select(t.costs.c.sandbox_s).where(
-            t.costs.c.run_id == parent_id, t.costs.c.source == "sandbox_instance:bwrap:test.devserver")).scalars().all()
-    assert len(billed) == 1 and billed[0] == pytest.approx(ended.held_s)  # the instance's seconds, once
-    assert world.runs.ledger.run_total(parent_id).sandbox_s >= billed[0]
-    assert_audit_clean(world)
+        os.kill(row.pid or 0, signal.SIGKILL)
+        eventually(lambda: not alive(Holder(row.pid, row.pid_start)), "the instance's process is gone")
+    decided = harness(tmp_path, call_log, "approve", request.request_id, "--as", "t1/lee",
+                      "--db", world.settings.db or "")
+    assert decided["effect"] == "approved" and decided["run"]["state"] == "SUCCEEDED", decided
+
+    result = world.runs.result(run_id)
+    assert result.state == "SUCCEEDED" and result.answer == f"the site on port {port} said hello", result
+    assert list(result.path)[-4:] == ["AWAITING_HITL", "EXECUTING", "TRACING", "SUCCEEDED"]
+    assert purges(call_log) == [f"{run_id}:b"]  # the approved step, once
+    step_c = result.artifacts["c"]
+    assert step_c["port"] == port and step_c["body"] == "hello" and step_c["restarted"] is instance_killed
+    assert step_c["generation"] == (2 if instance_killed else 1)
+    assert_one_instance_served_then_released(world, run_id, row, instance_killed)  # rounds 1 and 2
 
 
 def _job(run_id: str, skill_id: str, workdir: Path) -> SandboxJob:

@@ -32,6 +32,7 @@ import sqlalchemy as sa
 import yaml
 
 from harness.adapters.sql import schema as t
+from harness.adapters.sql.reconcile_reads import SqlReconcileReads
 from harness.adapters.sql.store import SqlStore
 from harness.audit.reconcile import reconcile
 from harness.kernel import FINAL
@@ -245,7 +246,7 @@ def test_every_accepted_run_is_executed_across_replica_kills(replicas: list[Repl
         keys = Counter(c["key"] for c in calls(call_log))
         assert all(n == 1 for n in keys.values()), keys.most_common(3)
         store.drain_all()
-        assert reconcile(store).ok
+        assert reconcile(SqlReconcileReads(store)).ok
         print(f"accepted {len(run_of)}, succeeded {outcome['SUCCEEDED']}, outcome unknown {len(unknown)}")
     finally:
         store.close()

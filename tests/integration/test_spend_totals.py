@@ -20,6 +20,7 @@ from typer.testing import CliRunner
 
 from harness.adapters.sql import schema as t
 from harness.adapters.sql.ledger import TENANT_TOTAL, CostLedger
+from harness.adapters.sql.reconcile_reads import SqlReconcileReads
 from harness.adapters.sql.store import SqlStore
 from harness.audit.reconcile import Mismatch, reconcile
 from harness.cli import app
@@ -123,7 +124,7 @@ def test_totals_equal_the_sums_and_the_budget_check_reads_what_it_did(
             assert ledger.spent(tenant_id=tenant) == pytest.approx(float(before[2]), rel=1e-12)
     tenant, user = next(iter(history.values()))
     assert ledger.spent(tenant_id=tenant, user_id=user, run_id="run-of-someone-else") == 0.0
-    assert reconcile(store).ok
+    assert reconcile(SqlReconcileReads(store)).ok
 
 
 def test_nothing_recorded_reads_zero(store: SqlStore) -> None:
@@ -184,7 +185,7 @@ def test_concurrent_writers_in_several_processes_lose_no_update(store: SqlStore,
     assert found[("acme", TENANT_TOTAL)] == (n, sum(range(n)) / 1024)
     assert found[("acme", "shared")][0] == n // 2
     assert_totals_match(store, exact=True)
-    assert reconcile(store).ok
+    assert reconcile(SqlReconcileReads(store)).ok
 
 
 def test_concurrent_runs_of_one_tenant_keep_their_totals(backend_url: str, tmp_path: Path, call_log: Path) -> None:
@@ -205,14 +206,14 @@ def test_concurrent_runs_of_one_tenant_keep_their_totals(backend_url: str, tmp_p
         assert set(states) <= {"SUCCEEDED", "CLOSED_REJECTED"} and "SUCCEEDED" in states
         assert totals(rt.store)[("t1", TENANT_TOTAL)][0] == len(states)
         assert_totals_match(rt.store, exact=False)
-        assert reconcile(rt.store).ok
+        assert reconcile(SqlReconcileReads(rt.store)).ok
     finally:
         rt.close()
 
 
 def spend_mismatches(store: SqlStore) -> list[Mismatch]:
     """What reconcile lists under the spend-totals check (it also counts them)."""
-    report = reconcile(store)
+    report = reconcile(SqlReconcileReads(store))
     listed = [m for m in report.mismatches if m.check == "spend_totals"]
     assert report.counts["spend_totals"] == len(listed) and report.ok == (not listed)
     return listed

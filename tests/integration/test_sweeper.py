@@ -10,6 +10,7 @@ import sqlalchemy as sa
 
 from harness.adapters.sql import schema as t
 from harness.adapters.sql.leases import Leases
+from harness.adapters.sql.reconcile_reads import SqlReconcileReads
 from harness.adapters.sql.store import SqlStore
 from harness.clock import FakeClock
 from harness.config import Runtime, Settings
@@ -269,7 +270,7 @@ def test_several_sweepers_at_once_close_each_run_once(store: SqlStore, clock: Fa
     store.drain_all()
     from harness.audit.reconcile import reconcile
 
-    assert reconcile(store).ok
+    assert reconcile(SqlReconcileReads(store)).ok
 
 
 def test_overdue_approvals_are_expired_by_the_sweep(test_runtime: Runtime, clock: FakeClock) -> None:

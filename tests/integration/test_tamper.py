@@ -11,6 +11,7 @@ import pytest
 import sqlalchemy as sa
 
 from harness.adapters.sql import triggers
+from harness.adapters.sql.audit_reads import SqlAuditReads
 from harness.adapters.sql.store import SqlStore
 from harness.audit.checkpoint import publish_checkpoint
 from harness.audit.verify import ChainReport, verify_chain
@@ -96,7 +97,7 @@ def first_bad(report: ChainReport) -> tuple[str, int | None, str | None]:
 
 def test_an_untouched_chain_verifies(store: SqlStore, runs: dict[str, str]) -> None:
     """A chain written only by the store verifies, with every record checked and nothing named."""
-    report = verify_chain(store)
+    report = verify_chain(SqlAuditReads(store))
     assert report.ok and report.first_bad is None
     assert report.records_checked == store.chain_head()[0] > 20
     assert json.loads(json.dumps(report.to_dict()))["ok"] is True
@@ -115,7 +116,7 @@ def test_an_edited_record_is_named(store: SqlStore, runs: dict[str, str]) -> Non
     victim = records(store)[9]
     body = victim.payload.replace("to", "TO")
     raw(store, ("UPDATE trace_records SET payload = :p WHERE seq = 10", {"p": body}))
-    assert first_bad(verify_chain(store)) == ("edited", 10, victim.record_id)
+    assert first_bad(verify_chain(SqlAuditReads(store))) == ("edited", 10, victim.record_id)
 
 
 def test_an_edited_and_rehashed_record_is_named(store: SqlStore, runs: dict[str, str]) -> None:
@@ -124,7 +125,7 @@ def test_an_edited_and_rehashed_record_is_named(store: SqlStore, runs: dict[str,
     body = victim.payload.replace("to", "TO")
     digest = record_hash(10, victim.record_id, victim.run_id, victim.kind, victim.prev_hash, body)
     raw(store, ("UPDATE trace_records SET payload = :p, hash = :h WHERE seq = 10", {"p": body, "h": digest}))
-    assert first_bad(verify_chain(store)) == ("edited", 10, victim.record_id)
+    assert first_bad(verify_chain(SqlAuditReads(store))) == ("edited", 10, victim.record_id)
 
 
 def test_a_rehashed_last_record_is_caught_by_the_chain_head(store: SqlStore, runs: dict[str, str]) -> None:
@@ -134,20 +135,20 @@ def test_a_rehashed_last_record_is_caught_by_the_chain_head(store: SqlStore, run
     digest = record_hash(last.seq, last.record_id, last.run_id, last.kind, last.prev_hash, body)
     raw(store, ("UPDATE trace_records SET payload = :p, hash = :h WHERE seq = :s",
                 {"p": body, "h": digest, "s": last.seq}))
-    assert first_bad(verify_chain(store)) == ("head_mismatch", last.seq, last.record_id)
+    assert first_bad(verify_chain(SqlAuditReads(store))) == ("head_mismatch", last.seq, last.record_id)
 
 
 def test_a_deleted_record_is_named(store: SqlStore, runs: dict[str, str]) -> None:
     """Deleting a record in the middle is reported at its seq."""
     raw(store, ("DELETE FROM trace_records WHERE seq = 7", {}))
-    assert first_bad(verify_chain(store))[:2] == ("deleted", 7)
+    assert first_bad(verify_chain(SqlAuditReads(store)))[:2] == ("deleted", 7)
 
 
 def test_a_deleted_tail_is_caught_by_the_chain_head(store: SqlStore, runs: dict[str, str]) -> None:
     """Deleting the newest records leaves a chain that links, but the chain head still names them."""
     head = store.chain_head()[0]
     raw(store, ("DELETE FROM trace_records WHERE seq > :s", {"s": head - 2}))
-    assert first_bad(verify_chain(store))[:2] == ("deleted", head - 1)
+    assert first_bad(verify_chain(SqlAuditReads(store)))[:2] == ("deleted", head - 1)
 
 
 def test_a_record_inserted_in_the_middle_is_named(store: SqlStore, runs: dict[str, str]) -> None:
@@ -161,7 +162,7 @@ def test_a_record_inserted_in_the_middle_is_named(store: SqlStore, runs: dict[st
         ("UPDATE trace_records SET seq = -seq WHERE seq < 0", {}),
         ("INSERT INTO trace_records VALUES (:seq, :record_id, :run_id, :kind, :payload, :prev_hash, :hash)",
          forged))
-    assert first_bad(verify_chain(store)) == ("inserted", 6, "forged")
+    assert first_bad(verify_chain(SqlAuditReads(store))) == ("inserted", 6, "forged")
 
 
 def test_a_record_appended_behind_the_heads_back_is_named(store: SqlStore, runs: dict[str, str]) -> None:
@@ -171,7 +172,7 @@ def test_a_record_appended_behind_the_heads_back_is_named(store: SqlStore, runs:
     row = {"seq": seq + 1, "rid": "forged", "run": runs["failed"], "p": payload, "prev": head,
            "h": record_hash(seq + 1, "forged", runs["failed"], "audit", head, payload)}
     raw(store, ("INSERT INTO trace_records VALUES (:seq, :rid, :run, 'audit', :p, :prev, :h)", row))
-    assert first_bad(verify_chain(store))[:2] == ("inserted", seq + 1)
+    assert first_bad(verify_chain(SqlAuditReads(store)))[:2] == ("inserted", seq + 1)
 
 
 def test_reordered_records_are_named(store: SqlStore, runs: dict[str, str]) -> None:
@@ -181,7 +182,7 @@ def test_reordered_records_are_named(store: SqlStore, runs: dict[str, str]) -> N
         ("UPDATE trace_records SET seq = -1 WHERE seq = 12", {}),
         ("UPDATE trace_records SET seq = 12 WHERE seq = 13", {}),
         ("UPDATE trace_records SET seq = 13 WHERE seq = -1", {}))
-    report = verify_chain(store)
+    report = verify_chain(SqlAuditReads(store))
     assert first_bad(report)[:2] == ("reordered", 12)
     assert (report.problems[1].kind, report.problems[1].seq, report.problems[1].record_id) == (
         "reordered", 13, moved.record_id)
@@ -190,7 +191,7 @@ def test_reordered_records_are_named(store: SqlStore, runs: dict[str, str]) -> N
 def test_deleting_a_whole_runs_records_is_detected(store: SqlStore, runs: dict[str, str]) -> None:
     """Removing every record of one Run leaves holes in the chain and a Run without its trace."""
     raw(store, ("DELETE FROM trace_records WHERE run_id = :r", {"r": runs["rejected"]}))
-    report = verify_chain(store)
+    report = verify_chain(SqlAuditReads(store))
     assert first_bad(report)[0] == "deleted"
     assert ("run_trace_missing", runs["rejected"]) in {(p.kind, p.run_id) for p in report.problems}
 
@@ -198,7 +199,7 @@ def test_deleting_a_whole_runs_records_is_detected(store: SqlStore, runs: dict[s
 def test_deleting_a_run_and_relinking_the_chain_is_detected(store: SqlStore, runs: dict[str, str]) -> None:
     """Even with the chain and its head recomputed around the hole, the Run's missing trace is named."""
     rebuild_chain(store, keep=lambda r: r.run_id != runs["succeeded"])
-    report = verify_chain(store)
+    report = verify_chain(SqlAuditReads(store))
     assert [(p.kind, p.run_id) for p in report.problems] == [("run_trace_missing", runs["succeeded"])]
 
 
@@ -206,7 +207,7 @@ def test_a_transition_record_deleted_and_relinked_is_detected(store: SqlStore, r
     """A relinked chain missing one transition record no longer matches the transitions table."""
     gone = next(r for r in records(store) if r.kind == "transition" and r.run_id == runs["failed"])
     rebuild_chain(store, keep=lambda r: r.record_id != gone.record_id)
-    report = verify_chain(store)
+    report = verify_chain(SqlAuditReads(store))
     assert [(p.kind, p.run_id) for p in report.problems] == [("transition_record_missing", runs["failed"]),
                                                              ("run_record_missing", runs["failed"])]
     assert report.problems[0].table == "transitions" and report.problems[1].record_id == gone.record_id
@@ -217,13 +218,13 @@ def test_a_whole_table_rewrite_is_caught_by_an_earlier_checkpoint(
 ) -> None:
     """A rewrite with recomputed chain and head passes the chain walk but not the signed checkpoint."""
     directory = tmp_path / "checkpoints"
-    publish_checkpoint(store, directory)
+    publish_checkpoint(SqlAuditReads(store), directory)
     assert any("policy_rejected" in r.payload for r in records(store))
     rebuild_chain(store, keep=lambda r: True,
                   payload=lambda r: r.payload.replace("policy_rejected", "policy_approved"))
     raw(store, ("UPDATE audit_events SET event = 'policy_approved' WHERE event = 'policy_rejected'", {}))
-    assert verify_chain(store).ok  # the chain alone, and the rows edited to match it, cannot tell
-    report = verify_chain(store, directory)
+    assert verify_chain(SqlAuditReads(store)).ok  # the chain alone, and the rows edited to match it, cannot tell
+    report = verify_chain(SqlAuditReads(store), directory)
     assert first_bad(report)[0] == "checkpoint_mismatch"
     assert "checkpoint-00000001.json" in report.problems[0].detail
 
@@ -231,13 +232,13 @@ def test_a_whole_table_rewrite_is_caught_by_an_earlier_checkpoint(
 def test_records_waiting_in_the_outbox_are_reported_not_failed(store: SqlStore, runs: dict[str, str]) -> None:
     """An outbox backlog is reported, but is not a verification failure (SPEC A4)."""
     store.record([TraceRecordIn("step", {"n": 1}, runs["in_flight"])])
-    report = verify_chain(store)
+    report = verify_chain(SqlAuditReads(store))
     assert report.ok and report.outbox_backlog == 1
 
 
 def test_problem_listing_is_capped_but_all_are_counted(store: SqlStore, runs: dict[str, str]) -> None:
     """Editing many records lists at most `limit` of them and counts them all."""
     raw(store, ("UPDATE trace_records SET payload = payload || ' ' WHERE seq <= 10", {}))
-    report = verify_chain(store, limit=3)
+    report = verify_chain(SqlAuditReads(store), limit=3)
     assert len(report.problems) == 3 and report.problem_count == 10
     assert [p.seq for p in report.problems] == [1, 2, 3]

@@ -14,6 +14,7 @@ import pytest
 import sqlalchemy as sa
 from typer.testing import CliRunner
 
+from harness.adapters.sql.audit_reads import SqlAuditReads
 from harness.audit.verify import verify_chain
 from harness.cli import app
 from harness.clock import FakeClock
@@ -95,12 +96,12 @@ def test_every_kind_of_row_edit_is_named_by_table_row_and_field(world: tuple[Run
     """A clean database verifies; after each kind of edit, verify names the edited table, row and field
     (and the CLI exits 1 with them in its JSON)."""
     rt, runs = world
-    clean = verify_chain(rt.store)
+    clean = verify_chain(SqlAuditReads(rt.store))
     assert clean.ok, clean.problems
     assert clean.rows_checked > 40 and not clean.warnings[1:]
     for _table, _field, sql, run in EDITS:
         edit(rt, sql, r=runs[run])
-    report = verify_chain(rt.store, limit=200)
+    report = verify_chain(SqlAuditReads(rt.store), limit=200)
     assert not report.ok
     found = named(report)
     for table, field, _sql, run in EDITS:
@@ -127,7 +128,7 @@ def test_deleted_rows_and_rows_of_no_run_are_named(world: tuple[Runtime, dict[st
                      {"r": runs["a"]})
         conn.execute(sa.text("DELETE FROM hitl_decisions WHERE run_id = :r"), {"r": runs["approved"]})
         conn.execute(sa.text("DELETE FROM runs WHERE run_id = :r"), {"r": runs["failed"]})
-    report = verify_chain(rt.store, limit=200)
+    report = verify_chain(SqlAuditReads(rt.store), limit=200)
     kinds = {(p.kind, p.table, p.run_id) for p in report.problems}
     assert ("record_without_row", "audit_events", runs["a"]) in kinds
     assert ("record_without_row", "hitl_decisions", runs["approved"]) in kinds

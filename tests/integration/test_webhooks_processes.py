@@ -18,9 +18,11 @@ from typing import Any
 import pytest
 
 from harness.adapters.sql.store import SqlStore
-from harness.adapters.sql.webhooks import OutgoingEvent, WebhookOutbox
+from harness.adapters.sql.webhooks import WebhookOutbox
+from harness.adapters.webhook_http import WebhookSender
 from harness.clock import FakeClock
 from harness.domain.ids import ordered_id
+from harness.domain.webhooks import OutgoingEvent
 from harness.kernel import FINAL
 from harness.webhooks.config import load_webhook_config
 from harness.webhooks.delivery import WebhookDispatcher
@@ -42,7 +44,8 @@ def _free_port() -> int:
 def _dispatch(db: str, config: str, barrier: Any, out: str) -> None:
     """One delivery process: wait for the others, then deliver until nothing is due; report by file."""
     store = SqlStore.open(db, migrate_schema=False)
-    dispatcher = WebhookDispatcher(WebhookOutbox(store), load_webhook_config(Path(config)))
+    loaded = load_webhook_config(Path(config))
+    dispatcher = WebhookDispatcher(WebhookOutbox(store), loaded, WebhookSender(loaded.delivery.timeout_s))
     barrier.wait(30)
     report = dispatcher.deliver_all()
     Path(out).write_text(json.dumps(report.to_dict()))
@@ -138,7 +141,7 @@ def test_a_process_killed_between_commit_and_send_loses_no_event(
         assert left_pending > 0, "no kill left an event unsent: the test proved nothing"
         later = SqlStore(store.engine, FakeClock(time.time() + 60))  # every lease the dead process held is over
         rt_config = load_webhook_config(config)
-        dispatcher = WebhookDispatcher(WebhookOutbox(later), rt_config)
+        dispatcher = WebhookDispatcher(WebhookOutbox(later), rt_config, WebhookSender(rt_config.delivery.timeout_s))
         report = dispatcher.deliver_all()
         dispatcher.close()
         assert not report.dead and outbox.counts()["pending"] == 0

@@ -20,9 +20,10 @@ import httpx
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from harness.adapters.sql.audit_reads import SqlAuditReads
 from harness.adapters.sql.store import SqlStore
 from harness.audit.checkpoint import TamperedHistoryError, build_tree, public_pem, publish_checkpoint
-from harness.audit.standalone import key_id_of, signed_message
+from harness.audit.formats import key_id_of, signed_message
 from harness.audit.verify import verify_chain
 from harness.audit.witness import DirectoryWitness, HttpWitness, WitnessError, WitnessRefusedError
 from harness.clock import FakeClock
@@ -80,16 +81,16 @@ def test_an_http_witness_keeps_consistent_checkpoints_and_refuses_the_rest(store
     forked head are refused with their status; verify against the witness passes."""
     witness, cpdir = HttpWitness(witness_url, token=TOKEN), tmp_path / "cps"
     runs_with_steps(store, 1)
-    first = publish_checkpoint(store, cpdir, witnesses=[witness])
+    first = publish_checkpoint(SqlAuditReads(store), cpdir, witnesses=[witness])
     runs_with_steps(store, 1)
-    second = publish_checkpoint(store, cpdir, witnesses=[witness])
+    second = publish_checkpoint(SqlAuditReads(store), cpdir, witnesses=[witness])
     assert first.witnessed == second.witnessed == ((witness.name, None),)
     db = store.database_id()
     kept = witness.checkpoints(db)
     assert [d["tree_size"] for d in kept] == [first.tree_size, second.tree_size]
     assert witness.public_key(db) is not None and witness.latest(db) == second.doc
     pem = public_pem(witness.public_key(db)).decode()  # type: ignore[arg-type]
-    tree = build_tree(store, second.tree_size)
+    tree = build_tree(SqlAuditReads(store), second.tree_size)
 
     def proof(size: int, to: int) -> dict[str, Any]:
         return {"tree_size": size, "root_hash": tree.root(size).hex(),
@@ -110,7 +111,7 @@ def test_an_http_witness_keeps_consistent_checkpoints_and_refuses_the_rest(store
     with pytest.raises(WitnessError, match="401"):
         anonymous.submit(db, second.doc, pem, None)
     assert len(witness.checkpoints(db)) == 2
-    report = verify_chain(store, cpdir, witnesses=[anonymous])  # reads need no token
+    report = verify_chain(SqlAuditReads(store), cpdir, witnesses=[anonymous])  # reads need no token
     assert report.ok and report.checkpoints_checked == 4, report
 
 
@@ -121,16 +122,16 @@ def test_an_http_witness_refuses_a_rewritten_history_signed_by_the_real_key(stor
     witness names the rewritten record."""
     witness, cpdir = HttpWitness(witness_url, token=TOKEN), tmp_path / "cps"
     runs = runs_with_steps(store, 2)
-    publish_checkpoint(store, cpdir, witnesses=[witness])
+    publish_checkpoint(SqlAuditReads(store), cpdir, witnesses=[witness])
     victim = step_seq(store, runs[0])
     rewrite(store, victim)
     with pytest.raises(TamperedHistoryError, match="witness"):
-        publish_checkpoint(store, cpdir, witnesses=[witness])
+        publish_checkpoint(SqlAuditReads(store), cpdir, witnesses=[witness])
     for path in cpdir.glob("checkpoint-*.json"):
         path.unlink()
     runs_with_steps(store, 1)
-    forged = publish_checkpoint(store, cpdir)  # a fresh local history, signed by the real key
-    tree = build_tree(store, forged.tree_size)
+    forged = publish_checkpoint(SqlAuditReads(store), cpdir)  # a fresh local history, signed by the real key
+    tree = build_tree(SqlAuditReads(store), forged.tree_size)
     old = witness.latest(store.database_id())
     assert old is not None
     size = int(old["tree_size"])
@@ -139,7 +140,8 @@ def test_an_http_witness_refuses_a_rewritten_history_signed_by_the_real_key(stor
     with pytest.raises(WitnessRefusedError, match="inconsistent") as refused:
         witness.submit(store.database_id(), forged.doc, None, claimed)
     assert refused.value.status == 409
-    mismatch = [p for p in verify_chain(store, cpdir, witnesses=[witness]).problems if p.kind == "checkpoint_mismatch"]
+    found = verify_chain(SqlAuditReads(store), cpdir, witnesses=[witness]).problems
+    mismatch = [p for p in found if p.kind == "checkpoint_mismatch"]
     assert mismatch and mismatch[0].seq == victim
 
 
@@ -162,10 +164,10 @@ def test_publishers_racing_leave_the_witness_one_consistent_history(backend_url:
     store = SqlStore.open(backend_url, FakeClock())
     try:
         kept = DirectoryWitness(tmp_path / "witness").checkpoints(store.database_id())
-        tree = build_tree(store, store.chain_head()[0])
+        tree = build_tree(SqlAuditReads(store), store.chain_head()[0])
         sizes = [int(d["tree_size"]) for d in kept]
         assert kept and sizes == sorted(sizes) and len(set(sizes)) == len(sizes)
         assert all(tree.root(int(d["tree_size"])).hex() == d["root_hash"] for d in kept)
-        assert verify_chain(store, witnesses=[DirectoryWitness(tmp_path / "witness")]).ok
+        assert verify_chain(SqlAuditReads(store), witnesses=[DirectoryWitness(tmp_path / "witness")]).ok
     finally:
         store.close()

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from harness.adapters.sql.audit_reads import SqlAuditReads
 from harness.adapters.sql.store import SqlStore
 from harness.audit.checkpoint import publish_checkpoint
 from harness.audit.witness import DirectoryWitness
@@ -27,7 +28,7 @@ def publisher(url: str, witness_dir: str, local: str, barrier: Any, out: str) ->
         store.record([TraceRecordIn("step", {"note": "race"}, run.run_id)])
         store.drain_all()
         barrier.wait()
-        cp = publish_checkpoint(store, Path(local), witnesses=[DirectoryWitness(Path(witness_dir))])
+        cp = publish_checkpoint(SqlAuditReads(store), Path(local), witnesses=[DirectoryWitness(Path(witness_dir))])
         Path(out).write_text(repr(cp.witnessed))
     finally:
         store.close()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import sqlalchemy as sa
 
+from harness.adapters.sql.memory import SqlMemoryRows
 from harness.adapters.sql.store import SqlStore
 from harness.context.errors import CompressionRefusedError, ScopeViolationError
 from harness.context.secrets import SecretFilter
@@ -23,7 +24,7 @@ FILTER = SecretFilter()
 @pytest.fixture
 def memory(store: SqlStore) -> MemoryStore:
     """A lexical memory store on the test database, with two users' notes in tenant t1."""
-    mem = MemoryStore(store.engine, store.clock, FILTER)
+    mem = MemoryStore(SqlMemoryRows(store.engine), store.clock, FILTER)
     mem.add([NewMemory("t1", "user", "Alice prefers refunds as store credit in disputes", user_id="alice"),
              NewMemory("t1", "user", "Bob ships to Vienna; refunds go to his card", user_id="bob")])
     return mem

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from harness.retention.storage import SegmentStoreError
+from harness.ports.segments import SegmentStoreError
 
 
 class S3SegmentStore:

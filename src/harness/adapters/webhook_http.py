@@ -12,21 +12,13 @@ from __future__ import annotations
 import datetime as dt
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import httpx
 from standardwebhooks import Webhook
 
+from harness.domain.webhooks import SendOutcome
+
 USER_AGENT = "harness-kernel-webhooks/1"
-
-
-@dataclass(frozen=True, slots=True)
-class SendOutcome:
-    """How one attempt went: `ok` for a 2xx answer; otherwise the status (None if there was none) and why."""
-
-    ok: bool
-    status_code: int | None
-    error: str | None = None
 
 
 def signed_headers(secret: str, message_id: str, body: str, at: float) -> dict[str, str]:

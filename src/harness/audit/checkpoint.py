@@ -33,20 +33,9 @@ from typing import Any
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from harness.adapters.sql.retention import PrunedRecord, iter_chain
-from harness.adapters.sql.store import SqlStore
 from harness.audit import merkle
 from harness.audit.files import json_dumps, json_load, write_new
-from harness.audit.keys import (
-    KEY_ENV,
-    LEGACY_KEY_FILE,
-    CheckpointError,
-    create_private_key,
-    default_key_path,
-    read_private_key,
-    signing_key,
-)
-from harness.audit.standalone import (
+from harness.audit.formats import (
     CHECKPOINT_FORMAT_V2,
     LEAF_PREFIX_BYTES,
     PUBLIC_KEY_FILE,
@@ -60,9 +49,20 @@ from harness.audit.standalone import (
     signed_message,
     walk_keys,
 )
+from harness.audit.keys import (
+    KEY_ENV,
+    LEGACY_KEY_FILE,
+    CheckpointError,
+    create_private_key,
+    default_key_path,
+    read_private_key,
+    signing_key,
+)
 from harness.audit.witness import Witness, WitnessError, WitnessRefusedError
+from harness.domain.audit import PrunedRecord
 from harness.domain.chain import GENESIS_HASH, record_bytes
 from harness.domain.errors import StoreError
+from harness.ports.audit import ChainReads
 
 __all__ = ["KEY_ENV", "KEY_FILE", "CheckpointError", "json_dumps", "json_load"]
 
@@ -206,11 +206,11 @@ def _refuse_other_database(directory: Path, checkpoints: list[Checkpoint], datab
 # ---------------------------------------------------------------------- trees
 
 
-def leaf_hashes(store: SqlStore, size: int, head_hash: str | None = None) -> Iterator[bytes]:
+def leaf_hashes(store: ChainReads, size: int, head_hash: str | None = None) -> Iterator[bytes]:
     """The leaf hashes of records 1..size, checking the chain as it goes (a tree over a broken chain
     would vouch for tampered history) and, when given, that record `size` has hash `head_hash`."""
     prev, expected = GENESIS_HASH, 1
-    for rec in iter_chain(store):
+    for rec in store.iter_chain():
         if rec.seq > size:
             break
         if isinstance(rec, PrunedRecord):  # a tombstone: the next record's link and the roots check it
@@ -230,7 +230,7 @@ def leaf_hashes(store: SqlStore, size: int, head_hash: str | None = None) -> Ite
         raise TamperedHistoryError(f"record {size} does not match the chain head: run `harness audit verify`")
 
 
-def build_tree(store: SqlStore, size: int, head_hash: str | None = None) -> merkle.MerkleTree:
+def build_tree(store: ChainReads, size: int, head_hash: str | None = None) -> merkle.MerkleTree:
     """The Merkle tree over the first `size` chained records."""
     return merkle.MerkleTree.from_leaves(leaf_hashes(store, size, head_hash))
 
@@ -312,7 +312,7 @@ def _offer_once(witness: Witness, database_id: str, tree: merkle.MerkleTree, che
         base = cp.tree_size
 
 
-def publish_checkpoint(store: SqlStore, directory: Path, *, key: Ed25519PrivateKey | None = None,
+def publish_checkpoint(store: ChainReads, directory: Path, *, key: Ed25519PrivateKey | None = None,
                        endorsed_by: Ed25519PrivateKey | None = None,
                        witnesses: Sequence[Witness] = (),
                        trees: list[merkle.MerkleTree] | None = None) -> Checkpoint:
@@ -374,7 +374,7 @@ def publish_checkpoint(store: SqlStore, directory: Path, *, key: Ed25519PrivateK
     return Checkpoint(serial, path, doc, witnessed)
 
 
-def rotate_key(store: SqlStore, directory: Path, new_key: Path | None = None,
+def rotate_key(store: ChainReads, directory: Path, new_key: Path | None = None,
                witnesses: Sequence[Witness] = ()) -> tuple[Checkpoint, Path]:
     """Change the signing key: publish a checkpoint signed by the new key and endorsed by the current
     one; returns it and the path of the new private key.

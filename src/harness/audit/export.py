@@ -12,13 +12,10 @@ from __future__ import annotations
 
 from typing import Any
 
-import sqlalchemy as sa
-
-from harness.adapters.sql import schema as t
-from harness.adapters.sql.store import SqlStore
 from harness.audit.checkpoint import Checkpoint, TamperedHistoryError, build_tree
-from harness.audit.standalone import EXPORT_FORMAT
+from harness.audit.formats import EXPORT_FORMAT
 from harness.domain.records import RUN_TRACE, StoredTraceRecord
+from harness.ports.audit import ChainReads
 
 
 def _record_doc(rec: StoredTraceRecord) -> dict[str, Any]:
@@ -33,13 +30,7 @@ def _record_doc(rec: StoredTraceRecord) -> dict[str, Any]:
     }
 
 
-def _pending_in_outbox(store: SqlStore, run_id: str) -> int:
-    with store.reader.connect() as conn:
-        query = sa.select(sa.func.count()).select_from(t.outbox).where(t.outbox.c.run_id == run_id)
-        return int(conn.execute(query).scalar_one())
-
-
-def export_run(store: SqlStore, run_id: str, checkpoint: Checkpoint) -> dict[str, Any]:
+def export_run(store: ChainReads, run_id: str, checkpoint: Checkpoint) -> dict[str, Any]:
     """Every trace record of the Run, each with its inclusion proof in the checkpoint's tree.
 
     Raises UnknownRunError for an unknown Run, and TamperedHistoryError when the database no longer
@@ -58,7 +49,7 @@ def export_run(store: SqlStore, run_id: str, checkpoint: Checkpoint) -> dict[str
             continue
         proof = [p.hex() for p in tree.inclusion_proof(rec.seq - 1)]
         covered.append({**_record_doc(rec), "leaf_index": rec.seq - 1, "inclusion_proof": proof})
-    pending = _pending_in_outbox(store, run_id)
+    pending = store.pending_of_run(run_id)
     return {
         "format": EXPORT_FORMAT,
         "run_id": run_id,

@@ -21,10 +21,10 @@ from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
-from harness.adapters.sql.store import SqlStore
 from harness.audit.checkpoint import Checkpoint, checkpoint_dir, latest_checkpoint, publish_checkpoint
 from harness.audit.keys import CheckpointError
 from harness.audit.witness import Witness, open_witness
+from harness.ports.audit import ChainReads
 
 log = logging.getLogger("harness.checkpoints")
 
@@ -32,7 +32,7 @@ log = logging.getLogger("harness.checkpoints")
 class CheckpointPublisher:
     """Publishes this database's checkpoint when one is due."""
 
-    def __init__(self, store: SqlStore, *, interval_s: float, directory: Path | None = None,
+    def __init__(self, store: ChainReads, *, interval_s: float, directory: Path | None = None,
                  witnesses: Sequence[Witness] = (), wait_first: bool = False) -> None:
         self.store = store
         self.interval_s = interval_s
@@ -49,7 +49,7 @@ class CheckpointPublisher:
         self.pending: Future[Checkpoint | None] | None = None
 
     @classmethod
-    def from_settings(cls, store: SqlStore, interval_s: float, directory: Path | None,
+    def from_settings(cls, store: ChainReads, interval_s: float, directory: Path | None,
                       witnesses: Sequence[str], *, wait_first: bool = False) -> CheckpointPublisher:
         """A publisher as the settings describe it."""
         return cls(store, interval_s=interval_s, directory=directory,

@@ -23,17 +23,9 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import sqlalchemy as sa
+from harness.kernel import FINAL_EVENT
+from harness.ports.audit import ReconcileReads, ReconcileSnapshot
 
-from harness.adapters.sql import schema as t
-from harness.adapters.sql.ledger import TENANT_TOTAL, RunTotal, descendants
-from harness.adapters.sql.store import SqlStore
-from harness.kernel import FINAL, FINAL_EVENT
-from harness.kernel.projection import PROJECTION
-
-_FINAL_STATES = sorted(s.value for s in FINAL)
-_FINAL_EVENTS = sorted(FINAL_EVENT.values())
-_STATE_OF_EVENT = {event: state.value for state, event in FINAL_EVENT.items()}
 #: how far (relative, plus as much in absolute USD) a spend total may stray from its costs' sum: the same
 #: floats added in another order differ by a few ulps per addition, far below this for ~10**7 costs
 SPEND_TOLERANCE = 1e-9
@@ -91,217 +83,100 @@ class ReconcileReport:
         }
 
 
-def _final_counts(conn: sa.Connection) -> list[FinalCount]:
-    runs = {str(state): int(n) for state, n in conn.execute(
-        sa.select(t.runs.c.state, sa.func.count())
-        .where(t.runs.c.state.in_(_FINAL_STATES))
-        .group_by(t.runs.c.state)
-    )}
-    events = {str(event): int(n) for event, n in conn.execute(
-        sa.select(t.audit_events.c.event, sa.func.count())
-        .where(t.audit_events.c.event.in_(_FINAL_EVENTS))
-        .group_by(t.audit_events.c.event)
-    )}
-    return [FinalCount(s.value, e, runs.get(s.value, 0), events.get(e, 0)) for s, e in FINAL_EVENT.items()]
-
-
-def _per_run_transitions() -> sa.Subquery:
-    tr = t.transitions
-    return (
-        sa.select(tr.c.run_id, sa.func.min(tr.c.seq).label("first"), sa.func.max(tr.c.seq).label("last"),
-                  sa.func.count().label("n"))
-        .group_by(tr.c.run_id)
-        .subquery("g")
-    )
-
-
-def _state_vs_last_transition() -> sa.Select[Any]:
-    g, last, r = _per_run_transitions(), t.transitions.alias("last_t"), t.runs
-    return (
-        sa.select(r.c.run_id, r.c.state, last.c.to_state)
-        .outerjoin(g, g.c.run_id == r.c.run_id)
-        .outerjoin(last, sa.and_(last.c.run_id == r.c.run_id, last.c.seq == g.c.last))
-        .where(sa.or_(last.c.to_state.is_(None), last.c.to_state != r.c.state))
-    )
-
-
-def _seq_gaps() -> sa.Select[Any]:
-    g = _per_run_transitions()
-    gap = sa.or_(g.c.first != 0, g.c.n != g.c.last + 1)
-    return sa.select(g.c.run_id, g.c.first, g.c.last, g.c.n).where(gap)
-
-
-def _legacy_projection() -> sa.Select[Any]:
-    r, j = t.runs, t.jobs
-    expected = sa.case({s.value: p.value for s, p in PROJECTION.items()}, value=r.c.state)
-    return (
-        sa.select(r.c.run_id, r.c.state, j.c.status, j.c.run_state_snapshot)
-        .outerjoin(j, j.c.job_id == r.c.run_id)
-        .where(sa.or_(j.c.job_id.is_(None), j.c.status != expected, j.c.run_state_snapshot != r.c.state))
-    )
-
-
-def _double_final() -> sa.Select[Any]:
-    tr = t.transitions
-    return (
-        sa.select(tr.c.run_id, sa.func.count())
-        .where(tr.c.to_state.in_(_FINAL_STATES))
-        .group_by(tr.c.run_id)
-        .having(sa.func.count() > 1)
-    )
-
-
-def _final_event_per_run() -> sa.Select[Any]:
-    r, a = t.runs, t.audit_events
-    wanted = sa.case({s.value: e for s, e in FINAL_EVENT.items()}, value=r.c.state)
-    return (
-        sa.select(r.c.run_id, r.c.state, sa.func.count(a.c.id))
-        .outerjoin(a, sa.and_(a.c.run_id == r.c.run_id, a.c.event == wanted))
-        .where(r.c.state.in_(_FINAL_STATES))
-        .group_by(r.c.run_id, r.c.state)
-        .having(sa.func.count(a.c.id) != 1)
-    )
-
-
-def _orphan_final_events() -> sa.Select[Any]:
-    r, a = t.runs, t.audit_events
-    expected = sa.case(_STATE_OF_EVENT, value=a.c.event)
-    return (
-        sa.select(a.c.run_id, a.c.event, r.c.state)
-        .outerjoin(r, r.c.run_id == a.c.run_id)
-        .where(a.c.event.in_(_FINAL_EVENTS), sa.or_(r.c.run_id.is_(None), r.c.state != expected))
-    )
-
-
-def _spend_totals() -> sa.Select[Any]:
-    c, s = t.costs, t.spend_totals
-    sums = sa.union_all(
-        sa.select(c.c.tenant_id, c.c.user_id, sa.func.sum(c.c.usd).label("usd"), sa.func.count().label("n"))
-        .group_by(c.c.tenant_id, c.c.user_id),
-        sa.select(c.c.tenant_id, sa.literal(TENANT_TOTAL), sa.func.sum(c.c.usd), sa.func.count())
-        .group_by(c.c.tenant_id),
-    ).subquery("sums")
-    off = sa.func.abs(s.c.usd - sums.c.usd) > SPEND_TOLERANCE * (1 + sa.func.abs(sums.c.usd))
-    wrong = (
-        sa.select(sa.null().label("run_id"), sums.c.tenant_id, sums.c.user_id, s.c.usd, s.c.cost_count,
-                  sums.c.usd.label("costs_usd"), sums.c.n)
-        .select_from(sums.outerjoin(s, sa.and_(s.c.tenant_id == sums.c.tenant_id, s.c.user_id == sums.c.user_id)))
-        .where(sa.or_(s.c.tenant_id.is_(None), s.c.cost_count != sums.c.n, off))
-    )
-    recorded = sa.exists().where(c.c.tenant_id == s.c.tenant_id,
-                                 sa.or_(s.c.user_id == TENANT_TOTAL, c.c.user_id == s.c.user_id))
-    stray = sa.select(sa.null(), s.c.tenant_id, s.c.user_id, s.c.usd, s.c.cost_count, sa.null(), sa.null()).where(
-        ~recorded)
-    return sa.select(sa.union_all(wrong, stray).subquery("spend"))
-
-
 def _describe_spend(row: tuple[Any, ...]) -> str:
     tenant, user, usd, count, costs_usd, n = row
-    scope = f"tenant {tenant!r} " + (f"user {user!r}" if user != TENANT_TOTAL else "total")
+    scope = f"tenant {tenant!r} " + (f"user {user!r}" if user is not None else "total")
     total = "no total" if usd is None else f"total {usd!r} USD over {count} cost(s)"
     recorded = "no recorded cost" if n is None else f"recorded costs sum to {costs_usd!r} USD over {n}"
     return f"{scope}: {total}, {recorded}"
 
 
-#: each check: the query listing offenders (run_id first) and how to say what is wrong with one row
-CHECKS: dict[str, tuple[Callable[[], sa.Select[Any]], Callable[[tuple[Any, ...]], str]]] = {
-    "state_vs_last_transition": (
-        _state_vs_last_transition, lambda r: f"state {r[0]} but last transition to {r[1] or '(none)'}"),
-    "transition_seq_gap": (
-        _seq_gaps, lambda r: f"{r[2]} transitions with seqs {r[0]}..{r[1]}, not 0..{r[2] - 1}"),
-    "legacy_projection": (
-        _legacy_projection, lambda r: f"state {r[0]} but legacy job {r[1] or '(missing)'}/{r[2] or '-'}"),
-    "double_final": (_double_final, lambda r: f"{r[0]} transitions into a final state"),
-    "final_event_per_run": (_final_event_per_run, lambda r: f"state {r[0]} with {r[1]} final events, not 1"),
-    "orphan_final_event": (
-        _orphan_final_events, lambda r: f"{r[0]} event but run state {r[1] or '(no such run)'}"),
-    "spend_totals": (_spend_totals, _describe_spend),
+#: each check (its offenders' query is the read port's, run_id first) and how to say what is wrong with one row
+CHECKS: dict[str, Callable[[tuple[Any, ...]], str]] = {
+    "state_vs_last_transition": lambda r: f"state {r[0]} but last transition to {r[1] or '(none)'}",
+    "transition_seq_gap": lambda r: f"{r[2]} transitions with seqs {r[0]}..{r[1]}, not 0..{r[2] - 1}",
+    "legacy_projection": lambda r: f"state {r[0]} but legacy job {r[1] or '(missing)'}/{r[2] or '-'}",
+    "double_final": lambda r: f"{r[0]} transitions into a final state",
+    "final_event_per_run": lambda r: f"state {r[0]} with {r[1]} final events, not 1",
+    "orphan_final_event": lambda r: f"{r[0]} event but run state {r[1] or '(no such run)'}",
+    "spend_totals": _describe_spend,
 }
 
 
-def _repeated_calls(conn: sa.Connection) -> list[Mismatch]:
+def _repeated_calls(snap: ReconcileSnapshot) -> list[Mismatch]:
     """Non-idempotent steps whose skill was called more than once (T6: never a silent duplicate), from the
     ToolTraces chained or waiting in the outbox. A refused call never ran and does not count; records
     written before ToolTraces said whether the skill is idempotent are not judged."""
     calls: dict[tuple[str, str], list[str]] = {}
-    for table in (t.trace_records, t.outbox):
-        rows = conn.execute(sa.select(table.c.run_id, table.c.payload).where(table.c.kind == "tool"))
-        for run_id, payload in rows:
-            call = json.loads(payload)
-            if call.get("idempotent") is False and call.get("status") != "refused":
-                calls.setdefault((run_id, call["step_id"]), []).append(call.get("skill_id", "?"))
+    for run_id, payload in snap.tool_calls():
+        call = json.loads(payload)
+        if call.get("idempotent") is False and call.get("status") != "refused":
+            calls.setdefault((run_id, call["step_id"]), []).append(call.get("skill_id", "?"))
     return [Mismatch("repeated_non_idempotent_call", run_id,
                      f"step {step_id} called {len(skills)} times ({', '.join(skills)}), but its skill is not "
                      "idempotent") for (run_id, step_id), skills in calls.items() if len(skills) > 1]
 
 
-def reconcile(store: SqlStore, *, limit: int = 20) -> ReconcileReport:
+def reconcile(reads: ReconcileReads, *, limit: int = 20) -> ReconcileReport:
     """Run every check; list at most `limit` offenders per check, count them all."""
     report = ReconcileReport()
-    with store.reader.connect() as conn:
-        report.finals = _final_counts(conn)
-        for name, (build, describe) in CHECKS.items():
-            query = build()
-            total = conn.execute(sa.select(sa.func.count()).select_from(query.subquery())).scalar_one()
-            report.counts[name] = int(total)
-            if total:
-                for row in conn.execute(query.limit(limit)):
-                    report.mismatches.append(Mismatch(name, row[0], describe(tuple(row[1:]))))
-        repeated = _repeated_calls(conn)
+    with reads.snapshot() as snap:
+        runs, events = snap.final_counts()
+        report.finals = [FinalCount(s.value, e, runs.get(s.value, 0), events.get(e, 0))
+                         for s, e in FINAL_EVENT.items()]
+        for name, describe in CHECKS.items():
+            total, rows = snap.offenders(name, limit)
+            report.counts[name] = total
+            for row in rows:
+                report.mismatches.append(Mismatch(name, row[0], describe(tuple(row[1:]))))
+        repeated = _repeated_calls(snap)
         report.counts["repeated_non_idempotent_call"] = len(repeated)
         report.mismatches.extend(repeated[:limit])
-        _run_cost_totals(conn, report, limit)
+        _run_cost_totals(snap, report, limit)
     return report
 
 
-def _off(recorded: dict[str, Any], expected: RunTotal) -> list[str]:
-    """The measures in which a RunTrace's total differs from the recomputed sums."""
+def _off(recorded: dict[str, Any], expected: dict[str, float]) -> list[str]:
+    """The measures in which a RunTrace's total differs from the recomputed sums (and the child count)."""
     wrong = []
     for name in _MEASURES:
-        got, want = float(recorded.get(name, 0) or 0), float(getattr(expected, name))
+        got, want = float(recorded.get(name, 0) or 0), float(expected[name])
         if abs(got - want) > SPEND_TOLERANCE * (1 + abs(want)) + {"sandbox_s": 1e-6, "usd": 1e-8}.get(name, 0.0):
             wrong.append(f"{name} {got!r} but the recorded costs sum to {want!r}")
-    if int(recorded.get("children", 0) or 0) != expected.children:
-        wrong.append(f"children {recorded.get('children')!r} but {expected.children} child Run(s)")
+    children = int(expected["children"])
+    if int(recorded.get("children", 0) or 0) != children:
+        wrong.append(f"children {recorded.get('children')!r} but {children} child Run(s)")
     return wrong
 
 
-def _run_cost_totals(conn: sa.Connection, report: ReconcileReport, limit: int) -> None:
+def _run_cost_totals(snap: ReconcileSnapshot, report: ReconcileReport, limit: int) -> None:
     """Each RunTrace's total cost (shape 2) against the sums of its Run's and child Runs' costs up to its
     close; RunTraces written before the total had a shape (the planning call only) are left out."""
-    tr, r = t.trace_records, t.runs
     after, wrong, late = 0, 0, 0
     while True:
-        rows = conn.execute(sa.select(tr.c.seq, tr.c.run_id, tr.c.payload, r.c.last_state_change_at)
-                            .join(r, r.c.run_id == tr.c.run_id)
-                            .where(tr.c.kind == "run", tr.c.seq > after).order_by(tr.c.seq)
-                            .limit(RUN_TRACE_BATCH)).all()
+        rows = snap.run_traces(after, RUN_TRACE_BATCH)
         if not rows:
             break
-        after = rows[-1].seq
-        traces = [(row.run_id, json.loads(row.payload).get("total_cost") or {}, float(row.last_state_change_at))
-                  for row in rows]
+        after = rows[-1][0]
+        traces = [(run_id, json.loads(payload).get("total_cost") or {}, closed_at)
+                  for _, run_id, payload, closed_at in rows]
         traces = [x for x in traces if x[1].get("v") == 2]
-        family = descendants(conn, [run_id for run_id, _, _ in traces])
-        c = t.costs
+        family = snap.family([run_id for run_id, _, _ in traces])
         costs_of: dict[str, list[Any]] = {}
-        for cost in conn.execute(sa.select(c.c.run_id, c.c.at, c.c.input_tokens, c.c.output_tokens, c.c.api_calls,
-                                           c.c.sandbox_s, c.c.usd, c.c.priced).where(c.c.run_id.in_(family))):
+        for cost in snap.costs_of(family):
             costs_of.setdefault(cost.run_id, []).append(cost)
-        parents = {str(a): str(b) for a, b in conn.execute(sa.select(r.c.run_id, r.c.parent_run_id).where(
-            r.c.run_id.in_(family), r.c.parent_run_id.is_not(None)))} if family else {}
         children: dict[str, list[str]] = {}
-        for child, parent in parents.items():
+        for child, parent in snap.parents(family).items():
             children.setdefault(parent, []).append(child)
         for run_id, recorded, closed_at in traces:
             tree = _tree(run_id, children)
             rows_in = [x for run in tree for x in costs_of.get(run, [])]
             counted = [x for x in rows_in if x.at <= closed_at]
             late += len(rows_in) - len(counted)
-            expected = RunTotal(sum(x.input_tokens for x in counted), sum(x.output_tokens for x in counted),
-                                sum(x.api_calls for x in counted), sum(x.sandbox_s for x in counted),
-                                sum(x.usd for x in counted), len(counted), sum(1 for x in counted if not x.priced),
-                                len(tree) - 1)
+            expected = {"input_tokens": sum(x.input_tokens for x in counted),
+                        "output_tokens": sum(x.output_tokens for x in counted),
+                        "api_calls": sum(x.api_calls for x in counted), "sandbox_s": sum(x.sandbox_s for x in counted),
+                        "usd": sum(x.usd for x in counted), "costs": len(counted), "children": len(tree) - 1}
             problems = _off(recorded, expected)
             if problems:
                 wrong += 1

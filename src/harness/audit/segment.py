@@ -33,7 +33,7 @@ from typing import Any
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from harness.audit import completeness, merkle, multiproof
-from harness.audit.standalone import (
+from harness.audit.formats import (
     RECORD_FIELDS,
     FormatError,
     VerifyResult,

@@ -5,7 +5,7 @@ Three layers, each catching what the one before cannot:
 1. the chain walk: seq contiguous from 1, each record's hash recomputed, each prev_hash equal to the
    hash before it, the last record equal to chain_head: any edit, deletion, insertion or reordering;
 2. cross-checks against the tables people read: every Run has a trace, and every row that mirrors a
-   record agrees with it field by field (audit.mirrors), so deleting a whole Run's records, or editing
+   record agrees with it field by field (the read port's mirror check), so deleting a whole Run's records, or editing
    a row instead of its record, is caught even when the chain around the hole was rebuilt;
 3. signed checkpoints, local and witnessed: the Merkle root the database gives at each checkpoint's tree
    size must equal the signed root, which catches a whole-table rewrite with a recomputed chain and
@@ -17,19 +17,13 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
-import sqlalchemy as sa
-
-from harness.adapters.sql import schema as t
-from harness.adapters.sql.retention import REDACTED, PrunedRecord, iter_chain
-from harness.adapters.sql.store import SqlStore
-from harness.audit import merkle, mirrors, verify_checkpoints
-from harness.audit.report import ChainReport, Problem
+from harness.audit import merkle, verify_checkpoints
 from harness.audit.witness import Witness
+from harness.domain.audit import REDACTED, ChainReport, Problem, PrunedRecord
 from harness.domain.chain import GENESIS_HASH, record_bytes, record_hash
-from harness.domain.errors import StoreError
 from harness.domain.records import StoredTraceRecord
+from harness.ports.audit import AuditReads
 
 __all__ = ["ChainReport", "Problem", "verify_chain"]
 
@@ -40,7 +34,7 @@ _MOVE_WINDOW = 64
 class _Walk:
     """The chain walk's state: where the next record must stand and what it must link to."""
 
-    def __init__(self, store: SqlStore, report: ChainReport, sources: verify_checkpoints.Sources) -> None:
+    def __init__(self, store: AuditReads, report: ChainReport, sources: verify_checkpoints.Sources) -> None:
         self.store, self.report = store, report
         self.expected, self.prev = 1, GENESIS_HASH
         self.prev_id: str | None = None
@@ -123,7 +117,7 @@ class _Walk:
         here, before = rec.seq, rec.seq - 1
         if origin is not None:
             return Problem("reordered", here, rec.record_id, f"links to seq {origin}, not to seq {before}")
-        successor = self._seq_where(t.trace_records.c.prev_hash, self.prev) if here > 1 else None
+        successor = self.store.seq_with_prev_hash(self.prev) if here > 1 else None
         if here == 1 or successor is None:
             # nothing links to the predecessor's hash any more: the predecessor is what changed
             name = (before, self.prev_id) if here > 1 else (here, rec.record_id)
@@ -141,14 +135,8 @@ class _Walk:
 
     def _seq_of(self, digest: str) -> int | None:
         """The seq of the record whose hash is `digest` (0 for the genesis hash)."""
-        return 0 if digest == GENESIS_HASH else self._seq_where(t.trace_records.c.hash, digest)
-
-    def _seq_where(self, column: sa.Column[Any], digest: str) -> int | None:
-        # neither hash column is indexed (migrations 0006, 0007): a scan of the table, done only to
-        # explain a broken link that is listed (at most `limit` of them)
-        with self.store.reader.connect() as conn:
-            found = conn.execute(sa.select(t.trace_records.c.seq).where(column == digest)).first()
-        return int(found.seq) if found else None
+        # neither hash column is indexed: a scan, done only to explain a broken link that is listed
+        return 0 if digest == GENESIS_HASH else self.store.seq_with_hash(digest)
 
 
 def _check_head(walk: _Walk, before: tuple[int, str], after: tuple[int, str]) -> None:
@@ -166,68 +154,40 @@ def _check_head(walk: _Walk, before: tuple[int, str], after: tuple[int, str]) ->
                            "the last record's hash differs from the chain head (rewritten, or head altered)"))
 
 
-def _transition_counts(store: SqlStore, report: ChainReport) -> None:
+def _transition_counts(store: AuditReads, report: ChainReport) -> None:
     """A Run with transition rows but no "transition" record at all, chained or still in the outbox, lost
-    its trace (a Run that lost only some is named row by row, audit.mirrors)."""
-    def per_run(table: sa.Table, filtered: bool) -> sa.Subquery:
-        query = sa.select(table.c.run_id, sa.func.count().label("n")).group_by(table.c.run_id)
-        return (query.where(table.c.kind == "transition") if filtered else query).subquery()
-
-    rows = per_run(t.transitions, False)
-    traced, queued = per_run(t.trace_records, True), per_run(t.outbox, True)
-    recorded = sa.func.coalesce(traced.c.n, 0) + sa.func.coalesce(queued.c.n, 0)
-    query = (
-        sa.select(rows.c.run_id, rows.c.n, recorded.label("recorded"))
-        .outerjoin(traced, traced.c.run_id == rows.c.run_id)
-        .outerjoin(queued, queued.c.run_id == rows.c.run_id)
-        .where(recorded == 0)
-        .order_by(rows.c.run_id)
-    )
-    with store.reader.connect() as conn:
-        for r in conn.execute(query):
-            report.add(Problem("run_trace_missing", None, None, f"{r.n} transitions but no transition record",
-                               run_id=r.run_id))
+    its trace (a Run that lost only some is named row by row, by the mirror check)."""
+    for run_id, n in store.runs_with_untraced_transitions():
+        report.add(Problem("run_trace_missing", None, None, f"{n} transitions but no transition record",
+                           run_id=run_id))
 
 
-def _runs_without_trace(store: SqlStore, report: ChainReport) -> None:
+def _runs_without_trace(store: AuditReads, report: ChainReport) -> None:
     """A Run with no record at all, in the chain or the outbox, lost its whole trace."""
-    def has(table: sa.Table) -> sa.Exists:
-        return sa.exists().where(table.c.run_id == t.runs.c.run_id)
-
-    query = sa.select(t.runs.c.run_id).where(~has(t.trace_records), ~has(t.outbox), ~has(t.transitions))
-    with store.reader.connect() as conn:
-        for run_id in conn.execute(query.order_by(t.runs.c.run_id)).scalars():
-            report.add(Problem("run_trace_missing", None, None, "the Run has no trace record", run_id=run_id))
+    for run_id in store.runs_without_trace():
+        report.add(Problem("run_trace_missing", None, None, "the Run has no trace record", run_id=run_id))
 
 
-def _database_id(store: SqlStore) -> str | None:
-    """The database's id; None for a database at a revision before 0013 (opened without migrating)."""
-    try:
-        return store.database_id()
-    except (sa.exc.SQLAlchemyError, StoreError):
-        return None
-
-
-def verify_chain(store: SqlStore, checkpoint_dir: Path | None = None, *, limit: int = 20,
+def verify_chain(store: AuditReads, checkpoint_dir: Path | None = None, *, limit: int = 20,
                  witnesses: Sequence[Witness] = (), legacy_dir: Path | None = None) -> ChainReport:
     """Walk the whole chain and cross-check it with the rows that mirror it and with the checkpoints of
     `checkpoint_dir` and of the witnesses; list at most `limit` problems (all are counted). `legacy_dir`
     is the shared checkpoint folder of earlier versions, only reported on."""
-    report = ChainReport(limit=limit, database_id=_database_id(store))
+    report = ChainReport(limit=limit, database_id=store.known_database_id())
     if report.database_id is None:
         report.warnings.append("the database has no id (its schema predates revision 0013): checkpoints that name "
                                "a database cannot be told apart; open it with harness to migrate it")
     sources = verify_checkpoints.gather(report.database_id or "", checkpoint_dir, witnesses, legacy_dir, report)
     before = store.chain_head()
     walk = _Walk(store, report, sources)
-    for rec in iter_chain(store):
+    for rec in store.iter_chain():
         walk.step(rec)
     after = store.chain_head()
     report.chain_head = {"seq": after[0], "hash": after[1]}
     _check_head(walk, before, after)
     _transition_counts(store, report)
     _runs_without_trace(store, report)
-    mirrors.check_rows(store, report)
+    store.check_mirrors(report)
     verify_checkpoints.check(sources, walk.roots, walk.acc.size, report.database_id or "", checkpoint_dir, report)
     report.outbox_backlog = store.outbox_backlog()
     return report

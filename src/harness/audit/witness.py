@@ -30,8 +30,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from harness.audit import merkle
 from harness.audit.files import json_dumps, json_load, write_new
-from harness.audit.keys import CheckpointError
-from harness.audit.standalone import (
+from harness.audit.formats import (
     CHECKPOINT_FORMAT_V2,
     PUBLIC_KEY_FILE,
     FormatError,
@@ -43,6 +42,7 @@ from harness.audit.standalone import (
     load_public_key,
     signature_problem,
 )
+from harness.audit.keys import CheckpointError
 
 WITNESS_ENV = "HARNESS_CHECKPOINT_WITNESS"
 TOKEN_ENV = "HARNESS_WITNESS_TOKEN"

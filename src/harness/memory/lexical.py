@@ -1,8 +1,8 @@
-"""Lexical recall per backend: SQLite FTS5 with bm25, PostgreSQL full-text with ts_rank_cd, and an
-exact BM25 in Python over the scope's rows for any other database (MySQL/MariaDB).
+"""Lexical recall's pure half: the query's word terms, a light stemmer, and an exact BM25 in Python.
 
-Query text becomes a bag of plain word terms joined with OR, so nothing a user types is ever
-interpreted as query syntax by the database.
+The database adapter (harness.adapters.sql.memory) searches with SQLite FTS5 or PostgreSQL full-text,
+and ranks with `bm25` over the scope's rows on any other database (MySQL/MariaDB). Query text becomes
+a bag of plain word terms, so nothing a user types is ever interpreted as query syntax by the database.
 """
 
 from __future__ import annotations
@@ -13,11 +13,6 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-import sqlalchemy as sa
-
-from harness.adapters.sql import schema as t
-from harness.memory.scope import MemoryScope
-
 MAX_TERMS = 24
 _WORD = re.compile(r"[A-Za-z0-9]+")
 _STOP = frozenset((
@@ -25,7 +20,6 @@ _STOP = frozenset((
     "have", "how", "i", "if", "in", "into", "is", "it", "its", "me", "my", "no", "not", "of", "on", "or",
     "our", "please", "so", "than", "that", "the", "their", "them", "then", "there", "these", "they", "this",
     "to", "was", "we", "were", "what", "when", "where", "which", "who", "why", "will", "with", "you", "your"))
-_RANK = "rank"
 
 
 def terms(text: str) -> list[str]:
@@ -35,50 +29,6 @@ def terms(text: str) -> list[str]:
         if word not in _STOP and (len(word) > 1 or word.isdigit()):
             seen.setdefault(word, None)
     return list(seen)[:MAX_TERMS]
-
-
-def _columns() -> list[sa.ColumnElement[Any]]:
-    m = t.memory_entries
-    return [m.c.entry_id, m.c.tenant_id, m.c.scope, m.c.team_id, m.c.user_id, m.c.session_id, m.c.content,
-            m.c.source_run_id]
-
-
-def sqlite_query(scope: sa.ColumnElement[bool]) -> sa.Select[Any]:
-    """FTS5 MATCH joined back to the entries, ranked by bm25 (lower is better); binds p_match, p_limit."""
-    m = t.memory_entries
-    fts = sa.table("memory_fts", sa.column("rowid"))
-    rank = sa.func.bm25(sa.literal_column("memory_fts")).label(_RANK)
-    return (sa.select(*_columns(), rank).select_from(fts.join(m, m.c.id == fts.c.rowid))
-            .where(sa.literal_column("memory_fts").op("MATCH")(sa.bindparam("p_match", type_=sa.String)), scope)
-            .order_by(rank).limit(sa.bindparam("p_limit", type_=sa.Integer)))
-
-
-def postgres_query(scope: sa.ColumnElement[bool]) -> sa.Select[Any]:
-    """to_tsvector @@ to_tsquery on the indexed expression, ranked by ts_rank_cd (higher is better); binds
-    p_match, p_limit."""
-    m = t.memory_entries
-    config: sa.ColumnElement[Any] = sa.literal_column("'english'::regconfig")
-    vector = sa.func.to_tsvector(config, m.c.content)
-    query = sa.func.to_tsquery(config, sa.bindparam("p_match", type_=sa.String))
-    rank = (-sa.func.ts_rank_cd(vector, query)).label(_RANK)
-    return (sa.select(*_columns(), rank).where(vector.op("@@")(query), scope).order_by(rank)
-            .limit(sa.bindparam("p_limit", type_=sa.Integer)))
-
-
-def scan_query(scope: sa.ColumnElement[bool]) -> sa.Select[Any]:
-    """Every row of the scope, for the Python BM25 fallback."""
-    return sa.select(*_columns()).where(scope)
-
-
-#: (builder, scope clause) -> statement: built once, so a recall only binds values
-_BUILT: dict[tuple[Any, int], sa.Select[Any]] = {}
-
-
-def _built(build: Any, scope: sa.ColumnElement[bool]) -> sa.Select[Any]:
-    key = (build, id(scope))
-    if key not in _BUILT:
-        _BUILT[key] = build(scope)
-    return _BUILT[key]
 
 
 def stem(word: str) -> str:
@@ -116,18 +66,3 @@ def bm25(query_terms: Sequence[str], rows: Sequence[Any], k: int, k1: float = 1.
             scored.append((row, score))
     scored.sort(key=lambda pair: -pair[1])
     return scored[:k]
-
-
-def search(conn: sa.Connection, query: str, scope: MemoryScope, k: int) -> list[tuple[Any, float]]:
-    """The best `k` (row, score) pairs for `query` within `scope`; higher score is better."""
-    words = terms(query)
-    if not words or k <= 0:
-        return []
-    dialect = conn.dialect.name
-    params = scope.params()
-    if dialect in ("sqlite", "postgresql"):
-        build, match = ((sqlite_query, " OR ".join(f'"{w}"' for w in words)) if dialect == "sqlite"
-                        else (postgres_query, " | ".join(words)))
-        rows = conn.execute(_built(build, scope.clause()), {**params, "p_match": match, "p_limit": k})
-        return [(row, -float(row.rank)) for row in rows]
-    return bm25(words, conn.execute(_built(scan_query, scope.clause()), params).all(), k)

@@ -4,18 +4,15 @@ Every recall runs in the caller's scope: its tenant, user, session and (optional
 visible when it belongs to the caller's tenant and is tenant-wide, or belongs to the caller's team,
 user, or user and session. A request that names any other tenant, user, session or team is refused
 with ScopeViolationError — the Run fails — rather than answered with whatever happens to be visible.
-The same rule is checked twice: in SQL before anything is scored, and on every returned row.
+The same rule is checked twice: in SQL before anything is scored (the adapter's scope clause), and
+on every returned row (`MemoryScope.check`).
 """
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import sqlalchemy as sa
-
-from harness.adapters.sql import schema as t
 from harness.context.errors import ScopeViolationError
 from harness.domain.contracts import RunRequest
 
@@ -53,33 +50,6 @@ class MemoryScope:
                 raise ScopeViolationError(
                     f"memory recall returned entry {row.entry_id} of tenant {row.tenant_id!r} "
                     f"({row.scope} scope) to caller {self.tenant_id}/{self.user_id}: refused")
-
-    def clause(self) -> sa.ColumnElement[bool]:
-        """The same rule as SQL, plus: an entry written by a Run counts only once that Run SUCCEEDED (C5).
-        Its values are bound parameters (`params()`): the clause is built once per shape, not per recall."""
-        return _clause(self.team_id is not None)
-
-    def params(self) -> dict[str, str]:
-        """The values of `clause()`'s parameters."""
-        values = {"p_scope_tenant": self.tenant_id, "p_scope_user": self.user_id, "p_scope_session": self.session_id}
-        if self.team_id is not None:
-            values["p_scope_team"] = self.team_id
-        return values
-
-
-@functools.cache
-def _clause(with_team: bool) -> sa.ColumnElement[bool]:
-    m = t.memory_entries
-    user: sa.BindParameter[str] = sa.bindparam("p_scope_user")
-    session: sa.BindParameter[str] = sa.bindparam("p_scope_session")
-    visible = [m.c.scope == "tenant",
-               sa.and_(m.c.scope == "user", m.c.user_id == user),
-               sa.and_(m.c.scope == "session", m.c.user_id == user, m.c.session_id == session)]
-    if with_team:
-        visible.append(sa.and_(m.c.scope == "team", m.c.team_id == sa.bindparam("p_scope_team")))
-    succeeded = sa.exists().where(t.runs.c.run_id == m.c.source_run_id, t.runs.c.state == "SUCCEEDED")
-    return sa.and_(m.c.tenant_id == sa.bindparam("p_scope_tenant"), sa.or_(*visible),
-                   sa.or_(m.c.source_run_id.is_(None), succeeded))
 
 
 def scope_of(request: RunRequest) -> MemoryScope:

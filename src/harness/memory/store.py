@@ -14,20 +14,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import sqlalchemy as sa
-
-from harness.adapters.sql import schema as t
-from harness.adapters.sql.database import read_only
-from harness.adapters.sql.raw import RawStatements
 from harness.context.errors import RecallError, ScopeViolationError
 from harness.context.secrets import SecretFilter
 from harness.domain.chain import content_hash
 from harness.domain.errors import InvalidRequestError
 from harness.domain.ids import ordered_id
-from harness.memory import lexical
 from harness.memory.scope import LEVELS, MemoryScope, ScopeLevel
 from harness.memory.semantic import Embedder, to_blob, top_k
 from harness.ports import Clock
+from harness.ports.memory import MemoryRows
 
 Mode = Literal["lexical", "vector", "hybrid"]
 #: reciprocal rank fusion constant (the usual 60): rank matters, raw scores of two rankers do not mix
@@ -82,14 +77,11 @@ def _columns_for(entry: NewMemory) -> dict[str, str | None]:
 
 
 class MemoryStore:
-    """Scoped memory on SQLite, PostgreSQL or MySQL/MariaDB."""
+    """Scoped memory over the memory table (the MemoryRows port: SQLite, PostgreSQL or MySQL/MariaDB)."""
 
-    def __init__(self, engine: sa.Engine, clock: Clock, secret_filter: SecretFilter,
+    def __init__(self, rows: MemoryRows, clock: Clock, secret_filter: SecretFilter,
                  embedder: Embedder | None = None) -> None:
-        self.engine = engine
-        #: the same pool for reads: on SQLite a recall or a lookup does not queue for the write lock
-        self.reader = read_only(engine)
-        self._raw = RawStatements(engine.dialect)  # the write-back's lookups on the DBAPI cursor (issue 9)
+        self.rows = rows
         self.clock = clock
         self.filter = secret_filter
         self.embedder = embedder
@@ -113,25 +105,20 @@ class MemoryStore:
             return []
         ids: list[str] = []
         fresh: list[dict[str, Any]] = []
-        with self.reader.connect() as conn:  # read first: embedding must not hold the database's write lock
-            kept: dict[tuple[Any, ...], str] = {}  # (scope, content hash) -> id, for this call's own entries
-            for row in rows:
-                key = (*_scope_key(row), row["content_hash"])
-                same = kept.get(key) or _same_content(conn, self._raw, row)
-                if same is None:
-                    fresh.append(row)
-                    same = kept[key] = row["entry_id"]
-                ids.append(same)
+        stored = self.rows.same_content(rows)  # read first: embedding must not hold the database's write lock
+        kept: dict[tuple[Any, ...], str] = {}  # (scope, content hash) -> id, for this call's own entries
+        for row, existing in zip(rows, stored, strict=True):
+            key = (*_scope_key(row), row["content_hash"])
+            same = kept.get(key) or existing
+            if same is None:
+                fresh.append(row)
+                same = kept[key] = row["entry_id"]
+            ids.append(same)
         if fresh and self.embedder is not None:
             for row, vector in zip(fresh, self.embedder.embed([r["content"] for r in fresh]), strict=True):
                 row.update(embedding=to_blob(vector), embedding_model=self.embedder.name)
         if fresh:
-            with self.engine.begin() as conn:
-                existing = set(conn.execute(sa.select(t.memory_entries.c.entry_id).where(
-                    t.memory_entries.c.entry_id.in_([r["entry_id"] for r in fresh]))).scalars())
-                fresh = [r for r in fresh if r["entry_id"] not in existing]
-                if fresh:
-                    conn.execute(t.memory_entries.insert(), fresh)
+            self.rows.insert_new(fresh)
         return ids
 
     def _row(self, entry: NewMemory) -> dict[str, Any]:
@@ -150,14 +137,13 @@ class MemoryStore:
         if k <= 0 or not query.strip():
             return []
         try:
-            with self.reader.connect() as conn:
-                fetch = 2 * k
-                while True:  # copies of one content (stored before write-back deduplicated) count once
-                    ranked = self._rank(conn, scope, query, fetch, mode)
-                    best = _distinct(ranked, k)
-                    if len(best) == k or len(ranked) < fetch or fetch >= MAX_FETCH_FACTOR * k:
-                        break
-                    fetch *= 4
+            fetch = 2 * k
+            while True:  # copies of one content (stored before write-back deduplicated) count once
+                ranked = self._rank(scope, query, fetch, mode)
+                best = _distinct(ranked, k)
+                if len(best) == k or len(ranked) < fetch or fetch >= MAX_FETCH_FACTOR * k:
+                    break
+                fetch *= 4
         except ScopeViolationError:
             raise
         except Exception as exc:  # database, index or model failure: the caller degrades to no memory
@@ -166,57 +152,42 @@ class MemoryStore:
         return [Recalled(r.entry_id, r.tenant_id, r.scope, r.user_id, r.session_id, r.team_id, r.content,
                          r.source_run_id, score) for r, score in best]
 
-    def _rank(self, conn: sa.Connection, scope: MemoryScope, query: str, k: int,
-              mode: Mode) -> list[tuple[Any, float]]:
+    def _rank(self, scope: MemoryScope, query: str, k: int, mode: Mode) -> list[tuple[Any, float]]:
         if mode == "lexical":
-            return lexical.search(conn, query, scope, k)
-        vector = self._vector(conn, scope, query, k if mode == "vector" else 4 * k)
+            return self.rows.lexical(scope, query, k)
+        vector = self._vector(scope, query, k if mode == "vector" else 4 * k)
         if mode == "vector":
             return vector
-        return _fuse([lexical.search(conn, query, scope, 4 * k), vector], k)
+        return _fuse([self.rows.lexical(scope, query, 4 * k), vector], k)
 
-    def _vector(self, conn: sa.Connection, scope: MemoryScope, query: str, k: int) -> list[tuple[Any, float]]:
+    def _vector(self, scope: MemoryScope, query: str, k: int) -> list[tuple[Any, float]]:
         if self.embedder is None:
             raise RecallError("vector recall needs an embedder (the [semantic] extra)")
-        m = t.memory_entries
-        rows = conn.execute(
-            sa.select(m.c.entry_id, m.c.tenant_id, m.c.scope, m.c.team_id, m.c.user_id, m.c.session_id,
-                      m.c.content, m.c.source_run_id, m.c.embedding)
-            .where(scope.clause(), m.c.embedding_model == self.embedder.name, m.c.embedding.is_not(None)),
-            scope.params()).all()
-        return top_k(self.embedder.embed([query])[0], rows, k)
+        return top_k(self.embedder.embed([query])[0], self.rows.embedded(scope, self.embedder.name), k)
 
     def backfill_embeddings(self, batch: int = 256) -> int:
         """Embed entries stored without an embedding (before the extra was installed); returns how many."""
-        if self.embedder is None:
+        embedder = self.embedder
+        if embedder is None:
             return 0
-        m = t.memory_entries
+
+        def embed(texts: list[str]) -> list[bytes]:
+            return [to_blob(vector) for vector in embedder.embed(texts)]
+
         done = 0
         while True:
-            with self.engine.begin() as conn:
-                missing = sa.select(m.c.id, m.c.content).where(m.c.embedding.is_(None)).limit(batch)
-                rows = conn.execute(missing).all()
-                if not rows:
-                    return done
-                vectors = self.embedder.embed([r.content for r in rows])
-                for row, vector in zip(rows, vectors, strict=True):
-                    conn.execute(m.update().where(m.c.id == row.id).values(
-                        embedding=to_blob(vector), embedding_model=self.embedder.name))
-            done += len(rows)
+            n = self.rows.backfill(batch, embed, embedder.name)
+            if n == 0:
+                return done
+            done += n
 
     def entries_of_run(self, run_id: str) -> list[str]:
         """Ids of the entries a Run wrote back."""
-        m = t.memory_entries
-        with self.reader.connect() as conn:
-            return list(conn.execute(sa.select(m.c.entry_id).where(m.c.source_run_id == run_id)
-                                     .order_by(m.c.id)).scalars())
+        return self.rows.entries_of_run(run_id)
 
     def forget_user(self, tenant_id: str, user_id: str) -> int:
         """Delete every entry of a user (their user and session scopes); returns how many."""
-        m = t.memory_entries
-        with self.engine.begin() as conn:
-            deleted = conn.execute(m.delete().where(m.c.tenant_id == tenant_id, m.c.user_id == user_id))
-        return int(deleted.rowcount)
+        return self.rows.forget_user(tenant_id, user_id)
 
 
 def _distinct(ranked: Sequence[tuple[Any, float]], k: int) -> list[tuple[Any, float]]:
@@ -235,41 +206,6 @@ def _scope_key(row: dict[str, Any]) -> tuple[Any, ...]:
     return row["tenant_id"], row["scope"], row["team_id"], row["user_id"], row["session_id"]
 
 
-def _same_content(conn: sa.Connection, raw: RawStatements, row: dict[str, Any]) -> str | None:
-    """The id of the entry itself if it is already stored (a repeated write-back), else of an entry of the same
-    scope with the same content that recall can see (its Run, if any, SUCCEEDED), else None. An entry of a
-    Run that never succeeded does not count: it is never recalled."""
-    if raw.fetchone(conn, _ENTRY_EXISTS, {"p_entry_id": row["entry_id"]}) is not None:
-        return str(row["entry_id"])
-    nulls = tuple(row[c] is None for c in _SCOPE_COLUMNS)
-    query = _SAME_CONTENT.get(nulls)
-    if query is None:
-        query = _SAME_CONTENT[nulls] = _same_content_query(nulls)
-    found = raw.fetchone(conn, query, {
-        "p_tenant_id": row["tenant_id"], "p_content_hash": row["content_hash"], "p_scope": row["scope"],
-        **{f"p_{c}": row[c] for c in _SCOPE_COLUMNS if row[c] is not None}})
-    return None if found is None else str(found[0])
-
-
-
-_SCOPE_COLUMNS = ("team_id", "user_id", "session_id")
-_ENTRY_EXISTS = sa.select(t.memory_entries.c.id).where(t.memory_entries.c.entry_id == sa.bindparam("p_entry_id"))
-#: one prebuilt statement per pattern of NULL scope columns (`= NULL` matches nothing in SQL)
-_SAME_CONTENT: dict[tuple[bool, ...], sa.Select[Any]] = {}
-
-
-def _same_content_query(nulls: tuple[bool, ...]) -> sa.Select[Any]:
-    m = t.memory_entries
-    scope = [m.c[c].is_(None) if null else m.c[c] == sa.bindparam(f"p_{c}")
-             for c, null in zip(_SCOPE_COLUMNS, nulls, strict=True)]
-    succeeded = sa.exists().where(t.runs.c.run_id == m.c.source_run_id, t.runs.c.state == "SUCCEEDED")
-    return (sa.select(m.c.entry_id)
-            .where(m.c.tenant_id == sa.bindparam("p_tenant_id"), m.c.content_hash == sa.bindparam("p_content_hash"),
-                   m.c.scope == sa.bindparam("p_scope"), *scope,
-                   sa.or_(m.c.source_run_id.is_(None), succeeded))
-            .order_by(m.c.id).limit(1))
-
-
 def _fuse(rankings: Sequence[Sequence[tuple[Any, float]]], k: int) -> list[tuple[Any, float]]:
     scores: dict[str, float] = {}
     rows: dict[str, Any] = {}
@@ -281,7 +217,7 @@ def _fuse(rankings: Sequence[Sequence[tuple[Any, float]]], k: int) -> list[tuple
     return [(rows[e], scores[e]) for e in best]
 
 
-def open_memory(mode: Literal["off", "lexical", "semantic"], engine: sa.Engine, clock: Clock,
+def open_memory(mode: Literal["off", "lexical", "semantic"], rows: MemoryRows, clock: Clock,
                 secret_filter: SecretFilter) -> MemoryStore | None:
     """The memory store for a configured mode; semantic without the extra installed is a config error."""
     if mode == "off":
@@ -294,4 +230,4 @@ def open_memory(mode: Literal["off", "lexical", "semantic"], engine: sa.Engine, 
         if reason is not None:
             raise InvalidRequestError(reason)
         embedder = MiniLMEmbedder()
-    return MemoryStore(engine, clock, secret_filter, embedder)
+    return MemoryStore(rows, clock, secret_filter, embedder)

@@ -38,8 +38,8 @@ from harness.audit.witness import Witness
 from harness.domain.errors import HarnessError
 from harness.domain.ids import ordered_id
 from harness.domain.records import StoredTraceRecord
+from harness.ports.segments import SegmentStore
 from harness.retention.policy import RetentionPolicy
-from harness.retention.storage import SegmentStore
 
 ACTOR = "archiver"
 
@@ -116,7 +116,7 @@ class Archiver:
             "segment_id": segment_id, "runs": digest.runs, "records": digest.records, "digest": digest.hexdigest(),
             "name": name})
         trees: list[merkle.MerkleTree] = []
-        cp = publish_checkpoint(self.store, self.checkpoint_dir, witnesses=self.witnesses, trees=trees)
+        cp = publish_checkpoint(self.retention.chain, self.checkpoint_dir, witnesses=self.witnesses, trees=trees)
         manifest = self.retention.manifest_record(head, segment_id)
         if manifest is None:
             raise ArchiveError(f"the manifest record of segment {segment_id} is not in the chain")

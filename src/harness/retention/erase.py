@@ -24,8 +24,9 @@ from harness.audit import merkle
 from harness.audit.segment import decode, encode
 from harness.domain.chain import canonical_json, record_bytes
 from harness.domain.ids import ordered_id
+from harness.ports.segments import SegmentStore
 from harness.retention.archiver import ArchiveError
-from harness.retention.storage import SegmentStore, store_of
+from harness.retention.storage import store_of
 
 ACTOR = "erasure"
 _ROW_COLUMNS = {"transitions": ("actor",), "audit_events": ("actor",), "costs": ("user_id",),

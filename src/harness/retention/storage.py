@@ -1,4 +1,4 @@
-"""Where archive segments are kept: the SegmentStore port and its local-directory adapter.
+"""Where archive segments are kept: the local-directory SegmentStore, and the store a URL names.
 
 A segment is written once and never replaced: `put` refuses a name that exists. `HARNESS_ARCHIVE_URL`
 names the store: a directory path (or file://), or s3://bucket/prefix for an S3-compatible bucket
@@ -10,33 +10,13 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Protocol
 
-from harness.domain.errors import BadInputError, HarnessError
+from harness.domain.errors import BadInputError
+from harness.ports.segments import SegmentStore, SegmentStoreError
 
 URL_ENV = "HARNESS_ARCHIVE_URL"
 ENDPOINT_ENV = "HARNESS_ARCHIVE_S3_ENDPOINT"
 DEFAULT_DIR = "harness-archive"
-
-
-class SegmentStoreError(HarnessError):
-    """The segment store failed or refused (exists already, unreachable, missing object)."""
-
-
-class SegmentStore(Protocol):
-    """Immutable named blobs."""
-
-    def put(self, name: str, data: bytes) -> str:
-        """Store a new segment; returns its location (a URL). Refuses a name that exists."""
-        ...
-
-    def get(self, location: str) -> bytes:
-        """The bytes of a stored segment."""
-        ...
-
-    def delete(self, location: str) -> None:
-        """Remove a stored segment (only an erasure does, once its redacted copy is stored)."""
-        ...
 
 
 class LocalSegmentStore:

@@ -19,7 +19,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 
 from harness.audit.publisher import CheckpointPublisher
-from harness.config import Runtime
+from harness.config import Runtime, audit_reads
 from harness.retention.scheduled import ScheduledArchiver
 from harness.service.errors import ApiError
 from harness.service.logs import run_context
@@ -32,7 +32,7 @@ log = logging.getLogger("harness.worker")
 def _checkpoint_publisher(runtime: Runtime) -> CheckpointPublisher:
     """The service's checkpoint publisher: its first checkpoint one interval after it starts."""
     s = runtime.settings
-    return CheckpointPublisher.from_settings(runtime.store, s.checkpoint_interval_s, s.checkpoint_dir,
+    return CheckpointPublisher.from_settings(audit_reads(runtime.store), s.checkpoint_interval_s, s.checkpoint_dir,
                                              s.checkpoint_witnesses, wait_first=True)
 
 

@@ -18,9 +18,9 @@ import socket
 import threading
 from dataclasses import dataclass, field
 
-from harness.adapters.sql.webhooks import Delivery, WebhookOutbox
-from harness.adapters.webhook_http import WebhookSender
 from harness.domain.ids import ordered_id
+from harness.domain.webhooks import Delivery
+from harness.ports.webhooks import WebhookQueue, WebhookSending
 from harness.webhooks.config import WebhookConfig
 
 log = logging.getLogger("harness.webhooks")
@@ -54,11 +54,11 @@ class DeliveryReport:
 class WebhookDispatcher:
     """Delivers the outbox's due webhooks."""
 
-    def __init__(self, outbox: WebhookOutbox, config: WebhookConfig, sender: WebhookSender | None = None,
+    def __init__(self, outbox: WebhookQueue, config: WebhookConfig, sender: WebhookSending,
                  *, owner: str | None = None) -> None:
         self.outbox = outbox
         self.config = config
-        self.sender = sender or WebhookSender(config.delivery.timeout_s)
+        self.sender = sender
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{ordered_id()[-12:]}"
 
     def backoff(self, attempts: int) -> float:
@@ -99,7 +99,7 @@ class WebhookDispatcher:
                 return
             outcome_error, status, retry = sent.error or "failed", sent.status_code, True
         last = delivery.attempts >= self.config.delivery.max_attempts or not retry
-        retry_at = None if last else self.outbox.store.clock.now() + self.backoff(delivery.attempts)
+        retry_at = None if last else self.outbox.clock.now() + self.backoff(delivery.attempts)
         held = self.outbox.failed(self.owner, delivery.delivery_id, error=outcome_error, status_code=status,
                                   retry_at=retry_at)
         if not held:

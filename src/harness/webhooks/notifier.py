@@ -16,11 +16,12 @@ import datetime as dt
 import json
 from typing import TYPE_CHECKING, Any
 
-from harness.adapters.sql.webhooks import OutgoingEvent, WebhookOutbox
 from harness.domain.contracts import Notification, NotificationType, RunRequest, RunResult
 from harness.domain.ids import ordered_id
+from harness.domain.webhooks import OutgoingEvent
 from harness.kernel import FINAL, RunState
 from harness.ports import ResultSink, Tx
+from harness.ports.webhooks import WebhookQueue
 from harness.webhooks.config import WebhookConfig
 
 if TYPE_CHECKING:
@@ -52,14 +53,14 @@ def describe_actions(actions: list[dict[str, Any]]) -> str:
 class WebhookNotifier:
     """The Notifier port over the webhook outbox: one delivery per endpoint the notification goes to."""
 
-    def __init__(self, outbox: WebhookOutbox, config: WebhookConfig) -> None:
+    def __init__(self, outbox: WebhookQueue, config: WebhookConfig) -> None:
         self.outbox = outbox
         self.config = config
 
     def notify(self, tx: Tx, notification: Notification) -> None:
         """Queue the notification for the Run's callback and the matching approver endpoints, within `tx`."""
         body = {"type": notification.type, "event_id": notification.event_id,
-                "timestamp": iso(self.outbox.store.clock.now()), "data": notification.data}
+                "timestamp": iso(self.outbox.clock.now()), "data": notification.data}
         events = []
         caller = self.config.caller_endpoint(notification.tenant_id)
         if notification.callback is not None and caller is not None:

@@ -10,20 +10,19 @@ segment's checkpoint (or has one waiting in the outbox) is left in place and rep
 from __future__ import annotations
 
 import hashlib
-import heapq
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import sqlalchemy as sa
 
 from harness.adapters.sql import schema as t
+from harness.adapters.sql.audit_reads import SqlAuditReads
 from harness.adapters.sql.retention_schema import (
     archive_segments,
     archived_runs,
     prune_grants,
     pruned_records,
-    redacted_records,
 )
 from harness.adapters.sql.store import SqlStore
 from harness.audit import merkle
@@ -33,8 +32,6 @@ from harness.domain.records import StoredTraceRecord
 from harness.kernel import FINAL
 
 RUNS_PRUNED = "runs_pruned"
-#: the kind of a chain position whose record an erasure redacted
-REDACTED = "redacted"
 ARCHIVE_SEGMENT = "archive_segment"
 #: the tables whose rows of a Run the segment carries (as read back by `--from-archive`) and prune deletes
 RUN_TABLES = (t.transitions, t.audit_events, t.costs, t.hitl_decisions, t.hitl_requests, t.webhook_deliveries)
@@ -43,18 +40,6 @@ _FINAL = sorted(s.value for s in FINAL)
 
 class PruneRefusedError(StoreError):
     """A Run's stored records no longer match their hashes: it is not pruned (run `harness audit verify`)."""
-
-
-@dataclass(frozen=True, slots=True)
-class PrunedRecord:
-    """A trace record the archive removed: what the database keeps of it."""
-
-    seq: int
-    hash: str
-    leaf: bytes
-    record_id: str | None = None
-    run_id: str | None = None
-    kind: str = "pruned"
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,49 +70,13 @@ class PruneResult:
     kept: list[str] = field(default_factory=list)
 
 
-def iter_chain(store: SqlStore, batch: int = 5000) -> Iterator[StoredTraceRecord | PrunedRecord]:
-    """Every position of the chain in seq order: the stored records, the tombstones of pruned ones, and
-    for a record an erasure redacted, its original hashes (kind "redacted") in place of its content."""
-    merged: Iterator[StoredTraceRecord | PrunedRecord] = heapq.merge(
-        store.iter_trace(1, batch), _tombstones(store, pruned_records, batch), key=_seq)
-    redactions = _tombstones(store, redacted_records, batch)
-    upcoming = next(redactions, None)
-    for rec in merged:
-        while upcoming is not None and upcoming.seq < rec.seq:
-            upcoming = next(redactions, None)
-        if upcoming is not None and upcoming.seq == rec.seq and isinstance(rec, StoredTraceRecord):
-            yield PrunedRecord(rec.seq, upcoming.hash, upcoming.leaf, rec.record_id, rec.run_id, REDACTED)
-        else:
-            yield rec
-
-
-def _seq(rec: StoredTraceRecord | PrunedRecord) -> int:
-    return rec.seq
-
-
-def _tombstones(store: SqlStore, table: sa.Table, batch: int) -> Iterator[PrunedRecord]:
-    """The table's tombstones in seq order; none on a database of a version before retention (verify and
-    the migrations' tests read chains of every earlier schema)."""
-    with store.reader.connect() as conn:
-        if not sa.inspect(conn).has_table(table.name):
-            return
-    after = 0
-    while True:
-        with store.reader.connect() as conn:
-            rows = conn.execute(sa.select(table.c.seq, table.c.hash, table.c.leaf).where(table.c.seq > after)
-                                .order_by(table.c.seq).limit(batch)).all()
-        if not rows:
-            return
-        for r in rows:
-            yield PrunedRecord(int(r.seq), bytes(r.hash).hex(), bytes(r.leaf))
-        after = rows[-1].seq
-
-
 class RetentionStore:
     """Retention's reads and its one write path over a SqlStore."""
 
     def __init__(self, store: SqlStore) -> None:
         self.store = store
+        #: the chain as checkpoints read it (the archive publishes the checkpoint that proves a segment)
+        self.chain = SqlAuditReads(store)
 
     # ------------------------------------------------------------------ choosing
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
@@ -23,50 +22,12 @@ from harness.adapters.sql.database import connection_of
 from harness.adapters.sql.store import SqlStore
 from harness.domain.chain import canonical_json
 from harness.domain.ids import ordered_id
+from harness.domain.webhooks import Delivery, OutgoingEvent
 from harness.ports import Tx
 
 w = t.webhook_deliveries
 PENDING, DELIVERED, DEAD = "pending", "delivered", "dead"
 STATUSES = (PENDING, DELIVERED, DEAD)
-
-
-@dataclass(frozen=True, slots=True)
-class OutgoingEvent:
-    """One event for one endpoint, as the notifier queues it."""
-
-    event_id: str
-    event_type: str
-    run_id: str | None
-    tenant_id: str
-    endpoint: str
-    url: str
-    payload: dict[str, Any]
-
-
-@dataclass(frozen=True, slots=True)
-class Delivery:
-    """One delivery as stored."""
-
-    delivery_id: str
-    event_id: str
-    event_type: str
-    run_id: str | None
-    tenant_id: str
-    endpoint: str
-    url: str
-    payload: str
-    status: str
-    attempts: int
-    next_attempt_at: float
-    last_status: int | None
-    last_error: str | None
-    created_at: float
-    delivered_at: float | None
-
-    def data(self) -> dict[str, Any]:
-        """The payload, parsed."""
-        parsed: dict[str, Any] = json.loads(self.payload)
-        return parsed
 
 
 def _delivery(m: Mapping[Any, Any]) -> Delivery:
@@ -83,6 +44,7 @@ class WebhookOutbox:
 
     def __init__(self, store: SqlStore) -> None:
         self.store = store
+        self.clock = store.clock
         self._skip_locked = store.engine.dialect.name != "sqlite"  # SQLite: the write lock serialises claims
 
     # ------------------------------------------------------------------ queueing (inside the change's tx)

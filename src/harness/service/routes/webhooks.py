@@ -6,7 +6,8 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query, Security
 
-from harness.adapters.sql.webhooks import DEAD, Delivery, WebhookOutbox
+from harness.adapters.sql.webhooks import DEAD, WebhookOutbox
+from harness.domain.webhooks import Delivery
 from harness.service import views
 from harness.service.auth import Principal, operator, principal
 from harness.service.core import Service

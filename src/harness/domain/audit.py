@@ -1,5 +1,6 @@
-"""What `harness audit verify` found: problems (each naming the record, or the table, row and field) and
-warnings (what could not be checked, said loudly, without failing the check)."""
+"""Audit values: what `harness audit verify` found (problems, each naming the record, or the table, row and
+field, and warnings: what could not be checked, said loudly, without failing the check), and what the
+database keeps of a record the archive pruned or an erasure redacted."""
 
 from __future__ import annotations
 
@@ -65,3 +66,19 @@ class ChainReport:
         doc["ok"] = self.ok
         doc["first_bad"] = asdict(self.first_bad) if self.first_bad else None
         return doc
+
+
+#: the kind of a chain position whose record an erasure redacted (its original hashes are kept)
+REDACTED = "redacted"
+
+
+@dataclass(frozen=True, slots=True)
+class PrunedRecord:
+    """A trace record the archive removed: what the database keeps of it."""
+
+    seq: int
+    hash: str
+    leaf: bytes
+    record_id: str | None = None
+    run_id: str | None = None
+    kind: str = "pruned"

@@ -25,7 +25,7 @@ from harness.adapters.sql import schema as t
 from harness.adapters.sql.retention_schema import erased_runs
 from harness.adapters.sql.store import SqlStore
 from harness.audit import commitment, mirror_records
-from harness.audit.report import ChainReport, Problem
+from harness.domain.audit import ChainReport, Problem
 from harness.domain.chain import canonical_json, content_hash
 from harness.domain.records import RUN_TRACE
 from harness.kernel import FINAL, CloseReason, RunState, close_reason_on_entry, job_status

@@ -1,0 +1,190 @@
+"""The memory table on SQLite, PostgreSQL and MySQL/MariaDB (SPEC C2, C5): the MemoryRows port.
+
+Lexical recall per backend: SQLite FTS5 with bm25, PostgreSQL full-text with ts_rank_cd, and an exact
+BM25 in Python (harness.memory.lexical) over the scope's rows for any other database. Query text
+becomes a bag of plain word terms joined with OR, so nothing a user types is ever interpreted as query
+syntax by the database. Every read is confined to the caller's scope in SQL: the scope rule, plus an
+entry written by a Run counts only once that Run SUCCEEDED (C5).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import sqlalchemy as sa
+
+from harness.adapters.sql import schema as t
+from harness.adapters.sql.database import read_only
+from harness.adapters.sql.raw import RawStatements
+from harness.memory.lexical import bm25, terms
+from harness.ports.memory import MemoryScope
+
+m = t.memory_entries
+_RANK = "rank"
+_SCOPE_COLUMNS = ("team_id", "user_id", "session_id")
+_ENTRY_EXISTS = sa.select(m.c.id).where(m.c.entry_id == sa.bindparam("p_entry_id"))
+#: one prebuilt statement per pattern of NULL scope columns (`= NULL` matches nothing in SQL)
+_SAME_CONTENT: dict[tuple[bool, ...], sa.Select[Any]] = {}
+
+
+@functools.cache
+def scope_clause(with_team: bool) -> sa.ColumnElement[bool]:
+    """The scope rule as SQL; its values are bound parameters (`scope_params`), so the clause is built
+    once per shape, not per recall."""
+    user: sa.BindParameter[str] = sa.bindparam("p_scope_user")
+    session: sa.BindParameter[str] = sa.bindparam("p_scope_session")
+    visible = [m.c.scope == "tenant",
+               sa.and_(m.c.scope == "user", m.c.user_id == user),
+               sa.and_(m.c.scope == "session", m.c.user_id == user, m.c.session_id == session)]
+    if with_team:
+        visible.append(sa.and_(m.c.scope == "team", m.c.team_id == sa.bindparam("p_scope_team")))
+    succeeded = sa.exists().where(t.runs.c.run_id == m.c.source_run_id, t.runs.c.state == "SUCCEEDED")
+    return sa.and_(m.c.tenant_id == sa.bindparam("p_scope_tenant"), sa.or_(*visible),
+                   sa.or_(m.c.source_run_id.is_(None), succeeded))
+
+
+def scope_params(scope: MemoryScope) -> dict[str, str]:
+    """The values of `scope_clause`'s parameters."""
+    values = {"p_scope_tenant": scope.tenant_id, "p_scope_user": scope.user_id,
+              "p_scope_session": scope.session_id}
+    if scope.team_id is not None:
+        values["p_scope_team"] = scope.team_id
+    return values
+
+
+def _columns() -> list[sa.ColumnElement[Any]]:
+    return [m.c.entry_id, m.c.tenant_id, m.c.scope, m.c.team_id, m.c.user_id, m.c.session_id, m.c.content,
+            m.c.source_run_id]
+
+
+def sqlite_query(scope: sa.ColumnElement[bool]) -> sa.Select[Any]:
+    """FTS5 MATCH joined back to the entries, ranked by bm25 (lower is better); binds p_match, p_limit."""
+    fts = sa.table("memory_fts", sa.column("rowid"))
+    rank = sa.func.bm25(sa.literal_column("memory_fts")).label(_RANK)
+    return (sa.select(*_columns(), rank).select_from(fts.join(m, m.c.id == fts.c.rowid))
+            .where(sa.literal_column("memory_fts").op("MATCH")(sa.bindparam("p_match", type_=sa.String)), scope)
+            .order_by(rank).limit(sa.bindparam("p_limit", type_=sa.Integer)))
+
+
+def postgres_query(scope: sa.ColumnElement[bool]) -> sa.Select[Any]:
+    """to_tsvector @@ to_tsquery on the indexed expression, ranked by ts_rank_cd (higher is better); binds
+    p_match, p_limit."""
+    config: sa.ColumnElement[Any] = sa.literal_column("'english'::regconfig")
+    vector = sa.func.to_tsvector(config, m.c.content)
+    query = sa.func.to_tsquery(config, sa.bindparam("p_match", type_=sa.String))
+    rank = (-sa.func.ts_rank_cd(vector, query)).label(_RANK)
+    return (sa.select(*_columns(), rank).where(vector.op("@@")(query), scope).order_by(rank)
+            .limit(sa.bindparam("p_limit", type_=sa.Integer)))
+
+
+def scan_query(scope: sa.ColumnElement[bool]) -> sa.Select[Any]:
+    """Every row of the scope, for the Python BM25 fallback."""
+    return sa.select(*_columns()).where(scope)
+
+
+#: (builder, scope clause) -> statement: built once, so a recall only binds values
+_BUILT: dict[tuple[Any, int], sa.Select[Any]] = {}
+
+
+def _built(build: Any, scope: sa.ColumnElement[bool]) -> sa.Select[Any]:
+    key = (build, id(scope))
+    if key not in _BUILT:
+        _BUILT[key] = build(scope)
+    return _BUILT[key]
+
+
+def search(conn: sa.Connection, query: str, scope: MemoryScope, k: int) -> list[tuple[Any, float]]:
+    """The best `k` (row, score) pairs for `query` within `scope`; higher score is better."""
+    words = terms(query)
+    if not words or k <= 0:
+        return []
+    dialect = conn.dialect.name
+    params, clause = scope_params(scope), scope_clause(scope.team_id is not None)
+    if dialect in ("sqlite", "postgresql"):
+        build, match = ((sqlite_query, " OR ".join(f'"{w}"' for w in words)) if dialect == "sqlite"
+                        else (postgres_query, " | ".join(words)))
+        rows = conn.execute(_built(build, clause), {**params, "p_match": match, "p_limit": k})
+        return [(row, -float(row.rank)) for row in rows]
+    return bm25(words, conn.execute(_built(scan_query, clause), params).all(), k)
+
+
+def _same_content_query(nulls: tuple[bool, ...]) -> sa.Select[Any]:
+    scope = [m.c[c].is_(None) if null else m.c[c] == sa.bindparam(f"p_{c}")
+             for c, null in zip(_SCOPE_COLUMNS, nulls, strict=True)]
+    succeeded = sa.exists().where(t.runs.c.run_id == m.c.source_run_id, t.runs.c.state == "SUCCEEDED")
+    return (sa.select(m.c.entry_id)
+            .where(m.c.tenant_id == sa.bindparam("p_tenant_id"), m.c.content_hash == sa.bindparam("p_content_hash"),
+                   m.c.scope == sa.bindparam("p_scope"), *scope,
+                   sa.or_(m.c.source_run_id.is_(None), succeeded))
+            .order_by(m.c.id).limit(1))
+
+
+class SqlMemoryRows:
+    """The MemoryRows port on the harness database."""
+
+    def __init__(self, engine: sa.Engine) -> None:
+        self.engine = engine
+        #: the same pool for reads: on SQLite a recall or a lookup does not queue for the write lock
+        self.reader = read_only(engine)
+        self._raw = RawStatements(engine.dialect)  # the write-back's lookups on the DBAPI cursor (issue 9)
+
+    def same_content(self, rows: Sequence[dict[str, Any]]) -> list[str | None]:
+        """Per row: the entry itself if already stored (a repeated write-back), else an entry of the same
+        scope with the same content that recall can see (its Run, if any, SUCCEEDED), else None. An entry
+        of a Run that never succeeded does not count: it is never recalled."""
+        with self.reader.connect() as conn:
+            return [self._same_content(conn, row) for row in rows]
+
+    def _same_content(self, conn: sa.Connection, row: dict[str, Any]) -> str | None:
+        if self._raw.fetchone(conn, _ENTRY_EXISTS, {"p_entry_id": row["entry_id"]}) is not None:
+            return str(row["entry_id"])
+        nulls = tuple(row[c] is None for c in _SCOPE_COLUMNS)
+        query = _SAME_CONTENT.get(nulls)
+        if query is None:
+            query = _SAME_CONTENT[nulls] = _same_content_query(nulls)
+        found = self._raw.fetchone(conn, query, {
+            "p_tenant_id": row["tenant_id"], "p_content_hash": row["content_hash"], "p_scope": row["scope"],
+            **{f"p_{c}": row[c] for c in _SCOPE_COLUMNS if row[c] is not None}})
+        return None if found is None else str(found[0])
+
+    def insert_new(self, rows: Sequence[dict[str, Any]]) -> None:
+        with self.engine.begin() as conn:
+            existing = set(conn.execute(sa.select(m.c.entry_id).where(
+                m.c.entry_id.in_([r["entry_id"] for r in rows]))).scalars())
+            fresh = [r for r in rows if r["entry_id"] not in existing]
+            if fresh:
+                conn.execute(m.insert(), fresh)
+
+    def lexical(self, scope: MemoryScope, query: str, k: int) -> list[tuple[Any, float]]:
+        with self.reader.connect() as conn:
+            return search(conn, query, scope, k)
+
+    def embedded(self, scope: MemoryScope, model: str) -> list[Any]:
+        with self.reader.connect() as conn:
+            return list(conn.execute(
+                sa.select(m.c.entry_id, m.c.tenant_id, m.c.scope, m.c.team_id, m.c.user_id, m.c.session_id,
+                          m.c.content, m.c.source_run_id, m.c.embedding)
+                .where(scope_clause(scope.team_id is not None), m.c.embedding_model == model,
+                       m.c.embedding.is_not(None)),
+                scope_params(scope)).all())
+
+    def backfill(self, batch: int, embed: Callable[[list[str]], list[bytes]], model: str) -> int:
+        with self.engine.begin() as conn:
+            rows = conn.execute(sa.select(m.c.id, m.c.content).where(m.c.embedding.is_(None)).limit(batch)).all()
+            if not rows:
+                return 0
+            for row, blob in zip(rows, embed([r.content for r in rows]), strict=True):
+                conn.execute(m.update().where(m.c.id == row.id).values(embedding=blob, embedding_model=model))
+        return len(rows)
+
+    def entries_of_run(self, run_id: str) -> list[str]:
+        with self.reader.connect() as conn:
+            return list(conn.execute(sa.select(m.c.entry_id).where(m.c.source_run_id == run_id)
+                                     .order_by(m.c.id)).scalars())
+
+    def forget_user(self, tenant_id: str, user_id: str) -> int:
+        with self.engine.begin() as conn:
+            deleted = conn.execute(m.delete().where(m.c.tenant_id == tenant_id, m.c.user_id == user_id))
+        return int(deleted.rowcount)
