@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from harness.adapters.sandbox import BwrapSandbox, RlimitSandbox
+from harness.adapters.sandbox import BwrapSandbox, RlimitSandbox, Workdirs, select_sandbox
 from harness.adapters.sandbox.bwrap import unavailable_reason
 from harness.domain.contracts import CallerIdentity
 from harness.pipeline.tool_controller import ToolController
@@ -91,7 +91,7 @@ def run(local_n: int, sandboxed_n: int) -> dict[str, Any]:
         sandboxes: dict[str, Sandbox | str] = {"rlimit": RlimitSandbox(warn=False)}
         reason = unavailable_reason()
         sandboxes["bwrap"] = reason if reason is not None else BwrapSandbox()
-        plain = ToolController(registry, workdir_root=Path(tmp) / "runs")
+        plain = ToolController(registry, workdirs=Workdirs(Path(tmp) / "runs"), choose_sandbox=select_sandbox)
         try:
             out["local"] = timed(through(plain, "bench.local"), local_n, 100)
         finally:
@@ -102,7 +102,7 @@ def run(local_n: int, sandboxed_n: int) -> dict[str, Any]:
             if isinstance(sandbox, str):
                 out[f"sandbox/{name}"] = {"skipped": sandbox}
                 continue
-            tools = ToolController(registry, workdir_root=Path(tmp) / "runs", sandbox=sandbox)
+            tools = ToolController(registry, workdirs=Workdirs(Path(tmp) / "runs"), sandbox=sandbox)
             try:
                 out[f"sandbox/{name}"] = timed(through(tools, "bench.sandboxed"), sandboxed_n, 2)
             finally:

@@ -14,9 +14,11 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from harness.adapters.llm.factory import make_provider
 from harness.adapters.llm.pricing import PricingTable
-from harness.adapters.llm.resilient import GuardedProvider, ProviderSettings, make_provider
+from harness.adapters.llm.resilient import GuardedProvider, ProviderSettings
 from harness.adapters.llm.scripted import ScriptedProvider
+from harness.adapters.sandbox import Workdirs, select_sandbox
 from harness.adapters.sql import database
 from harness.adapters.sql.audit_reads import SqlAuditReads
 from harness.adapters.sql.leases import Leases
@@ -27,6 +29,7 @@ from harness.adapters.sql.replay_reads import ReplayReads
 from harness.adapters.sql.replay_reads import set_deadline as replay_set_deadline
 from harness.adapters.sql.retention import ArchivedRun, RetentionStore
 from harness.adapters.sql.run_queries import RunQueries
+from harness.adapters.sql.run_writes import SqlRunWrites
 from harness.adapters.sql.sandbox_instances import InstanceTable
 from harness.adapters.sql.store import SqlStore, open_existing
 from harness.adapters.sql.webhooks import WebhookOutbox
@@ -515,7 +518,8 @@ def build_runtime(settings: Settings | None = None, *, clock: Clock | None = Non
     secret_filter = SecretFilter()
     sandboxes = SandboxPool(store, settings.pool_settings(), owner=f"{settings.sandbox_host}:{os.getpid()}",
                             ledger=ledger, price_per_s=pricing.sandbox_price, price_table=pricing.as_of)
-    tools = ToolController(registry, data_dir=settings.data_dir, sandbox_mode=settings.sandbox,
+    tools = ToolController(registry, workdirs=Workdirs(settings.data_dir / "runs"), data_dir=settings.data_dir,
+                           choose_sandbox=lambda: select_sandbox(settings.sandbox),
                            clock=store.clock, provider=provider, record_cost=ledger.record,
                            scrub=lambda text: secret_filter.scrub(text).text, sandbox_price=pricing.sandbox_price,
                            price_table=pricing.as_of, sandbox_pool=sandboxes, kinds=mcp_kinds(mcp, ledger, store))
@@ -538,12 +542,14 @@ def build_runtime(settings: Settings | None = None, *, clock: Clock | None = Non
     machine.in_transaction(pushes.on_transition)  # results of every close and park (P4), in its transaction
     hitl.on_insert(pushes.on_request)  # approval requests opened or escalated (N1), in their transaction
     runs = RunManager(
-        store=store, machine=machine, assembler=assembler, orchestrator=PlanOrchestrator(
+        store=store, writes=SqlRunWrites(store, ledger), machine=machine, assembler=assembler,
+        orchestrator=PlanOrchestrator(
             provider, registry, max_attempts=1 if isinstance(provider, GuardedProvider) else 3),
         policy=policy, tools=tools, hitl=hitl, ledger=ledger, execution_limit_s=settings.execution_limit_s,
         chain_depth=settings.chain_depth, max_rounds=settings.max_rounds, limits=settings.limits,
         roles_of=identities.roles_of,
         check_callback=lambda request: webhooks.check_callback(request.tenant_id, request.callback or ""),
+        child_leases=Leases(store, ttl_s=60.0),
     )
     tools.child_runs = runs  # AgentInvoke creates child Runs through the same kernel (T4)
     runtime = Runtime(settings, store, machine, registry, policy, hitl, tools, TraceRecorder(store), runs, identities,

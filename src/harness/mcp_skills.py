@@ -51,7 +51,8 @@ from harness.domain.chain import content_hash
 from harness.domain.errors import ContextError, InvalidRequestError
 from harness.domain.traces import CostTrace
 from harness.pipeline.tool_kinds import Attempt, ToolCallError
-from harness.skills import BreakerSettings, Manifest, RetryPolicy, Risk, Skill
+from harness.policy.risk import Risk
+from harness.skills import BreakerSettings, Manifest, RetryPolicy, Skill
 from harness.yamlfile import read_yaml
 
 __all__ = ["McpCalls", "McpServers", "McpUnavailableError", "ServerConfig", "ToolConfig", "load_mcp_file",

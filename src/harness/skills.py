@@ -44,20 +44,13 @@ from harness.domain.chain import content_hash
 from harness.domain.contracts import SKILL_ID
 from harness.domain.errors import ManifestError
 from harness.domain.sandbox import Limits
+from harness.policy.config import LEVEL_RANK
+from harness.policy.risk import Risk, level_for
 from harness.skill_code import Entrypoint
 from harness.yamlfile import read_yaml
 
-__all__ = ["BreakerSettings", "Entrypoint", "Limits", "Manifest", "RetryPolicy", "Risk", "Skill", "SkillContext",
+__all__ = ["BreakerSettings", "Entrypoint", "Limits", "Manifest", "RetryPolicy", "Skill", "SkillContext",
            "SkillFn", "SkillRegistry", "SkillSource", "load_manifest"]
-
-
-class Risk(BaseModel):
-    """What a call can do: read or write, in which resource space, with what impact (SPEC G2)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    access: Literal["read", "write"]
-    space: Literal["personal", "project", "production"] = "project"
-    impact: Literal["low", "medium", "high"] = "low"
 
 
 class RetryPolicy(BaseModel):
@@ -265,10 +258,6 @@ class SkillRegistry:
 
     def _check_fallback(self, skill: Skill) -> None:
         # The fallback runs under the primary's approval, so it may not need a higher level (G2).
-        # Imported here: the policy package imports this module.
-        from harness.policy.config import LEVEL_RANK
-        from harness.policy.risk import level_for
-
         name = skill.manifest.fallback
         if name is None:
             return

@@ -17,6 +17,7 @@ from harness.audit.commitment import RUN_TRACE_VERSION
 from harness.domain.chain import content_hash
 from harness.domain.records import RUN_TRACE, RunRecord, TraceRecordIn, TransitionResult, TransitionRow
 from harness.kernel import FINAL, TRANSIENT, CloseReason, RunState, automatic_next, final_state_for
+from harness.ports import Tx
 
 #: called while a Run closes, with the Run (in TRACING) and the final state it is moving to; returns
 #: extra trace records to write in the closing transaction (e.g. memory write-back on SUCCEEDED, C5)
@@ -109,7 +110,7 @@ class StateMachine:
 
     def transition_in(
         self,
-        conn: sa.Connection,
+        tx: Tx,
         run_id: str,
         source: RunState,
         target: RunState,
@@ -124,6 +125,7 @@ class StateMachine:
         """The compare-and-set inside the caller's transaction (see SqlStore.transition_in), with the
         transaction hooks (`in_transaction`) like every other change. Nothing is told and nothing moves on
         until the caller has committed and calls `settle` with the outcome."""
+        conn = _sql(tx)
         outcome = self.store.transition_in(conn, run_id, source, target, actor=actor, reason=reason,
                                            lease_epoch=lease_epoch, records=records, context=context, result=result)
         if outcome.applied:
@@ -218,3 +220,10 @@ class StateMachine:
             "trace_hash": content_hash(path),
             "v": RUN_TRACE_VERSION, "result_hash": None if result is None else content_hash(result),
         }, run.run_id)
+
+
+def _sql(tx: Tx) -> sa.Connection:
+    """The SQL connection behind a transaction handle the pipeline carried back here."""
+    if not isinstance(tx, sa.Connection):
+        raise TypeError(f"expected a transaction of the SQL store, got {type(tx).__name__}")
+    return tx

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
+from harness.adapters.sandbox import Workdirs, select_sandbox
 from harness.clock import FakeClock
 from harness.config import Runtime, Settings, build_runtime
 from harness.domain.contracts import CallerIdentity
@@ -87,8 +88,8 @@ def skills_dir(tmp_path: Path) -> Path:
 @pytest.fixture
 def controller(skills_dir: Path, tmp_path: Path, clock: FakeClock) -> Iterator[ToolController]:
     """A controller whose breakers run on the fake clock."""
-    tools = ToolController(SkillRegistry.from_dirs(skills_dir), workdir_root=tmp_path / "runs",
-                           breakers=BreakerRegistry(clock))
+    tools = ToolController(SkillRegistry.from_dirs(skills_dir), workdirs=Workdirs(tmp_path / "runs"),
+                           choose_sandbox=select_sandbox, breakers=BreakerRegistry(clock))
     yield tools
     tools.close()
 

@@ -12,8 +12,7 @@ from mcp_types import ToolAnnotations
 
 from harness.domain.errors import InvalidRequestError
 from harness.mcp_skills import McpServers, ToolConfig, load_mcp_file, risk_for, skill_name
-from harness.policy.risk import level_for
-from harness.skills import Risk
+from harness.policy.risk import Risk, level_for
 
 
 def test_a_tool_without_annotations_or_config_is_a_non_idempotent_write() -> None:

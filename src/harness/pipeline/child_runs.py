@@ -31,32 +31,49 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from harness.adapters.sql.leases import Lease, Leases
 from harness.domain.contracts import RunResult
 from harness.domain.errors import UnknownRunError
+from harness.domain.leases import Lease
 from harness.domain.records import RunRecord, TraceRecordIn
 from harness.kernel import FINAL, RunState
 from harness.pipeline.tool_kinds import ChildWait
 from harness.ports import Fence
-
-if TYPE_CHECKING:
-    from harness.pipeline.run_manager import RunManager
+from harness.ports.runs import RunLeases, RunReads
+from harness.state_machine import StateMachine
 
 S = RunState
 log = logging.getLogger(__name__)
 ACTOR = "tool_controller"
 
 
+class Runs(Protocol):
+    """What the wait needs of the Run manager: its store's reads, its state machine, driving, results and
+    cancelling (the Run manager is one)."""
+
+    @property
+    def store(self) -> RunReads: ...
+
+    @property
+    def machine(self) -> StateMachine: ...
+
+    def drive(self, run_id: str, *, fence: Fence | None = None) -> RunResult: ...
+
+    def result(self, run_id: str) -> RunResult: ...
+
+    def cancel(self, run_id: str, *, by: str, reason: str = ...) -> RunResult: ...
+
+
 class ChildRuns:
     """Waiting for child Runs, and waking parents whose child ended while nobody drove them."""
 
-    def __init__(self, runs: RunManager, *, poll_s: float = 0.5, lease_ttl_s: float = 60.0) -> None:
+    def __init__(self, runs: Runs, leases: RunLeases, *, poll_s: float = 0.5) -> None:
         self.runs = runs
         self.store = runs.store
+        #: the leases a wait takes for a parent whose drive holds none
+        self.leases = leases
         self.poll_s = poll_s
-        self.lease_ttl_s = lease_ttl_s
         #: drives a Run under its lease, None when another live driver holds it (the worker's execute);
         #: set by the composition root. Without it children are driven unleased and parents never woken.
         self.leased_drive: Callable[[str], RunResult | None] | None = None
@@ -202,12 +219,12 @@ class _ParentHold:
         self.children = children
         self.parent_id = parent_id
         self.fence = fence
-        self.leases: Leases | None = None
+        self.leases: RunLeases | None = None
         self.lease: Lease | None = None
         self.taken = False
         self.beat_at = time.monotonic()
         if fence is None:
-            self.leases = Leases(children.store, ttl_s=children.lease_ttl_s)
+            self.leases = children.leases
             owner = f"{socket.gethostname()}:{os.getpid()}:{threading.get_ident()}:waiting"
             self.lease = self.leases.acquire(parent_id, owner)
             self.taken = self.lease is None

@@ -20,13 +20,13 @@ from typing import Any
 
 import jsonschema
 
-from harness.adapters.sql.ledger import CostLedger
 from harness.domain.contracts import CallerIdentity, Plan, PlanStep, PolicyDecision, Verdict, refs_in
 from harness.domain.traces import PolicyTrace, PolicyVerdict
 from harness.policy.cedar import CedarPermissions
 from harness.policy.config import Level, PolicyFile, load_policy_file
 from harness.policy.guardrails import UNKNOWN, argument_value, matches
 from harness.policy.risk import highest, level_for
+from harness.ports.ledger import SpendReads
 from harness.skills import Skill, SkillRegistry
 
 #: entries an engine's caches hold before they are emptied (they refill from the same inputs)
@@ -45,7 +45,7 @@ class PolicyEngine:
     """Evaluates plans and calls against a policy file and its Cedar permissions."""
 
     def __init__(self, policy: PolicyFile, permissions: CedarPermissions, registry: SkillRegistry,
-                 ledger: CostLedger | None = None) -> None:
+                 ledger: SpendReads | None = None) -> None:
         self.policy = policy
         self.permissions = permissions
         self.registry = registry
@@ -54,7 +54,7 @@ class PolicyEngine:
         self._validators: dict[tuple[str, str], jsonschema.Draft202012Validator] = {}
 
     @classmethod
-    def from_file(cls, path: Path, registry: SkillRegistry, ledger: CostLedger | None = None) -> PolicyEngine:
+    def from_file(cls, path: Path, registry: SkillRegistry, ledger: SpendReads | None = None) -> PolicyEngine:
         """Load a policy file and the Cedar file it names."""
         policy = load_policy_file(path)
         cedar = CedarPermissions.from_file((path.parent / policy.permissions.cedar).resolve())

@@ -31,14 +31,12 @@ from tenacity import (
 )
 from tenacity.stop import stop_base
 
-from harness.adapters.sandbox import SandboxMode, Workdirs, select_sandbox
 from harness.clock import SystemClock
 from harness.domain.chain import content_hash
 from harness.domain.contracts import CallerIdentity, Message, StepOutcome
 from harness.domain.errors import ProviderError
 from harness.domain.llm import LLMRequest, LLMResponse, ToolSpec
 from harness.domain.traces import CostTrace, ToolTrace, unit_price
-from harness.paths import default_data_dir
 from harness.pipeline.sandbox_pool import SandboxPool
 from harness.pipeline.tool_kinds import (
     AgentCalls,
@@ -52,6 +50,7 @@ from harness.pipeline.tool_kinds import (
     ToolCallError,
 )
 from harness.ports import Clock, LLMProvider, Sandbox
+from harness.ports.workdirs import Workdirs
 from harness.resilience import BreakerConfig, BreakerRegistry, CircuitOpenError
 from harness.skills import Skill, SkillContext, SkillRegistry
 
@@ -121,8 +120,8 @@ Executor = Callable[[Attempt], Any]
 class ToolController:
     """Runs skill calls for Runs."""
 
-    def __init__(self, registry: SkillRegistry, *, workdir_root: Path | None = None, max_workers: int = 8,
-                 sandbox: Sandbox | None = None, sandbox_mode: SandboxMode = "auto",
+    def __init__(self, registry: SkillRegistry, *, workdirs: Workdirs, max_workers: int = 8,
+                 sandbox: Sandbox | None = None, choose_sandbox: Callable[[], Sandbox] | None = None,
                  clock: Clock | None = None, breakers: BreakerRegistry | None = None,
                  provider: LLMProvider | None = None,
                  record_cost: Callable[[CostTrace], None] | None = None,
@@ -130,7 +129,7 @@ class ToolController:
                  price_table: str | None = None, data_dir: Path | None = None,
                  sandbox_pool: SandboxPool | None = None, kinds: Mapping[str, Executor] | None = None) -> None:
         self.registry = registry
-        self.workdirs = Workdirs(workdir_root or (data_dir or default_data_dir()) / "runs")
+        self.workdirs = workdirs
         #: handed to skills (SkillContext.data_dir): the folder the working directories are in, by default
         self.data_dir = data_dir or self.workdirs.root.parent
         self.breakers = breakers or BreakerRegistry(clock or SystemClock())
@@ -140,7 +139,8 @@ class ToolController:
         #: set by the composition root once the Run manager exists (it needs this controller first)
         self.child_runs: ChildDriver | None = None
         self._sandbox = sandbox
-        self._sandbox_mode = sandbox_mode
+        #: picks the sandbox at the first sandboxed call (the composition root's choice by settings)
+        self._choose_sandbox = choose_sandbox
         self._sandbox_lock = threading.Lock()
         self.sandbox_pool = sandbox_pool
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers, thread_name_prefix="skill")
@@ -162,7 +162,9 @@ class ToolController:
         """The sandbox, chosen at the first sandboxed call (probing bubblewrap costs a process start)."""
         with self._sandbox_lock:
             if self._sandbox is None:
-                self._sandbox = select_sandbox(self._sandbox_mode)
+                if self._choose_sandbox is None:
+                    raise ToolCallError("sandbox_unavailable", "no sandbox is configured for sandboxed skills")
+                self._sandbox = self._choose_sandbox()
             return self._sandbox
 
     def visible_skills(self, caller: CallerIdentity, may_call: PermissionCheck) -> list[Skill]:

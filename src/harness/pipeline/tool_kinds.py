@@ -15,7 +15,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from harness.adapters.sandbox.workdirs import Workdirs
 from harness.domain.contracts import CallerIdentity, Message, RunRequest, RunResult, render_template
 from harness.domain.errors import ContextError, SkillError
 from harness.domain.llm import LLMRequest
@@ -24,10 +23,11 @@ from harness.domain.sandbox import SandboxJob, SandboxOutcome
 from harness.domain.traces import CostTrace, unit_price
 from harness.pipeline.sandbox_pool import SandboxPool, SandboxUnavailableError
 from harness.ports import LLMProvider, Sandbox
+from harness.ports.workdirs import Workdirs
 from harness.skills import Skill, SkillContext
 
 if TYPE_CHECKING:
-    from harness.adapters.sql.store import SqlStore
+    from harness.ports.runs import RunStore
 
 Info = dict[str, Any]
 
@@ -233,8 +233,10 @@ class ChildDriver(Protocol):
     """What AgentInvoke needs of the Run manager: its store, the default delegation depth, and waiting
     for a child Run until it ends (driving it under its lease when nobody else does)."""
 
-    store: SqlStore
     chain_depth: int
+
+    @property
+    def store(self) -> RunStore: ...
 
     def await_child(self, parent_id: str, child_id: str, until: float) -> ChildWait:
         """Drive or wait for the child until it is final, or until time.monotonic() passes `until`."""

@@ -8,15 +8,24 @@ drained into the hash chain in batches; see SqlStore.drain.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Protocol
 
-from harness.adapters.sql.store import SqlStore
+from harness.domain.records import TraceRecordIn
 from harness.domain.traces import TraceModel
+
+
+class TraceOutbox(Protocol):
+    """The part of the Run store the recorder writes to: the outbox, and draining it into the chain."""
+
+    def record(self, records: Sequence[TraceRecordIn]) -> None: ...
+
+    def drain_all(self, batch_size: int = ...) -> int: ...
 
 
 class TraceRecorder:
     """Writes trace records outside a transition and drains the outbox into the chain."""
 
-    def __init__(self, store: SqlStore) -> None:
+    def __init__(self, store: TraceOutbox) -> None:
         self.store = store
 
     def write(self, records: Sequence[TraceModel]) -> None:

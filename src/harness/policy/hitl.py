@@ -34,6 +34,7 @@ from harness.domain.records import TraceRecordIn, TransitionResult
 from harness.domain.traces import HITLTrace
 from harness.kernel import RunState
 from harness.policy.config import Hitl, Level
+from harness.ports import Tx
 
 BREAK_GLASS_ROLE = "break_glass"
 #: runs inside the transaction that inserts an approval request: (connection, request, escalated_from);
@@ -137,8 +138,9 @@ class HitlDesk:
             deadline_at=now + self.settings.timeout_s,
         )
 
-    def insert(self, conn: sa.Connection, request: HitlRequest, escalated_from: str | None = None) -> None:
+    def insert(self, tx: Tx, request: HitlRequest, escalated_from: str | None = None) -> None:
         """Insert a request inside the caller's transaction, with the record that chains it."""
+        conn = _sql(tx)
         row = dict(
             request_id=request.request_id, run_id=request.run_id, tenant_id=request.tenant_id,
             requester=request.requester, level=request.level, required_approvals=request.required_approvals,
@@ -375,9 +377,10 @@ class HitlDesk:
             self._set_status(conn, request_id, "timed_out", now)
             return Expiry("timed_out", request, transition=timeout_move(conn, request))
 
-    def cancel_pending(self, conn: sa.Connection, run_id: str) -> int:
+    def cancel_pending(self, tx: Tx, run_id: str) -> int:
         """Close the Run's pending requests as cancelled, inside the caller's transaction (the Run's
         cancel); returns how many were closed."""
+        conn = _sql(tx)
         pending = list(conn.execute(sa.select(t.hitl_requests.c.request_id).where(
             t.hitl_requests.c.run_id == run_id, t.hitl_requests.c.status == "pending")).scalars())
         for request_id in pending:  # the Run's row is locked: they stay pending until closed here
@@ -403,8 +406,9 @@ class HitlDesk:
         with self.store.reader.connect() as conn:
             return [_request_from_row(row) for row in conn.execute(query)]
 
-    def open_escalation(self, conn: sa.Connection, request: HitlRequest) -> HitlRequest:
+    def open_escalation(self, tx: Tx, request: HitlRequest) -> HitlRequest:
         """Open the L4 request that replaces an escalated L3 one, inside the caller's transaction."""
+        conn = _sql(tx)
         now = self.store.clock.now()
         escalated = self.new_request(request.run_id, request.tenant_id, request.requester, "L4", request.actions)
         self.insert(conn, escalated, escalated_from=request.request_id)
@@ -431,3 +435,10 @@ class Expiry:
     request: HitlRequest
     escalated: HitlRequest | None = None
     transition: TransitionResult | None = None
+
+
+def _sql(tx: Tx) -> sa.Connection:
+    """The SQL connection behind a transaction handle the pipeline carried back here."""
+    if not isinstance(tx, sa.Connection):
+        raise TypeError(f"expected a transaction of the SQL store, got {type(tx).__name__}")
+    return tx

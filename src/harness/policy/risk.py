@@ -2,8 +2,21 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
 from harness.policy.config import LEVEL_RANK, Level
-from harness.skills import Risk
+
+
+class Risk(BaseModel):
+    """What a call can do: read or write, in which resource space, with what impact (SPEC G2)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    access: Literal["read", "write"]
+    space: Literal["personal", "project", "production"] = "project"
+    impact: Literal["low", "medium", "high"] = "low"
+
 
 _PERSONAL: dict[str, Level] = {"low": "L1", "medium": "L2", "high": "L3"}
 

@@ -8,12 +8,11 @@ Taking over an expired lease counts a stall; a Run that stalls too often is fail
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import sqlalchemy as sa
 
 from harness.adapters.sql import schema as t
 from harness.adapters.sql.store import SqlStore
+from harness.domain.leases import Lease
 
 b = sa.bindparam
 
@@ -48,17 +47,6 @@ _RELEASE = (
 _READ = sa.select(t.runs.c.lease_owner, t.runs.c.lease_epoch, t.runs.c.lease_expires_at, t.runs.c.stall_count).where(
     t.runs.c.run_id == b("p_run_id")
 )
-
-
-@dataclass(frozen=True)
-class Lease:
-    """A worker's hold on a Run: who, which epoch, until when, and how many stalls preceded it."""
-
-    run_id: str
-    owner: str
-    epoch: int
-    expires_at: float
-    stalls: int
 
 
 class Leases:

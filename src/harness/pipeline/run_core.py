@@ -1,0 +1,178 @@
+"""What every part of the Run manager shares (seed 004 §3.1): its collaborators, the drive in progress
+(its fence and RunContext, per context), a Run's result, cancelling, and making a step's transition.
+
+The Run manager is assembled from this core and its step families: run_steps (② to ⑤: context, plan,
+policy), run_execution (⑥: executing the plan) and run_decisions (approval timeouts and the sweeper's
+carrying out of decisions)."""
+
+from __future__ import annotations
+
+import contextvars
+import dataclasses
+import json
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from harness.domain.contracts import (
+    AssembledContext,
+    RunRequest,
+    RunResult,
+)
+from harness.domain.errors import (
+    CancelRefusedError,
+    ContextError,
+)
+from harness.domain.limits import RequestLimits
+from harness.domain.records import RunRecord, TraceRecordIn
+from harness.domain.traces import TraceModel, error_trace, step_trace
+from harness.kernel import FINAL, TRANSIENT, RunState
+from harness.kernel.events import LOST_RACE
+from harness.pipeline.child_runs import ChildRuns
+from harness.pipeline.context_assembler import ContextAssembler
+from harness.pipeline.gatekeeper import PolicyEngine
+from harness.pipeline.intake import RolesOf
+from harness.pipeline.plan_orchestrator import PlanOrchestrator
+from harness.pipeline.tool_controller import ToolController
+from harness.policy.hitl import HitlDesk
+from harness.ports import Fence
+from harness.ports.runs import RunStore, RunWrites
+from harness.state_machine import StateMachine
+
+S = RunState
+MANAGER = "run_manager"
+#: a cancel that keeps losing races to the Run's own steps gives up after this many tries (each lost race
+#: means the Run moved one step on, so a handful covers every path to a cancellable state)
+_CANCEL_ATTEMPTS = 8
+
+
+@dataclasses.dataclass
+class Drive:
+    """One drive of one Run: its fence (lease) and the RunContext it executes with. Held in a context
+    variable, not keyed by run_id on the manager: two drives of the same Run in one process (a paused
+    worker and the one that took over) must never see each other's lease."""
+
+    run_id: str
+    fence: Fence | None
+    context: dict[str, Any] | None = None
+
+
+DRIVE: contextvars.ContextVar[Drive | None] = contextvars.ContextVar("harness_drive", default=None)
+
+
+def fence_for(run_id: str) -> Fence | None:
+    drive = DRIVE.get()
+    return drive.fence if drive is not None and drive.run_id == run_id else None
+
+
+def trace_records(*models: TraceModel) -> list[TraceRecordIn]:
+    return [m.to_record() for m in models]
+
+
+class RunCore:
+    """The Run manager's state and the operations all its step families use."""
+
+    # set by RunManager.__init__
+    store: RunStore
+    writes: RunWrites
+    machine: StateMachine
+    assembler: ContextAssembler
+    orchestrator: PlanOrchestrator
+    policy: PolicyEngine
+    tools: ToolController
+    hitl: HitlDesk
+    check_callback: Callable[[RunRequest], None] | None
+    execution_limit_s: float
+    chain_depth: int
+    max_rounds: int
+    limits: RequestLimits
+    roles_of: RolesOf | None
+    _context_lock: threading.Lock
+    driver: Callable[[str], RunResult | None] | None
+    children: ChildRuns
+
+    def result(self, run_id: str) -> RunResult:
+        """What the caller gets for a Run, in whatever state it is."""
+        state, stored, path = self.store.outcome_of(run_id)
+        stored = stored or {}
+        pending = [r for r in self.hitl.for_run(run_id) if r.status == "pending"] \
+            if state == S.AWAITING_HITL else []
+        return RunResult(
+            run_id=run_id, state=state.value, answer=stored.get("answer"),
+            artifacts=stored.get("artifacts", {}), trace_id=run_id, error=stored.get("error"),
+            approval_request_id=pending[-1].request_id if pending else None,
+            path=tuple(s.value for s in path),
+        )
+
+    def assembled_context(self, run_id: str) -> AssembledContext:
+        """The context assembled for the Run (step ②): from the RunContext until the plan is made, then
+        from the recorded plan request. ContextError when the Run has none (it failed before or while
+        assembling)."""
+        context = self.store.get_run(run_id).context or {}
+        if "context" in context:
+            return AssembledContext.model_validate(context["context"])
+        digest: str = context.get("plan_request_hash", "")
+        text = self.writes.verified_content(digest) if digest else None
+        if text is None:
+            raise ContextError(f"run {run_id} has no recorded assembled context")
+        return AssembledContext.model_validate(json.loads(text)["context"])
+
+    def cancel(self, run_id: str, *, by: str, reason: str = "cancelled by the user") -> RunResult:
+        """Cancel a Run that has not finished: it ends CLOSED_CANCELLED, or CancelRefusedError says it had
+        already begun to close (or closed) and the cancel took no effect. Never a success that changed
+        nothing: a cancel that loses a race to a step of the Run (an approval, a plan, a step) tries again
+        from the state the Run moved to. A call already in flight finishes and is traced; the Run's next
+        step does not start, because every step checks the Run is still EXECUTING in the database."""
+        state = self.store.state_of(run_id)
+        for _ in range(_CANCEL_ATTEMPTS):
+            if state in FINAL or state in TRANSIENT or state == S.TRACING:
+                break
+            if state == S.CREATED:  # CREATED has no edge to CANCELLED: accept the request, then cancel it
+                outcome = self.machine.transition(run_id, S.CREATED, S.PREPARING, actor=by,
+                                                  reason="request accepted (to be cancelled)")
+            else:
+                outcome = self.machine.transition(run_id, state, S.CANCELLED, actor=by, reason=reason,
+                                                  also=lambda conn: self.hitl.cancel_pending(conn, run_id))
+                if outcome.applied:
+                    return self.result(run_id)
+            state = self.store.state_of(run_id)
+        # the cancel lost to whatever closed the Run first; the attempt is still on record
+        self.store.audit(run_id, LOST_RACE, by, {"attempted_to": S.CANCELLED.value, "actual": state.value,
+                                                 "reason": reason})
+        raise CancelRefusedError(run_id, state.value)
+
+    def _advance(self, run: RunRecord, source: RunState, target: RunState, reason: str,
+                 records: list[TraceRecordIn] | None = None, **kwargs: Any) -> RunRecord:
+        """Make the transition; the Run as it now is, built locally rather than read back (hot path)."""
+        outcome = self.machine.transition(run.run_id, source, target, actor=MANAGER, reason=reason,
+                                          records=records or [], lease_epoch=self._epoch(run.run_id), **kwargs)
+        if not outcome.applied:
+            return self.store.get_run(run.run_id)
+        changes: dict[str, Any] = {"state": target, "version": outcome.seq, "close_reason": outcome.close_reason,
+                                   "last_state_change_at": self.store.clock.now()}
+        for key in ("context", "result"):
+            if key in kwargs:
+                changes[key] = kwargs[key]
+        return dataclasses.replace(run, **changes)
+
+    def _epoch(self, run_id: str) -> int | None:
+        """The lease epoch this process drives the Run under, if it drives it under a lease."""
+        fence = fence_for(run_id)
+        return fence.epoch if fence is not None else None
+
+    def _fenced(self, run_id: str) -> bool:
+        """True when this drive's lease was taken over: no further side effect or write (K5b)."""
+        fence = fence_for(run_id)
+        return fence is not None and not fence.holds()
+
+    def _fail(self, run: RunRecord, source: RunState, step: int, code: str, exc: BaseException | str,
+              target: RunState = S.FAILED, inputs: Any = None) -> RunRecord:
+        message = str(exc)
+        records = trace_records(step_trace(run.run_id, step, inputs, {"error": message}, 0.0, "error", message),
+                           error_trace(run.run_id, step, code, exc))
+        return self._advance(run, source, target, f"{code}: {message}", records,
+                             result={"error": f"{code}: {message}"})
+
+    def _scrub(self, text: str) -> str:
+        """Text bound for a model with its secrets removed (C4); ContextError when the filter fails."""
+        return self.assembler.filter.scrub(text).text

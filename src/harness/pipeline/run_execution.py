@@ -1,0 +1,269 @@
+"""The Run manager's step ⑥ (seed 004 §3.5): execute the approved plan step by step under the drive's
+fence, record each step's outcome in the RunContext, then answer, plan another round or fail."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from harness.domain.contracts import (
+    Plan,
+    PlanStep,
+    RunRequest,
+    render_template,
+)
+from harness.domain.errors import (
+    ContextError,
+    ProviderError,
+    UnknownRunError,
+)
+from harness.domain.records import RunRecord
+from harness.domain.traces import ToolTrace, TraceModel, error_trace, step_trace
+from harness.kernel.events import LOST_RACE
+from harness.pipeline import rounds
+from harness.pipeline.plan_orchestrator import StepRun, resolve
+from harness.pipeline.run_core import DRIVE, MANAGER, RunCore, S, trace_records
+from harness.pipeline.tool_kinds import StepTimeoutError, ToolCallError
+from harness.skills import Skill
+
+
+class ExecutionSteps(RunCore):
+    """Step ⑥: EXECUTING until the plan's steps are done, then an answer or another round."""
+
+    def _execute(self, run: RunRecord, request: RunRequest) -> RunRecord:
+        context = dict(run.context or {})
+        context["steps"] = dict(context.get("steps", {}))
+        drive = DRIVE.get()
+        if drive is not None and drive.run_id == run.run_id:
+            drive.context = context
+        return self._execute_plan(run, request, context)
+
+    def _execute_plan(self, run: RunRecord, request: RunRequest, context: dict[str, Any]) -> RunRecord:
+        plan = Plan.model_validate(context["plan"])
+        approved = self._approved_actions(run.run_id, context)
+        outputs = {**rounds.earlier_outputs(context), **rounds.ok_outputs(context.get("steps", {}))}
+        deadline = self._deadline(run, rounds.executing_spent(context))
+        started = time.perf_counter()
+
+        def run_step(step: PlanStep, available: dict[str, Any]) -> StepRun:
+            return self._run_step(run, request, step, available, approved, deadline)
+
+        report = self.orchestrator.execute(plan, bool(context.get("flattened")), outputs, run_step)
+        elapsed = (time.perf_counter() - started) * 1000
+        if report.failure is not None:
+            failure = report.failure
+            if failure.error_code == "superseded":
+                now = self.store.get_run(run.run_id)
+                if self._fenced(run.run_id):
+                    return now  # a fenced worker writes nothing more, not even about itself (K5b)
+                self.store.audit(run.run_id, LOST_RACE, MANAGER, {"attempted_to": "continue EXECUTING",
+                                                                  "actual": now.state.value, "reason": failure.error})
+                return now
+            timed_out = failure.error_code in ("timeout", "run_time_limit", "child_run_timeout")
+            target = S.TIMEOUT if timed_out else S.FAILED
+            code = failure.error_code or "step_failed"
+            detail = (failure.error or "").removeprefix(f"{code}: ")  # the code leads the message once
+            return self._fail(self.store.get_run(run.run_id), S.EXECUTING, 6, code,
+                              f"step {failure.step_id}: {detail}", target=target, inputs=context["plan"])
+        if plan.then == "next_round":
+            return self._next_round(run, context, outputs, elapsed)
+        if plan.then == "answer":
+            written = self._answer_from_results(run, request, outputs, deadline)
+            if isinstance(written, RunRecord):
+                return written
+            answer: str | None = written
+        else:
+            try:
+                answer = plan.answer or (render_template(plan.answer_template, outputs) if plan.answer_template
+                                         else None)
+            except KeyError as exc:
+                return self._fail(run, S.EXECUTING, 6, "answer_template", f"answer template: {exc}")
+        result = {"answer": answer, "artifacts": outputs}
+        records = trace_records(step_trace(run.run_id, 6, context["plan"], outputs, elapsed),
+                           step_trace(run.run_id, 8, {"run_id": run.run_id}, result, 0.0))
+        return self._advance(run, S.EXECUTING, S.TRACING, "every step succeeded", records, result=result)
+
+    def _next_round(self, run: RunRecord, context: dict[str, Any], outputs: dict[str, Any],
+                    elapsed_ms: float) -> RunRecord:
+        """EXECUTING → PLANNING: the round is complete and recorded (with the transition), so no drive
+        repeats it; the model plans the next one from its results (SPEC K2, rounds)."""
+        round_no = rounds.number(context)
+        executing_s = max(0.0, self.store.clock.now() - run.last_state_change_at)
+        records = trace_records(step_trace(run.run_id, 6, context["plan"], outputs, elapsed_ms,
+                                      detail=f"round {round_no} done"))
+        return self._advance(run, S.EXECUTING, S.PLANNING,
+                             f"round {round_no} done: the model plans round {round_no + 1} from its results",
+                             records, context=rounds.close_round(context, executing_s))
+
+    def _answer_from_results(self, run: RunRecord, request: RunRequest, outputs: dict[str, Any],
+                             deadline: float) -> str | RunRecord:
+        """The final answer written by the model from the results: one LLM call through the tool
+        controller (secrets filtered, costed), recorded for replay. The Run as it now is when the call
+        could not be made or failed."""
+        if self.store.state_of(run.run_id) != S.EXECUTING or self._fenced(run.run_id):
+            return self.store.get_run(run.run_id)  # cancelled, swept or taken over: nothing leaves
+        messages = rounds.answer_messages(request.task, outputs, self._scrub)
+        system = self.assembled_context(run.run_id).system_prompt
+        llm_input = {"purpose": "answer", "system": system, "messages": [m.model_dump(mode="json") for m in messages]}
+        try:
+            response = self.tools.compose_answer(system, messages, run_id=run.run_id, caller=request.caller,
+                                                 deadline=deadline)
+        except (ProviderError, ContextError, StepTimeoutError, ToolCallError) as exc:
+            code = getattr(exc, "code", None) or (f"llm_{exc.kind}" if isinstance(exc, ProviderError) else "timeout")
+            if isinstance(exc, ProviderError):
+                self.writes.record_llm_call(run.run_id, "answer", llm_input,
+                                error={"kind": exc.kind, "message": str(exc), "retryable": exc.retryable})
+            timed_out = isinstance(exc, StepTimeoutError) or (isinstance(exc, ProviderError) and exc.kind == "timeout")
+            return self._fail(run, S.EXECUTING, 8, code, f"writing the answer from the results: {exc}",
+                              target=S.TIMEOUT if timed_out else S.FAILED)
+        self.writes.record_llm_call(run.run_id, "answer", llm_input, response=response.model_dump(mode="json"))
+        return response.content
+
+    def _deadline(self, run: RunRecord, spent_s: float = 0.0) -> float:
+        """time.monotonic() by which execution must end: the execution limit (T5) less what earlier rounds
+        spent executing, counted from when the Run entered EXECUTING (so a drive resumed after a crash does
+        not start the clock again), or sooner when the Run is a child whose parent gave it only what was
+        left of its own budget (deadline_at, T4)."""
+        now = self.store.clock.now()
+        entered = run.last_state_change_at if run.state == S.EXECUTING else now
+        remaining = self.execution_limit_s - spent_s - max(0.0, now - entered)
+        if run.deadline_at is not None:
+            remaining = min(remaining, run.deadline_at - now)
+        return time.monotonic() + max(0.0, remaining)
+
+    def _fallback_check(self, run: RunRecord, step: PlanStep,
+                        arguments: dict[str, Any]) -> Callable[[Skill], bool]:
+        """Whether this Run may switch the step to a fallback skill (T3): the fallback was visible to the
+        caller and pinned at Run start (T1), and its guardrails pass these arguments (G1)."""
+        pinned = (run.context or {}).get("manifests", {})
+
+        def check(fallback: Skill) -> bool:
+            if pinned.get(fallback.id, {}).get("hash") != fallback.manifest_hash:
+                return False
+            call = step.tool_call.model_copy(update={"skill": fallback.id})
+            return self.policy.check_call(step.model_copy(update={"tool_call": call}), arguments) is None
+        return check
+
+    def _approved_actions(self, run_id: str, context: dict[str, Any]) -> dict[str, dict[str, Any]] | None:
+        """The exact actions a human approved for this Run, by step id; None when none was needed."""
+        approval = context.get("approval")
+        if approval is None:
+            return None
+        # the request the plan opened, or the escalation that replaced it: both bind these actions
+        request = self.hitl.approved_for(run_id, approval["actions_hash"])
+        if request is None:
+            return {}
+        return {a["step_id"]: a for a in request.actions}
+
+    def _run_step(self, run: RunRecord, request: RunRequest, step: PlanStep, available: dict[str, Any],
+                  approved: dict[str, dict[str, Any]] | None, deadline: float) -> StepRun:
+        def fail(code: str, message: str) -> StepRun:
+            return StepRun(step.id, step.output_key, False, error=message, error_code=code)
+
+        if self.store.state_of(run.run_id) != S.EXECUTING:
+            return fail("superseded", "the Run left EXECUTING (cancelled or swept)")
+        if self._fenced(run.run_id):
+            return fail("superseded", "this worker's lease on the Run was taken over (fenced)")
+        if time.monotonic() > deadline:
+            return fail("run_time_limit", f"the Run's execution limit of {self.execution_limit_s:.3g}s passed")
+        if run.parent_run_id is not None and (gone := self._parent_gone(run)) is not None:
+            return fail("superseded", gone)
+        skill = self.tools.registry.get(step.tool_call.skill)
+        action = {"step_id": step.id, "skill": step.tool_call.skill, "arguments": step.tool_call.arguments}
+        if skill is None or (approved is not None and approved.get(step.id) != action):
+            return self._refuse(run, step, "not_approved", f"step {step.id}: the call is not in the approved plan")
+        pinned = (run.context or {}).get("manifests", {}).get(skill.id, {}).get("hash")
+        if pinned != skill.manifest_hash:
+            return self._refuse(run, step, "manifest_changed",
+                                f"{skill.id}'s manifest changed since the Run started")
+        try:
+            arguments = resolve(step.tool_call.arguments, available)
+        except KeyError as exc:
+            return fail("unresolved_reference", str(exc))
+        blocked = self.policy.check_call(step, arguments)
+        if blocked is not None:
+            return self._refuse(run, step, "policy_refused", f"{blocked.rule_id}: {blocked.reason}")
+        earlier = (run.context or {}).get("steps", {}).get(step.id, {})
+        # a child Run is found again by its key, never started twice: an AgentInvoke call re-attaches (T4)
+        once_only = not skill.manifest.idempotent and skill.manifest.call_kind != "agent"
+        if earlier.get("status") == "started" and once_only:
+            # T6: a previous worker died during this call; running it again could repeat its side effect
+            return self._refuse(run, step, "outcome_unknown",
+                                f"outcome of {step.id} unknown: its worker died during the call and "
+                                f"{skill.id} is not idempotent, so it is not run again")
+        if once_only:
+            refusal = self._mark_started(run.run_id, step)
+            if refusal == "superseded":
+                return fail("superseded", "the Run left EXECUTING (cancelled or swept) or its lease was taken over")
+            if refusal is not None:
+                return self._refuse(run, step, "outcome_unknown",
+                                    f"outcome of {step.id} unknown: the database already records it as "
+                                    f"{refusal} by another drive, so {skill.id} is not run again")
+        call = self.tools.call(skill, arguments, run_id=run.run_id, step_id=step.id, output_key=step.output_key,
+                               caller=request.caller, deadline=deadline,
+                               may_fall_back=self._fallback_check(run, step, arguments))
+        self._record_step(run.run_id, call.outcome.model_dump(mode="json"), [*call.traces] + (
+            [error_trace(run.run_id, 6, call.trace.error_code or "error", call.exception, call.outcome.attempts - 1)]
+            if call.exception is not None else []), values=(arguments, call.outcome.output))
+        if call.exception is not None:
+            return StepRun(step.id, step.output_key, False, error=call.outcome.error, error_code=call.trace.error_code)
+        return StepRun(step.id, step.output_key, True, output=call.outcome.output)
+
+    def _parent_gone(self, run: RunRecord) -> str | None:
+        """For a child Run: why nobody waits for it any more (its parent left EXECUTING), after cancelling
+        it; None while its parent waits. Checked before each step, so an approval that arrives after
+        the parent was cancelled or swept starts nothing."""
+        assert run.parent_run_id is not None
+        try:
+            state = self.store.state_of(run.parent_run_id).value
+        except UnknownRunError:
+            state = "gone"
+        if state == S.EXECUTING.value:
+            return None
+        reason = f"its parent Run {run.parent_run_id} is {state}: nobody waits for its result"
+        self.cancel(run.run_id, by=MANAGER, reason=reason)
+        return reason
+
+    def _refuse(self, run: RunRecord, step: PlanStep, code: str, message: str) -> StepRun:
+        trace = ToolTrace(run_id=run.run_id, step_id=step.id, skill_id=step.tool_call.skill, skill_version="-",
+                          manifest_hash="-", idempotency_key=f"{run.run_id}:{step.id}", arguments_hash="-",
+                          result_hash=None, attempts=0, duration_ms=0.0, status="refused", error_code=code)
+        self.store.record(trace_records(trace, error_trace(run.run_id, 6, code, message)))
+        return StepRun(step.id, step.output_key, False, error=message, error_code=code)
+
+    def _live_context(self, run_id: str) -> dict[str, Any]:
+        """The RunContext this drive is executing with (kept in memory: under the lease nobody else writes
+        it); read from the store when called outside an execution. Call with the context lock held."""
+        drive = DRIVE.get()
+        context = drive.context if drive is not None and drive.run_id == run_id else None
+        if context is None:
+            context = dict(self.store.get_run(run_id).context or {})
+            context["steps"] = dict(context.get("steps", {}))
+        return context
+
+    def _mark_started(self, run_id: str, step: PlanStep) -> str | None:
+        """Record that a non-idempotent call is about to run, so a worker that takes over after a crash
+        knows its outcome is unknown instead of repeating it (T6). The mark is a conditional write, judged
+        in the database at this moment, not against the Run as read when this drive began: it is refused
+        ("superseded") unless the Run is still EXECUTING under this drive's lease, or with the status the
+        database already holds for the step when another drive got there first. None: marked."""
+        with self._context_lock:
+            context = self._live_context(run_id)
+            entry = {"step_id": step.id, "output_key": step.output_key, "status": "started"}
+            refusal = self.store.mark_step_started(run_id, step.id, {**context, "steps": {
+                **context["steps"], step.id: entry}}, lease_epoch=self._epoch(run_id))
+            if refusal is None:
+                context["steps"][step.id] = entry
+            return refusal
+
+    def _record_step(self, run_id: str, outcome: dict[str, Any], traces: list[TraceModel],
+                     values: tuple[Any, ...] = ()) -> None:
+        """Persist a step's result with its traces before any dependent step starts (T6)."""
+        if self._fenced(run_id):
+            return  # the Run was taken over: its new worker owns the RunContext now
+        with self._context_lock:
+            context = self._live_context(run_id)
+            context["steps"][outcome["step_id"]] = outcome
+            # the contents behind the ToolTrace's argument/result hashes, for replay (A5)
+            self.writes.save_context(run_id, context, [t.to_record() for t in traces], values)

@@ -1,0 +1,167 @@
+"""The Run manager's steps ② to ⑤ (seed 004 §3.2-3.4): assemble the context and load the skills, plan
+(one round at a time), record the plan's cost, and check the plan against policy."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+from harness.context.trace import context_records
+from harness.domain.contracts import (
+    AssembledContext,
+    Plan,
+    RunRequest,
+)
+from harness.domain.errors import (
+    ContextError,
+    PlanError,
+    ProviderError,
+)
+from harness.domain.llm import LLMResponse
+from harness.domain.records import RunRecord
+from harness.domain.traces import CostTrace, HITLTrace, step_trace, unit_price
+from harness.pipeline import rounds
+from harness.pipeline.run_core import RunCore, S, trace_records
+from harness.policy.hitl import plan_actions
+from harness.ports import Tx
+from harness.timefmt import approvals_needed
+
+
+class PreparingSteps(RunCore):
+    """Steps ② to ⑤: PREPARING → PLANNING → POLICY_CHECK → EXECUTING, AWAITING_HITL or REJECTED."""
+
+    def _prepare(self, run: RunRecord, request: RunRequest) -> RunRecord:
+        if run.state != S.PREPARING:
+            return run
+        started = time.perf_counter()
+        caller = request.caller
+        try:
+            skills = self.tools.visible_skills(caller, self.policy.may_call)
+            specs = self.tools.tool_specs(skills)
+            assembled = self.assembler.assemble(request, specs)
+        except ContextError as exc:
+            return self._fail(run, S.PREPARING, 2, exc.code, exc, inputs=run.request)
+        elapsed = (time.perf_counter() - started) * 1000
+        context = {
+            "caller": caller.model_dump(mode="json"),
+            "manifests": {s.id: {"version": s.manifest.version, "hash": s.manifest_hash} for s in skills},
+            "visible_skills": [s.id for s in skills],
+            "context": assembled.model_dump(mode="json"),
+            "steps": {},
+            "cost": {"input_tokens": 0, "output_tokens": 0, "usd": 0.0},
+        }
+        records = trace_records(
+            step_trace(run.run_id, 2, run.request, context["context"], elapsed),
+            step_trace(run.run_id, 3, caller.model_dump(mode="json"), context["manifests"], 0.0),
+        ) + context_records(run.run_id, assembled)  # C2: a degraded recall is traced, never silent
+        return self._advance(run, S.PREPARING, S.PLANNING, "context assembled, skills loaded", records,
+                             context=context)
+
+    def _plan(self, run: RunRecord, request: RunRequest) -> RunRecord:
+        context = dict(run.context or {})
+        round_no = rounds.number(context)
+        # round 1 has the assembled context in the RunContext; a later round reads it back by hash
+        assembled = AssembledContext.model_validate(context["context"]) if "context" in context \
+            else self.assembled_context(run.run_id)
+        specs = self.tools.tool_specs([s for s in (self.tools.registry.get(i) for i in context["visible_skills"])
+                                       if s is not None])
+        started = time.perf_counter()
+        llm_input: dict[str, Any] = {"context": context.get("context") or assembled.model_dump(mode="json"),
+                                     "tools": [s.model_dump(mode="json") for s in specs]}
+        try:
+            transcript = rounds.transcript(context, self._scrub)  # earlier results, secrets filtered (C4)
+        except ContextError as exc:
+            return self._fail(run, S.PLANNING, 4, exc.code, exc, inputs=request.task)
+        if transcript:
+            llm_input["rounds"] = [m.model_dump(mode="json") for m in transcript]
+        try:
+            outcome = self.orchestrator.plan(assembled, specs, rounds=transcript, taken=rounds.taken_names(context))
+        except PlanError as exc:
+            if isinstance(exc.response, LLMResponse):
+                self.writes.record_llm_call(run.run_id, "plan", llm_input,
+                                response=exc.response.model_dump(mode="json"))
+                self._record_cost(run, exc.response)
+            return self._fail(run, S.PLANNING, 4, exc.code, exc, inputs=request.task)
+        except ProviderError as exc:
+            self.writes.record_llm_call(run.run_id, "plan", llm_input,
+                            error={"kind": exc.kind, "message": str(exc), "retryable": exc.retryable})
+            target = S.TIMEOUT if exc.kind == "timeout" else S.FAILED
+            return self._fail(run, S.PLANNING, 4, f"llm_{exc.kind}", exc, target=target, inputs=request.task)
+        elapsed = (time.perf_counter() - started) * 1000
+        usage = outcome.response.usage
+        cost = self._cost(run, outcome.response)
+        context["plan"] = outcome.plan.model_dump(mode="json", by_alias=True)
+        context["flattened"] = outcome.flattened
+        context["cost"] = {"input_tokens": usage.input_tokens, "output_tokens": usage.output_tokens,
+                           "usd": usage.cost_usd}
+        detail = f"flattened to listed order: {outcome.dag_problem}" if outcome.flattened else ""
+        records = trace_records(step_trace(run.run_id, 4, llm_input["context"], context["plan"], elapsed,
+                                           detail=detail))
+        if outcome.flattened:
+            self.store.audit(run.run_id, "plan_flattened", "plan_orchestrator", {"problem": outcome.dag_problem})
+        records.extend(trace_records(cost))
+        llm_record, llm_contents = self.writes.llm_call(run.run_id, "plan", llm_input,
+                                                        response=outcome.response.model_dump(mode="json"))
+        records.append(llm_record)
+        # the assembled context has served its purpose; it stays, by hash, in the plan request's blob
+        # (A5), so the Run row rewritten at every later transition does not carry it (assembled_context)
+        context.pop("context", None)
+        context["plan_request_hash"] = llm_record.payload["request_hash"]
+
+        def ledger_and_blobs(tx: Tx) -> None:
+            self.writes.put_contents(tx, llm_contents)
+            self.writes.insert_cost(tx, cost)  # last: it locks the tenant's spend total until the commit
+
+        what = f"plan with {len(outcome.plan.steps)} steps" if outcome.plan.steps else "a direct answer"
+        return self._advance(run, S.PLANNING, S.POLICY_CHECK, what if round_no == 1 else f"round {round_no}: {what}",
+                             records, context=context, also=ledger_and_blobs)
+
+    def _cost(self, run: RunRecord, response: LLMResponse, purpose: str = "plan") -> CostTrace:
+        usage = response.usage
+        return CostTrace(run_id=run.run_id, source=f"llm:{response.provider}:{purpose}",
+                         input_tokens=usage.input_tokens, output_tokens=usage.output_tokens, api_calls=1,
+                         usd=usage.cost_usd, unit_price=unit_price(usage), priced=usage.priced,
+                         model=response.model, tenant_id=run.tenant_id, user_id=run.user_id,
+                         parent_run_id=run.parent_run_id)
+
+    def _record_cost(self, run: RunRecord, response: LLMResponse, purpose: str = "plan") -> None:
+        self.writes.record_cost(self._cost(run, response, purpose))
+
+    def _policy(self, run: RunRecord, request: RunRequest) -> RunRecord:
+        context = dict(run.context or {})
+        plan = Plan.model_validate(context["plan"])
+        caller = request.caller
+        started = time.perf_counter()
+        chain = self.chain_depth if request.chain_remaining is None else request.chain_remaining
+        evaluation = self.policy.evaluate(plan, caller, run.run_id, chain_remaining=chain,
+                                          round_no=rounds.number(context), max_rounds=self.max_rounds)
+        decision = evaluation.decision
+        elapsed = (time.perf_counter() - started) * 1000
+        context["policy"] = {"decision": decision.decision, "level": decision.level}
+        records = [t.to_record() for t in evaluation.traces]
+        records += trace_records(step_trace(run.run_id, 5, context["plan"], decision.model_dump(mode="json"), elapsed))
+        if decision.decision == "reject":
+            reasons = "; ".join(f"{v.rule_id}: {v.reason}" for v in decision.rejecting)
+            return self._advance(run, S.POLICY_CHECK, S.REJECTED, f"policy rejected: {reasons}", records,
+                                 context=context, result={"error": f"rejected by policy: {reasons}"})
+        if decision.decision == "await_hitl":
+            most = self.hitl.settings.max_pending_per_requester
+            if self.hitl.pending_count(caller.tenant_id, caller.user_id) >= most:
+                reason = f"hitl.rate_limit: {caller.user_id} already has {most} approval requests waiting"
+                return self._advance(run, S.POLICY_CHECK, S.REJECTED, reason, records, context=context,
+                                     result={"error": f"rejected by policy: {reason}"})
+            req = self.hitl.new_request(run.run_id, caller.tenant_id, caller.user_id, decision.level,
+                                        plan_actions(plan))
+            if run.deadline_at is not None and run.deadline_at < req.deadline_at:
+                # a child's approval is useless once its parent stopped waiting (T4): due by then
+                req = dataclasses.replace(req, deadline_at=run.deadline_at)
+            context["approval"] = {"request_id": req.request_id, "actions_hash": req.actions_hash,
+                                   "level": req.level}
+            records += trace_records(HITLTrace(run_id=run.run_id, request_id=req.request_id, event="requested",
+                                          level=req.level, actions_hash=req.actions_hash,
+                                          reason=approvals_needed(req.required_approvals, req.deadline_at)))
+            return self._advance(run, S.POLICY_CHECK, S.AWAITING_HITL, f"needs {decision.level} approval",
+                                 records, context=context, also=lambda conn: self.hitl.insert(conn, req))
+        return self._advance(run, S.POLICY_CHECK, S.EXECUTING, "every call passed policy at L1", records,
+                             context=context)
