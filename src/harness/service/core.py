@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from fastapi import Request
 
-from harness.adapters.sql.retention import RetentionStore
+from harness.adapters.sql.retention import ArchivedRun, RetentionStore
 from harness.adapters.sql.store import RunRecord
 from harness.config import Runtime
 from harness.errors import UnknownRunError
@@ -51,6 +51,11 @@ class Service:
         if run.tenant_id != caller.tenant_id:
             raise not_found("run", run_id)
         return run
+
+    def owned_archived(self, caller: Principal, run_id: str) -> ArchivedRun | None:
+        """Where the caller's tenant's archived Run with this id is; None when there is no such Run."""
+        archived = RetentionStore(self.runtime.store).archived(run_id)
+        return archived if archived is not None and archived.tenant_id == caller.tenant_id else None
 
     def owned_request(self, caller: Principal, request_id: str) -> HitlRequest:
         """The caller's tenant's approval request with this id; 404 otherwise."""

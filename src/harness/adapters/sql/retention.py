@@ -107,6 +107,14 @@ def iter_chain(store: SqlStore, batch: int = 5000) -> Iterator[StoredTraceRecord
             yield rec
 
 
+def _dicts(conn: sa.Connection, query: sa.Select[Any]) -> Iterator[dict[str, Any]]:
+    """The rows as dicts (zipped with the column names: a third cheaper than `.mappings()` per row)."""
+    result = conn.execute(query)
+    keys = list(result.keys())
+    for row in result:
+        yield dict(zip(keys, row, strict=True))
+
+
 def _seq(rec: StoredTraceRecord | PrunedRecord) -> int:
     return rec.seq
 
@@ -192,14 +200,14 @@ class RetentionStore:
         return out
 
     def _bundle_chunk(self, conn: sa.Connection, ids: list[str], out: dict[str, dict[str, Any]]) -> None:
-        for row in conn.execute(sa.select(t.runs).where(t.runs.c.run_id.in_(ids))).mappings():
-            out[row["run_id"]]["run"] = dict(row)
-        for row in conn.execute(sa.select(t.jobs).where(t.jobs.c.job_id.in_(ids))).mappings():
-            out[row["job_id"]]["job"] = dict(row)
+        for row in _dicts(conn, sa.select(t.runs).where(t.runs.c.run_id.in_(ids))):
+            out[row["run_id"]]["run"] = row
+        for row in _dicts(conn, sa.select(t.jobs).where(t.jobs.c.job_id.in_(ids))):
+            out[row["job_id"]]["job"] = row
         for table in RUN_TABLES:
-            for row in conn.execute(sa.select(table).where(table.c.run_id.in_(ids))
-                                    .order_by(*table.primary_key.columns)).mappings():
-                out[row["run_id"]]["tables"].setdefault(table.name, []).append(dict(row))
+            query = sa.select(table).where(table.c.run_id.in_(ids)).order_by(*table.primary_key.columns)
+            for row in _dicts(conn, query):
+                out[row["run_id"]]["tables"].setdefault(table.name, []).append(row)
         for r in self._raw.rows(conn, self._records_of(ids)):
             out[r[2]]["records"].append(StoredTraceRecord(*r))
 
