@@ -34,9 +34,9 @@ PARKED = (S.PREPARING, S.PLANNING, S.POLICY_CHECK, S.AWAITING_HITL)
 N = 60
 #: archive then prune this many Runs in one pass on every backend: the issue's 10,000 with
 #: HARNESS_TEST_ARCHIVE_RUNS=10000 (about 2 to 4 minutes per backend on the loaded 2-core development
-#: machine, over the suite's budget); by default 1,200, which still crosses the read chunks (1,000 Runs)
+#: machine, over the suite's budget); by default 1,050, which still crosses the read chunks (1,000 Runs)
 #: and the prune batches (500) that the 60-Run tests never reach
-BIG = int(os.environ.get("HARNESS_TEST_ARCHIVE_RUNS", "1200"))
+BIG = int(os.environ.get("HARNESS_TEST_ARCHIVE_RUNS", "1050"))
 
 
 class World:
