@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -20,6 +21,7 @@ from harness.adapters.llm.resilient import GuardedProvider, ProviderSettings
 from harness.adapters.llm.scripted import ScriptedProvider
 from harness.adapters.sandbox import Workdirs, select_sandbox
 from harness.adapters.sql import database
+from harness.adapters.sql.audit_mirrors import check_archived_run
 from harness.adapters.sql.audit_reads import SqlAuditReads
 from harness.adapters.sql.leases import Leases
 from harness.adapters.sql.ledger import CostLedger
@@ -27,7 +29,7 @@ from harness.adapters.sql.memory import SqlMemoryRows
 from harness.adapters.sql.reconcile_reads import SqlReconcileReads
 from harness.adapters.sql.replay_reads import ReplayReads
 from harness.adapters.sql.replay_reads import set_deadline as replay_set_deadline
-from harness.adapters.sql.retention import ArchivedRun, RetentionStore
+from harness.adapters.sql.retention import RetentionStore
 from harness.adapters.sql.run_queries import RunQueries
 from harness.adapters.sql.run_writes import SqlRunWrites
 from harness.adapters.sql.sandbox_instances import InstanceTable
@@ -37,9 +39,11 @@ from harness.adapters.webhook_http import WebhookSender
 from harness.agents import Agent, support_agent
 from harness.context.secrets import SecretFilter
 from harness.context.tokenizer import tokenizer_for
+from harness.domain.audit import ChainReport
 from harness.domain.contracts import MAX_CHAIN_DEPTH, RunResult
 from harness.domain.errors import InvalidRequestError
 from harness.domain.limits import RequestLimits
+from harness.domain.retention import ArchivedRun
 from harness.examples.support import EXAMPLE_DIR
 from harness.identity import IdentityDirectory
 from harness.kernel import FINAL, RunState
@@ -342,6 +346,12 @@ def sandbox_instances(store: SqlStore) -> InstanceTable:
 #: the store the composition root opens: shells name it in signatures where they hand a store on to code
 #: typed against it, and never build one themselves
 Store = SqlStore
+
+
+def archived_rows_check(line: Mapping[str, Any], report: ChainReport) -> None:
+    """Check an archived Run's rows, as its segment line holds them, against its records (what a
+    read-back shows is proven only through them): the row-mirror check of `harness audit verify`."""
+    check_archived_run(line, report)
 
 
 def archived_run(store: SqlStore, run_id: str) -> ArchivedRun | None:

@@ -1,10 +1,12 @@
 """`harness archive` and the reads of an archived Run, as an operator drives them: --json, exit codes
-0 / 1 / 2, no traceback; the API says where an archived Run is."""
+0 / 1 / 2, no traceback; the API says where an archived Run is, or reads it back checked."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -121,5 +123,92 @@ def test_the_api_says_a_run_is_archived(old_runs: tuple[str, list[str], Path],
             assert answer.json()["error"] == "archived"
             assert answer.json()["archived"]["location"].startswith("file://")
             assert client.get(f"/api/v1/runs/{ids[0]}", headers=key("alice")).status_code == 404
+    finally:
+        runtime.close()
+
+
+def _rewrite_segment(location: str, edit: Callable[[list[dict[str, Any]]], None]) -> None:
+    """Apply `edit` to the segment's decoded lines and write it back in place (as someone with write
+    access to the archive could)."""
+    path = Path(location.removeprefix("file://"))
+    lines = [json.loads(line) for line in gzip.decompress(path.read_bytes()).decode().splitlines()]
+    edit(lines)
+    path.chmod(0o644)
+    path.write_bytes(gzip.compress("".join(json.dumps(line) + "\n" for line in lines).encode(), mtime=0))
+
+
+def test_the_api_reads_an_archived_run_back_checked(old_runs: tuple[str, list[str], Path],
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """GET /api/v1/runs/ID?from_archive=true answers the archived Run as its segment holds it, after checking
+    the segment: the same path the live Run had; without the flag still 410; an unknown id, another tenant's
+    Run or a never-archived id 404; a live Run answers as usual; the OpenAPI documents both bodies."""
+    from harness.config import Settings, build_runtime
+    from tests.acceptance.api_helpers import key, make_client
+
+    db, ids, tmp = old_runs
+    report = doc(cli("archive", *_args(db, tmp), "--older-than-days", "0", "--limit", "1", "--json"))
+    assert report["pruned_runs"] == 1  # the oldest: ids[0]; ids[1], of the same tenant, stays live
+    monkeypatch.setenv("HARNESS_EXAMPLE_LEDGER", str(tmp / "ledger.jsonl"))
+    runtime = build_runtime(Settings(db=db, data_dir=tmp / "data", checkpoint_dir=tmp / "cp"))
+    try:
+        with make_client(runtime) as client:
+            back = client.get(f"/api/v1/runs/{ids[0]}", params={"from_archive": "true"}, headers=key("zoe"))
+            assert back.status_code == 200, back.text
+            body = back.json()
+            assert body["verified"] is True and body["run_id"] == ids[0] and body["state"] == "SUCCEEDED"
+            assert body["path"] == ["CREATED", *[s.value for s in SUCCESS], "SUCCEEDED"]
+            assert [t["to_state"] for t in body["transitions"]] == body["path"] and body["records"] > 5
+            assert body["archived"]["location"] == report["location"] and body["user_id"] == "ana"
+            assert client.get(f"/api/v1/runs/{ids[0]}", headers=key("zoe")).status_code == 410
+            for run_id, who in ((ids[0], "alice"), ("no-such-run", "zoe")):
+                missing = client.get(f"/api/v1/runs/{run_id}", params={"from_archive": "true"}, headers=key(who))
+                assert missing.status_code == 404 and missing.json()["error"] == "not_found", missing.text
+            live = client.get(f"/api/v1/runs/{ids[1]}", params={"from_archive": "true"}, headers=key("zoe"))
+            assert live.status_code == 200 and "verified" not in live.json() and live.json()["cost"] is not None
+            spec = client.get("/openapi.json").json()
+            answers = spec["paths"]["/api/v1/runs/{run_id}"]["get"]["responses"]
+            shapes = json.dumps(answers["200"]) + json.dumps(answers["410"])
+            assert "ArchivedRunDoc" in shapes and "RunDoc" in shapes and "ArchivedErrorDoc" in shapes
+            assert {"409", "503"} <= set(answers)
+    finally:
+        runtime.close()
+
+
+@pytest.mark.parametrize("tamper", ["truncated", "record_edited", "row_edited"])
+def test_the_api_refuses_a_tampered_segment_on_read_back(old_runs: tuple[str, list[str], Path], tamper: str,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """from_archive of a Run whose segment was cut, had a record edited, or had only a row edited (rows are
+    not in the Merkle proof: they are checked against the proven records) answers 409 archive_unverified
+    naming the problem, never the altered Run."""
+    from harness.config import Settings, build_runtime
+    from tests.acceptance.api_helpers import key, make_client
+
+    db, ids, tmp = old_runs
+    location = doc(cli("archive", *_args(db, tmp), "--older-than-days", "0", "--json"))["location"]
+
+    def edit(lines: list[dict[str, Any]]) -> None:
+        line = next(d for d in lines if d.get("run_id") == ids[0])
+        if tamper == "record_edited":
+            line["records"][2]["payload"] = line["records"][2]["payload"].replace("go", "gone")
+        else:
+            line["tables"]["transitions"][-1]["to_state"] = "FAILED"
+
+    if tamper == "truncated":
+        path = Path(location.removeprefix("file://"))
+        path.chmod(0o644)
+        path.write_bytes(path.read_bytes()[:-40])
+    else:
+        _rewrite_segment(location, edit)
+    monkeypatch.setenv("HARNESS_EXAMPLE_LEDGER", str(tmp / "ledger.jsonl"))
+    runtime = build_runtime(Settings(db=db, data_dir=tmp / "data", checkpoint_dir=tmp / "cp"))
+    try:
+        with make_client(runtime) as client:
+            back = client.get(f"/api/v1/runs/{ids[0]}", params={"from_archive": "true"}, headers=key("zoe"))
+            assert back.status_code == 409, back.text
+            body = back.json()
+            assert body["error"] == "archive_unverified" and "does not verify" in body["detail"]
+            assert body["archived"]["location"] == location and "path" not in body and "transitions" not in body
+            if tamper == "row_edited":
+                assert "rows differ from its proven records" in body["detail"] and "'FAILED'" in body["detail"]
     finally:
         runtime.close()

@@ -4,6 +4,7 @@ catches tampering in what remains, and the append-only guards open only for the 
 from __future__ import annotations
 
 import gzip
+import os
 from pathlib import Path
 
 import pytest
@@ -33,6 +34,11 @@ from tests.integration.bulk_runs import clone, drive
 S = RunState
 PARKED = (S.PREPARING, S.PLANNING, S.POLICY_CHECK, S.AWAITING_HITL)
 N = 60
+#: archive then prune this many Runs in one pass on every backend: the issue's 10,000 with
+#: HARNESS_TEST_ARCHIVE_RUNS=10000 (about 2 to 4 minutes per backend on the loaded 2-core development
+#: machine, over the suite's budget); by default 1,050, which still crosses the read chunks (1,000 Runs)
+#: and the prune batches (500) that the 60-Run tests never reach
+BIG = int(os.environ.get("HARNESS_TEST_ARCHIVE_RUNS", "1050"))
 
 
 class World:
@@ -95,6 +101,30 @@ def test_archive_then_prune_keeps_the_chain_verifiable(big_world: World) -> None
     assert key is not None
     segment = (world.archive_dir / Path(report.location or "").name).read_bytes()
     assert verify_segment(segment, [key], run_id=world.old[-1]).ok
+
+
+def test_archive_then_prune_of_bulk_runs_verifies_before_and_after(backend_url: str, tmp_path: Path) -> None:
+    """BIG old final Runs (bulk-seeded; 10,000 and 100,000 records with HARNESS_TEST_ARCHIVE_RUNS=10000) go
+    in one pass into one segment and out of the database: the chain verifies before and after (every
+    pruned record counted), and the parked and recent Runs stay. (The pass itself checks the segment as
+    an auditor would, with the key alone, before it stores it or prunes anything.)"""
+    world = World(backend_url, tmp_path, BIG)
+    store = world.store
+    per_run = len(store.trace_of(world.old[1]))
+    before = verify_chain(store, world.cpdir)
+    assert before.ok, before.problems[:3]
+    report = world.archiver.run()
+    assert report.runs == report.pruned_runs == BIG and report.kept == []
+    assert report.records == report.pruned_records == BIG * per_run
+    after = verify_chain(store, world.cpdir)
+    assert after.ok, after.problems[:3]
+    assert after.records_pruned == report.records and after.records_checked > before.records_checked
+    assert store.get_run(world.parked).state is S.AWAITING_HITL and store.get_run(world.today).state is S.SUCCEEDED
+    retention = RetentionStore(store)
+    for run_id in (world.old[0], world.old[BIG // 2], world.old[-1]):
+        with pytest.raises(UnknownRunError):
+            store.get_run(run_id)
+        assert retention.archived(run_id) is not None
 
 
 def test_a_second_pass_archives_nothing_new_and_the_parked_run_never(world: World) -> None:

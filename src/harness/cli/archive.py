@@ -13,18 +13,17 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-from harness.adapters.sql.retention import ArchivedRun
-from harness.audit.checkpoint import DIR_ENV, checkpoint_dir, current_key
-from harness.audit.formats import FormatError
-from harness.audit.segment import decode, verify_segment
+from harness.audit.checkpoint import DIR_ENV, checkpoint_dir
 from harness.audit.witness import configured_witnesses
 from harness.cli.support import EXIT_CHECK_FAILED, DbOption, JsonOption, emit, fail
-from harness.config import Store, archived_run, open_store
+from harness.config import Store, archived_rows_check, archived_run, open_store
+from harness.domain.retention import ArchivedRun
 from harness.ports.segments import SegmentStoreError
+from harness.retention import readback
 from harness.retention.archiver import ArchiveError, Archiver
 from harness.retention.erase import erase_user
 from harness.retention.policy import RetentionPolicy
-from harness.retention.storage import ENDPOINT_ENV, URL_ENV, open_segment_store, read_location
+from harness.retention.storage import ENDPOINT_ENV, URL_ENV, open_segment_store
 
 ToOption = Annotated[str | None, typer.Option(
     "--to", envvar=URL_ENV, show_envvar=True,
@@ -93,20 +92,14 @@ def archived_or_none(store: Store, run_id: str) -> ArchivedRun | None:
     return archived_run(store, run_id)
 
 
-def read_back(store: Store, archived: ArchivedRun, directory: Path, endpoint: str | None) -> dict[str, Any]:
+def read_back(archived: ArchivedRun, directory: Path, endpoint: str | None) -> dict[str, Any]:
     """The archived Run's line of its segment, after the segment is checked against its checkpoint."""
-    data = read_location(archived.location, endpoint)
-    key = current_key(directory)
-    if key is None:
-        fail(f"no checkpoint in {directory} to check the segment against")
-    checked = verify_segment(data, [key], run_id=archived.run_id)
-    if not checked.ok:
-        fail(f"segment {archived.location} does not verify: {checked.failures[0]}", EXIT_CHECK_FAILED)
     try:
-        line = next(d for d in decode(data) if d.get("run_id") == archived.run_id)
-    except (StopIteration, FormatError):
-        fail(f"run {archived.run_id} is not in {archived.location}", EXIT_CHECK_FAILED)
-    return line
+        return readback.read_back(archived, directory, archived_rows_check, endpoint)
+    except readback.SegmentUnavailableError as exc:
+        fail(str(exc))
+    except readback.SegmentUnverifiedError as exc:
+        fail(str(exc), EXIT_CHECK_FAILED)
 
 
 def show_archived(store: Store, archived: ArchivedRun, *, json_: bool, from_archive: bool,
@@ -116,7 +109,7 @@ def show_archived(store: Store, archived: ArchivedRun, *, json_: bool, from_arch
                            "tenant_id": archived.tenant_id, "created_at": _ts(archived.created_at),
                            "last_state_change_at": _ts(archived.closed_at)}
     if from_archive:
-        line = read_back(store, archived, checkpoint_dir(checkpoint_dir_, store.database_id()), endpoint)
+        line = read_back(archived, checkpoint_dir(checkpoint_dir_, store.database_id()), endpoint)
         run = line["run"]
         transitions = line["tables"].get("transitions", [])
         doc.update({

@@ -10,7 +10,8 @@ nothing refers to, or a segment noted but not yet pruned, which the next pass le
    public key and nothing else, before it is stored;
 5. store it (write-once), read it back and compare, note it in `archive_segments`;
 6. prune the Runs (harness.adapters.sql.retention), in transactions of 500 Runs, each writing a
-   `runs_pruned` audit event. The database keeps each pruned record's chain and leaf hashes.
+   `runs_pruned` audit event, deleting only records that are, field for field, the ones the verified
+   segment holds. The database keeps each pruned record's chain and leaf hashes.
 """
 
 from __future__ import annotations
@@ -130,7 +131,8 @@ class Archiver:
         report = ArchiveReport(segment_id, location, digest.runs, digest.records, len(data), cp.path.name,
                                cp.tree_size)
         if prune:
-            pruned = self.retention.prune(segment_id, ids, cp.tree_size, ACTOR)
+            archived = {run_id: bundle[run_id]["records"] for run_id in ids}
+            pruned = self.retention.prune(segment_id, archived, cp.tree_size, trees[0].leaf, ACTOR)
             report.pruned_runs, report.pruned_records, report.kept = pruned.runs, pruned.records, pruned.kept
         report.seconds = time.perf_counter() - started
         return report

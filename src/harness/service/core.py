@@ -9,6 +9,7 @@ from fastapi import Request
 from harness.config import Runtime, archived_run
 from harness.domain.errors import UnknownRunError
 from harness.domain.records import RunRecord
+from harness.domain.retention import ArchivedRun
 from harness.policy.hitl import HitlRequest, UnknownRequestError
 from harness.service.auth import Authenticator, Principal
 from harness.service.errors import ApiError, not_found
@@ -50,6 +51,11 @@ class Service:
         if run.tenant_id != caller.tenant_id:
             raise not_found("run", run_id)
         return run
+
+    def owned_archived(self, caller: Principal, run_id: str) -> ArchivedRun | None:
+        """Where the caller's tenant's archived Run with this id is; None when there is no such Run."""
+        archived = archived_run(self.runtime.store, run_id)
+        return archived if archived is not None and archived.tenant_id == caller.tenant_id else None
 
     def owned_request(self, caller: Principal, request_id: str) -> HitlRequest:
         """The caller's tenant's approval request with this id; 404 otherwise."""

@@ -137,6 +137,59 @@ class RunDoc(BaseModel):
     links: RunLinks
 
 
+class ArchivedDoc(BaseModel):
+    """Where an archived Run is: the segment that holds it and the checkpoint it is proven against."""
+
+    run_id: str
+    segment_id: str
+    tenant_id: str
+    state: str
+    created_at: float = Field(description="Epoch seconds.")
+    closed_at: float = Field(description="Epoch seconds: the Run's last state change.")
+    archived_at: float = Field(description="Epoch seconds: when the Run was pruned from the database.")
+    location: str = Field(description="The segment's URL (file:// or s3://).")
+    checkpoint: str = Field(description="The signed checkpoint the segment is proven against.")
+
+
+class ArchivedErrorDoc(ErrorDoc):
+    """The 410 body for a Run that was archived and pruned: where it is."""
+
+    archived: ArchivedDoc
+
+
+class ArchivedTransitionDoc(BaseModel):
+    """One state change of an archived Run, as its segment holds it."""
+
+    seq: int
+    from_state: str | None
+    to_state: str
+    at: dt.datetime
+    actor: str
+    reason: str
+    forced_by: str | None
+
+
+class ArchivedRunDoc(BaseModel):
+    """An archived Run read back from its segment (`from_archive=true`), after the segment was checked
+    against its signed checkpoint and the Run's rows against its proven records."""
+
+    run_id: str
+    state: str
+    close_reason: str | None
+    tenant_id: str
+    user_id: str | None
+    session_id: str | None
+    retry_of: str | None
+    created_at: dt.datetime
+    last_state_change_at: dt.datetime
+    path: list[str]
+    transitions: list[ArchivedTransitionDoc]
+    result: Any = Field(description="The Run's result as it was stored when the Run closed.")
+    records: int = Field(description="How many trace records of the Run the segment holds (all proven).")
+    verified: Literal[True] = Field(description="Always true: an archive that does not verify is an error.")
+    archived: ArchivedDoc
+
+
 class RunSummary(BaseModel):
     """A Run as a list shows it."""
 

@@ -5,16 +5,20 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from harness.config import Runtime
+from harness.audit.checkpoint import checkpoint_dir
+from harness.config import Runtime, archived_rows_check
 from harness.domain.errors import UnknownRunError
 from harness.domain.feed import RunRow
 from harness.domain.records import RunRecord, StoredTraceRecord
+from harness.domain.retention import ArchivedRun
 from harness.domain.traces import STEP_NAMES
 from harness.kernel import FINAL, RunState, job_status
 from harness.kernel.states import PHASE_OF
 from harness.pipeline import trace_groups
 from harness.policy.hitl import HitlRequest
+from harness.retention import readback
 from harness.service import schemas
+from harness.service.errors import ApiError
 
 API = "/api/v1"
 
@@ -85,6 +89,38 @@ def run_document(rt: Runtime, run: RunRecord) -> schemas.RunDoc:
         links=schemas.RunLinks(
             self=base, trace=f"{base}/trace", events=f"{base}/events", job=f"/jobs/{run.run_id}"
         ),
+    )
+
+
+def archived_run_document(rt: Runtime, archived: ArchivedRun) -> schemas.ArchivedRunDoc:
+    """An archived Run read back from its segment, checked first: 409 `archive_unverified` when the
+    segment (or the Run's rows in it) does not verify, 503 `archive_unavailable` when it cannot be read."""
+    try:
+        line = readback.read_back(archived, checkpoint_dir(rt.settings.checkpoint_dir, rt.store.database_id()),
+                                  archived_rows_check)
+    except readback.SegmentUnverifiedError as exc:
+        raise ApiError(409, "archive_unverified", f"run {archived.run_id!r} cannot be read back: {exc}",
+                       extra={"archived": archived.to_dict()}) from None
+    except readback.SegmentUnavailableError as exc:
+        raise ApiError(503, "archive_unavailable", f"run {archived.run_id!r} cannot be read back now: {exc}",
+                       extra={"archived": archived.to_dict()}) from None
+    back = readback.summary(line)
+    return schemas.ArchivedRunDoc(
+        run_id=archived.run_id,
+        state=archived.state,
+        close_reason=back["close_reason"],
+        tenant_id=archived.tenant_id,
+        user_id=back["user_id"],
+        session_id=back["session_id"],
+        retry_of=back["retry_of"],
+        created_at=when(archived.created_at),
+        last_state_change_at=when(archived.closed_at),
+        path=back["path"],
+        transitions=[schemas.ArchivedTransitionDoc(**{**t, "at": when(t["at"])}) for t in back["transitions"]],
+        result=back["result"],
+        records=back["records"],
+        verified=True,
+        archived=schemas.ArchivedDoc(**archived.to_dict()),
     )
 
 

@@ -317,18 +317,38 @@ def _check_batch(store: SqlStore, checker: _Checker, run_ids: list[str]) -> None
         recs = records.get(run_id, [])
         if not recs or run_id not in runs:
             continue  # a Run with no record at all is named by verify (run_trace_missing)
-        kinds: dict[str, list[_Record]] = defaultdict(list)
-        for rec in recs:
-            kinds[rec.kind].append(rec)
-        checker.keyed("transitions", rows["transitions"].get(run_id, []), kinds["transition"], "seq",
-                      mirror_records.transition, lambda r: f"run {r['run_id']} seq {r['seq']}", run_id,
-                      unchained="transition_record_missing")
-        _audit_rows(checker, rows["audit_events"].get(run_id, []), kinds["audit"], run_id)
-        checker.costs(rows["costs"].get(run_id, []), kinds["cost"], run_id)
-        checker.requests(rows["hitl_requests"].get(run_id, []), kinds[mirror_records.HITL_REQUEST], run_id)
-        checker.keyed("hitl_decisions", rows["hitl_decisions"].get(run_id, []), kinds[mirror_records.HITL_DECISION],
-                      "decision_id", mirror_records.hitl_decision, lambda r: f"decision {r['decision_id']}", run_id)
-        checker.run(runs[run_id], jobs.get(run_id), recs)
+        _check_run(checker, run_id, runs[run_id], jobs.get(run_id), recs,
+                   {name: grouped.get(run_id, []) for name, grouped in rows.items()})
+
+
+def _check_run(checker: _Checker, run_id: str, row: Mapping[Any, Any], job: Mapping[Any, Any] | None,
+               recs: list[_Record], rows: Mapping[str, Sequence[Mapping[Any, Any]]]) -> None:
+    """One Run's rows (by table name) against its records."""
+    kinds: dict[str, list[_Record]] = defaultdict(list)
+    for rec in recs:
+        kinds[rec.kind].append(rec)
+    checker.keyed("transitions", rows.get("transitions", []), kinds["transition"], "seq",
+                  mirror_records.transition, lambda r: f"run {r['run_id']} seq {r['seq']}", run_id,
+                  unchained="transition_record_missing")
+    _audit_rows(checker, rows.get("audit_events", []), kinds["audit"], run_id)
+    checker.costs(list(rows.get("costs", [])), kinds["cost"], run_id)
+    checker.requests(list(rows.get("hitl_requests", [])), kinds[mirror_records.HITL_REQUEST], run_id)
+    checker.keyed("hitl_decisions", rows.get("hitl_decisions", []), kinds[mirror_records.HITL_DECISION],
+                  "decision_id", mirror_records.hitl_decision, lambda r: f"decision {r['decision_id']}", run_id)
+    checker.run(row, job, recs)
+
+
+def check_archived_run(line: Mapping[str, Any], report: ChainReport) -> None:
+    """An archived Run's rows, as its segment line holds them (`run`, `job`, `tables`), against the
+    records of the same line, as verify checks a live Run's: the records are what the segment proves;
+    the rows, which a read-back shows, are proven only through them. Problems go to `report`."""
+    records = sorted((_Record(int(r["seq"]), str(r["record_id"]), str(r["kind"]),
+                              _parsed(r["payload"]) if r["kind"] in _MIRRORED else {})
+                      for r in line.get("records", [])), key=lambda r: r.seq or 0)
+    tables = line.get("tables") or {}
+    _check_run(_Checker(report), str(line.get("run_id")), line.get("run") or {}, line.get("job"), records,
+               {name: tables.get(name, []) for name in ("transitions", "audit_events", "costs", "hitl_requests",
+                                                        "hitl_decisions")})
 
 
 def _audit_rows(checker: _Checker, rows: Sequence[Mapping[Any, Any]], records: list[_Record],

@@ -86,6 +86,22 @@ class RawStatements:
         finally:
             cursor.close()
 
+    def rows(self, conn: sa.Connection, stmt: Any) -> list[Any]:
+        """Run a one-off SELECT of plain columns (no result processing needed) on the DBAPI cursor, its
+        parameters, IN lists included, bound into it now; its rows as tuples. For bulk reads, where
+        SQLAlchemy's per-row result handling costs more than the database does."""
+        compiled = stmt.compile(dialect=self._dialect, compile_kwargs={"render_postcompile": True})
+        params = compiled.params
+        args = [params[k] for k in compiled.positiontup or ()] if compiled.positional else params
+        cursor = conn.connection.cursor()
+        try:
+            cursor.execute(compiled.string, args)
+            return list(cursor.fetchall())
+        except self._dialect.loaded_dbapi.Error as exc:
+            raise self._translated(compiled.string, args, exc) from exc
+        finally:
+            cursor.close()
+
     def _translated(self, sql: str, args: Any, exc: Exception) -> BaseException:
         base = self._dialect.loaded_dbapi.Error
         return sa.exc.DBAPIError.instance(sql, args, exc, base, dialect=self._dialect)

@@ -54,6 +54,12 @@ OUTBOX_BATCH = (
 )
 OUTBOX_ANY = sa.select(t.outbox.c.id).limit(1)
 TRACE_INSERT = t.trace_records.insert()
+#: the chain from a position on, in the column order of StoredTraceRecord
+TRACE_AFTER = (
+    sa.select(t.trace_records.c.seq, t.trace_records.c.record_id, t.trace_records.c.run_id, t.trace_records.c.kind,
+              t.trace_records.c.payload, t.trace_records.c.prev_hash, t.trace_records.c.hash)
+    .where(t.trace_records.c.seq > b("p_after")).order_by(t.trace_records.c.seq).limit(b("p_limit"))
+)
 CHAINED_ID = sa.select(t.trace_records.c.record_id).where(t.trace_records.c.record_id == b("p_id"))
 #: every record of a Run, chained or waiting in the outbox (what its RunTrace commits to)
 RECORDS_OF_RUN = sa.union_all(

@@ -203,16 +203,13 @@ class TraceChain(StoreBase):
         """Every chained record from `start_seq`, in chain order, streamed in batches."""
         after = start_seq - 1
         while True:
-            with self.reader.connect() as conn:
-                rows = conn.execute(
-                    sa.select(t.trace_records).where(t.trace_records.c.seq > after)
-                    .order_by(t.trace_records.c.seq).limit(batch)
-                ).all()
+            with self.reader.connect() as conn:  # on the cursor: a verify reads every record of the chain
+                rows = self._raw.fetchall(conn, q.TRACE_AFTER, {"p_after": after, "p_limit": batch})
             if not rows:
                 return
             for r in rows:
-                yield StoredTraceRecord(r.seq, r.record_id, r.run_id, r.kind, r.payload, r.prev_hash, r.hash)
-            after = rows[-1].seq
+                yield StoredTraceRecord(*r)
+            after = rows[-1][0]
 
     def trace_of(self, run_id: str) -> list[StoredTraceRecord]:
         """A Run's chained records, in chain order."""

@@ -15,7 +15,16 @@ from harness.service.auth import OPERATOR_ROLES, Principal, principal
 from harness.service.core import Service
 from harness.service.errors import ApiError
 from harness.service.routes.common import ServiceDep, errors
-from harness.service.schemas import CancelBody, CreateRunBody, RunDoc, RunList, TraceDoc
+from harness.service.schemas import (
+    ArchivedErrorDoc,
+    ArchivedRunDoc,
+    CancelBody,
+    CreateRunBody,
+    ErrorDoc,
+    RunDoc,
+    RunList,
+    TraceDoc,
+)
 from harness.service.sse import change_stream, guarded, wait_settled
 
 router = APIRouter(prefix="/api/v1", tags=["runs"])
@@ -24,6 +33,9 @@ Wait = Annotated[bool, Query(description="Wait until the Run is final or waits f
 Timeout = Annotated[
     float, Query(gt=0, le=300, description="With wait: give up waiting after this many seconds.")
 ]
+FromArchive = Annotated[bool, Query(
+    description="For an archived Run: read it back from its archive segment, checked against its signed "
+                "checkpoint first (otherwise an archived Run answers 410 with where it is).")]
 LastEventId = Annotated[str | None, Header(description="Resume a stream after this event id.")]
 #: event ids are 64-bit database integers: a cursor past the largest is malformed, not an overflow
 MAX_CURSOR = 2**63 - 1
@@ -114,12 +126,32 @@ def list_runs(
     )
 
 
-@router.get("/runs/{run_id}", response_model=RunDoc, responses=errors(404, 410), summary="Get a Run")
+@router.get(
+    "/runs/{run_id}",
+    response_model=RunDoc | ArchivedRunDoc,
+    responses={
+        **errors(404, 410),
+        200: {"description": "The Run (RunDoc); with from_archive=true, an archived Run read back (ArchivedRunDoc)."},
+        409: {"model": ErrorDoc, "description": "from_archive: the Run's segment does not verify against its "
+              "checkpoint (`archive_unverified`); nothing of it is shown."},
+        410: {"model": ArchivedErrorDoc, "description": "The Run was archived and pruned: the body's `archived` "
+              "says in which segment and where (read it back with from_archive=true)."},
+        503: {"model": ErrorDoc, "description": "from_archive: the segment cannot be read now, or there is no "
+              "checkpoint to check it against (`archive_unavailable`)."},
+    },
+    summary="Get a Run",
+)
 async def get_run(
-    run_id: str, caller: Caller, request: Request, wait: Wait = False, timeout: Timeout = 30.0
-) -> RunDoc:
-    """A Run's state, path (with the time spent in each state), result, cost and pending approval."""
+    run_id: str, caller: Caller, request: Request, wait: Wait = False, timeout: Timeout = 30.0,
+    from_archive: FromArchive = False,
+) -> RunDoc | ArchivedRunDoc:
+    """A Run's state, path (with the time spent in each state), result, cost and pending approval; an
+    archived Run answers 410 with where it is, or with from_archive=true is read back from its segment."""
     svc: Service = request.app.state.service
+    if from_archive:
+        archived = await run_in_threadpool(svc.owned_archived, caller, run_id)
+        if archived is not None:
+            return await run_in_threadpool(views.archived_run_document, svc.runtime, archived)
     run = await run_in_threadpool(svc.owned_run, caller, run_id)
     if wait:
         await wait_settled(

@@ -1,0 +1,90 @@
+"""Reading an archived Run back from its segment (`harness runs show ID --from-archive`, and
+`GET /api/v1/runs/ID?from_archive=true`), checked before anything of it is shown.
+
+The segment is checked as `harness-verify segment` checks it (the signed checkpoint, every record's
+hash, the one multiproof to the signed root, the digest its chained manifest fixes, the Run's
+completeness), then the Run's rows in the segment, which are what a read-back shows, are checked
+against its proven records as `harness audit verify` checks a live Run's rows. A segment that fails
+either check gives SegmentUnverifiedError naming the first problem, never a Run.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from harness.audit.checkpoint import current_key
+from harness.audit.formats import FormatError
+from harness.audit.segment import decode, verify_segment
+from harness.domain.audit import ChainReport
+from harness.domain.errors import HarnessError
+from harness.domain.retention import ArchivedRun
+from harness.ports.segments import SegmentStoreError
+from harness.retention.storage import read_location
+
+#: checks an archived Run's rows (as its segment line holds them) against its records, adding Problems
+#: to the report: harness.config.archived_rows_check, the SQL adapters' row-mirror check
+RowsCheck = Callable[[Mapping[str, Any], ChainReport], None]
+
+
+class ReadBackError(HarnessError):
+    """An archived Run could not be read back from its segment."""
+
+
+class SegmentUnavailableError(ReadBackError):
+    """The segment cannot be read now, or there is no checkpoint to check it against."""
+
+
+class SegmentUnverifiedError(ReadBackError):
+    """The segment, or the Run's rows in it, do not verify: nothing of it is shown."""
+
+
+def read_back(archived: ArchivedRun, checkpoint_dir: Path, check_rows: RowsCheck,
+              endpoint: str | None = None) -> dict[str, Any]:
+    """The archived Run's line of its segment (`run`, `job`, `tables`, `records`), once the segment and
+    the Run's rows in it are checked against the checkpoints of `checkpoint_dir`."""
+    try:
+        data = read_location(archived.location, endpoint)
+    except SegmentStoreError as exc:
+        raise SegmentUnavailableError(str(exc)) from None
+    key = current_key(checkpoint_dir)
+    if key is None:
+        raise SegmentUnavailableError(f"no checkpoint in {checkpoint_dir} to check the segment against")
+    try:
+        checked = verify_segment(data, [key], run_id=archived.run_id)
+        line = next((d for d in decode(data) if d.get("run_id") == archived.run_id), None) if checked.ok else None
+    except FormatError as exc:
+        raise SegmentUnverifiedError(f"segment {archived.location} does not verify: {exc}") from None
+    if not checked.ok:
+        raise SegmentUnverifiedError(f"segment {archived.location} does not verify: {checked.failures[0]}")
+    if line is None:
+        raise SegmentUnverifiedError(f"run {archived.run_id} is not in {archived.location}")
+    if not any(isinstance(r, dict) and "redacted" in r for r in line.get("records", [])):
+        # an erasure replaced a person's data in the rows and records alike: the rows prove nothing then
+        report = ChainReport()
+        check_rows(line, report)
+        if not report.ok:
+            raise SegmentUnverifiedError(f"segment {archived.location} does not verify: the Run's rows differ from "
+                                         f"its proven records: {report.problems[0].detail}")
+    return line
+
+
+def summary(line: dict[str, Any]) -> dict[str, Any]:
+    """What a read-back shows of the Run: its outcome, owner, result and path (times as epoch seconds)."""
+    run = line.get("run") or {}
+    result = run.get("result")
+    try:
+        parsed = json.loads(result) if isinstance(result, str) else result
+    except json.JSONDecodeError:
+        parsed = result
+    transitions = (line.get("tables") or {}).get("transitions", [])
+    return {
+        "close_reason": run.get("close_reason"), "user_id": run.get("user_id"), "session_id": run.get("session_id"),
+        "retry_of": run.get("retry_of"), "result": parsed, "path": [t["to_state"] for t in transitions],
+        "transitions": [{"seq": t["seq"], "from_state": t["from_state"], "to_state": t["to_state"], "at": t["at"],
+                         "actor": t["actor"], "reason": t["reason"], "forced_by": t.get("forced_by")}
+                        for t in transitions],
+        "records": len(line.get("records", [])),
+    }
