@@ -36,14 +36,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
-from harness.adapters.llm.resilient import FallbackResponse
 from harness.agents import Agent
 from harness.clock import FakeClock
 from harness.config import Runtime, Settings, Store, build_runtime, replay_reads, set_deadline
 from harness.domain.chain import content_hash
 from harness.domain.contracts import RunRequest, StepOutcome
 from harness.domain.errors import BadInputError, ProviderError
-from harness.domain.llm import LLMRequest, LLMResponse
+from harness.domain.llm import FallbackResponse, LLMRequest, LLMResponse
 from harness.domain.recorded import RecordedDecision
 from harness.domain.records import RunRecord
 from harness.domain.traces import ToolTrace, policy_verdicts

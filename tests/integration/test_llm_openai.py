@@ -16,12 +16,12 @@ import pytest
 
 from harness.adapters.llm.openai_compat import OpenAICompatProvider
 from harness.adapters.llm.pricing import ModelPrice, PricingTable
-from harness.adapters.llm.resilient import FallbackResponse, GuardedProvider, ProviderSettings
+from harness.adapters.llm.resilient import GuardedProvider, ProviderSettings
 from harness.clock import FakeClock
 from harness.config import Settings, build_runtime
 from harness.domain.contracts import Message
 from harness.domain.errors import InvalidRequestError, ProviderError
-from harness.domain.llm import LLMRequest, ToolSpec
+from harness.domain.llm import FallbackResponse, LLMRequest, ToolSpec
 from harness.replay import replay
 from harness.resilience import BreakerConfig, BreakerState, RetryQuota
 from tests.fakes import openai_api as api

@@ -11,13 +11,13 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from harness.adapters.sql.ledger import GROUPS, GroupBy
-from harness.adapters.sql.webhooks import STATUSES
 from harness.cli.runs import runtime
 from harness.cli.support import EXIT_CHECK_FAILED, DbOption, JsonOption, cli_errors, emit, fail, screen
 from harness.config import webhook_sender
 from harness.domain.contracts import check_callback_url
+from harness.domain.costs import GROUPS, GroupBy
 from harness.domain.ids import ordered_id
+from harness.domain.webhooks import STATUSES
 from harness.webhooks.config import DEFAULT_SECRET_ENV, SecretRef, WebhookConfigError
 from harness.webhooks.notifier import iso
 

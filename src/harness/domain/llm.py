@@ -66,3 +66,10 @@ class LLMResponse(BaseModel):
     provider: str
     finish_reason: str = "stop"
     usage: Usage = Usage()
+
+
+class FallbackResponse(LLMResponse):
+    """A response from the fallback model; says which model it stood in for and why."""
+
+    fallback_from: str
+    fallback_reason: str

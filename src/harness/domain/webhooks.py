@@ -6,6 +6,10 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+#: a delivery's states: waiting (and retried), delivered, given up
+PENDING, DELIVERED, DEAD = "pending", "delivered", "dead"
+STATUSES = (PENDING, DELIVERED, DEAD)
+
 
 @dataclass(frozen=True, slots=True)
 class OutgoingEvent:

@@ -55,3 +55,24 @@ class WebhookSending(Protocol):
     def close(self) -> None:
         """Release the connections."""
         ...
+
+
+class WebhookDeliveries(Protocol):
+    """What operators read and do with deliveries (the API's and the console's webhook pages)."""
+
+    def list(self, *, tenant_id: str | None = None, status: str | None = None, run_id: str | None = None,
+             limit: int = 100) -> list[Delivery]:
+        """Deliveries, newest first, optionally of one tenant, status or Run."""
+        ...
+
+    def get(self, delivery_id: str, tenant_id: str | None = None) -> Delivery | None:
+        """One delivery (in the tenant, when given)."""
+        ...
+
+    def counts(self, tenant_id: str | None = None) -> dict[str, int]:
+        """How many deliveries are in each status."""
+        ...
+
+    def redeliver(self, delivery_id: str, *, tenant_id: str | None, actor: str) -> Delivery | None:
+        """Queue a dead delivery again (audited); None when there is no dead delivery with that id."""
+        ...

@@ -27,7 +27,7 @@ from harness.adapters.llm.pricing import PricingTable
 from harness.adapters.llm.tool_formats import ToolNames, parse_tool_calls, plan_from_submit
 from harness.clock import SystemClock
 from harness.domain.errors import ProviderError
-from harness.domain.llm import LLMRequest, LLMResponse, Usage
+from harness.domain.llm import FallbackResponse, LLMRequest, LLMResponse, Usage
 from harness.ports import Clock
 from harness.resilience import (
     BreakerConfig,
@@ -76,13 +76,6 @@ class ProviderSettings:
 
     def __repr__(self) -> str:
         return f"ProviderSettings(model={self.model!r}, base_url={self.base_url!r}, api_key=<hidden>)"
-
-
-class FallbackResponse(LLMResponse):
-    """A response from the fallback model; says which model it stood in for and why."""
-
-    fallback_from: str
-    fallback_reason: str
 
 
 def retry_after_from(headers: Mapping[str, str]) -> float | None:

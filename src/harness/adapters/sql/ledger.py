@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from collections.abc import Sequence
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import mysql, postgresql, sqlite
@@ -20,7 +19,8 @@ from sqlalchemy.dialects import mysql, postgresql, sqlite
 from harness.adapters.sql import schema as t
 from harness.adapters.sql.raw import RawStatements
 from harness.adapters.sql.store import SqlStore
-from harness.domain.traces import COST_TRACE_VERSION, CostTrace
+from harness.domain.costs import PLANNING, CostGroup, GroupBy, RunTotal
+from harness.domain.traces import CostTrace
 
 b = sa.bindparam
 costs, totals = t.costs, t.spend_totals
@@ -196,10 +196,6 @@ class CostLedger:
             unpriced=int(r.unpriced))) for r in rows]
 
 
-GroupBy = Literal["tenant", "user", "skill", "day"]
-GROUPS: tuple[GroupBy, ...] = ("tenant", "user", "skill", "day")
-#: the skill a cost of no skill (a planning call) is grouped under
-PLANNING = "(planning)"
 _DAY_S = 86_400
 _MEASURES = (
     sa.func.coalesce(sa.func.sum(costs.c.usd), 0.0).label("usd"),
@@ -223,53 +219,6 @@ def _day(dialect: str) -> sa.ColumnElement[Any]:
 
 def _day_label(day: Any) -> str:
     return (dt.date(1970, 1, 1) + dt.timedelta(days=int(day))).isoformat()
-
-
-@dataclass(frozen=True, slots=True)
-class CostGroup:
-    """The spend of one group in the cost view."""
-
-    key: str
-    usd: float
-    input_tokens: int
-    output_tokens: int
-    api_calls: int
-    sandbox_s: float
-    costs: int
-    runs: int
-    unpriced: int
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready document."""
-        return asdict(self)
-
-
-@dataclass(frozen=True, slots=True)
-class RunTotal:
-    """The sums a RunTrace's total_cost carries (shape version 2), its child Runs' costs included."""
-
-    input_tokens: int = 0
-    output_tokens: int = 0
-    api_calls: int = 0
-    sandbox_s: float = 0.0
-    usd: float = 0.0
-    costs: int = 0
-    unpriced: int = 0
-    children: int = 0
-
-    def merged(self, others: Iterable[RunTotal], *, children: int) -> RunTotal:
-        """This total plus others' (child Runs'), counting `children` Runs."""
-        out = self
-        for o in others:
-            out = RunTotal(out.input_tokens + o.input_tokens, out.output_tokens + o.output_tokens,
-                           out.api_calls + o.api_calls, out.sandbox_s + o.sandbox_s, out.usd + o.usd,
-                           out.costs + o.costs, out.unpriced + o.unpriced)
-        return RunTotal(out.input_tokens, out.output_tokens, out.api_calls, round(out.sandbox_s, 6),
-                        round(out.usd, 8), out.costs, out.unpriced, children)
-
-    def to_dict(self) -> dict[str, Any]:
-        """The RunTrace's total_cost."""
-        return {"v": COST_TRACE_VERSION, **asdict(self)}
 
 
 #: child Runs nest at most this deep (AgentInvoke allows 4): a cycle in bad data cannot loop forever

@@ -22,12 +22,10 @@ from harness.adapters.sql.database import connection_of
 from harness.adapters.sql.store import SqlStore
 from harness.domain.chain import canonical_json
 from harness.domain.ids import ordered_id
-from harness.domain.webhooks import Delivery, OutgoingEvent
+from harness.domain.webhooks import DEAD, DELIVERED, PENDING, STATUSES, Delivery, OutgoingEvent
 from harness.ports import Tx
 
 w = t.webhook_deliveries
-PENDING, DELIVERED, DEAD = "pending", "delivered", "dead"
-STATUSES = (PENDING, DELIVERED, DEAD)
 
 
 def _delivery(m: Mapping[Any, Any]) -> Delivery:

@@ -14,9 +14,9 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Request
 
-from harness.adapters.sql.ledger import CostGroup
-from harness.adapters.sql.webhooks import STATUSES
 from harness.config import sandbox_instances
+from harness.domain.costs import CostGroup
+from harness.domain.webhooks import STATUSES
 from harness.service.auth import OPERATOR_ROLES, session_principal
 from harness.service.core import service_of
 from harness.service.routes.console import Page, _login_redirect, _page

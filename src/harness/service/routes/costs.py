@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query, Security
 
-from harness.adapters.sql.ledger import CostGroup
+from harness.domain.costs import CostGroup
 from harness.service.auth import Principal, principal
 from harness.service.core import Service
 from harness.service.errors import ApiError

@@ -6,8 +6,8 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query, Security
 
-from harness.adapters.sql.webhooks import DEAD, WebhookOutbox
-from harness.domain.webhooks import Delivery
+from harness.domain.webhooks import DEAD, Delivery
+from harness.ports.webhooks import WebhookDeliveries
 from harness.service import views
 from harness.service.auth import Principal, operator, principal
 from harness.service.core import Service
@@ -31,7 +31,7 @@ def delivery_document(d: Delivery) -> DeliveryDoc:
     )
 
 
-def _outbox(svc: Service) -> WebhookOutbox:
+def _outbox(svc: Service) -> WebhookDeliveries:
     outbox = svc.runtime.webhook_outbox
     if outbox is None:
         raise ApiError(503, "unavailable", "this runtime has no webhook outbox")
