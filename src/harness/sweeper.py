@@ -29,12 +29,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-import sqlalchemy as sa
-
-from harness.adapters.sql import schema as t
-from harness.adapters.sql.store import SqlStore
 from harness.kernel import TRANSIENT, RunState, final_state_for
 from harness.kernel.thresholds import DEFAULT, Thresholds
+from harness.ports.runs import RunStore
 from harness.state_machine import StateMachine
 
 S = RunState
@@ -54,15 +51,6 @@ FORCED: Mapping[RunState, RunState] = {
 #: steps and refuses to repeat a non-idempotent one whose outcome is unknown, T6)
 RESUMABLE = frozenset({S.CREATED, S.PREPARING, S.PLANNING, S.POLICY_CHECK, S.EXECUTING})
 
-_STUCK = (
-    sa.select(t.runs.c.run_id, t.runs.c.version, t.runs.c.last_state_change_at, t.runs.c.lease_expires_at,
-              t.runs.c.stall_count, t.runs.c.close_reason)
-    .where(t.runs.c.state == sa.bindparam("p_state"), t.runs.c.last_state_change_at < sa.bindparam("p_cutoff"))
-    .order_by(t.runs.c.last_state_change_at)
-    .limit(sa.bindparam("p_limit"))
-)
-
-
 @dataclass
 class SweepReport:
     """What one sweep found and did."""
@@ -81,7 +69,7 @@ class SweepReport:
 class ZombieSweeper:
     """Finds stuck Runs and resumes or closes them."""
 
-    def __init__(self, store: SqlStore, machine: StateMachine, *, thresholds: Thresholds = DEFAULT,
+    def __init__(self, store: RunStore, machine: StateMachine, *, thresholds: Thresholds = DEFAULT,
                  expire_approvals: Callable[[], list[str]] | None = None,
                  resume: Callable[[str], object] | None = None,
                  resume_decisions: Callable[[float], list[str]] | None = None,
@@ -103,9 +91,7 @@ class ZombieSweeper:
             if threshold is None:
                 continue
             ceiling = self.thresholds.ceiling(state) or threshold
-            with self.store.reader.connect() as conn:
-                rows = conn.execute(_STUCK, {"p_state": state.value, "p_cutoff": now - threshold,
-                                             "p_limit": self.batch}).all()
+            rows = self.store.stuck_runs(state, now - threshold, self.batch)
             for row in rows:
                 age = round(now - row.last_state_change_at, 3)  # rounded once, as recorded: a replay re-applies it
                 leased = row.lease_expires_at is not None and row.lease_expires_at > now

@@ -140,3 +140,15 @@ class PendingRecord:
     run_id: str | None
     kind: str
     payload: str
+
+
+@dataclass(frozen=True, slots=True)
+class StuckRun:
+    """A Run that has stayed in one state past a threshold: what the sweeper decides on."""
+
+    run_id: str
+    version: int
+    last_state_change_at: float
+    lease_expires_at: float | None
+    stall_count: int
+    close_reason: str | None

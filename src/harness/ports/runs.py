@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from harness.domain.leases import Lease
-    from harness.domain.records import NewRun, RunRecord, TraceRecordIn, TransitionRow
+    from harness.domain.records import NewRun, RunRecord, StuckRun, TraceRecordIn, TransitionRow
     from harness.domain.traces import CostTrace
     from harness.kernel import RunState
     from harness.ports import Clock, Tx
@@ -58,6 +58,10 @@ class RunStore(RunReads, Protocol):
 
     def create_run(self, new: NewRun) -> tuple[RunRecord, bool]:
         """Create the Run in CREATED; (run, created) — False when its idempotency key found it."""
+        ...
+
+    def stuck_runs(self, state: RunState, cutoff: float, limit: int) -> list[StuckRun]:
+        """Runs in `state` unchanged since before `cutoff`, oldest first."""
         ...
 
     def get_run(self, run_id: str) -> RunRecord:

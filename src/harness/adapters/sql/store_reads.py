@@ -21,11 +21,21 @@ from harness.domain.errors import StoreError, UnknownRunError
 from harness.domain.records import (
     AuditEvent,
     RunRecord,
+    StuckRun,
     TransitionRow,
 )
 from harness.kernel import (
     FINAL,
     RunState,
+)
+
+#: Runs in one state unchanged since a cutoff, oldest first
+_STUCK = (
+    sa.select(t.runs.c.run_id, t.runs.c.version, t.runs.c.last_state_change_at, t.runs.c.lease_expires_at,
+              t.runs.c.stall_count, t.runs.c.close_reason)
+    .where(t.runs.c.state == sa.bindparam("p_state"), t.runs.c.last_state_change_at < sa.bindparam("p_cutoff"))
+    .order_by(t.runs.c.last_state_change_at)
+    .limit(sa.bindparam("p_limit"))
 )
 
 
@@ -66,6 +76,14 @@ class RunReads(StoreBase):
             query = query.where(t.runs.c.tenant_id == tenant_id)
         with self.reader.connect() as conn:
             return [run_from_row(r) for r in conn.execute(query)]
+
+    def stuck_runs(self, state: RunState, cutoff: float, limit: int) -> list[StuckRun]:
+        """Runs in `state` unchanged since before `cutoff`, oldest first (what the sweeper looks at)."""
+        with self.reader.connect() as conn:
+            rows = conn.execute(_STUCK, {"p_state": state.value, "p_cutoff": cutoff, "p_limit": limit}).all()
+        return [StuckRun(str(r.run_id), int(r.version), float(r.last_state_change_at),
+                         None if r.lease_expires_at is None else float(r.lease_expires_at), int(r.stall_count),
+                         r.close_reason) for r in rows]
 
     def unowned_runs(self, grace_s: float, limit: int = 1000) -> list[str]:
         """Runs a driver should be driving and nobody is: in a state that moves on by itself (not final,
