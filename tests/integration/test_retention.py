@@ -111,12 +111,12 @@ def test_archive_then_prune_of_bulk_runs_verifies_before_and_after(backend_url: 
     world = World(backend_url, tmp_path, BIG)
     store = world.store
     per_run = len(store.trace_of(world.old[1]))
-    before = verify_chain(store, world.cpdir)
+    before = verify_chain(SqlAuditReads(store), world.cpdir)
     assert before.ok, before.problems[:3]
     report = world.archiver.run()
     assert report.runs == report.pruned_runs == BIG and report.kept == []
     assert report.records == report.pruned_records == BIG * per_run
-    after = verify_chain(store, world.cpdir)
+    after = verify_chain(SqlAuditReads(store), world.cpdir)
     assert after.ok, after.problems[:3]
     assert after.records_pruned == report.records and after.records_checked > before.records_checked
     assert store.get_run(world.parked).state is S.AWAITING_HITL and store.get_run(world.today).state is S.SUCCEEDED

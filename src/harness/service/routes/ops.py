@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import dataclasses
-import importlib
+from collections.abc import Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Response, Security
 
-from harness.config import DatabaseError
+from harness.audit.reconcile import reconcile
+from harness.audit.verify import verify_chain
+from harness.config import DatabaseError, Store, audit_reads, reconcile_reads
 from harness.service import views
 from harness.service.auth import Principal, operator, principal
 from harness.service.core import Service
-from harness.service.errors import DATABASE_RETRY_AFTER_S, ApiError, not_found
+from harness.service.errors import DATABASE_RETRY_AFTER_S, not_found
 from harness.service.metrics import CONTENT_TYPE
 from harness.service.routes.common import ServiceDep, errors
 from harness.service.schemas import CheckDoc, HealthDoc, JobDoc, MeDoc, WorkerDoc
@@ -51,11 +53,7 @@ def _report(value: Any) -> dict[str, Any]:
     return dict(vars(value))
 
 
-def _check(svc: Service, module: str, function: str) -> CheckDoc:
-    try:
-        check = getattr(importlib.import_module(f"harness.audit.{module}"), function)
-    except (ImportError, AttributeError):
-        raise ApiError(503, "unavailable", f"this build has no harness.audit.{module}.{function}") from None
+def _check(svc: Service, check: Callable[[Store], Any]) -> CheckDoc:
     svc.runtime.store.drain_all()
     result = check(svc.runtime.store)
     return CheckDoc(ok=bool(result.ok), report=_report(result))
@@ -70,7 +68,7 @@ def _check(svc: Service, module: str, function: str) -> CheckDoc:
 def audit_verify(_caller: Operator, svc: Service = ServiceDep) -> CheckDoc:
     """Walk the whole hash chain; `ok` is false and the report names the first bad record on any edit,
     deletion, insertion or reordering. Needs the operator or auditor role."""
-    return _check(svc, "verify", "verify_chain")
+    return _check(svc, lambda store: verify_chain(audit_reads(store)))
 
 
 @router.get(
@@ -81,7 +79,7 @@ def audit_verify(_caller: Operator, svc: Service = ServiceDep) -> CheckDoc:
 )
 def audit_reconcile(_caller: Operator, svc: Service = ServiceDep) -> CheckDoc:
     """Count Runs in each final state against the matching audit events (run_succeeded, …); any mismatch is listed."""
-    return _check(svc, "reconcile", "reconcile")
+    return _check(svc, lambda store: reconcile(reconcile_reads(store)))
 
 
 @router.get("/health", response_model=HealthDoc, responses=errors(503), summary="Health")
