@@ -119,6 +119,9 @@ class ChildRuns:
                     ours = False  # from now on whoever decides drives it
                 elif ours and state not in FINAL and not self.driven_here(child_id):
                     self._drive(child_id)
+                    # parked during that drive? then the decision's process drives it on, even when the
+                    # decision came before the next read: driving it here too would race the decider
+                    ours = self._parents_to_drive(child_id)
                     state = self.store.state_of(child_id)
                 if state in FINAL:
                     return ChildWait(self.runs.result(child_id))
