@@ -12,10 +12,10 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from harness.adapters.sql.store import _UNSET, SqlStore
+from harness.adapters.sql.store import SqlStore
 from harness.audit.commitment import RUN_TRACE_VERSION
 from harness.domain.chain import content_hash
-from harness.domain.records import RUN_TRACE, RunRecord, TraceRecordIn, TransitionResult, TransitionRow
+from harness.domain.records import RUN_TRACE, UNSET, RunRecord, TraceRecordIn, TransitionResult, TransitionRow
 from harness.kernel import FINAL, TRANSIENT, CloseReason, RunState, automatic_next, final_state_for
 from harness.ports import Tx
 
@@ -83,8 +83,8 @@ class StateMachine:
         lease_epoch: int | None = None,
         expected_version: int | None = None,
         records: Sequence[TraceRecordIn] = (),
-        context: dict[str, Any] | None = _UNSET,
-        result: dict[str, Any] | None = _UNSET,
+        context: dict[str, Any] | None = UNSET,
+        result: dict[str, Any] | None = UNSET,
         also: Callable[[sa.Connection], object] | None = None,
     ) -> TransitionResult:
         """Move the Run source→target, then on through the funnel if target is transient or TRACING.
@@ -119,8 +119,8 @@ class StateMachine:
         reason: str,
         lease_epoch: int | None = None,
         records: Sequence[TraceRecordIn] = (),
-        context: dict[str, Any] | None = _UNSET,
-        result: dict[str, Any] | None = _UNSET,
+        context: dict[str, Any] | None = UNSET,
+        result: dict[str, Any] | None = UNSET,
     ) -> TransitionResult:
         """The compare-and-set inside the caller's transaction (see SqlStore.transition_in), with the
         transaction hooks (`in_transaction`) like every other change. Nothing is told and nothing moves on
@@ -192,10 +192,10 @@ class StateMachine:
 
     def _closing_records(
         self, run: RunRecord, final: RunState, transitions: Sequence[TransitionRow],
-        result: dict[str, Any] | None = _UNSET,
+        result: dict[str, Any] | None = UNSET,
     ) -> list[TraceRecordIn]:
         """The RunTrace and whatever the closing hooks add, for the TRACING → final transaction."""
-        records = [self._run_trace(run, final, transitions, run.result if result is _UNSET else result)]
+        records = [self._run_trace(run, final, transitions, run.result if result is UNSET else result)]
         for hook in self._closing_hooks:
             records.extend(hook(run, final))
         return records

@@ -10,6 +10,9 @@ from harness.domain.ids import ordered_id
 from harness.kernel import RunState
 from harness.kernel.states import CloseReason
 
+#: "not given" for a transition's context and result (None means: clear it)
+UNSET: Any = object()
+
 
 @dataclass(frozen=True, slots=True)
 class TraceRecordIn:

@@ -13,13 +13,12 @@ from pathlib import Path
 import sqlalchemy as sa
 
 from harness.adapters.sql.database import create_engine, migrate, resolve_url
-from harness.adapters.sql.store_base import UNSET as _UNSET  # the sentinel harness.state_machine passes on
 from harness.adapters.sql.store_reads import RunReads
 from harness.adapters.sql.store_runs import RunWrites
 from harness.domain.errors import InvalidRequestError
 from harness.ports import Clock
 
-__all__ = ["_UNSET", "SqlStore", "open_existing"]
+__all__ = ["SqlStore", "open_existing"]
 
 
 class SqlStore(RunWrites, RunReads):

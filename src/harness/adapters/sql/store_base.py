@@ -21,8 +21,6 @@ from harness.kernel import (
 from harness.kernel.states import CloseReason
 from harness.ports import Clock, TraceBuffer
 
-UNSET: Any = object()
-
 
 class WrongExitError(Exception):
     """TRACING asked to exit somewhere its close reason does not lead (rolls the transaction back)."""

@@ -12,7 +12,6 @@ import sqlalchemy as sa
 from harness.adapters.sql import schema as t
 from harness.adapters.sql import statements as q
 from harness.adapters.sql.store_base import (
-    UNSET,
     CasRow,
     WrongExitError,
     run_of,
@@ -24,6 +23,7 @@ from harness.domain.errors import IdempotencyConflictError, InvalidTransitionErr
 from harness.domain.ids import ordered_id
 from harness.domain.records import (
     RUN_TRACE,
+    UNSET,
     NewRun,
     RunRecord,
     TraceRecordIn,
