@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
+from harness.adapters.sql.audit_mirrors import check_rows
 from harness.adapters.sql.audit_reads import SqlAuditReads
 from harness.adapters.sql.erasure import USER_ERASED
 from harness.adapters.sql.reconcile_reads import SqlReconcileReads
@@ -26,6 +27,7 @@ from harness.domain.errors import UnknownRunError
 from harness.kernel import RunState
 from harness.retention.archiver import Archiver
 from harness.retention.erase import erase_user
+from harness.retention.readback import read_back
 from harness.retention.policy import DAY_S, RetentionPolicy
 from harness.retention.storage import LocalSegmentStore
 from harness.state_machine import StateMachine
@@ -218,6 +220,35 @@ def test_an_erasure_is_honoured_with_the_chain_still_verifying(world: World) -> 
     proven = verify_segment(data, [key], run_id=world.old[0])
     assert proven.ok, proven.failures[:3]
     assert RetentionStore(store).archived(world.old[0]) is not None
+
+
+def test_a_run_erased_while_live_is_archived_redacted_when_it_becomes_due(world: World) -> None:
+    """A Run erased while still in the database, archived once it ages past the policy: its segment holds
+    the redacted records with their original leaf hashes, so the segment, the chain after the prune and a
+    read-back all verify, and the person's data is in none of them."""
+    store = world.store
+    world.archiver.run()
+    report = erase_user(store, "acme", "ana", segments=LocalSegmentStore(world.archive_dir))
+    assert report.runs == 1 and report.records > 5
+    world.clock.advance(40 * DAY_S)
+    second = world.archiver.run()
+    assert second.runs == 1 and second.pruned_runs == 1 and second.kept == [], second
+    checked = verify_chain(SqlAuditReads(store), world.cpdir)
+    assert checked.ok, checked.problems[:3]
+    assert checked.records_redacted == 0 and checked.records_pruned >= report.records
+    assert second.location is not None
+    data = LocalSegmentStore(world.archive_dir).get(second.location)
+    assert b'"ana"' not in gzip.decompress(data)
+    key = current_key(world.cpdir)
+    assert key is not None
+    proven = verify_segment(data, [key], run_id=world.today)
+    assert proven.ok, proven.failures[:3]
+    assert any("redacted on an erasure request" in n for n in proven.notes)
+    archived = RetentionStore(store).archived(world.today)
+    assert archived is not None
+    line = read_back(archived, world.cpdir, check_rows)
+    assert line["run"]["user_id"] == report.subject
+    assert len(line["records"]) == report.records and all("redacted" in r for r in line["records"])
 
 
 def test_a_forged_tombstone_is_caught(tmp_path: Path) -> None:

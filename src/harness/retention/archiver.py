@@ -70,9 +70,12 @@ class ArchiveReport:
         return asdict(self)
 
 
-def _record_doc(rec: StoredTraceRecord) -> dict[str, Any]:
-    return {"seq": rec.seq, "record_id": rec.record_id, "run_id": rec.run_id, "kind": rec.kind,
-            "prev_hash": rec.prev_hash, "payload": rec.payload, "hash": rec.hash}
+def _record_doc(rec: StoredTraceRecord, redacted: dict[str, str] | None = None) -> dict[str, Any]:
+    doc = {"seq": rec.seq, "record_id": rec.record_id, "run_id": rec.run_id, "kind": rec.kind,
+           "prev_hash": rec.prev_hash, "payload": rec.payload, "hash": rec.hash}
+    if redacted is not None:  # erased while live: its payload is the salted hash, its leaf the original one
+        doc["redacted"] = redacted
+    return doc
 
 
 def _line(doc: dict[str, Any]) -> bytes:
@@ -154,7 +157,7 @@ class Archiver:
                 records = entry["records"]
                 indices += [rec.seq - 1 for rec in records]
                 out.write(_line({"index": i, "run_id": run_id, "run": entry["run"], "job": entry.get("job"),
-                                 "tables": entry["tables"], "records": [_record_doc(r) for r in records]}))
+                                 "tables": entry["tables"], "records": [_record_doc(r, entry["redacted"].get(r.seq)) for r in records]}))
             proof = multiproof.multiproof(tree, sorted(indices), cp.tree_size)
             out.write(_line({"end": True, "proof": [p.hex() for p in proof]}))
         return buffer.getvalue()

@@ -26,6 +26,7 @@ from harness.adapters.sql.retention_schema import (
     archived_runs,
     prune_grants,
     pruned_records,
+    redacted_records,
 )
 from harness.adapters.sql.store import SqlStore
 from harness.domain.errors import StoreError
@@ -125,7 +126,7 @@ class RetentionStore:
     def bundle(self, run_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
         """Per Run: its runs row, its job row, its rows of RUN_TABLES and its chained records (read
         `_READ_CHUNK` Runs at a time; the records on the cursor, they are most of what is read)."""
-        out: dict[str, dict[str, Any]] = {r: {"tables": {}, "records": []} for r in run_ids}
+        out: dict[str, dict[str, Any]] = {r: {"tables": {}, "records": [], "redacted": {}} for r in run_ids}
         with self.store.reader.connect() as conn:
             for i in range(0, len(run_ids), _READ_CHUNK):
                 self._bundle_chunk(conn, list(run_ids[i : i + _READ_CHUNK]), out)
@@ -142,6 +143,12 @@ class RetentionStore:
                 out[row["run_id"]]["tables"].setdefault(table.name, []).append(row)
         for r in self._raw.rows(conn, self._records_of(ids)):
             out[r[2]]["records"].append(StoredTraceRecord(*r))
+        # a record an erasure redacted goes into its segment as redacted: its original leaf hash with it
+        x, rec = redacted_records.c, t.trace_records.c
+        query = (sa.select(rec.run_id, x.seq, x.erase_id, x.leaf).join(t.trace_records, rec.seq == x.seq)
+                 .where(rec.run_id.in_(ids)))
+        for row in conn.execute(query):
+            out[row.run_id]["redacted"][int(row.seq)] = {"erase_id": row.erase_id, "leaf": bytes(row.leaf).hex()}
 
     @staticmethod
     def _records_of(run_ids: list[str]) -> sa.Select[Any]:
