@@ -154,10 +154,10 @@ class Archiver:
             indices = [manifest.seq - 1]
             for i, run_id in enumerate(ids):
                 entry = bundle[run_id]
-                records = entry["records"]
+                records, redacted = entry["records"], entry["redacted"]
                 indices += [rec.seq - 1 for rec in records]
                 out.write(_line({"index": i, "run_id": run_id, "run": entry["run"], "job": entry.get("job"),
-                                 "tables": entry["tables"], "records": [_record_doc(r, entry["redacted"].get(r.seq)) for r in records]}))
+                                 "tables": entry["tables"], "records": [_record_doc(r, redacted.get(r.seq)) for r in records]}))
             proof = multiproof.multiproof(tree, sorted(indices), cp.tree_size)
             out.write(_line({"end": True, "proof": [p.hex() for p in proof]}))
         return buffer.getvalue()

@@ -147,8 +147,8 @@ class RetentionStore:
         x, rec = redacted_records.c, t.trace_records.c
         query = (sa.select(rec.run_id, x.seq, x.erase_id, x.leaf).join(t.trace_records, rec.seq == x.seq)
                  .where(rec.run_id.in_(ids)))
-        for row in conn.execute(query):
-            out[row.run_id]["redacted"][int(row.seq)] = {"erase_id": row.erase_id, "leaf": bytes(row.leaf).hex()}
+        for run_id, seq, erase_id, leaf in conn.execute(query):
+            out[run_id]["redacted"][int(seq)] = {"erase_id": erase_id, "leaf": bytes(leaf).hex()}
 
     @staticmethod
     def _records_of(run_ids: list[str]) -> sa.Select[Any]:
