@@ -27,8 +27,8 @@ from harness.domain.errors import UnknownRunError
 from harness.kernel import RunState
 from harness.retention.archiver import Archiver
 from harness.retention.erase import erase_user
-from harness.retention.readback import read_back
 from harness.retention.policy import DAY_S, RetentionPolicy
+from harness.retention.readback import read_back
 from harness.retention.storage import LocalSegmentStore
 from harness.state_machine import StateMachine
 from tests.integration.bulk_runs import clone, drive

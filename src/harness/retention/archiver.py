@@ -156,8 +156,9 @@ class Archiver:
                 entry = bundle[run_id]
                 records, redacted = entry["records"], entry["redacted"]
                 indices += [rec.seq - 1 for rec in records]
+                docs = [_record_doc(r, redacted.get(r.seq)) for r in records]
                 out.write(_line({"index": i, "run_id": run_id, "run": entry["run"], "job": entry.get("job"),
-                                 "tables": entry["tables"], "records": [_record_doc(r, redacted.get(r.seq)) for r in records]}))
+                                 "tables": entry["tables"], "records": docs}))
             proof = multiproof.multiproof(tree, sorted(indices), cp.tree_size)
             out.write(_line({"end": True, "proof": [p.hex() for p in proof]}))
         return buffer.getvalue()
