@@ -552,7 +552,7 @@ def build_runtime(settings: Settings | None = None, *, clock: Clock | None = Non
     machine.in_transaction(pushes.on_transition)  # results of every close and park (P4), in its transaction
     hitl.on_insert(pushes.on_request)  # approval requests opened or escalated (N1), in their transaction
     runs = RunManager(
-        store=store, writes=SqlRunWrites(store, ledger), machine=machine, assembler=assembler,
+        store=store, writes=SqlRunWrites(store, ledger), units=store, machine=machine, assembler=assembler,
         orchestrator=PlanOrchestrator(
             provider, registry, max_attempts=1 if isinstance(provider, GuardedProvider) else 3),
         policy=policy, tools=tools, hitl=hitl, ledger=ledger, execution_limit_s=settings.execution_limit_s,

@@ -74,22 +74,26 @@ class LeasedDrive:
         run = self.store.get_run(run_id)
         if run.state in FINAL or run.state == S.AWAITING_HITL:
             return self.runs.result(run_id)
-        lease = self.leases.acquire(run_id, self.owner)
-        if lease is None:
-            return None
-        fence = Fence(lease, self.leases)
-        if lease.stalls >= self.max_stalls:
-            return self._poisoned(run_id, fence)
-        stop = threading.Event()
-        beat = threading.Thread(target=self._heartbeat, args=(fence, stop), daemon=True, name=f"heartbeat-{run_id}")
-        beat.start()
-        try:
-            return self.runs.drive(run_id, fence=fence)
-        finally:
-            stop.set()
-            beat.join()
-            if not fence.lost:
-                self.leases.release(fence.lease)
+        # the lease is taken in the transaction of the drive's first transitions and given back in that
+        # of its park or close (the unit of work's first and last commits), not in commits of its own
+        with self.runs.units.unit(run_id):
+            lease = self.leases.acquire(run_id, self.owner)
+            if lease is None:
+                return None
+            fence = Fence(lease, self.leases)
+            if lease.stalls >= self.max_stalls:
+                return self._poisoned(run_id, fence)
+            stop = threading.Event()
+            beat = threading.Thread(target=self._heartbeat, args=(fence, stop), daemon=True,
+                                    name=f"heartbeat-{run_id}")
+            beat.start()
+            try:
+                return self.runs.drive(run_id, fence=fence)
+            finally:
+                stop.set()
+                beat.join()
+                if not fence.lost:
+                    self.leases.release(fence.lease)
 
     def _heartbeat(self, fence: Fence, stop: threading.Event) -> None:
         interval = self.leases.ttl_s / 3

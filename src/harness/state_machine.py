@@ -64,8 +64,15 @@ class StateMachine:
         self._listeners.append(listener)
 
     def _notify(self, run_id: str, source: RunState, target: RunState) -> None:
-        for listener in self._listeners:
-            listener(run_id, source, target)
+        """Tell the listeners of a change once it has committed (inside a drive's unit of work, at its
+        next boundary: a listener that wakes another thread or process must find the change there)."""
+        if not self._listeners:
+            return
+
+        def tell() -> None:
+            for listener in self._listeners:
+                listener(run_id, source, target)
+        self.store.after_commit(tell)
 
     def on_close(self, hook: ClosingHook) -> None:
         """Register a hook that runs in TRACING, just before the final state."""

@@ -190,6 +190,7 @@ class PlanOrchestrator:
         flattened: bool,
         outputs: dict[str, Any],
         run_step: Callable[[PlanStep, dict[str, Any]], StepRun],
+        before_parallel: Callable[[], None] | None = None,
     ) -> ExecutionReport:
         """Run every step not yet done, wave by wave; stop at the first failure.
 
@@ -204,6 +205,8 @@ class PlanOrchestrator:
             if len(todo) == 1:
                 results = [run_step(todo[0], snapshot)]  # nothing to overlap with: no thread hop
             else:
+                if before_parallel is not None:  # the steps write from other threads: commit first
+                    before_parallel()
                 # each step runs in the drive's context (its lease and RunContext), not the pool thread's
                 futures = [self._pool.submit(contextvars.copy_context().run, run_step, s, snapshot) for s in todo]
                 results = [f.result() for f in futures]

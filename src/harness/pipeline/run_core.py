@@ -37,6 +37,7 @@ from harness.pipeline.tool_controller import ToolController
 from harness.policy.hitl import HitlDesk
 from harness.ports import Fence
 from harness.ports.runs import RunStore, RunWrites
+from harness.ports.units import UnitOfWork
 from harness.state_machine import StateMachine
 
 S = RunState
@@ -55,6 +56,9 @@ class Drive:
     run_id: str
     fence: Fence | None
     context: dict[str, Any] | None = None
+    #: a step whose result must be durable before the next call (one that may have changed something)
+    #: was recorded since the last boundary
+    unsettled: bool = False
 
 
 DRIVE: contextvars.ContextVar[Drive | None] = contextvars.ContextVar("harness_drive", default=None)
@@ -75,6 +79,8 @@ class RunCore:
     # set by RunManager.__init__
     store: RunStore
     writes: RunWrites
+    #: the drive's unit of work: its writes commit at the boundaries before each effect (ports.units)
+    units: UnitOfWork
     machine: StateMachine
     assembler: ContextAssembler
     orchestrator: PlanOrchestrator

@@ -3,6 +3,7 @@ fence, record each step's outcome in the RunContext, then answer, plan another r
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from typing import Any
@@ -49,7 +50,10 @@ class ExecutionSteps(RunCore):
         def run_step(step: PlanStep, available: dict[str, Any]) -> StepRun:
             return self._run_step(run, request, step, available, approved, deadline)
 
-        report = self.orchestrator.execute(plan, bool(context.get("flattened")), outputs, run_step)
+        # before the first tool call: the plan, its verdicts and the move to EXECUTING are durable
+        self.units.boundary()
+        report = self.orchestrator.execute(plan, bool(context.get("flattened")), outputs, run_step,
+                                           before_parallel=self.units.boundary)
         elapsed = (time.perf_counter() - started) * 1000
         if report.failure is not None:
             failure = report.failure
@@ -107,8 +111,9 @@ class ExecutionSteps(RunCore):
         system = self.assembled_context(run.run_id).system_prompt
         llm_input = {"purpose": "answer", "system": system, "messages": [m.model_dump(mode="json") for m in messages]}
         try:
-            response = self.tools.compose_answer(system, messages, run_id=run.run_id, caller=request.caller,
-                                                 deadline=deadline)
+            with self.units.effect():  # before the model is called, what led here is durable
+                response = self.tools.compose_answer(system, messages, run_id=run.run_id, caller=request.caller,
+                                                     deadline=deadline)
         except (ProviderError, ContextError, StepTimeoutError, ToolCallError) as exc:
             code = getattr(exc, "code", None) or (f"llm_{exc.kind}" if isinstance(exc, ProviderError) else "timeout")
             if isinstance(exc, ProviderError):
@@ -200,12 +205,25 @@ class ExecutionSteps(RunCore):
                 return self._refuse(run, step, "outcome_unknown",
                                     f"outcome of {step.id} unknown: the database already records it as "
                                     f"{refusal} by another drive, so {skill.id} is not run again")
-        call = self.tools.call(skill, arguments, run_id=run.run_id, step_id=step.id, output_key=step.output_key,
-                               caller=request.caller, deadline=deadline,
-                               may_fall_back=self._fallback_check(run, step, arguments))
+        # Before a call, what it depends on commits: its "started" mark, and the results of earlier calls
+        # that may have changed something. Only an idempotent, read-only, in-process call neither needs
+        # that nor leaves anything to lose: its result rides with the next boundary, and a crash before
+        # it runs the call again, which is harmless.
+        rides = skill.manifest.idempotent and skill.manifest.risk.access == "read" and \
+            skill.manifest.call_kind == "local"
+        drive = DRIVE.get()
+        if drive is not None and drive.unsettled:
+            self.units.boundary()
+            drive.unsettled = False
+        with contextlib.nullcontext() if rides else self.units.effect():
+            call = self.tools.call(skill, arguments, run_id=run.run_id, step_id=step.id,
+                                   output_key=step.output_key, caller=request.caller, deadline=deadline,
+                                   may_fall_back=self._fallback_check(run, step, arguments))
         self._record_step(run.run_id, call.outcome.model_dump(mode="json"), [*call.traces] + (
             [error_trace(run.run_id, 6, call.trace.error_code or "error", call.exception, call.outcome.attempts - 1)]
             if call.exception is not None else []), values=(arguments, call.outcome.output))
+        if drive is not None and not rides:
+            drive.unsettled = True  # durable before the next call at the latest (or with the close)
         if call.exception is not None:
             return StepRun(step.id, step.output_key, False, error=call.outcome.error, error_code=call.trace.error_code)
         return StepRun(step.id, step.output_key, True, output=call.outcome.output)

@@ -41,6 +41,7 @@ from harness.pipeline.tool_kinds import ChildWait
 from harness.policy.hitl import Decision, HitlDesk, HitlRequest
 from harness.ports import Fence, Tx
 from harness.ports.runs import RunLeases, RunStore, RunWrites
+from harness.ports.units import UnitOfWork
 from harness.state_machine import StateMachine
 
 
@@ -64,9 +65,10 @@ class RunManager(PreparingSteps, ExecutionSteps, Decisions):
                  ledger: CostLedger, execution_limit_s: float = 600.0, chain_depth: int = 4,
                  limits: RequestLimits | None = None, roles_of: RolesOf | None = None,
                  check_callback: Callable[[RunRequest], None] | None = None, max_rounds: int = 4,
-                 child_leases: RunLeases) -> None:
+                 child_leases: RunLeases, units: UnitOfWork) -> None:
         self.store = store
         self.writes = writes
+        self.units = units
         self.machine = machine
         self.assembler = assembler
         self.orchestrator = orchestrator
@@ -138,7 +140,9 @@ class RunManager(PreparingSteps, ExecutionSteps, Decisions):
         token = DRIVE.set(Drive(run_id, fence))
         try:
             with self.children.driving(run_id):
-                return self._drive(run_id)
+                with self.units.unit(run_id):  # its end commits the park or the close
+                    self._drive(run_id)
+                return self.result(run_id)
         finally:
             DRIVE.reset(token)
 
@@ -146,7 +150,7 @@ class RunManager(PreparingSteps, ExecutionSteps, Decisions):
         """Drive or wait for a child Run of the Run this drive executes (AgentInvoke, T4)."""
         return self.children.await_child(parent_id, child_id, until, fence_for(parent_id))
 
-    def _drive(self, run_id: str) -> RunResult:
+    def _drive(self, run_id: str) -> None:
         run = self.store.get_run(run_id)
         request = RunRequest.model_validate(run.request)
         if run.state in TRANSIENT or run.state == S.TRACING:
@@ -172,7 +176,6 @@ class RunManager(PreparingSteps, ExecutionSteps, Decisions):
                 break
         # the result reaches the caller through the ResultSink the state machine calls inside every close
         # and park (harness.webhooks), whoever makes it: not from here, which only a drive passes through
-        return self.result(run_id)
 
     def prune_workdirs(self) -> list[str]:
         """Remove the working directories of final Runs whose close another process made (a sweeper

@@ -76,7 +76,9 @@ class PreparingSteps(RunCore):
         if transcript:
             llm_input["rounds"] = [m.model_dump(mode="json") for m in transcript]
         try:
-            outcome = self.orchestrator.plan(assembled, specs, rounds=transcript, taken=rounds.taken_names(context))
+            with self.units.effect():  # before the model is called, what led here is durable
+                outcome = self.orchestrator.plan(assembled, specs, rounds=transcript,
+                                                 taken=rounds.taken_names(context))
         except PlanError as exc:
             if isinstance(exc.response, LLMResponse):
                 self.writes.record_llm_call(run.run_id, "plan", llm_input,

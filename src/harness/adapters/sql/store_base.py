@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Mapping
+import os
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 import sqlalchemy as sa
 
 from harness.adapters.sql.database import read_only
 from harness.adapters.sql.raw import RawStatements
+from harness.adapters.sql.units import MODES, JoiningEngine, Units, joining
 from harness.clock import SystemClock
+from harness.domain.errors import InvalidRequestError
 from harness.domain.records import (
     RunRecord,
     TransitionRow,
@@ -88,7 +92,16 @@ def run_of(m: Mapping[Any, Any]) -> RunRecord:
 class StoreBase:
     """What every part of the SQL store shares: the engine, its read-only pool, the clock, the trace buffer."""
 
-    def __init__(self, engine: sa.Engine, clock: Clock | None = None) -> None:
+    def __init__(self, engine: sa.Engine, clock: Clock | None = None, *, commit_mode: str | None = None) -> None:
+        if isinstance(engine, JoiningEngine):  # another store's engine: share its units of work
+            self.units: Units = engine._units
+        else:
+            mode = commit_mode or os.environ.get("HARNESS_COMMIT_MODE") or MODES[0]
+            if mode not in MODES:
+                raise InvalidRequestError(f"HARNESS_COMMIT_MODE must be one of {', '.join(MODES)}, not {mode!r}")
+            self.units = Units(engine, enabled=mode == "boundaries")
+            engine = joining(engine, self.units)
+        #: the engine, joining the drive's unit of work when one is open (harness.adapters.sql.units)
         self.engine = engine
         #: the same pool, for reads only: on SQLite they do not take the write lock
         self.reader = read_only(engine)
@@ -99,6 +112,24 @@ class StoreBase:
         #: carries the outbox to the chain through e.g. Redis Streams (SPEC D2); None: drained directly
         self.trace_buffer: TraceBuffer | None = None
         self._database_id: str | None = None
+
+    # ------------------------------------------------------------------ units of work (ports.units)
+
+    def unit(self, run_id: str) -> contextlib.AbstractContextManager[object]:
+        """A unit of work for the drive of a Run: its writes commit at its boundaries and at its end."""
+        return self.units.unit(run_id)
+
+    def effect(self) -> contextlib.AbstractContextManager[None]:
+        """A block that leaves the process: committed before, and nothing inside joins the unit."""
+        return self.units.effect()
+
+    def boundary(self) -> None:
+        """Commit what this drive wrote since its last boundary, before an effect leaves the process."""
+        self.units.boundary()
+
+    def after_commit(self, told: Callable[[], None]) -> None:
+        """Run `told` once what was written so far has committed."""
+        self.units.after_commit(told)
 
     def close(self) -> None:
         """Release every pooled connection."""

@@ -17,6 +17,7 @@ from harness.adapters.sql.store_base import (
     run_of,
     transition_of,
 )
+from harness.adapters.sql.units import begun
 from harness.domain.errors import StoreError, UnknownRunError
 from harness.domain.records import (
     AuditEvent,
@@ -109,7 +110,7 @@ class RunReads(StoreBase):
 
     def run_with_transitions(self, run_id: str) -> tuple[RunRecord, list[TransitionRow]]:
         """A Run and its state changes from one snapshot, in one round trip (what closing a Run needs)."""
-        with self.reader.connect() as conn, conn.begin():  # raw cursors do not autobegin: begin here
+        with self.reader.connect() as conn, begun(conn):  # raw cursors do not autobegin: begin here
             found = self._raw.mappings(conn, q.RUN_BY_ID, {"p_run_id": run_id})
             if not found:
                 raise UnknownRunError(run_id)
@@ -119,7 +120,7 @@ class RunReads(StoreBase):
     def outcome_of(self, run_id: str) -> tuple[RunState, dict[str, Any] | None, list[RunState]]:
         """(state, result, path) of a Run from one snapshot: what its caller is answered, without the
         request and RunContext a full read decodes."""
-        with self.reader.connect() as conn, conn.begin():
+        with self.reader.connect() as conn, begun(conn):
             found = self._raw.fetchone(conn, q.OUTCOME_OF, {"p_run_id": run_id})
             if found is None:
                 raise UnknownRunError(run_id)

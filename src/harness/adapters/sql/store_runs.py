@@ -92,6 +92,7 @@ class RunWrites(TraceChain):
                 if existing is not None:
                     return existing, False
             raise
+        self.units.boundary()  # accepted: durable before the caller gets its id, even inside a drive
         # the row just committed, without reading it back: one transaction fewer per Run
         return RunRecord(
             run_id=new.run_id, tenant_id=new.tenant_id, user_id=new.user_id, session_id=new.session_id,
