@@ -21,6 +21,7 @@ from harness.adapters.llm.resilient import GuardedProvider, ProviderSettings
 from harness.adapters.llm.scripted import ScriptedProvider
 from harness.adapters.sandbox import Workdirs, select_sandbox
 from harness.adapters.sql import database
+from harness.adapters.sql.approvals import SqlApprovals
 from harness.adapters.sql.audit_mirrors import check_archived_run
 from harness.adapters.sql.audit_reads import SqlAuditReads
 from harness.adapters.sql.leases import Leases
@@ -520,7 +521,7 @@ def build_runtime(settings: Settings | None = None, *, clock: Clock | None = Non
         registry = SkillRegistry(registry.all(), sources=(mcp,))
     ledger = CostLedger(store)
     policy = PolicyEngine.from_file(settings.policy_file, registry, ledger)
-    hitl = HitlDesk(store, policy.policy.hitl)
+    hitl = HitlDesk(SqlApprovals(store), policy.policy.hitl)
     pricing = PricingTable.for_deployment(settings.llm_pricing)
     if provider is None:
         check_priced(settings, pricing, policy.policy.budgets.unpriced_model)
