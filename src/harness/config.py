@@ -502,11 +502,13 @@ def open_mcp(settings: Settings, registry: SkillRegistry) -> McpServers | None:
     if settings.mcp_file is None:
         return None
     try:
+        from harness.adapters.mcp_client import McpClient
         from harness.mcp_skills import McpServers, load_mcp_file
     except ImportError as exc:
         raise InvalidRequestError("HARNESS_MCP_FILE needs the mcp package: pip install 'harness-kernel[mcp]'") from exc
     groups = {skill.id.split(".", 1)[0] for skill in registry.all()}
-    return McpServers(load_mcp_file(settings.mcp_file), config_path=settings.mcp_file, reserved_groups=sorted(groups))
+    return McpServers(load_mcp_file(settings.mcp_file), connector=McpClient(), config_path=settings.mcp_file,
+                      reserved_groups=sorted(groups))
 
 
 def mcp_kinds(mcp: McpServers | None, ledger: CostLedger, store: SqlStore) -> dict[str, Executor]:
