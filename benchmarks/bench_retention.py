@@ -33,6 +33,7 @@ from harness.adapters.sql.store import SqlStore
 from harness.audit.checkpoint import publish_checkpoint
 from harness.audit.verify import verify_chain
 from harness.clock import FakeClock
+from harness.config import archive_rows
 from harness.retention.archiver import Archiver
 from harness.retention.policy import DAY_S, RetentionPolicy
 from harness.retention.storage import LocalSegmentStore
@@ -114,7 +115,7 @@ def main() -> None:
         ok_before = verify_chain(SqlAuditReads(store), tmp / "cp").ok
         verify_before = time.perf_counter() - t0
         clock.advance(40 * DAY_S)
-        report = Archiver(store, LocalSegmentStore(tmp / "archive"), tmp / "cp",
+        report = Archiver(archive_rows(store), LocalSegmentStore(tmp / "archive"), tmp / "cp",
                           policy=RetentionPolicy(days=30, batch=args.runs)).run()
         after = size(store, args.backend, url)
         compact(store, args.backend, url)

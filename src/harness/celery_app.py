@@ -20,7 +20,7 @@ from celery import Celery
 from celery.signals import worker_process_init
 
 from harness.audit.publisher import CheckpointPublisher
-from harness.config import Runtime, Settings, audit_reads, build_runtime
+from harness.config import Runtime, Settings, archiver_factory, audit_reads, build_runtime
 from harness.kernel import RunState
 from harness.kernel.thresholds import SWEEP_INTERVAL_S
 from harness.retention.policy import RetentionPolicy
@@ -144,7 +144,7 @@ def _schedule_archive(app: Celery) -> None:
     @app.task(name="harness.archive")
     def archive() -> dict[str, object]:
         rt = runtime()
-        report = archive_once(rt.store, rt.settings.checkpoint_dir, rt.settings.checkpoint_witnesses)
+        report = archive_once(archiver_factory(rt.store, rt.settings.checkpoint_dir, rt.settings.checkpoint_witnesses))
         return {"archived": None} if report is None else report.to_dict()
 
 

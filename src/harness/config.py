@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -19,10 +19,13 @@ from harness.adapters.llm.factory import make_provider
 from harness.adapters.llm.pricing import PricingTable
 from harness.adapters.llm.resilient import GuardedProvider, ProviderSettings
 from harness.adapters.llm.scripted import ScriptedProvider
+from harness.adapters.s3_segments import S3SegmentStore
 from harness.adapters.sandbox import Workdirs, select_sandbox
 from harness.adapters.sql import database
+from harness.adapters.sql.approvals import SqlApprovals
 from harness.adapters.sql.audit_mirrors import check_archived_run
 from harness.adapters.sql.audit_reads import SqlAuditReads
+from harness.adapters.sql.erasure import ErasureStore
 from harness.adapters.sql.leases import Leases
 from harness.adapters.sql.ledger import CostLedger
 from harness.adapters.sql.memory import SqlMemoryRows
@@ -37,6 +40,8 @@ from harness.adapters.sql.store import SqlStore, open_existing
 from harness.adapters.sql.webhooks import WebhookOutbox
 from harness.adapters.webhook_http import WebhookSender
 from harness.agents import Agent, support_agent
+from harness.audit.checkpoint import checkpoint_dir
+from harness.audit.witness import Witness, open_witness
 from harness.context.secrets import SecretFilter
 from harness.context.tokenizer import tokenizer_for
 from harness.domain.audit import ChainReport
@@ -64,6 +69,14 @@ from harness.ports import Clock, LLMProvider, ResultSink, TraceBuffer
 from harness.ports.audit import AuditReads, ReconcileReads
 from harness.ports.leases import LeaseKeeper
 from harness.ports.queries import ReadModel
+from harness.ports.retention import ArchiveRows, ErasureRows
+from harness.ports.segments import SegmentLocator, SegmentStore
+from harness.retention import storage
+from harness.retention.archiver import Archiver
+from harness.retention.erase import EraseReport
+from harness.retention.erase import erase_user as _erase_user
+from harness.retention.policy import RetentionPolicy
+from harness.retention.scheduled import ArchiverFactory
 from harness.skills import SkillRegistry
 from harness.state_machine import Listener, StateMachine
 from harness.webhooks.config import WebhookConfig, load_webhook_config
@@ -359,6 +372,57 @@ def archived_run(store: SqlStore, run_id: str) -> ArchivedRun | None:
     return RetentionStore(store).archived(run_id)
 
 
+# ---------------------------------------------------------------------- retention: archive and erasure
+
+
+def archive_rows(store: SqlStore) -> ArchiveRows:
+    """The archive's port over a store: what an archive pass reads, and its one prune."""
+    return RetentionStore(store)
+
+
+def erasure_rows(store: SqlStore) -> ErasureRows:
+    """The erasure's port over a store."""
+    return ErasureStore(store)
+
+
+def open_segment_store(url: str | None = None, endpoint: str | None = None) -> SegmentStore:
+    """The segment store `url` names (default HARNESS_ARCHIVE_URL, else ./harness-archive): a directory,
+    or an S3-compatible bucket (s3://bucket/prefix, at `endpoint` or HARNESS_ARCHIVE_S3_ENDPOINT)."""
+    return storage.open_segment_store(url, endpoint, s3=S3SegmentStore)
+
+
+def segment_locator(endpoint: str | None = None) -> SegmentLocator:
+    """Finds the store holding a segment from its location (a file:// or s3:// URL)."""
+    return lambda location: storage.store_of(location, endpoint, s3=S3SegmentStore)
+
+
+def read_location(location: str, endpoint: str | None = None) -> bytes:
+    """The bytes of the segment at `location`."""
+    return segment_locator(endpoint)(location).get(location)
+
+
+def make_archiver(store: SqlStore, directory: Path | None, witnesses: Sequence[str],
+                  policy: RetentionPolicy | None = None, segments: SegmentStore | None = None) -> Archiver:
+    """An archiver as the settings describe it (HARNESS_ARCHIVE_URL, the checkpoint directory)."""
+    ws: list[Witness] = [open_witness(w) for w in witnesses]
+    return Archiver(RetentionStore(store), segments or open_segment_store(),
+                    directory or checkpoint_dir(None, store.database_id()),
+                    policy=policy or RetentionPolicy.from_env(), witnesses=ws)
+
+
+def archiver_factory(store: SqlStore, directory: Path | None,
+                     witnesses: Sequence[str]) -> ArchiverFactory:
+    """Makes the archiver of each scheduled pass (the segment store is opened per pass, from the settings)."""
+    return lambda policy: make_archiver(store, directory, witnesses, policy)
+
+
+def erase_user(store: SqlStore, tenant_id: str, user_id: str, *, salt: bytes | None = None,
+               endpoint: str | None = None, segments: SegmentStore | None = None) -> EraseReport:
+    """Erase a person's data from the database and the archive (harness.retention.erase.erase_user)."""
+    return _erase_user(ErasureStore(store), tenant_id, user_id, salt=salt, segments=segments,
+                       locate=segment_locator(endpoint))
+
+
 def replay_reads(store: SqlStore) -> ReplayReads:
     """What a replay reads of a recorded Run beyond the store's reads (outbox, blobs, decisions, history)."""
     return ReplayReads(store)
@@ -438,11 +502,13 @@ def open_mcp(settings: Settings, registry: SkillRegistry) -> McpServers | None:
     if settings.mcp_file is None:
         return None
     try:
+        from harness.adapters.mcp_client import McpClient
         from harness.mcp_skills import McpServers, load_mcp_file
     except ImportError as exc:
         raise InvalidRequestError("HARNESS_MCP_FILE needs the mcp package: pip install 'harness-kernel[mcp]'") from exc
     groups = {skill.id.split(".", 1)[0] for skill in registry.all()}
-    return McpServers(load_mcp_file(settings.mcp_file), config_path=settings.mcp_file, reserved_groups=sorted(groups))
+    return McpServers(load_mcp_file(settings.mcp_file), connector=McpClient(), config_path=settings.mcp_file,
+                      reserved_groups=sorted(groups))
 
 
 def mcp_kinds(mcp: McpServers | None, ledger: CostLedger, store: SqlStore) -> dict[str, Executor]:
@@ -520,7 +586,7 @@ def build_runtime(settings: Settings | None = None, *, clock: Clock | None = Non
         registry = SkillRegistry(registry.all(), sources=(mcp,))
     ledger = CostLedger(store)
     policy = PolicyEngine.from_file(settings.policy_file, registry, ledger)
-    hitl = HitlDesk(store, policy.policy.hitl)
+    hitl = HitlDesk(SqlApprovals(store), policy.policy.hitl)
     pricing = PricingTable.for_deployment(settings.llm_pricing)
     if provider is None:
         check_priced(settings, pricing, policy.policy.budgets.unpriced_model)

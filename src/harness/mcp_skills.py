@@ -46,12 +46,12 @@ from typing import Any
 import mcp_types
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from harness.adapters.mcp_client import Listing, McpConnection, McpError, McpLoop, Target
 from harness.domain.chain import content_hash
 from harness.domain.errors import ContextError, InvalidRequestError
 from harness.domain.traces import CostTrace
 from harness.pipeline.tool_kinds import Attempt, ToolCallError
 from harness.policy.risk import Risk
+from harness.ports.mcp import Listing, McpConnection, McpConnector, McpError, Target
 from harness.skills import BreakerSettings, Manifest, RetryPolicy, Skill
 from harness.yamlfile import read_yaml
 
@@ -168,7 +168,7 @@ class McpTool:
 class McpServers:
     """The configured servers of one process: their connections, and their tools as skills (a SkillSource)."""
 
-    def __init__(self, servers: dict[str, ServerConfig], *, config_path: Path | None = None,
+    def __init__(self, servers: dict[str, ServerConfig], *, connector: McpConnector, config_path: Path | None = None,
                  reserved_groups: Sequence[str] = ()) -> None:
         clash = sorted(set(servers) & set(reserved_groups))
         if clash:
@@ -176,11 +176,11 @@ class McpServers:
                                       "first part of a skill's id from the skills folders; rename the server")
         self.configs = servers
         self.path = config_path or Path("mcp")
-        self._loop = McpLoop()
-        self.connections = {name: McpConnection(_target(name, cfg), self._loop,
-                                                connect_timeout_s=cfg.connect_timeout_s,
-                                                on_restart=functools.partial(self._restarted, name))
-                            for name, cfg in servers.items()}
+        self._connector = connector
+        self.connections: dict[str, McpConnection] = {
+            name: connector.connect(_target(name, cfg), connect_timeout_s=cfg.connect_timeout_s,
+                                    on_restart=functools.partial(self._restarted, name))
+            for name, cfg in servers.items()}
         #: (run_id or None, event, detail): a restart goes on the audit trail, on the Run whose call met it
         self.audit: Callable[[str | None, str, dict[str, Any]], None] | None = None
         self._lock = threading.Lock()
@@ -240,7 +240,7 @@ class McpServers:
         """Close every connection (stdio servers are stopped) and the loop."""
         for connection in self.connections.values():
             connection.close()
-        self._loop.close()
+        self._connector.close()
 
     # ------------------------------------------------------------------ tools into skills
     def _to_skills(self, server: str, listing: Listing) -> dict[str, Skill]:

@@ -14,10 +14,10 @@ import pytest
 
 from harness.adapters.sql.store import SqlStore
 from harness.clock import FakeClock
+from harness.config import archive_rows, open_segment_store, read_location
 from harness.ports.segments import SegmentStoreError
 from harness.retention.archiver import Archiver
 from harness.retention.policy import DAY_S, RetentionPolicy
-from harness.retention.storage import open_segment_store, read_location
 from harness.state_machine import StateMachine
 from tests.integration.bulk_runs import clone, drive
 from tests.integration.conftest import wait_for_port
@@ -61,12 +61,12 @@ def test_segments_go_to_the_bucket_and_prove_from_there(s3_endpoint: str, tmp_pa
     clone(store, drive(machine), 9)
     clock.advance(5 * DAY_S)
     segments = open_segment_store("s3://runs-archive/prod/segments", s3_endpoint)
-    missing = Archiver(store, open_segment_store("s3://no-such-bucket", s3_endpoint), tmp_path / "cp",
+    missing = Archiver(archive_rows(store), open_segment_store("s3://no-such-bucket", s3_endpoint), tmp_path / "cp",
                        policy=RetentionPolicy(days=1))
     with pytest.raises(SegmentStoreError, match="no-such-bucket"):
         missing.run()
     assert len(store.list_runs()) == 10
-    report = Archiver(store, segments, tmp_path / "cp", policy=RetentionPolicy(days=1)).run()
+    report = Archiver(archive_rows(store), segments, tmp_path / "cp", policy=RetentionPolicy(days=1)).run()
     assert report.runs == report.pruned_runs == 10
     assert report.location and report.location.startswith("s3://runs-archive/prod/segments/segment-")
     listed = boto3.client("s3", endpoint_url=s3_endpoint).list_objects_v2(Bucket="runs-archive", Prefix="prod/")

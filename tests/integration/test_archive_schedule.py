@@ -9,6 +9,7 @@ import pytest
 
 from harness.adapters.sql.store import SqlStore
 from harness.clock import FakeClock
+from harness.config import archiver_factory
 from harness.retention.policy import DAY_S
 from harness.retention.scheduled import ScheduledArchiver
 from harness.state_machine import StateMachine
@@ -25,10 +26,10 @@ def test_the_scheduled_pass_archives_only_with_a_retention_period(tmp_path: Path
     clock.advance(3 * DAY_S)
     monkeypatch.setenv("HARNESS_ARCHIVE_URL", str(tmp_path / "archive"))
     monkeypatch.delenv("HARNESS_RETENTION_DAYS", raising=False)
-    never = ScheduledArchiver(store, tmp_path / "cp", [], interval_s=0)
+    never = ScheduledArchiver(archiver_factory(store, tmp_path / "cp", []), interval_s=0)
     never.start_if_due()
     assert never.pending is None
-    scheduled = ScheduledArchiver(store, tmp_path / "cp", [], interval_s=1e-6)
+    scheduled = ScheduledArchiver(archiver_factory(store, tmp_path / "cp", []), interval_s=1e-6)
     scheduled.start_if_due()
     assert scheduled.pending is not None and scheduled.pending.result(timeout=30) is None
     monkeypatch.setenv("HARNESS_RETENTION_DAYS", "1")

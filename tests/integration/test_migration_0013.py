@@ -15,6 +15,7 @@ import sqlalchemy as sa
 from alembic import command
 
 from harness.adapters.sql import schema as t
+from harness.adapters.sql.approvals import SqlApprovals
 from harness.adapters.sql.audit_reads import SqlAuditReads
 from harness.adapters.sql.database import create_engine, head_revision, migrate, resolve_url
 from harness.adapters.sql.store import SqlStore
@@ -24,7 +25,6 @@ from harness.config import Settings, build_runtime
 from harness.domain.contracts import CallerIdentity
 from harness.domain.records import TraceRecordIn
 from harness.pipeline.sandbox_pool import SandboxPool
-from harness.policy.hitl import HitlDesk
 from harness.state_machine import StateMachine
 
 from ..conftest import FIXTURES
@@ -55,7 +55,7 @@ def _as_the_earlier_version(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setattr(StateMachine, "_run_trace", old_run_trace)
     monkeypatch.setattr(SqlStore, "_with_record_commitment", lambda self, conn, run_id, outbox: outbox)
-    monkeypatch.setattr(HitlDesk, "_chain", lambda self, conn, kind, payload, run_id: None)
+    monkeypatch.setattr(SqlApprovals, "_chain", lambda self, conn, kind, payload, run_id: None)
     # and it had no sandbox instances (their table came later)
     monkeypatch.setattr(SandboxPool, "on_transition", lambda self, conn, run_id, source, target: None)
 

@@ -23,10 +23,10 @@ from harness.audit.reconcile import reconcile
 from harness.audit.segment import verify_segment
 from harness.audit.verify import verify_chain
 from harness.clock import FakeClock
+from harness.config import erase_user
 from harness.domain.errors import UnknownRunError
 from harness.kernel import RunState
 from harness.retention.archiver import Archiver
-from harness.retention.erase import erase_user
 from harness.retention.policy import DAY_S, RetentionPolicy
 from harness.retention.readback import read_back
 from harness.retention.storage import LocalSegmentStore
@@ -57,7 +57,7 @@ class World:
         publish_checkpoint(SqlAuditReads(self.store), self.cpdir)
         self.clock.advance(40 * DAY_S)
         self.today = drive(self.machine)
-        self.archiver = Archiver(self.store, LocalSegmentStore(self.archive_dir), self.cpdir,
+        self.archiver = Archiver(RetentionStore(self.store), LocalSegmentStore(self.archive_dir), self.cpdir,
                                  policy=RetentionPolicy(days=30))
 
 

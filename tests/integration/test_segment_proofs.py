@@ -15,6 +15,7 @@ import pytest
 
 from harness.adapters.sql.store import SqlStore
 from harness.clock import FakeClock
+from harness.config import archive_rows
 from harness.domain.chain import record_hash
 from harness.retention.archiver import Archiver
 from harness.retention.policy import DAY_S, RetentionPolicy
@@ -35,7 +36,7 @@ def archived(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, list
     first = drive(machine)
     ids = [first, *clone(store, first, 11)]
     clock.advance(10 * DAY_S)
-    report = Archiver(store, LocalSegmentStore(tmp / "archive"), tmp / "checkpoints",
+    report = Archiver(archive_rows(store), LocalSegmentStore(tmp / "archive"), tmp / "checkpoints",
                       policy=RetentionPolicy(days=1)).run()
     store.close()
     (tmp / "gone.db").unlink()

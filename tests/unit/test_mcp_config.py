@@ -10,6 +10,7 @@ pytest.importorskip("mcp")
 
 from mcp_types import ToolAnnotations
 
+from harness.adapters.mcp_client import McpClient
 from harness.domain.errors import InvalidRequestError
 from harness.mcp_skills import McpServers, ToolConfig, load_mcp_file, risk_for, skill_name
 from harness.policy.risk import Risk, level_for
@@ -72,4 +73,4 @@ def test_a_server_may_not_shadow_a_skill_group(tmp_path: Path) -> None:
     path = tmp_path / "mcp.yaml"
     path.write_text("servers: {orders: {command: [x]}}")
     with pytest.raises(InvalidRequestError, match=r"servers\.orders: the name is already"):
-        McpServers(load_mcp_file(path), config_path=path, reserved_groups=["orders", "notes"])
+        McpServers(load_mcp_file(path), connector=McpClient(), config_path=path, reserved_groups=["orders", "notes"])

@@ -15,9 +15,8 @@ import concurrent.futures
 import contextlib
 import threading
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Literal
+from typing import Any
 
 import anyio
 import httpx2
@@ -26,49 +25,9 @@ from mcp import Client, StdioServerParameters
 from mcp.client.stdio import stdio_client
 from mcp.shared.exceptions import MCPError
 
-from harness.domain.errors import HarnessError
+from harness.ports.mcp import Listing, McpError, Target
 
-Kind = Literal["unavailable", "closed", "timeout", "protocol"]
-
-
-class McpError(HarnessError):
-    """An MCP server could not be reached or did not answer: `kind` says how ("unavailable": it could not
-    be started or connected to; "closed": the connection broke during the request; "timeout"; "protocol":
-    it answered with a JSON-RPC error)."""
-
-    def __init__(self, message: str, kind: Kind) -> None:
-        super().__init__(message)
-        self.kind = kind
-
-
-@dataclass(frozen=True)
-class Target:
-    """Where a server is: a command run over stdio, or a streamable HTTP URL."""
-
-    name: str
-    command: tuple[str, ...] = ()
-    env: tuple[tuple[str, str], ...] = ()
-    cwd: str | None = None
-    url: str | None = None
-
-    @property
-    def transport(self) -> Literal["stdio", "http"]:
-        """How the client talks to it."""
-        return "http" if self.url else "stdio"
-
-    def describe(self) -> str:
-        """The server as a person reads it."""
-        return self.url or " ".join(self.command)
-
-
-@dataclass(frozen=True)
-class Listing:
-    """What a server said about itself and its tools, at one moment."""
-
-    server_name: str
-    server_version: str
-    tools: tuple[mcp_types.Tool, ...]
-
+__all__ = ["Listing", "McpClient", "McpConnection", "McpError", "McpLoop", "Target"]
 
 class McpLoop:
     """The event loop every MCP connection of a process runs on, on a daemon thread started at first use."""
@@ -323,3 +282,19 @@ def _reason(exc: BaseException) -> str:
     while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
         exc = exc.exceptions[0]
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+class McpClient:
+    """The MCP connector of one process (harness.ports.mcp.McpConnector): every connection on one loop."""
+
+    def __init__(self) -> None:
+        self._loop = McpLoop()
+
+    def connect(self, target: Target, *, connect_timeout_s: float,
+                on_restart: Callable[[str], None] | None) -> McpConnection:
+        """A connection to `target`, opened at its first use."""
+        return McpConnection(target, self._loop, connect_timeout_s=connect_timeout_s, on_restart=on_restart)
+
+    def close(self) -> None:
+        """Stop the loop (the connections are closed first)."""
+        self._loop.close()

@@ -16,14 +16,22 @@ from rich.console import Console
 from harness.audit.checkpoint import DIR_ENV, checkpoint_dir
 from harness.audit.witness import configured_witnesses
 from harness.cli.support import EXIT_CHECK_FAILED, DbOption, JsonOption, emit, fail
-from harness.config import Store, archived_rows_check, archived_run, open_store
+from harness.config import (
+    Store,
+    archive_rows,
+    archived_rows_check,
+    archived_run,
+    erase_user,
+    open_segment_store,
+    open_store,
+    segment_locator,
+)
 from harness.domain.retention import ArchivedRun
 from harness.ports.segments import SegmentStoreError
 from harness.retention import readback
 from harness.retention.archiver import ArchiveError, Archiver
-from harness.retention.erase import erase_user
 from harness.retention.policy import RetentionPolicy
-from harness.retention.storage import ENDPOINT_ENV, URL_ENV, open_segment_store
+from harness.retention.storage import ENDPOINT_ENV, URL_ENV
 
 ToOption = Annotated[str | None, typer.Option(
     "--to", envvar=URL_ENV, show_envvar=True,
@@ -60,7 +68,7 @@ def archive(
         fail("no retention period: give --older-than-days or set HARNESS_RETENTION_DAYS")
     store = open_store(db)
     directory = checkpoint_dir(checkpoint_dir_, store.database_id())
-    archiver = Archiver(store, open_segment_store(to, s3_endpoint), directory, policy=policy,
+    archiver = Archiver(archive_rows(store), open_segment_store(to, s3_endpoint), directory, policy=policy,
                         witnesses=configured_witnesses(witness))
     if dry_run:
         due = archiver.choose(limit)
@@ -95,7 +103,7 @@ def archived_or_none(store: Store, run_id: str) -> ArchivedRun | None:
 def read_back(archived: ArchivedRun, directory: Path, endpoint: str | None) -> dict[str, Any]:
     """The archived Run's line of its segment, after the segment is checked against its checkpoint."""
     try:
-        return readback.read_back(archived, directory, archived_rows_check, endpoint)
+        return readback.read_back(archived, directory, archived_rows_check, segment_locator(endpoint))
     except readback.SegmentUnavailableError as exc:
         fail(str(exc))
     except readback.SegmentUnverifiedError as exc:

@@ -16,52 +16,33 @@ transition that did not happen.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import sqlalchemy as sa
-
-from harness.adapters.sql import schema as t
-from harness.adapters.sql.store import SqlStore
-from harness.audit import mirror_records
-from harness.domain.chain import canonical_json, content_hash
+from harness.domain.approvals import ApprovalConflictError, HitlRequest
+from harness.domain.chain import content_hash
 from harness.domain.contracts import CallerIdentity, Plan
 from harness.domain.errors import BadInputError, StoreError
 from harness.domain.ids import ordered_id
-from harness.domain.records import TraceRecordIn, TransitionResult
+from harness.domain.records import TransitionResult
 from harness.domain.traces import HITLTrace
 from harness.kernel import RunState
 from harness.policy.config import Hitl, Level
 from harness.ports import Tx
+from harness.ports.approvals import ApprovalRows
+
+__all__ = ["BREAK_GLASS_ROLE", "Decision", "Expiry", "HitlDesk", "HitlRequest", "InsertHook", "Mover",
+           "UnknownRequestError", "actions_hash", "plan_actions"]
 
 BREAK_GLASS_ROLE = "break_glass"
-#: runs inside the transaction that inserts an approval request: (connection, request, escalated_from);
+#: runs inside the transaction that inserts an approval request: (transaction, request, escalated_from);
 #: the webhook notifier's way of pushing a request exactly when it is opened or escalated (SPEC P4 / N1)
-InsertHook = Callable[[sa.Connection, "HitlRequest", str | None], None]
+InsertHook = Callable[[Tx, HitlRequest, str | None], None]
 
 
 class UnknownRequestError(BadInputError):
     """No approval request has this id (in the caller's tenant)."""
-
-
-@dataclass(frozen=True)
-class HitlRequest:
-    """An approval request as stored."""
-
-    request_id: str
-    run_id: str
-    tenant_id: str
-    requester: str
-    level: Level
-    required_approvals: int
-    approver_roles: tuple[str, ...]
-    actions: list[dict[str, Any]]
-    actions_hash: str
-    status: str
-    created_at: float
-    deadline_at: float
 
 
 @dataclass(frozen=True)
@@ -79,7 +60,7 @@ class Decision:
 
 
 #: moves the Run for a decision that completed its request, inside the decision's transaction
-Mover = Callable[[sa.Connection, "HitlRequest", Literal["approved", "rejected"]], TransitionResult]
+Mover = Callable[[Tx, HitlRequest, Literal["approved", "rejected"]], TransitionResult]
 
 
 def plan_actions(plan: Plan) -> list[dict[str, Any]]:
@@ -92,22 +73,16 @@ def actions_hash(run_id: str, actions: list[dict[str, Any]]) -> str:
     return content_hash({"run_id": run_id, "actions": actions})
 
 
-def _request_from_row(row: sa.Row[Any]) -> HitlRequest:
-    m = row._mapping
-    return HitlRequest(
-        request_id=m["request_id"], run_id=m["run_id"], tenant_id=m["tenant_id"], requester=m["requester"],
-        level=m["level"], required_approvals=m["required_approvals"],
-        approver_roles=tuple(json.loads(m["approver_roles"])), actions=json.loads(m["actions"]),
-        actions_hash=m["actions_hash"], status=m["status"], created_at=m["created_at"],
-        deadline_at=m["deadline_at"],
-    )
+def _unknown(request_id: str) -> UnknownRequestError:
+    return UnknownRequestError(f"no approval request with id {request_id!r}")
 
 
 class HitlDesk:
     """Opens approval requests and judges decisions, timeouts and cancellations on them."""
 
-    def __init__(self, store: SqlStore, settings: Hitl) -> None:
-        self.store = store
+    def __init__(self, rows: ApprovalRows, settings: Hitl) -> None:
+        self.rows = rows
+        self.clock = rows.clock
         self.settings = settings
         self._insert_hooks: list[InsertHook] = []
 
@@ -119,17 +94,12 @@ class HitlDesk:
 
     def pending_count(self, tenant_id: str, requester: str) -> int:
         """How many requests of this requester still wait (for the per-requester rate limit)."""
-        with self.store.reader.connect() as conn:
-            return int(conn.execute(
-                sa.select(sa.func.count()).select_from(t.hitl_requests).where(
-                    t.hitl_requests.c.tenant_id == tenant_id, t.hitl_requests.c.requester == requester,
-                    t.hitl_requests.c.status == "pending")
-            ).scalar_one())
+        return self.rows.pending_count(tenant_id, requester)
 
     def new_request(self, run_id: str, tenant_id: str, requester: str, level: Level,
                     actions: list[dict[str, Any]]) -> HitlRequest:
         """A request ready to be inserted (in the AWAITING_HITL transition, see `insert`)."""
-        now = self.store.clock.now()
+        now = self.clock.now()
         roles = () if level == "L2" else tuple(self.settings.approvers.get(level, ()))
         return HitlRequest(
             request_id=ordered_id(), run_id=run_id, tenant_id=tenant_id, requester=requester, level=level,
@@ -140,74 +110,38 @@ class HitlDesk:
 
     def insert(self, tx: Tx, request: HitlRequest, escalated_from: str | None = None) -> None:
         """Insert a request inside the caller's transaction, with the record that chains it."""
-        conn = _sql(tx)
-        row = dict(
-            request_id=request.request_id, run_id=request.run_id, tenant_id=request.tenant_id,
-            requester=request.requester, level=request.level, required_approvals=request.required_approvals,
-            approver_roles=json.dumps(list(request.approver_roles)), actions=canonical_json(request.actions),
-            actions_hash=request.actions_hash, status="pending", created_at=request.created_at,
-            deadline_at=request.deadline_at, decided_at=None, escalated_from=escalated_from,
-        )
-        conn.execute(t.hitl_requests.insert().values(**row))
-        self._chain(conn, mirror_records.HITL_REQUEST, mirror_records.hitl_request(row), request.run_id)
+        self.rows.insert(tx, request, escalated_from)
         for hook in self._insert_hooks:
-            hook(conn, request, escalated_from)
-
-    def _chain(self, conn: sa.Connection, kind: str, payload: dict[str, Any], run_id: str) -> None:
-        """Chain a row as it now stands, in the transaction that wrote it (audit.mirror_records)."""
-        self.store.enqueue(conn, [TraceRecordIn(kind, payload, run_id)], self.store.clock.now())
+            hook(tx, request, escalated_from)
 
     def get(self, request_id: str, tenant_id: str | None = None) -> HitlRequest:
         """The request with this id (in this tenant, when given); UnknownRequestError otherwise."""
-        query = sa.select(t.hitl_requests).where(t.hitl_requests.c.request_id == request_id)
-        if tenant_id is not None:
-            query = query.where(t.hitl_requests.c.tenant_id == tenant_id)
-        with self.store.reader.connect() as conn:
-            row = conn.execute(query).first()
-        if row is None:
-            raise UnknownRequestError(f"no approval request with id {request_id!r}")
-        return _request_from_row(row)
+        request = self.rows.get(request_id, tenant_id)
+        if request is None:
+            raise _unknown(request_id)
+        return request
 
     def for_run(self, run_id: str) -> list[HitlRequest]:
         """A Run's requests, oldest first."""
-        with self.store.reader.connect() as conn:
-            rows = conn.execute(sa.select(t.hitl_requests).where(t.hitl_requests.c.run_id == run_id)
-                                .order_by(t.hitl_requests.c.created_at)).all()
-        return [_request_from_row(r) for r in rows]
+        return self.rows.for_run(run_id)
 
     def pending(self, tenant_id: str | None = None, limit: int = 200) -> list[HitlRequest]:
         """Requests still waiting, oldest deadline first."""
-        query = (sa.select(t.hitl_requests).where(t.hitl_requests.c.status == "pending")
-                 .order_by(t.hitl_requests.c.deadline_at).limit(limit))
-        if tenant_id is not None:
-            query = query.where(t.hitl_requests.c.tenant_id == tenant_id)
-        with self.store.reader.connect() as conn:
-            return [_request_from_row(r) for r in conn.execute(query)]
+        return self.rows.pending(tenant_id, limit)
 
     def due(self, now: float, limit: int = 500) -> list[HitlRequest]:
         """Pending requests whose deadline has passed."""
-        with self.store.reader.connect() as conn:
-            rows = conn.execute(sa.select(t.hitl_requests).where(
-                t.hitl_requests.c.status == "pending", t.hitl_requests.c.deadline_at <= now)
-                .order_by(t.hitl_requests.c.deadline_at).limit(limit)).all()
-        return [_request_from_row(r) for r in rows]
+        return self.rows.due(now, limit)
 
     def parent_runs(self, requests: list[HitlRequest]) -> dict[str, str]:
         """For requests of child Runs (AgentInvoke): the parent Run each one serves, by request id. The
         link is stored once, on the child's Run; approval documents show it from there."""
-        run_ids = sorted({r.run_id for r in requests})
-        if not run_ids:
-            return {}
-        with self.store.reader.connect() as conn:
-            rows = conn.execute(sa.select(t.runs.c.run_id, t.runs.c.parent_run_id).where(
-                t.runs.c.run_id.in_(run_ids), t.runs.c.parent_run_id.is_not(None))).all()
-        parents = {str(row.run_id): str(row.parent_run_id) for row in rows}
+        parents = self.rows.parent_runs(sorted({r.run_id for r in requests}))
         return {r.request_id: parents[r.run_id] for r in requests if r.run_id in parents}
 
     def approvals(self, request_id: str) -> list[str]:
         """Approvers whose approval of this request was accepted (each person once)."""
-        with self.store.reader.connect() as conn:
-            return self._approvals(conn, request_id)
+        return self.rows.approvals(request_id)
 
     # ------------------------------------------------------------------ decisions
 
@@ -227,7 +161,7 @@ class HitlDesk:
         for attempt in range(2):
             try:
                 return self._decide_once(request_id, approver, decision, approved_hash, break_glass, reason, move)
-            except sa.exc.IntegrityError:
+            except ApprovalConflictError:
                 # only a decider that skipped the row locks can collide on the uniqueness of an approval;
                 # the retry reads the committed approval and refuses the repeat
                 if attempt:
@@ -240,11 +174,11 @@ class HitlDesk:
         who = f"{approver.tenant_id}/{approver.user_id}"
         effect: Literal["approved", "rejected", "recorded", "refused"] = "refused"
         moved: TransitionResult | None = None
-        with self.store.engine.begin() as conn:
-            run_state = self.store.lock_run(conn, run_id)
-            request = self._locked(conn, request_id)
-            now = self.store.clock.now()
-            prior = self._approvals(conn, request_id)
+        with self.rows.transaction() as tx:
+            run_state = self.rows.lock_run(tx, run_id)
+            request = self._locked(tx, request_id)
+            now = self.clock.now()
+            prior = self.rows.approvals(request_id, tx)
             refusal = self._refusal(request, approver, decision, approved_hash, break_glass, reason, prior)
             if refusal is None and run_state != RunState.AWAITING_HITL:
                 refusal = f"the Run no longer waits for this decision (it is {run_state.value})"
@@ -252,22 +186,19 @@ class HitlDesk:
             if refusal is None:
                 count = len(prior) + (1 if decision == "approve" else 0)
                 if decision == "approve":
-                    conn.execute(t.hitl_approvals.insert().values(
-                        request_id=request_id, approver=who, decision_id=decision_id, at=now))
+                    self.rows.add_approval(tx, request_id, who, decision_id, now)
                 # break-glass shortens the wait only: it never stands in for a second person (G5)
                 complete = decision == "reject" or count >= request.required_approvals
                 effect = ("approved" if decision == "approve" else "rejected") if complete else "recorded"
-            decided = dict(
+            self.rows.add_decision(tx, dict(
                 decision_id=decision_id, request_id=request_id, run_id=run_id, approver=who,
                 decision=decision, actions_hash=approved_hash or request.actions_hash, break_glass=break_glass,
                 reason=reason, outcome="refused" if refusal else "accepted", refusal=refusal, at=now,
-            )
-            conn.execute(t.hitl_decisions.insert().values(**decided))
-            self._chain(conn, mirror_records.HITL_DECISION, mirror_records.hitl_decision(decided), run_id)
+            ))
             if effect in ("approved", "rejected"):  # the decision is written first: the move's hooks read it
-                self._set_status(conn, request_id, effect, now)
+                self._set_status(tx, request_id, effect, now)
                 if move is not None:
-                    moved = move(conn, request, effect)
+                    moved = move(tx, request, effect)
                     if not moved.applied:  # cannot happen under the Run's lock; never half-decide
                         raise StoreError(f"run {run_id} moved while its decision held the lock")
             trace = HITLTrace(
@@ -276,39 +207,26 @@ class HitlDesk:
                 waited_s=round(now - request.created_at, 3), break_glass=break_glass,
                 reason=refusal or reason,
             )
-            self.store.enqueue(conn, [trace.to_record()], now)
+            self.rows.trace(tx, [trace.to_record()], now)
             if refusal:
-                self.store.write_audit(conn, run_id, "hitl_decision_refused", who,
-                                       {"request_id": request_id, "decision": decision, "refusal": refusal})
+                self.rows.audit(tx, run_id, "hitl_decision_refused", who,
+                                {"request_id": request_id, "decision": decision, "refusal": refusal})
         approvals = len(prior) + (1 if decision == "approve" and refusal is None else 0)
         return Decision(request, refusal is None, effect if refusal is None else "refused", refusal, approvals,
                         trace, moved)
 
-    def _locked(self, conn: sa.Connection, request_id: str) -> HitlRequest:
+    def _locked(self, tx: Tx, request_id: str) -> HitlRequest:
         """The request's row, locked until the caller's transaction ends (the Run's row is locked first)."""
-        query = sa.select(t.hitl_requests).where(t.hitl_requests.c.request_id == request_id)
-        if conn.dialect.name != "sqlite":  # SQLite: the transaction already holds the write lock
-            query = query.with_for_update()
-        row = conn.execute(query).first()
-        if row is None:
-            raise UnknownRequestError(f"no approval request with id {request_id!r}")
-        return _request_from_row(row)
+        request = self.rows.lock_request(tx, request_id)
+        if request is None:
+            raise _unknown(request_id)
+        return request
 
-    @staticmethod
-    def _approvals(conn: sa.Connection, request_id: str) -> list[str]:
-        return list(conn.execute(sa.select(t.hitl_approvals.c.approver).where(
-            t.hitl_approvals.c.request_id == request_id)).scalars())
-
-    def _set_status(self, conn: sa.Connection, request_id: str, status: str, now: float) -> None:
+    def _set_status(self, tx: Tx, request_id: str, status: str, now: float) -> None:
         """Close a pending request and chain it as it now stands; the caller holds its row's lock (or the
         Run's, which every writer of the Run's requests takes first), so it is still pending."""
-        moved = conn.execute(t.hitl_requests.update().where(
-            t.hitl_requests.c.request_id == request_id, t.hitl_requests.c.status == "pending")
-            .values(status=status, decided_at=now)).rowcount
-        if moved != 1:
+        if not self.rows.close(tx, request_id, status, now):
             raise StoreError(f"approval request {request_id} changed while its row was locked")
-        row = conn.execute(sa.select(t.hitl_requests).where(t.hitl_requests.c.request_id == request_id)).one()
-        self._chain(conn, mirror_records.HITL_REQUEST, mirror_records.hitl_request(row._mapping), row.run_id)
 
     def refusal(self, request: HitlRequest, approver: CallerIdentity,
                 decision: Literal["approve", "reject"]) -> str | None:
@@ -323,7 +241,7 @@ class HitlDesk:
             return "approver belongs to another tenant"
         if request.status != "pending":
             return f"the request is already {request.status}"
-        if self.store.clock.now() >= request.deadline_at:
+        if self.clock.now() >= request.deadline_at:
             return "the request's deadline has passed (a timeout never approves)"
         if approved_hash is not None and approved_hash != request.actions_hash:
             return "the decision is for different actions than the request (actions hash mismatch)"
@@ -351,8 +269,7 @@ class HitlDesk:
 
     # ------------------------------------------------------------------ timeouts and cancellation
 
-    def expire(self, request_id: str, timeout_move: Callable[[sa.Connection, HitlRequest], TransitionResult]
-               ) -> Expiry:
+    def expire(self, request_id: str, timeout_move: Callable[[Tx, HitlRequest], TransitionResult]) -> Expiry:
         """Apply a due request's deadline in one transaction (default-deny, G3): an L3 request escalates
         to a new L4 request on the same Run when configured, any other request times out and
         `timeout_move` moves its Run (AWAITING_HITL → TIMEOUT) in the same transaction. So a request is
@@ -360,31 +277,29 @@ class HitlDesk:
         first, or is no longer due, is left alone ("lost"); a pending request of a Run that no longer
         waits is closed as cancelled ("orphaned")."""
         run_id = self.get(request_id).run_id
-        with self.store.engine.begin() as conn:
-            run_state = self.store.lock_run(conn, run_id)
-            request = self._locked(conn, request_id)
-            now = self.store.clock.now()
+        with self.rows.transaction() as tx:
+            run_state = self.rows.lock_run(tx, run_id)
+            request = self._locked(tx, request_id)
+            now = self.clock.now()
             if request.status != "pending" or now < request.deadline_at:
                 return Expiry("lost", request)
             if run_state != RunState.AWAITING_HITL:
-                self._set_status(conn, request_id, "cancelled", now)
-                self.store.write_audit(conn, run_id, "hitl_request_orphaned", "gatekeeper", {
+                self._set_status(tx, request_id, "cancelled", now)
+                self.rows.audit(tx, run_id, "hitl_request_orphaned", "gatekeeper", {
                     "request_id": request_id, "run_state": run_state.value})
                 return Expiry("orphaned", request)
             if request.level == "L3" and self.settings.l3_timeout_action == "escalate":
-                self._set_status(conn, request_id, "escalated", now)
-                return Expiry("escalated", request, escalated=self.open_escalation(conn, request))
-            self._set_status(conn, request_id, "timed_out", now)
-            return Expiry("timed_out", request, transition=timeout_move(conn, request))
+                self._set_status(tx, request_id, "escalated", now)
+                return Expiry("escalated", request, escalated=self.open_escalation(tx, request))
+            self._set_status(tx, request_id, "timed_out", now)
+            return Expiry("timed_out", request, transition=timeout_move(tx, request))
 
     def cancel_pending(self, tx: Tx, run_id: str) -> int:
         """Close the Run's pending requests as cancelled, inside the caller's transaction (the Run's
         cancel); returns how many were closed."""
-        conn = _sql(tx)
-        pending = list(conn.execute(sa.select(t.hitl_requests.c.request_id).where(
-            t.hitl_requests.c.run_id == run_id, t.hitl_requests.c.status == "pending")).scalars())
+        pending = self.rows.pending_of_run(tx, run_id)
         for request_id in pending:  # the Run's row is locked: they stay pending until closed here
-            self._set_status(conn, request_id, "cancelled", self.store.clock.now())
+            self._set_status(tx, request_id, "cancelled", self.clock.now())
         return len(pending)
 
     def stranded(self, decided_before: float, limit: int = 200) -> list[HitlRequest]:
@@ -392,27 +307,14 @@ class HitlDesk:
         (or closed) before `decided_before`: a decision whose Run did not move. Deciding commits the Run's
         move with the decision, so only a database written by an older version, or damaged, has any; the
         sweeper carries them out (`RunManager.resume_decisions`)."""
-        r, runs = t.hitl_requests, t.runs
-        pending = t.hitl_requests.alias("p")
-        newer = t.hitl_requests.alias("n")
-        query = (
-            sa.select(r).join(runs, runs.c.run_id == r.c.run_id)
-            .where(runs.c.state == RunState.AWAITING_HITL.value, r.c.status != "pending",
-                   r.c.decided_at < decided_before,
-                   ~sa.exists().where(pending.c.run_id == r.c.run_id, pending.c.status == "pending"),
-                   ~sa.exists().where(newer.c.run_id == r.c.run_id, newer.c.created_at > r.c.created_at))
-            .order_by(r.c.decided_at).limit(limit)
-        )
-        with self.store.reader.connect() as conn:
-            return [_request_from_row(row) for row in conn.execute(query)]
+        return self.rows.stranded(decided_before, limit)
 
     def open_escalation(self, tx: Tx, request: HitlRequest) -> HitlRequest:
         """Open the L4 request that replaces an escalated L3 one, inside the caller's transaction."""
-        conn = _sql(tx)
-        now = self.store.clock.now()
+        now = self.clock.now()
         escalated = self.new_request(request.run_id, request.tenant_id, request.requester, "L4", request.actions)
-        self.insert(conn, escalated, escalated_from=request.request_id)
-        self.store.enqueue(conn, [HITLTrace(
+        self.insert(tx, escalated, escalated_from=request.request_id)
+        self.rows.trace(tx, [HITLTrace(
             run_id=request.run_id, request_id=escalated.request_id, event="escalated", level="L4",
             actions_hash=request.actions_hash, waited_s=round(now - request.created_at, 3),
             timeout_action="escalate", reason=f"L3 request {request.request_id} timed out").to_record()], now)
@@ -435,10 +337,3 @@ class Expiry:
     request: HitlRequest
     escalated: HitlRequest | None = None
     transition: TransitionResult | None = None
-
-
-def _sql(tx: Tx) -> sa.Connection:
-    """The SQL connection behind a transaction handle the pipeline carried back here."""
-    if not isinstance(tx, sa.Connection):
-        raise TypeError(f"expected a transaction of the SQL store, got {type(tx).__name__}")
-    return tx

@@ -9,9 +9,9 @@ nothing refers to, or a segment noted but not yet pruned, which the next pass le
 4. write the segment (harness.audit.segment) and check it as an auditor would, with the checkpoint's
    public key and nothing else, before it is stored;
 5. store it (write-once), read it back and compare, note it in `archive_segments`;
-6. prune the Runs (harness.adapters.sql.retention), in transactions of 500 Runs, each writing a
-   `runs_pruned` audit event, deleting only records that are, field for field, the ones the verified
-   segment holds. The database keeps each pruned record's chain and leaf hashes.
+6. prune the Runs (through the archive port, harness.ports.retention.ArchiveRows), in transactions of
+   500 Runs, each writing a `runs_pruned` audit event, deleting only records that are, field for field,
+   the ones the verified segment holds. The database keeps each pruned record's chain and leaf hashes.
 """
 
 from __future__ import annotations
@@ -25,8 +25,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.adapters.sql.retention import ARCHIVE_SEGMENT, RetentionStore
-from harness.adapters.sql.store import SqlStore
 from harness.audit import merkle, multiproof
 from harness.audit.checkpoint import (
     Checkpoint,
@@ -39,6 +37,8 @@ from harness.audit.witness import Witness
 from harness.domain.errors import HarnessError
 from harness.domain.ids import ordered_id
 from harness.domain.records import StoredTraceRecord
+from harness.domain.retention import ARCHIVE_SEGMENT
+from harness.ports.retention import ArchiveRows
 from harness.ports.segments import SegmentStore
 from harness.retention.policy import RetentionPolicy
 
@@ -85,17 +85,17 @@ def _line(doc: dict[str, Any]) -> bytes:
 class Archiver:
     """Archive passes over one database, into one segment store, proven by one checkpoint directory."""
 
-    def __init__(self, store: SqlStore, segments: SegmentStore, checkpoint_dir: Path, *,
+    def __init__(self, retention: ArchiveRows, segments: SegmentStore, checkpoint_dir: Path, *,
                  policy: RetentionPolicy | None = None, witnesses: Sequence[Witness] = ()) -> None:
-        self.store, self.segments, self.checkpoint_dir = store, segments, checkpoint_dir
+        self.retention, self.segments, self.checkpoint_dir = retention, segments, checkpoint_dir
+        self.chain = retention.chain
         self.policy = policy or RetentionPolicy.from_env()
         self.witnesses = witnesses
-        self.retention = RetentionStore(store)
 
     def choose(self, limit: int | None = None) -> list[str]:
         """The Runs the policy lets go now, oldest first (at most one segment's worth)."""
-        self.store.drain_all()
-        default, tenants = self.policy.cutoffs(self.store.clock.now())
+        self.chain.drain_all()
+        default, tenants = self.policy.cutoffs(self.chain.clock.now())
         ids = self.retention.eligible_runs(default, tenants, limit or self.policy.batch)
         pending = self.retention.pending_of(ids) if ids else set()
         return [r for r in ids if r not in pending]
@@ -115,12 +115,12 @@ class Archiver:
             digest.add(run_id, [rec.hash for rec in bundle[run_id]["records"]])
         segment_id = ordered_id()
         name = f"segment-{segment_id}.jsonl.gz"
-        head = self.store.chain_head()[0]
-        self.store.audit(None, ARCHIVE_SEGMENT, ACTOR, {
+        head = self.chain.chain_head()[0]
+        self.retention.audit(ARCHIVE_SEGMENT, ACTOR, {
             "segment_id": segment_id, "runs": digest.runs, "records": digest.records, "digest": digest.hexdigest(),
             "name": name})
         trees: list[merkle.MerkleTree] = []
-        cp = publish_checkpoint(self.retention.chain, self.checkpoint_dir, witnesses=self.witnesses, trees=trees)
+        cp = publish_checkpoint(self.chain, self.checkpoint_dir, witnesses=self.witnesses, trees=trees)
         manifest = self.retention.manifest_record(head, segment_id)
         if manifest is None:
             raise ArchiveError(f"the manifest record of segment {segment_id} is not in the chain")
@@ -147,8 +147,8 @@ class Archiver:
         buffer = io.BytesIO()
         with gzip.GzipFile(fileobj=buffer, mode="wb", compresslevel=6, mtime=0) as out:
             out.write(_line({
-                "format": SEGMENT_FORMAT, "segment_id": segment_id, "database_id": self.store.database_id(),
-                "created_at": self.store.clock.now(), "runs": digest.runs, "records": digest.records,
+                "format": SEGMENT_FORMAT, "segment_id": segment_id, "database_id": self.chain.database_id(),
+                "created_at": self.chain.clock.now(), "runs": digest.runs, "records": digest.records,
                 "digest": digest.hexdigest(), "checkpoint_file": cp.path.name, "checkpoint": cp.doc,
                 "manifest": _record_doc(manifest)}))
             indices = [manifest.seq - 1]

@@ -1,6 +1,7 @@
 """`harness erase --user U`: honour an erasure request in the database and in the archive.
 
-In the database (harness.adapters.sql.erasure, which lists the fields): the person's final Runs have
+In the database (through the erasure port, harness.ports.retention.ErasureRows; its SQL adapter
+harness.adapters.sql.erasure lists the fields): the person's final Runs have
 their records' payloads replaced by a salted hash and their rows pseudonymised, their memory entries
 are deleted. In the archive: every segment holding one of their Runs is rewritten with the same
 redactions — each redacted record keeps its seq, ids, link and chain hash and carries its original
@@ -17,14 +18,13 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from harness.adapters.sql.erasure import ErasureStore, _swap, pseudonym, redacted_payload
-from harness.adapters.sql.retention import RetentionStore
-from harness.adapters.sql.store import SqlStore
 from harness.audit import merkle
 from harness.audit.segment import decode, encode
 from harness.domain.chain import canonical_json, record_bytes
 from harness.domain.ids import ordered_id
-from harness.ports.segments import SegmentStore
+from harness.domain.retention import pseudonym, redacted_payload, swap_ids
+from harness.ports.retention import ErasureRows
+from harness.ports.segments import SegmentLocator, SegmentStore
 from harness.retention.archiver import ArchiveError
 from harness.retention.storage import store_of
 
@@ -69,7 +69,7 @@ def _redact_line(line: dict[str, Any], salt: bytes, erase_id: str, user_id: str,
             for column in columns:
                 row[column] = subject if row.get(column) == user_id else row.get(column)
             if name == "audit_events" and isinstance(row.get("detail"), str):
-                row["detail"] = canonical_json(_swap(json.loads(row["detail"]), user_id, subject))
+                row["detail"] = canonical_json(swap_ids(json.loads(row["detail"]), user_id, subject))
     return line
 
 
@@ -81,21 +81,22 @@ def redact_segment(data: bytes, run_ids: set[str], salt: bytes, erase_id: str, u
     return encode(out)
 
 
-def erase_user(store: SqlStore, tenant_id: str, user_id: str, *, salt: bytes | None = None,
-               endpoint: str | None = None, segments: SegmentStore | None = None) -> EraseReport:
-    """Erase a person's data from the database and the archive; returns what was done."""
+def erase_user(erasure: ErasureRows, tenant_id: str, user_id: str, *, salt: bytes | None = None,
+               segments: SegmentStore | None = None, locate: SegmentLocator = store_of) -> EraseReport:
+    """Erase a person's data from the database and the archive; returns what was done. Segments are
+    rewritten in `segments` when given, else in the store `locate` names for each (harness.config wires
+    one that knows S3 too)."""
     salt = salt or os.urandom(16)
     erase_id, subject = ordered_id(), pseudonym(salt, tenant_id, user_id)
     report = EraseReport(erase_id, subject)
-    erasure = ErasureStore(store)
     final, running = erasure.runs_of(tenant_id, user_id)
     report.still_running = running
     live = erasure.erase_live(erase_id, salt, tenant_id, user_id, subject, final)
     report.runs, report.records, report.memory_entries = live.runs, live.records, live.memory_entries
-    locations = {s["segment_id"]: s["location"] for s in RetentionStore(store).segments()}
+    locations = erasure.segment_locations()
     for segment_id, run_ids in erasure.archived_of(tenant_id, user_id).items():
         old = locations[segment_id]
-        holder = segments or store_of(old, endpoint)
+        holder = segments or locate(old)
         new = redact_segment(holder.get(old), set(run_ids), salt, erase_id, user_id, subject)
         location = holder.put(f"segment-{segment_id}.erased-{erase_id}.jsonl.gz", new)
         if holder.get(location) != new:

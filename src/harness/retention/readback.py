@@ -21,8 +21,8 @@ from harness.audit.segment import decode, verify_segment
 from harness.domain.audit import ChainReport
 from harness.domain.errors import HarnessError
 from harness.domain.retention import ArchivedRun
-from harness.ports.segments import SegmentStoreError
-from harness.retention.storage import read_location
+from harness.ports.segments import SegmentLocator, SegmentStoreError
+from harness.retention.storage import store_of
 
 #: checks an archived Run's rows (as its segment line holds them) against its records, adding Problems
 #: to the report: harness.config.archived_rows_check, the SQL adapters' row-mirror check
@@ -42,11 +42,12 @@ class SegmentUnverifiedError(ReadBackError):
 
 
 def read_back(archived: ArchivedRun, checkpoint_dir: Path, check_rows: RowsCheck,
-              endpoint: str | None = None) -> dict[str, Any]:
+              locate: SegmentLocator = store_of) -> dict[str, Any]:
     """The archived Run's line of its segment (`run`, `job`, `tables`, `records`), once the segment and
-    the Run's rows in it are checked against the checkpoints of `checkpoint_dir`."""
+    the Run's rows in it are checked against the checkpoints of `checkpoint_dir`. `locate` gives the store
+    holding the segment (harness.config.segment_locator; the default knows local directories only)."""
     try:
-        data = read_location(archived.location, endpoint)
+        data = locate(archived.location).get(archived.location)
     except SegmentStoreError as exc:
         raise SegmentUnavailableError(str(exc)) from None
     key = current_key(checkpoint_dir)

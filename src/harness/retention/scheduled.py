@@ -7,34 +7,25 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from pathlib import Path
 
-from harness.adapters.sql.store import SqlStore
-from harness.audit.checkpoint import checkpoint_dir
-from harness.audit.witness import Witness, open_witness
 from harness.retention.archiver import Archiver, ArchiveReport
 from harness.retention.policy import RetentionPolicy
-from harness.retention.storage import open_segment_store
 
 log = logging.getLogger("harness.archive")
 
-
-def make_archiver(store: SqlStore, directory: Path | None, witnesses: Sequence[str],
-                  policy: RetentionPolicy | None = None) -> Archiver:
-    """An archiver as the settings describe it (HARNESS_ARCHIVE_URL, the checkpoint directory)."""
-    ws: list[Witness] = [open_witness(w) for w in witnesses]
-    return Archiver(store, open_segment_store(), directory or checkpoint_dir(None, store.database_id()),
-                    policy=policy or RetentionPolicy.from_env(), witnesses=ws)
+#: an archiver for one pass under the given policy, as the settings describe it (HARNESS_ARCHIVE_URL, the
+#: checkpoint directory, the witnesses): harness.config.archiver_factory
+ArchiverFactory = Callable[[RetentionPolicy], Archiver]
 
 
-def archive_once(store: SqlStore, directory: Path | None, witnesses: Sequence[str]) -> ArchiveReport | None:
+def archive_once(make: ArchiverFactory) -> ArchiveReport | None:
     """One pass when a retention period is set (None when none is); the Celery task's body."""
     policy = RetentionPolicy.from_env()
     if policy.days is None and all(d is None for d in policy.tenants.values()):
         return None
-    report = make_archiver(store, directory, witnesses, policy).run()
+    report = make(policy).run()
     if report.runs:
         log.info("archived %d Run(s) to %s, pruned %d", report.runs, report.location, report.pruned_runs)
     return report
@@ -43,9 +34,8 @@ def archive_once(store: SqlStore, directory: Path | None, witnesses: Sequence[st
 class ScheduledArchiver:
     """Starts an archive pass in the background when one is due; one at a time per process."""
 
-    def __init__(self, store: SqlStore, directory: Path | None, witnesses: Sequence[str],
-                 interval_s: float | None = None) -> None:
-        self.store, self.directory, self.witnesses = store, directory, list(witnesses)
+    def __init__(self, make: ArchiverFactory, interval_s: float | None = None) -> None:
+        self.make = make
         self.interval_s = RetentionPolicy.from_env().interval_s if interval_s is None else interval_s
         self._next = time.monotonic() + self.interval_s
         self._lock = threading.Lock()
@@ -66,7 +56,7 @@ class ScheduledArchiver:
 
     def _pass(self) -> ArchiveReport | None:
         try:
-            return archive_once(self.store, self.directory, self.witnesses)
+            return archive_once(self.make)
         except Exception:  # the service goes on; the next interval tries again
             log.exception("archive pass failed")
             return None

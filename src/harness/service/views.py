@@ -6,7 +6,7 @@ import datetime as dt
 from typing import Any
 
 from harness.audit.checkpoint import checkpoint_dir
-from harness.config import Runtime, archived_rows_check
+from harness.config import Runtime, archived_rows_check, segment_locator
 from harness.domain.errors import UnknownRunError
 from harness.domain.feed import RunRow
 from harness.domain.records import RunRecord, StoredTraceRecord
@@ -97,7 +97,7 @@ def archived_run_document(rt: Runtime, archived: ArchivedRun) -> schemas.Archive
     segment (or the Run's rows in it) does not verify, 503 `archive_unavailable` when it cannot be read."""
     try:
         line = readback.read_back(archived, checkpoint_dir(rt.settings.checkpoint_dir, rt.store.database_id()),
-                                  archived_rows_check)
+                                  archived_rows_check, segment_locator())
     except readback.SegmentUnverifiedError as exc:
         raise ApiError(409, "archive_unverified", f"run {archived.run_id!r} cannot be read back: {exc}",
                        extra={"archived": archived.to_dict()}) from None

@@ -19,7 +19,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 
 from harness.audit.publisher import CheckpointPublisher
-from harness.config import Runtime, audit_reads
+from harness.config import Runtime, archiver_factory, audit_reads
 from harness.retention.scheduled import ScheduledArchiver
 from harness.service.errors import ApiError
 from harness.service.logs import run_context
@@ -68,8 +68,8 @@ class EmbeddedWorker:
         self._queued: set[str] = set()
         self.checkpoints = _checkpoint_publisher(runtime)
         #: archives final Runs past the retention period (HARNESS_RETENTION_DAYS) every archive interval
-        self.archiver = ScheduledArchiver(runtime.store, runtime.settings.checkpoint_dir,
-                                          runtime.settings.checkpoint_witnesses)
+        self.archiver = ScheduledArchiver(archiver_factory(runtime.store, runtime.settings.checkpoint_dir,
+                                                           runtime.settings.checkpoint_witnesses))
 
     # ------------------------------------------------------------------ lifecycle
 

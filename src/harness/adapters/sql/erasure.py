@@ -28,13 +28,13 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
 
 from harness.adapters.sql import schema as t
 from harness.adapters.sql.retention_schema import (
+    archive_segments,
     archived_runs,
     erased_runs,
     erasures,
@@ -45,6 +45,7 @@ from harness.adapters.sql.store import SqlStore
 from harness.audit import merkle
 from harness.domain.chain import canonical_json, record_bytes
 from harness.domain.errors import StoreError
+from harness.domain.retention import LiveErasure, redacted_payload, swap_ids
 from harness.kernel import FINAL
 
 USER_ERASED = "user_erased"
@@ -53,37 +54,6 @@ _FINAL = sorted(s.value for s in FINAL)
 
 class EraseRefusedError(StoreError):
     """A record no longer matches its hash: nothing was erased (run `harness audit verify`)."""
-
-
-def _swap(value: Any, user_id: str, subject: str) -> Any:
-    """`value` with every string equal to the person's id replaced by the pseudonym; a session id goes too."""
-    if isinstance(value, dict):
-        return {k: subject if k == "session_id" and v is not None else _swap(v, user_id, subject)
-                for k, v in value.items()}
-    if isinstance(value, list):
-        return [_swap(v, user_id, subject) for v in value]
-    return subject if value == user_id else value
-
-
-def pseudonym(salt: bytes, tenant_id: str, user_id: str) -> str:
-    """The salted hash that replaces a person's id."""
-    return "erased-" + hashlib.sha256(salt + f"{tenant_id}/{user_id}".encode()).hexdigest()[:32]
-
-
-def redacted_payload(salt: bytes, erase_id: str, payload: str) -> str:
-    """What replaces a record's payload."""
-    return canonical_json({"erased": erase_id,
-                           "salted_sha256": hashlib.sha256(salt + payload.encode("utf-8")).hexdigest()})
-
-
-@dataclass
-class LiveErasure:
-    """What the erasure did in the database."""
-
-    runs: int = 0
-    records: int = 0
-    memory_entries: int = 0
-    still_running: tuple[str, ...] = ()
 
 
 class ErasureStore:
@@ -138,7 +108,7 @@ class ErasureStore:
                          .values({column: subject}))
         a = t.audit_events
         rows = conn.execute(sa.select(a.c.event_id, a.c.detail).where(a.c.run_id.in_(ids))).all()
-        changed = [{"p_id": r.event_id, "p_detail": canonical_json(_swap(json.loads(r.detail), user_id, subject))}
+        changed = [{"p_id": r.event_id, "p_detail": canonical_json(swap_ids(json.loads(r.detail), user_id, subject))}
                    for r in rows if user_id in r.detail]
         if changed:
             conn.execute(a.update().where(a.c.event_id == sa.bindparam("p_id"))
@@ -191,3 +161,9 @@ class ErasureStore:
                                                   archived_runs=counts["archived_runs"], at=self.store.clock.now()))
             self.store.write_audit(conn, None, USER_ERASED, actor, {"erase_id": erase_id, "subject": subject,
                                                                      **counts})
+
+    def segment_locations(self) -> dict[str, str]:
+        """segment_id -> where the segment is stored now."""
+        with self.store.reader.connect() as conn:
+            return {r.segment_id: r.location for r in conn.execute(
+                sa.select(archive_segments.c.segment_id, archive_segments.c.location))}

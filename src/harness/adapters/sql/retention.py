@@ -12,7 +12,6 @@ reported.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import sqlalchemy as sa
@@ -31,11 +30,10 @@ from harness.adapters.sql.retention_schema import (
 from harness.adapters.sql.store import SqlStore
 from harness.domain.errors import StoreError
 from harness.domain.records import StoredTraceRecord
-from harness.domain.retention import ArchivedRun
+from harness.domain.retention import ARCHIVE_SEGMENT, ArchivedRun, PruneResult
 from harness.kernel import FINAL
 
 RUNS_PRUNED = "runs_pruned"
-ARCHIVE_SEGMENT = "archive_segment"
 #: the tables whose rows of a Run the segment carries (as read back by `--from-archive`) and prune deletes
 RUN_TABLES = (t.transitions, t.audit_events, t.costs, t.hitl_decisions, t.hitl_requests, t.webhook_deliveries)
 _FINAL = sorted(s.value for s in FINAL)
@@ -49,15 +47,6 @@ _READ_CHUNK = 1000
 class PruneRefusedError(StoreError):
     """A Run's stored records are no longer the ones its segment holds (edited, added or gone since they
     were archived): nothing of the batch is pruned (run `harness audit verify`)."""
-
-
-@dataclass
-class PruneResult:
-    """What one prune did."""
-
-    runs: int = 0
-    records: int = 0
-    kept: list[str] = field(default_factory=list)
 
 
 def _dicts(conn: sa.Connection, query: sa.Select[Any]) -> Iterator[dict[str, Any]]:
@@ -77,6 +66,12 @@ class RetentionStore:
         self.chain = SqlAuditReads(store)
         self._raw = RawStatements(store.engine.dialect)
         self._by_array = store.engine.dialect.name == "postgresql"
+
+    # ------------------------------------------------------------------ the store's side of a pass
+
+    def audit(self, event: str, actor: str, detail: dict[str, Any]) -> None:
+        """Write a run-less audit event (and its record) in its own transaction."""
+        self.store.audit(None, event, actor, detail)
 
     # ------------------------------------------------------------------ choosing
 
