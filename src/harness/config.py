@@ -62,7 +62,7 @@ from harness.pipeline.trace_recorder import TraceRecorder
 from harness.policy.hitl import HitlDesk
 from harness.ports import Clock, LLMProvider, ResultSink, TraceBuffer
 from harness.ports.audit import AuditReads, ReconcileReads
-from harness.ports.leases import LeaseKeeper
+from harness.ports.leases import RunLeases
 from harness.ports.queries import ReadModel
 from harness.skills import SkillRegistry
 from harness.state_machine import Listener, StateMachine
@@ -498,7 +498,7 @@ def resolve_agent(settings: Settings, agent: Agent | None = None) -> tuple[Setti
     return resolved, agent
 
 
-def open_leases(runtime: Runtime, ttl_s: float) -> LeaseKeeper[Any]:
+def open_leases(runtime: Runtime, ttl_s: float) -> RunLeases:
     """The leases of the runtime's Runs, living `ttl_s` without a heartbeat."""
     return Leases(runtime.store, ttl_s=ttl_s)
 

@@ -1,5 +1,5 @@
-"""Ports of the Run store as the pipeline sees it: reads of a Run, its leases, and what the Run manager
-writes beside its transitions."""
+"""Ports of the Run store as the pipeline sees it: reads of a Run, and what the Run manager writes beside its
+transitions. Its leases are `harness.ports.leases.RunLeases` (re-exported here under the same name)."""
 
 from __future__ import annotations
 
@@ -7,12 +7,15 @@ from collections.abc import Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, Protocol
 
+from harness.ports.leases import RunLeases
+
 if TYPE_CHECKING:
-    from harness.domain.leases import Lease
     from harness.domain.records import NewRun, RunRecord, StuckRun, TraceRecordIn, TransitionRow
     from harness.domain.traces import CostTrace
     from harness.kernel import RunState
     from harness.ports import Clock, Tx
+
+__all__ = ["RunLeases", "RunReads", "RunStore", "RunWrites"]
 
 
 class RunReads(Protocol):
@@ -24,27 +27,6 @@ class RunReads(Protocol):
 
     def transitions_of(self, run_id: str) -> list[TransitionRow]:
         """The Run's state changes, oldest first."""
-        ...
-
-
-class RunLeases(Protocol):
-    """Which driver holds a Run (SPEC K5b): taken when free or expired, heartbeated, given back."""
-
-    @property
-    def ttl_s(self) -> float:
-        """How long a lease lives without a heartbeat."""
-        ...
-
-    def acquire(self, run_id: str, owner: str) -> Lease | None:
-        """Take the Run's lease if it is free or expired; None while another holder has it."""
-        ...
-
-    def heartbeat(self, lease: Lease) -> Lease | None:
-        """Extend the lease; None when it was taken over."""
-        ...
-
-    def release(self, lease: Lease) -> None:
-        """Give the lease up."""
         ...
 
 
