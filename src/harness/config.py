@@ -20,6 +20,7 @@ from harness.adapters.llm.pricing import PricingTable
 from harness.adapters.llm.resilient import GuardedProvider, ProviderSettings
 from harness.adapters.llm.scripted import ScriptedProvider
 from harness.adapters.sandbox import Workdirs, select_sandbox
+from harness.adapters.sandbox.instance import HolderProcesses
 from harness.adapters.sql import database
 from harness.adapters.sql.audit_mirrors import check_archived_run
 from harness.adapters.sql.audit_reads import SqlAuditReads
@@ -44,6 +45,7 @@ from harness.domain.contracts import MAX_CHAIN_DEPTH, RunResult
 from harness.domain.errors import InvalidRequestError
 from harness.domain.limits import RequestLimits
 from harness.domain.retention import ArchivedRun
+from harness.domain.sandbox import PoolSettings
 from harness.examples.support import EXAMPLE_DIR
 from harness.identity import IdentityDirectory
 from harness.kernel import FINAL, RunState
@@ -56,14 +58,16 @@ from harness.pipeline.context_assembler import ContextAssembler
 from harness.pipeline.gatekeeper import PolicyEngine
 from harness.pipeline.plan_orchestrator import PlanOrchestrator
 from harness.pipeline.run_manager import RunManager
-from harness.pipeline.sandbox_pool import PoolSettings, SandboxPool
+from harness.pipeline.sandbox_pool import SandboxPool
 from harness.pipeline.tool_controller import Executor, ToolController
 from harness.pipeline.trace_recorder import TraceRecorder
 from harness.policy.hitl import HitlDesk
 from harness.ports import Clock, LLMProvider, ResultSink, TraceBuffer
 from harness.ports.audit import AuditReads, ReconcileReads
 from harness.ports.leases import RunLeases
+from harness.ports.ledger import CostBook
 from harness.ports.queries import ReadModel
+from harness.ports.sandboxes import SandboxInstances
 from harness.skills import SkillRegistry
 from harness.state_machine import Listener, StateMachine
 from harness.webhooks.config import WebhookConfig, load_webhook_config
@@ -338,9 +342,17 @@ def webhook_outbox(store: SqlStore) -> WebhookOutbox:
     return WebhookOutbox(store)
 
 
-def sandbox_instances(store: SqlStore) -> InstanceTable:
+def sandbox_instances(store: SqlStore) -> SandboxInstances:
     """The sandbox instances of every host, over a store."""
     return InstanceTable(store)
+
+
+def sandbox_pool(store: SqlStore, pool: PoolSettings, *, owner: str, ledger: CostBook | None = None,
+                 price_per_s: float = 0.0, price_table: str | None = None) -> SandboxPool:
+    """This host's sandbox pool over a store's instance table, with the processes of this host; a kept
+    instance's seconds are booked to `ledger` (none: not booked)."""
+    return SandboxPool(InstanceTable(store), HolderProcesses(), pool, owner=owner, ledger=ledger,
+                       price_per_s=price_per_s, price_table=price_table)
 
 
 #: the store the composition root opens: shells name it in signatures where they hand a store on to code
@@ -526,8 +538,8 @@ def build_runtime(settings: Settings | None = None, *, clock: Clock | None = Non
         check_priced(settings, pricing, policy.policy.budgets.unpriced_model)
     provider = provider or llm_provider(settings, store.clock)
     secret_filter = SecretFilter()
-    sandboxes = SandboxPool(store, settings.pool_settings(), owner=f"{settings.sandbox_host}:{os.getpid()}",
-                            ledger=ledger, price_per_s=pricing.sandbox_price, price_table=pricing.as_of)
+    sandboxes = sandbox_pool(store, settings.pool_settings(), owner=f"{settings.sandbox_host}:{os.getpid()}",
+                             ledger=ledger, price_per_s=pricing.sandbox_price, price_table=pricing.as_of)
     tools = ToolController(registry, workdirs=Workdirs(settings.data_dir / "runs"), data_dir=settings.data_dir,
                            choose_sandbox=lambda: select_sandbox(settings.sandbox),
                            clock=store.clock, provider=provider, record_cost=ledger.record,
