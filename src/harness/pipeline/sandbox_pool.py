@@ -2,7 +2,7 @@
 port pool per host, caps per host and per tenant.
 
 A Run's first call of a sandboxed skill takes an instance: a slot of the host's cap, a slot of its
-tenant's cap and the ports its manifest asks for, all in one transaction (`InstanceTable`). The Run keeps
+tenant's cap and the ports its manifest asks for, all in one transaction of the instance store. The Run keeps
 it for its later calls of that skill — through a wait for approval and across restarts of the harness
 process — and gives it back when it enters TRACING, in that transaction. A `persistent` skill's instance
 also keeps a process holding its namespaces (the InstanceProcesses port): when that process is
@@ -42,7 +42,7 @@ from harness.domain.sandbox import (
 )
 from harness.domain.traces import CostTrace
 from harness.kernel import RunState
-from harness.ports import Sandbox, Tx
+from harness.ports import Clock, Sandbox, Tx
 from harness.ports.ledger import CostBook
 from harness.ports.sandboxes import InstanceProcesses, SandboxInstances
 
@@ -90,7 +90,6 @@ class SandboxPool:
         #: where instances and their units are kept (and their audit events written)
         self.table = instances
         self.processes = processes
-        self.clock = instances.clock
         self.settings = settings
         self.owner = owner
         self.ledger = ledger
@@ -101,6 +100,11 @@ class SandboxPool:
         self._to_stop: set[str] = set()
         self._locks: dict[str, threading.Lock] = {}
         self._locks_lock = threading.Lock()
+
+    @property
+    def clock(self) -> Clock:
+        """The instance store's clock (leases and held seconds are timed on it)."""
+        return self.table.clock
 
     # ------------------------------------------------------------------ taking one
 
