@@ -34,7 +34,7 @@ _EXPORTS = {
     "skill": "harness.code_skills",
     "SkillContext": "harness.skills",
     "Runtime": "harness.config",
-    "Settings": "harness.config",
+    "Settings": "harness.settings",
     "build_runtime": "harness.config",
     "BadInputError": "harness.domain.errors",
     "HarnessError": "harness.domain.errors",

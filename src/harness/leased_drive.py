@@ -14,12 +14,12 @@ import os
 import socket
 import threading
 from dataclasses import dataclass
-from typing import Any
 
 from harness.domain.contracts import RunResult
+from harness.domain.leases import Lease
 from harness.kernel import FINAL, RunState
 from harness.pipeline.run_manager import RunManager
-from harness.ports.leases import HeldLease, LeaseKeeper, RunLookup
+from harness.ports.leases import RunLeases, RunLookup
 from harness.state_machine import StateMachine
 
 log = logging.getLogger("harness.worker")
@@ -39,8 +39,8 @@ def default_owner() -> str:
 class Fence:
     """The lease a drive runs under; `lost` flips when a heartbeat finds it taken over."""
 
-    lease: HeldLease
-    leases: LeaseKeeper[Any]
+    lease: Lease
+    leases: RunLeases
     lost: bool = False
 
     @property
@@ -60,7 +60,7 @@ class Fence:
 class LeasedDrive:
     """Drives Runs for one process or thread, each under its lease."""
 
-    def __init__(self, store: RunLookup, runs: RunManager, machine: StateMachine, leases: LeaseKeeper[Any], *,
+    def __init__(self, store: RunLookup, runs: RunManager, machine: StateMachine, leases: RunLeases, *,
                  owner: str, max_stalls: int) -> None:
         self.store = store
         self.runs = runs

@@ -10,14 +10,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import sqlalchemy as sa
-
-from harness.adapters.sql.store import SqlStore
 from harness.audit.commitment import RUN_TRACE_VERSION
 from harness.domain.chain import content_hash
 from harness.domain.records import RUN_TRACE, UNSET, RunRecord, TraceRecordIn, TransitionResult, TransitionRow
 from harness.kernel import FINAL, TRANSIENT, CloseReason, RunState, automatic_next, final_state_for
 from harness.ports import Tx
+from harness.ports.transitions import TransitionStore
 
 #: called while a Run closes, with the Run (in TRACING) and the final state it is moving to; returns
 #: extra trace records to write in the closing transaction (e.g. memory write-back on SUCCEEDED, C5)
@@ -27,13 +25,13 @@ Listener = Callable[[str, RunState, RunState], None]
 #: runs inside the transaction of every applied state change, after the compare-and-set: (connection,
 #: run_id, source, target); for writes that must commit with the change or not at all (the webhook
 #: outbox of SPEC P4 / N1). An exception rolls the change back.
-TransactionHook = Callable[[sa.Connection, str, RunState, RunState], None]
+TransactionHook = Callable[[Tx, str, RunState, RunState], None]
 
 
 class StateMachine:
     """Drives Runs through the transition table; the only way components change Run.state."""
 
-    def __init__(self, store: SqlStore, *, drain_on_close: bool = True) -> None:
+    def __init__(self, store: TransitionStore, *, drain_on_close: bool = True) -> None:
         self.store = store
         self.drain_on_close = drain_on_close
         self._closing_hooks: list[ClosingHook] = []
@@ -48,11 +46,11 @@ class StateMachine:
         self._tx_hooks.append(hook)
 
     def _with_hooks(self, run_id: str, source: RunState, target: RunState,
-                    also: Callable[[sa.Connection], object] | None) -> Callable[[sa.Connection], object] | None:
+                    also: Callable[[Tx], object] | None) -> Callable[[Tx], object] | None:
         if not self._tx_hooks:
             return also
 
-        def both(conn: sa.Connection) -> None:
+        def both(conn: Tx) -> None:
             if also is not None:
                 also(conn)
             for hook in self._tx_hooks:
@@ -92,7 +90,7 @@ class StateMachine:
         records: Sequence[TraceRecordIn] = (),
         context: dict[str, Any] | None = UNSET,
         result: dict[str, Any] | None = UNSET,
-        also: Callable[[sa.Connection], object] | None = None,
+        also: Callable[[Tx], object] | None = None,
     ) -> TransitionResult:
         """Move the Run source→target, then on through the funnel if target is transient or TRACING.
 
@@ -132,7 +130,7 @@ class StateMachine:
         """The compare-and-set inside the caller's transaction (see SqlStore.transition_in), with the
         transaction hooks (`in_transaction`) like every other change. Nothing is told and nothing moves on
         until the caller has committed and calls `settle` with the outcome."""
-        conn = _sql(tx)
+        conn = tx
         outcome = self.store.transition_in(conn, run_id, source, target, actor=actor, reason=reason,
                                            lease_epoch=lease_epoch, records=records, context=context, result=result)
         if outcome.applied:
@@ -228,9 +226,3 @@ class StateMachine:
             "v": RUN_TRACE_VERSION, "result_hash": None if result is None else content_hash(result),
         }, run.run_id)
 
-
-def _sql(tx: Tx) -> sa.Connection:
-    """The SQL connection behind a transaction handle the pipeline carried back here."""
-    if not isinstance(tx, sa.Connection):
-        raise TypeError(f"expected a transaction of the SQL store, got {type(tx).__name__}")
-    return tx

@@ -24,10 +24,9 @@ import sqlalchemy as sa
 
 from harness.adapters.sandbox.instance import alive, process_start
 from harness.adapters.sql import schema as t
-from harness.adapters.sql.sandbox_instances import DEAD, LIVE, RELEASED, InstanceRow
 from harness.config import Runtime, Settings, build_runtime
 from harness.domain.errors import InvalidRequestError
-from harness.domain.sandbox import Holder, SandboxJob
+from harness.domain.sandbox import DEAD, LIVE, RELEASED, Holder, InstanceRow, SandboxJob
 from harness.kernel import RunState
 from harness.pipeline.sandbox_pool import SandboxUnavailableError
 from tests.acceptance.agent_skills import TESTER

@@ -14,11 +14,10 @@ import pytest
 
 from harness.adapters.sandbox import RlimitSandbox
 from harness.adapters.sandbox.instance import alive
-from harness.adapters.sql.sandbox_instances import DEAD, LIVE, RELEASED
 from harness.clock import FakeClock
-from harness.config import Runtime, build_runtime
-from harness.domain.sandbox import Holder, SandboxJob
-from harness.pipeline.sandbox_pool import PoolSettings, SandboxPool, SandboxUnavailableError
+from harness.config import Runtime, build_runtime, sandbox_pool
+from harness.domain.sandbox import DEAD, LIVE, RELEASED, Holder, PoolSettings, SandboxJob
+from harness.pipeline.sandbox_pool import SandboxUnavailableError
 from tests.acceptance.agent_skills import TESTER
 from tests.acceptance.checks import assert_audit_clean
 from tests.integration.instance_skills import instance_settings
@@ -77,7 +76,7 @@ def test_a_lease_nobody_renews_expires(world: Runtime, tmp_path: Path, clock: Fa
     pool = world.tools.sandbox_pool
     assert pool is not None
     (run_id,) = runs(world, 1)
-    elsewhere = SandboxPool(world.store, PoolSettings(host="elsewhere", lease_s=60), owner="elsewhere:1")
+    elsewhere = sandbox_pool(world.store, PoolSettings(host="elsewhere", lease_s=60), owner="elsewhere:1")
     lease = elsewhere.lease(SANDBOX, job(run_id, tmp_path), tenant_id="t1", user_id="tess", persistent=False,
                             ports=1, deadline=time.monotonic() + 1)
     clock.advance(59)

@@ -1,7 +1,9 @@
-"""What goes into a sandbox and what comes out, independent of how the isolation is made."""
+"""What goes into a sandbox and what comes out, independent of how the isolation is made; and the sandbox
+instances a Run keeps, with the scarce units (caps, ports) they hold (seed 004 §3.4-3.5)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -71,3 +73,107 @@ class Holder:
 
     pid: int | None = None
     pid_start: int | None = None
+
+
+#: the states of a sandbox instance: live, released (its Run closed) or dead (its process went away, or its
+#: host stopped renewing it)
+LIVE, RELEASED, DEAD = "live", "released", "dead"
+
+
+@dataclass(frozen=True)
+class PoolSettings:
+    """This host's name, its caps and port range, and how long an instance's lease lives unrenewed."""
+
+    host: str
+    host_cap: int = 32
+    tenant_cap: int = 16
+    port_range: tuple[int, int] | None = (41000, 41255)
+    lease_s: float = 300.0
+
+
+@dataclass(frozen=True)
+class InstanceRow:
+    """One sandbox instance as the database has it: the host it lives on, its process (pid and start time),
+    its leased ports, how often it was (re)created, and its state."""
+
+    instance_id: str
+    run_id: str
+    skill_id: str
+    tenant_id: str
+    user_id: str
+    host: str
+    state: str
+    isolation: str
+    pid: int | None
+    pid_start: int | None
+    owner: str
+    ports: tuple[int, ...]
+    generation: int
+    calls: int
+    persistent: bool
+    held_s: float
+    billed: bool
+    created_at: float
+    started_at: float
+    used_at: float
+    lease_expires_at: float
+    ended_at: float | None
+    end_reason: str | None
+
+    def held_until(self, now: float) -> float:
+        """Seconds this instance has existed, over all its generations, up to `now`."""
+        return self.held_s + (max(0.0, now - self.started_at) if self.state == LIVE else 0.0)
+
+
+@dataclass(frozen=True)
+class Claim:
+    """What a call asks for: an instance of (run, skill) on a host, holding `ports` ports."""
+
+    run_id: str
+    skill_id: str
+    tenant_id: str
+    user_id: str
+    host: str
+    isolation: str
+    persistent: bool
+    ports: int
+    owner: str
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """The limits units are taken within: the host's and the tenant's caps, the host's port range."""
+
+    host_cap: int
+    tenant_cap: int
+    port_range: tuple[int, int] | None = None
+
+    def needs(self, claim: Claim) -> list[tuple[str, str, Sequence[int], int]]:
+        """(resource, its name for people, its units, how many the claim takes)."""
+        wanted: list[tuple[str, str, Sequence[int], int]] = [
+            (f"tenant:{claim.tenant_id}", f"tenant {claim.tenant_id}'s instance cap ({self.tenant_cap})",
+             range(self.tenant_cap), 1),
+            (f"host:{claim.host}", f"the host's instance cap ({self.host_cap})", range(self.host_cap), 1)]
+        if claim.ports:
+            low, high = self.port_range or (0, -1)
+            size = high - low + 1
+            wanted.append((f"port:{claim.host}", f"the host's port pool ({size} ports, {low}-{high})",
+                           range(low, high + 1), claim.ports))
+        return wanted
+
+
+class ShortageError(Exception):
+    """No unit of a resource is free: `resource` names it for people."""
+
+    def __init__(self, resource: str) -> None:
+        super().__init__(resource)
+        self.resource = resource
+
+
+@dataclass(frozen=True)
+class PoolUse:
+    """What is held right now: live instances by host and tenant, leased ports by host."""
+
+    live_by_host: dict[str, int]
+    live_by_tenant: dict[str, int]
+    ports_by_host: dict[str, int]

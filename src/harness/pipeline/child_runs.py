@@ -40,7 +40,8 @@ from harness.domain.records import RunRecord, TraceRecordIn
 from harness.kernel import FINAL, RunState
 from harness.pipeline.tool_kinds import ChildWait
 from harness.ports import Fence
-from harness.ports.runs import RunLeases, RunReads
+from harness.ports.leases import RunLeases
+from harness.ports.runs import RunReads
 from harness.state_machine import StateMachine
 
 S = RunState

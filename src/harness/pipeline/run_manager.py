@@ -14,7 +14,6 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from harness.adapters.sql.ledger import CostLedger
 from harness.domain.contracts import (
     CallerIdentity,
     RunRequest,
@@ -40,7 +39,9 @@ from harness.pipeline.tool_controller import ToolController
 from harness.pipeline.tool_kinds import ChildWait
 from harness.policy.hitl import Decision, HitlDesk, HitlRequest
 from harness.ports import Fence, Tx
-from harness.ports.runs import RunLeases, RunStore, RunWrites
+from harness.ports.leases import RunLeases
+from harness.ports.ledger import CostLedger
+from harness.ports.runs import RunStore, RunWrites
 from harness.ports.units import UnitOfWork
 from harness.state_machine import StateMachine
 

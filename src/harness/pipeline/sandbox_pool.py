@@ -2,10 +2,10 @@
 port pool per host, caps per host and per tenant.
 
 A Run's first call of a sandboxed skill takes an instance: a slot of the host's cap, a slot of its
-tenant's cap and the ports its manifest asks for, all in one transaction (`InstanceTable`). The Run keeps
+tenant's cap and the ports its manifest asks for, all in one transaction of the instance store. The Run keeps
 it for its later calls of that skill — through a wait for approval and across restarts of the harness
 process — and gives it back when it enters TRACING, in that transaction. A `persistent` skill's instance
-also keeps a process holding its namespaces (`harness.adapters.sandbox.instance`): when that process is
+also keeps a process holding its namespaces (the InstanceProcesses port): when that process is
 found gone at the next call (the machine restarted, someone killed it), the instance is re-created over
 the Run's preserved working directory, with the same ports when they were still its, and the
 re-creation is in the Run's audit trail.
@@ -13,6 +13,11 @@ re-creation is in the Run's audit trail.
 A call that finds no free unit waits for one within its step's time limit, reclaiming the units of dead
 instances as it goes (a process that is gone, a host that stopped renewing its leases), and then fails
 with `sandbox_unavailable` naming what was full. It never runs outside a sandbox.
+
+This module is the policy: which instance a call gets, within which limits, how long it waits, when one is
+dead. Where instances are kept (ports.sandboxes.SandboxInstances), how their processes are looked at and
+stopped (ports.sandboxes.InstanceProcesses) and where their seconds are booked (ports.ledger.CostBook) are
+ports, wired by the composition root.
 """
 
 from __future__ import annotations
@@ -23,41 +28,28 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-import sqlalchemy as sa
-
-from harness.adapters.sandbox.instance import alive, stop
-from harness.adapters.sql.ledger import CostLedger
-from harness.adapters.sql.sandbox_instances import (
+from harness.domain.sandbox import (
     DEAD,
     LIVE,
     RELEASED,
     Capacity,
     Claim,
+    Holder,
     InstanceRow,
-    InstanceTable,
+    PoolSettings,
+    SandboxJob,
     ShortageError,
 )
-from harness.adapters.sql.store import SqlStore
-from harness.domain.sandbox import Holder, SandboxJob
 from harness.domain.traces import CostTrace
 from harness.kernel import RunState
-from harness.ports import Sandbox
+from harness.ports import Clock, Sandbox, Tx
+from harness.ports.ledger import CostBook
+from harness.ports.sandboxes import InstanceProcesses, SandboxInstances
 
 log = logging.getLogger("harness.sandbox")
 ACTOR = "sandbox_pool"
 #: a bwrap instance whose process was never noted this long after its units were taken is dead
 START_GRACE_S = 60.0
-
-
-@dataclass(frozen=True)
-class PoolSettings:
-    """This host's name, its caps and port range, and how long an instance's lease lives unrenewed."""
-
-    host: str
-    host_cap: int = 32
-    tenant_cap: int = 16
-    port_range: tuple[int, int] | None = (41000, 41255)
-    lease_s: float = 300.0
 
 
 class SandboxUnavailableError(Exception):
@@ -92,10 +84,12 @@ def port_env(row: InstanceRow) -> dict[str, str]:
 class SandboxPool:
     """Hands out, keeps, releases and reclaims sandbox instances for one host."""
 
-    def __init__(self, store: SqlStore, settings: PoolSettings, *, owner: str, ledger: CostLedger | None = None,
-                 price_per_s: float = 0.0, price_table: str | None = None) -> None:
-        self.store = store
-        self.table = InstanceTable(store)
+    def __init__(self, instances: SandboxInstances, processes: InstanceProcesses, settings: PoolSettings, *,
+                 owner: str, ledger: CostBook | None = None, price_per_s: float = 0.0,
+                 price_table: str | None = None) -> None:
+        #: where instances and their units are kept (and their audit events written)
+        self.table = instances
+        self.processes = processes
         self.settings = settings
         self.owner = owner
         self.ledger = ledger
@@ -106,6 +100,11 @@ class SandboxPool:
         self._to_stop: set[str] = set()
         self._locks: dict[str, threading.Lock] = {}
         self._locks_lock = threading.Lock()
+
+    @property
+    def clock(self) -> Clock:
+        """The instance store's clock (leases and held seconds are timed on it)."""
+        return self.table.clock
 
     # ------------------------------------------------------------------ taking one
 
@@ -130,34 +129,34 @@ class SandboxPool:
         reason = None
         if row is not None and row.state == LIVE and row.host == host and row.isolation != sandbox.isolation:
             reason = f"the sandbox changed from {row.isolation} to {sandbox.isolation}"
-            self.table.end_now(row, DEAD, reason, self.store.clock.now())
+            self.table.end_now(row, DEAD, reason, self.clock.now())
         elif row is not None and row.state == LIVE and row.host == host:
             holder = Holder(row.pid, row.pid_start)
             has_process = persistent and row.isolation == "bwrap"
-            if not has_process or (row.pid is not None and alive(holder)):
-                self.table.touch(row.instance_id, self.store.clock.now(), self._lease_until())
+            if not has_process or (row.pid is not None and self.processes.alive(holder)):
+                self.table.touch(row.instance_id, self.clock.now(), self._lease_until())
                 return Lease(row, holder, port_env(row), 0.0, "reused")
             if row.pid is not None:
                 return self._restart(sandbox, job, row, "its process was gone", began)
             reason = "its start did not finish"
-            self.table.end_now(row, DEAD, reason, self.store.clock.now())
+            self.table.end_now(row, DEAD, reason, self.clock.now())
         elif row is not None and row.state == LIVE:
             reason = f"it lived on host {row.host}; the Run now runs on {host}"
-            self.table.end_now(row, DEAD, reason, self.store.clock.now())
+            self.table.end_now(row, DEAD, reason, self.clock.now())
         elif row is not None:
             reason = row.end_reason or f"it was {row.state}"
         claim = Claim(run_id, skill_id, tenant_id, user_id, host, sandbox.isolation, persistent, ports, self.owner)
         row = self._acquire(claim, began, deadline)
         event = "created" if row.generation == 1 else "recreated"
         holder = self._start(sandbox, job, row, persistent)
-        row = self.table.started(row.instance_id, holder.pid, holder.pid_start, self.store.clock.now())
+        row = self.table.started(row.instance_id, holder.pid, holder.pid_start, self.clock.now())
         self._audit(row, event, began, reason)
         return Lease(row, holder, port_env(row), time.monotonic() - began, event)
 
     def _restart(self, sandbox: Sandbox, job: SandboxJob, row: InstanceRow, reason: str, began: float) -> Lease:
         """Re-create a live instance whose process is gone, keeping its units (its ports stay the same)."""
         holder = self._start(sandbox, job, row, True)
-        row = self.table.started(row.instance_id, holder.pid, holder.pid_start, self.store.clock.now(),
+        row = self.table.started(row.instance_id, holder.pid, holder.pid_start, self.clock.now(),
                                  new_generation=True)
         self._audit(row, "recreated", began, reason)
         return Lease(row, holder, port_env(row), time.monotonic() - began, "recreated")
@@ -168,7 +167,7 @@ class SandboxPool:
         try:
             return sandbox.start_instance(job)
         except Exception as exc:  # the units go back; the call fails with the reason
-            self.table.end_now(row, DEAD, f"its start failed: {exc}", self.store.clock.now())
+            self.table.end_now(row, DEAD, f"its start failed: {exc}", self.clock.now())
             raise SandboxUnavailableError(f"the sandbox instance for {job.skill_id} could not start: {exc}",
                                           "start") from exc
 
@@ -176,7 +175,7 @@ class SandboxPool:
         pause, reclaimed_at = 0.01, 0.0
         while True:
             try:
-                return self.table.acquire(claim, self.capacity, self.store.clock.now(), self._lease_until())
+                return self.table.acquire(claim, self.capacity, self.clock.now(), self._lease_until())
             except ShortageError as short:
                 if time.monotonic() - reclaimed_at > 0.2:
                     reclaimed_at = time.monotonic()
@@ -186,7 +185,7 @@ class SandboxPool:
                     waited = time.monotonic() - began
                     message = (f"no sandbox for {claim.skill_id}: {short.resource} is fully in use; waited "
                                f"{waited:.3g}s, the step's time limit")
-                    self.store.audit(claim.run_id, "sandbox_unavailable", ACTOR, {
+                    self.table.audit(claim.run_id, "sandbox_unavailable", ACTOR, {
                         "skill": claim.skill_id, "resource": short.resource, "waited_s": round(waited, 3),
                         "host": claim.host})
                     raise SandboxUnavailableError(message, short.resource) from None
@@ -194,7 +193,7 @@ class SandboxPool:
                 pause = min(pause * 2, 0.25)
 
     def _lease_until(self) -> float:
-        return self.store.clock.now() + self.settings.lease_s
+        return self.clock.now() + self.settings.lease_s
 
     def _audit(self, row: InstanceRow, event: str, began: float, reason: str | None) -> None:
         detail = {"skill": row.skill_id, "instance_id": row.instance_id, "host": row.host, "pid": row.pid,
@@ -202,37 +201,37 @@ class SandboxPool:
                   "start_ms": round((time.monotonic() - began) * 1000, 3)}
         if reason:
             detail["reason"] = reason
-        self.store.audit(row.run_id, f"sandbox_instance_{event}", ACTOR, detail)
+        self.table.audit(row.run_id, f"sandbox_instance_{event}", ACTOR, detail)
 
     # ------------------------------------------------------------------ giving back
 
-    def on_transition(self, conn: sa.Connection, run_id: str, _source: RunState, target: RunState) -> None:
+    def on_transition(self, tx: Tx, run_id: str, _source: RunState, target: RunState) -> None:
         """Inside the transaction of a Run's entry into TRACING (or a final state reached another way):
         end its live instances, free their units, and record a kept instance's seconds as its cost."""
         if target is not RunState.TRACING:  # every close passes TRACING
             return
-        now = self.store.clock.now()
-        for row in self.table.of_run(conn, run_id):
-            if row.state == LIVE and self.table.end(conn, row, RELEASED, "its Run is closing", now):
-                self.store.write_audit(conn, run_id, "sandbox_instance_released", ACTOR, {
+        now = self.clock.now()
+        for row in self.table.of_run(tx, run_id):
+            if row.state == LIVE and self.table.end(tx, row, RELEASED, "its Run is closing", now):
+                self.table.write_audit(tx, run_id, "sandbox_instance_released", ACTOR, {
                     "skill": row.skill_id, "instance_id": row.instance_id, "held_s": round(row.held_until(now), 6),
                     "calls": row.calls, "generation": row.generation, "ports": list(row.ports)})
                 if row.pid is not None and row.host == self.settings.host:
                     self._to_stop.add(run_id)  # once the change commits (a rollback leaves it running)
             if row.persistent and not row.billed:
-                self._bill(conn, row, row.held_until(now))
+                self._bill(tx, row, row.held_until(now))
 
-    def _bill(self, conn: sa.Connection, row: InstanceRow, seconds: float) -> None:
+    def _bill(self, tx: Tx, row: InstanceRow, seconds: float) -> None:
         if self.ledger is None:
             return
         price: dict[str, float | str] = {"sandbox_per_s": self.price_per_s}
         if self.price_table:
             price["table"] = self.price_table
-        self.ledger.record_in(conn, CostTrace(
+        self.ledger.record_in(tx, CostTrace(
             run_id=row.run_id, source=f"sandbox_instance:{row.isolation}:{row.skill_id}", sandbox_s=round(seconds, 6),
             usd=round(seconds * self.price_per_s, 8), unit_price=price, tenant_id=row.tenant_id,
             user_id=row.user_id, skill_id=row.skill_id))
-        self.table.mark_billed(conn, row.instance_id)
+        self.table.mark_billed(tx, row.instance_id)
 
     def after_change(self, run_id: str, _source: RunState, target: RunState) -> None:
         """Once a Run's entry into TRACING committed, stop the processes of the instances it ended here."""
@@ -245,7 +244,7 @@ class SandboxPool:
         stopped = 0
         for row in self.table.ended_with_process(self.settings.host):
             ours = run_id is None or row.run_id == run_id
-            if ours and row.pid is not None and stop(Holder(row.pid, row.pid_start)):
+            if ours and row.pid is not None and self.processes.stop(Holder(row.pid, row.pid_start)):
                 self.table.forget_process(row.instance_id, row.pid)
                 stopped += 1
         return stopped
@@ -256,12 +255,13 @@ class SandboxPool:
         """End instances that are dead: on this host, a kept instance whose process is gone; on any host,
         one whose lease nobody renewed in time. Renews the leases of this host's live ones. Returns how
         many were ended (their units are free again)."""
-        now, host, ended = self.store.clock.now(), self.settings.host, 0
+        now, host, ended = self.clock.now(), self.settings.host, 0
         renew: list[str] = []
         for row in self.table.live():
             reason = None
             if row.host == host:
-                if row.persistent and row.pid is not None and not alive(Holder(row.pid, row.pid_start)):
+                holder = Holder(row.pid, row.pid_start)
+                if row.persistent and row.pid is not None and not self.processes.alive(holder):
                     reason = "its process was gone"
                 elif row.persistent and row.pid is None and row.isolation == "bwrap" \
                         and now - row.started_at > START_GRACE_S:
@@ -272,7 +272,7 @@ class SandboxPool:
                 reason = f"its host {row.host} stopped renewing its lease"
             if reason is not None and self.table.end_now(row, DEAD, reason, now):
                 ended += 1
-                self.store.audit(row.run_id, "sandbox_instance_reclaimed", ACTOR, {
+                self.table.audit(row.run_id, "sandbox_instance_reclaimed", ACTOR, {
                     "skill": row.skill_id, "instance_id": row.instance_id, "host": row.host, "reason": reason,
                     "ports": list(row.ports)})
         self.table.renew(renew, now + self.settings.lease_s)
@@ -282,13 +282,13 @@ class SandboxPool:
         """The sweeper's pass: release the instances of Runs closed without this pool seeing it (another
         process's close, a database written by an older version), reclaim dead ones, stop the processes of
         ended ones. Returns how many instances were ended."""
-        now, ended = self.store.clock.now(), self.reclaim_dead()
+        now, ended = self.clock.now(), self.reclaim_dead()
         mine = self.table.live(self.settings.host)
         closed = final_among(sorted({r.run_id for r in mine}))
         for row in mine:
             if row.run_id in closed and self.table.end_now(row, RELEASED, "its Run closed elsewhere", now):
                 ended += 1
-                self.store.audit(row.run_id, "sandbox_instance_released", ACTOR, {
+                self.table.audit(row.run_id, "sandbox_instance_released", ACTOR, {
                     "skill": row.skill_id, "instance_id": row.instance_id, "reason": "its Run closed elsewhere"})
         self.stop_ended()
         return ended

@@ -1,51 +1,39 @@
-"""The lease port (SPEC K5b): which driver holds a Run, proven before every write and side effect."""
+"""The lease port (SPEC K5b): which driver holds a Run, proven before every write and side effect.
+
+One port for every holder: the leased drive of a worker, and a parent that waits for its child Run
+without a drive of its own. The lease it hands out is the domain's value (`harness.domain.leases.Lease`).
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol, TypeVar
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
+    from harness.domain.leases import Lease
     from harness.domain.records import RunRecord
 
 
-class HeldLease(Protocol):
-    """A driver's hold on a Run: who, which epoch, until when, and how many stalls preceded it."""
-
-    @property
-    def run_id(self) -> str: ...
-
-    @property
-    def owner(self) -> str: ...
-
-    @property
-    def epoch(self) -> int: ...
-
-    @property
-    def stalls(self) -> int: ...
-
-
-LeaseT = TypeVar("LeaseT", bound=HeldLease)
-
-
-class LeaseKeeper(Protocol[LeaseT]):
+class RunLeases(Protocol):
     """Acquire, heartbeat, check and release Run leases that live `ttl_s` without a heartbeat."""
 
     @property
-    def ttl_s(self) -> float: ...
-
-    def acquire(self, run_id: str, owner: str) -> LeaseT | None:
-        """Take the Run's lease if it is free or expired (a takeover counts a stall); None if held."""
+    def ttl_s(self) -> float:
+        """How long a lease lives without a heartbeat."""
         ...
 
-    def heartbeat(self, lease: LeaseT) -> LeaseT | None:
+    def acquire(self, run_id: str, owner: str) -> Lease | None:
+        """Take the Run's lease if it is free or expired (a takeover counts a stall); None while held."""
+        ...
+
+    def heartbeat(self, lease: Lease) -> Lease | None:
         """Extend the lease; None when it was taken over."""
         ...
 
-    def holds(self, lease: LeaseT) -> bool:
+    def holds(self, lease: Lease) -> bool:
         """Whether the lease is still the Run's current one and unexpired."""
         ...
 
-    def release(self, lease: LeaseT) -> None:
+    def release(self, lease: Lease) -> None:
         """Give the lease up."""
         ...
 

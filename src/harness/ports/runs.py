@@ -1,5 +1,5 @@
-"""Ports of the Run store as the pipeline sees it: reads of a Run, its leases, and what the Run manager
-writes beside its transitions."""
+"""Ports of the Run store as the pipeline sees it: reads of a Run, and what the Run manager writes beside its
+transitions. Its leases are `harness.ports.leases.RunLeases`."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from harness.domain.leases import Lease
     from harness.domain.records import NewRun, RunRecord, StuckRun, TraceRecordIn, TransitionRow
     from harness.domain.traces import CostTrace
     from harness.kernel import RunState
@@ -24,27 +23,6 @@ class RunReads(Protocol):
 
     def transitions_of(self, run_id: str) -> list[TransitionRow]:
         """The Run's state changes, oldest first."""
-        ...
-
-
-class RunLeases(Protocol):
-    """Which driver holds a Run (SPEC K5b): taken when free or expired, heartbeated, given back."""
-
-    @property
-    def ttl_s(self) -> float:
-        """How long a lease lives without a heartbeat."""
-        ...
-
-    def acquire(self, run_id: str, owner: str) -> Lease | None:
-        """Take the Run's lease if it is free or expired; None while another holder has it."""
-        ...
-
-    def heartbeat(self, lease: Lease) -> Lease | None:
-        """Extend the lease; None when it was taken over."""
-        ...
-
-    def release(self, lease: Lease) -> None:
-        """Give the lease up."""
         ...
 
 

@@ -15,9 +15,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from harness.config import Runtime, cost_ledger, sandbox_instances, webhook_outbox
+from harness.domain.sandbox import PoolSettings
 from harness.kernel import FINAL, RunState
 from harness.kernel.thresholds import DEFAULT, Thresholds
-from harness.pipeline.sandbox_pool import PoolSettings
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _WAIT_BUCKETS = (1, 5, 15, 60, 300, 900, 3600, 4 * 3600, 24 * 3600, float("inf"))

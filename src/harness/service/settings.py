@@ -22,7 +22,7 @@ _ENV = {
 
 
 class ServiceSettings(BaseModel):
-    """The service's own knobs; the Runtime's settings (database, skills, policy) stay in harness.config."""
+    """The service's own knobs; the Runtime's settings (database, skills, policy) are harness.settings'."""
 
     model_config = ConfigDict(extra="forbid")
     worker_threads: int = Field(default=4, ge=1, le=256)

@@ -92,3 +92,13 @@ def wait_ready(pid: int, command: str = "sleep", timeout_s: float = START_TIMEOU
             raise RuntimeError(f"the sandbox instance was not ready within {timeout_s:.3g}s")
         time.sleep(pause)
         pause = min(pause * 2, 0.02)
+
+
+class HolderProcesses:
+    """The processes of this host's kept instances (ports.sandboxes.InstanceProcesses): /proc and signals."""
+
+    def alive(self, holder: Holder) -> bool:
+        return alive(holder)
+
+    def stop(self, holder: Holder) -> bool:
+        return stop(holder)

@@ -17,10 +17,12 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import mysql, postgresql, sqlite
 
 from harness.adapters.sql import schema as t
+from harness.adapters.sql.database import connection_of
 from harness.adapters.sql.raw import RawStatements
 from harness.adapters.sql.store import SqlStore
 from harness.domain.costs import PLANNING, CostGroup, GroupBy, RunTotal
 from harness.domain.traces import CostTrace
+from harness.ports import Tx
 
 b = sa.bindparam
 costs, totals = t.costs, t.spend_totals
@@ -96,8 +98,9 @@ class CostLedger:
         with self.store.engine.begin() as conn:
             self.record_in(conn, cost)
 
-    def record_in(self, conn: sa.Connection, cost: CostTrace) -> None:
+    def record_in(self, tx: Tx, cost: CostTrace) -> None:
         """`record` inside the caller's transaction."""
+        conn = connection_of(tx)
         if cost.parent_run_id is None:
             parent = conn.execute(sa.select(t.runs.c.parent_run_id).where(t.runs.c.run_id == cost.run_id)).scalar()
             if parent is not None:

@@ -13,112 +13,39 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
 
 from harness.adapters.sql import schema as t
+from harness.adapters.sql.database import connection_of
 from harness.adapters.sql.store import SqlStore
+from harness.domain.sandbox import (
+    DEAD,
+    LIVE,
+    RELEASED,
+    Capacity,
+    Claim,
+    InstanceRow,
+    PoolUse,
+    ShortageError,
+)
+from harness.ports import Clock, Tx
+
+#: the domain's names, importable from here as before
+__all__ = ["DEAD", "LIVE", "RELEASED", "Capacity", "Claim", "InstanceRow", "InstanceTable", "PoolUse",
+           "ShortageError", "instance_id_of"]
 
 instances, leases = t.sandbox_instances, t.sandbox_leases
 _RACE_RETRIES = 8
-LIVE, RELEASED, DEAD = "live", "released", "dead"
 
 
-@dataclass(frozen=True)
-class InstanceRow:
-    """One instance as the database has it."""
-
-    instance_id: str
-    run_id: str
-    skill_id: str
-    tenant_id: str
-    user_id: str
-    host: str
-    state: str
-    isolation: str
-    pid: int | None
-    pid_start: int | None
-    owner: str
-    ports: tuple[int, ...]
-    generation: int
-    calls: int
-    persistent: bool
-    held_s: float
-    billed: bool
-    created_at: float
-    started_at: float
-    used_at: float
-    lease_expires_at: float
-    ended_at: float | None
-    end_reason: str | None
-
-    @classmethod
-    def of(cls, row: Any) -> InstanceRow:
-        """From a result row."""
-        values = dict(row._mapping)
-        values["ports"] = tuple(int(p) for p in values["ports"].split(",") if p)
-        values["persistent"], values["billed"] = bool(values["persistent"]), bool(values["billed"])
-        return cls(**values)
-
-    def held_until(self, now: float) -> float:
-        """Seconds this instance has existed, over all its generations, up to `now`."""
-        return self.held_s + (max(0.0, now - self.started_at) if self.state == LIVE else 0.0)
-
-
-@dataclass(frozen=True)
-class Claim:
-    """What a call asks for: an instance of (run, skill) on a host, holding `ports` ports."""
-
-    run_id: str
-    skill_id: str
-    tenant_id: str
-    user_id: str
-    host: str
-    isolation: str
-    persistent: bool
-    ports: int
-    owner: str
-
-
-@dataclass(frozen=True)
-class Capacity:
-    """The limits units are taken within: the host's and the tenant's caps, the host's port range."""
-
-    host_cap: int
-    tenant_cap: int
-    port_range: tuple[int, int] | None = None
-
-    def needs(self, claim: Claim) -> list[tuple[str, str, Sequence[int], int]]:
-        """(resource, its name for people, its units, how many the claim takes)."""
-        wanted: list[tuple[str, str, Sequence[int], int]] = [
-            (f"tenant:{claim.tenant_id}", f"tenant {claim.tenant_id}'s instance cap ({self.tenant_cap})",
-             range(self.tenant_cap), 1),
-            (f"host:{claim.host}", f"the host's instance cap ({self.host_cap})", range(self.host_cap), 1)]
-        if claim.ports:
-            low, high = self.port_range or (0, -1)
-            size = high - low + 1
-            wanted.append((f"port:{claim.host}", f"the host's port pool ({size} ports, {low}-{high})",
-                           range(low, high + 1), claim.ports))
-        return wanted
-
-
-class ShortageError(Exception):
-    """No unit of a resource is free: `resource` names it for people."""
-
-    def __init__(self, resource: str) -> None:
-        super().__init__(resource)
-        self.resource = resource
-
-
-@dataclass(frozen=True)
-class PoolUse:
-    """What is held right now: live instances by host and tenant, leased ports by host."""
-
-    live_by_host: dict[str, int]
-    live_by_tenant: dict[str, int]
-    ports_by_host: dict[str, int]
+def _instance(row: Any) -> InstanceRow:
+    """An instance from a result row."""
+    values = dict(row._mapping)
+    values["ports"] = tuple(int(p) for p in values["ports"].split(",") if p)
+    values["persistent"], values["billed"] = bool(values["persistent"]), bool(values["billed"])
+    return InstanceRow(**values)
 
 
 def instance_id_of(run_id: str, skill_id: str) -> str:
@@ -127,17 +54,28 @@ def instance_id_of(run_id: str, skill_id: str) -> str:
 
 
 class InstanceTable:
-    """Reads and writes of instance rows and their leases."""
+    """Reads and writes of instance rows and their leases (ports.sandboxes.SandboxInstances), and the audit
+    events the pool writes about them."""
 
     def __init__(self, store: SqlStore) -> None:
         self.store = store
+
+    @property
+    def clock(self) -> Clock:
+        return self.store.clock
+
+    def audit(self, run_id: str | None, event: str, actor: str, detail: dict[str, Any]) -> None:
+        self.store.audit(run_id, event, actor, detail)
+
+    def write_audit(self, tx: Tx, run_id: str | None, event: str, actor: str, detail: dict[str, Any]) -> None:
+        self.store.write_audit(connection_of(tx), run_id, event, actor, detail)
 
     def get(self, run_id: str, skill_id: str) -> InstanceRow | None:
         """The Run's instance for the skill, whatever its state; None when it never had one."""
         query = sa.select(instances).where(instances.c.run_id == run_id, instances.c.skill_id == skill_id)
         with self.store.engine.connect() as conn:
             row = conn.execute(query).first()
-        return None if row is None else InstanceRow.of(row)
+        return None if row is None else _instance(row)
 
     def acquire(self, claim: Claim, capacity: Capacity, now: float, lease_until: float) -> InstanceRow:
         """Take the claim's units and make its row live (a new row, or the next generation of a row whose
@@ -177,7 +115,7 @@ class InstanceTable:
             conn.execute(instances.insert().values(instance_id=instance_id, run_id=claim.run_id,
                                                    skill_id=claim.skill_id, created_at=now, **values))
         row = conn.execute(sa.select(instances).where(instances.c.instance_id == instance_id)).one()
-        return InstanceRow.of(row)
+        return _instance(row)
 
     def started(self, instance_id: str, pid: int | None, pid_start: int | None, now: float, *,
                 new_generation: bool = False) -> InstanceRow:
@@ -188,10 +126,10 @@ class InstanceTable:
         with self.store.engine.begin() as conn:
             if new_generation:
                 row = conn.execute(sa.select(instances).where(instances.c.instance_id == instance_id)).one()
-                values["held_s"] = InstanceRow.of(row).held_until(now)
+                values["held_s"] = _instance(row).held_until(now)
                 values["generation"] = instances.c.generation + 1
             conn.execute(instances.update().where(instances.c.instance_id == instance_id).values(**values))
-            return InstanceRow.of(conn.execute(sa.select(instances).where(
+            return _instance(conn.execute(sa.select(instances).where(
                 instances.c.instance_id == instance_id)).one())
 
     def touch(self, instance_id: str, now: float, lease_until: float) -> None:
@@ -200,9 +138,10 @@ class InstanceTable:
             conn.execute(instances.update().where(instances.c.instance_id == instance_id)
                          .values(calls=instances.c.calls + 1, used_at=now, lease_expires_at=lease_until))
 
-    def end(self, conn: sa.Connection, row: InstanceRow, state: str, reason: str, now: float) -> bool:
+    def end(self, tx: Tx, row: InstanceRow, state: str, reason: str, now: float) -> bool:
         """End a live instance (released or dead) and free its units, in the caller's transaction; False
         when it was no longer live (another process ended it first)."""
+        conn = connection_of(tx)
         current = (instances.c.instance_id == row.instance_id, instances.c.state == LIVE,
                    instances.c.started_at == row.started_at)
         done = conn.execute(instances.update().where(*current)
@@ -218,14 +157,14 @@ class InstanceTable:
         with self.store.engine.begin() as conn:
             return self.end(conn, row, state, reason, now)
 
-    def of_run(self, conn: sa.Connection, run_id: str) -> list[InstanceRow]:
+    def of_run(self, tx: Tx, run_id: str) -> list[InstanceRow]:
         """The Run's instances (any state), inside the caller's transaction."""
         query = sa.select(instances).where(instances.c.run_id == run_id)
-        return [InstanceRow.of(r) for r in conn.execute(query)]
+        return [_instance(r) for r in connection_of(tx).execute(query)]
 
-    def mark_billed(self, conn: sa.Connection, instance_id: str) -> None:
+    def mark_billed(self, tx: Tx, instance_id: str) -> None:
         """The instance's held seconds are in the Run's costs."""
-        conn.execute(instances.update().where(instances.c.instance_id == instance_id).values(billed=True))
+        connection_of(tx).execute(instances.update().where(instances.c.instance_id == instance_id).values(billed=True))
 
     def live(self, host: str | None = None, *, tenant_id: str | None = None) -> list[InstanceRow]:
         """Live instances, of one host (and one tenant) or of all, oldest first."""
@@ -235,14 +174,14 @@ class InstanceTable:
         if tenant_id is not None:
             query = query.where(instances.c.tenant_id == tenant_id)
         with self.store.engine.connect() as conn:
-            return [InstanceRow.of(r) for r in conn.execute(query)]
+            return [_instance(r) for r in conn.execute(query)]
 
     def ended_with_process(self, host: str) -> list[InstanceRow]:
         """Ended instances of this host whose process may still run (nobody has stopped it yet)."""
         query = sa.select(instances).where(instances.c.state != LIVE, instances.c.host == host,
                                            instances.c.pid.is_not(None))
         with self.store.engine.connect() as conn:
-            return [InstanceRow.of(r) for r in conn.execute(query)]
+            return [_instance(r) for r in conn.execute(query)]
 
     def forget_process(self, instance_id: str, pid: int) -> None:
         """The ended instance's process is gone."""

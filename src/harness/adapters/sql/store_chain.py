@@ -10,6 +10,7 @@ import sqlalchemy as sa
 
 from harness.adapters.sql import schema as t
 from harness.adapters.sql import statements as q
+from harness.adapters.sql.database import connection_of
 from harness.adapters.sql.store_base import (
     OutboxRow,
     StoreBase,
@@ -22,6 +23,7 @@ from harness.domain.records import (
     StoredTraceRecord,
     TraceRecordIn,
 )
+from harness.ports import Tx
 
 _log = logging.getLogger("harness.adapters.sql.store")
 
@@ -136,13 +138,14 @@ class TraceChain(StoreBase):
             self._raw.executemany(conn, q.OUTBOX_DELETE_ONE, [{"p_id": p.id} for p in pending])
         return chained, len(pending)
 
-    def drain_within(self, conn: sa.Connection, batch_size: int = 500) -> int:
+    def drain_within(self, tx: Tx, batch_size: int = 500) -> int:
         """Drain the outbox inside the caller's transaction (a Run's closing one: one commit fewer per
         Run), under a savepoint: a drain that fails rolls back alone, the caller's writes commit, and the
         records wait in the outbox for the next drain (A4: a failing trace store never blocks a Run).
         With a trace buffer the records go through the buffer instead, outside any transaction."""
         if self.trace_buffer is not None:
             return 0
+        conn = connection_of(tx)
         total = 0
         try:
             with self._raw.savepoint(conn, "harness_drain"):

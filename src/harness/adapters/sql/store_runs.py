@@ -11,6 +11,7 @@ import sqlalchemy as sa
 
 from harness.adapters.sql import schema as t
 from harness.adapters.sql import statements as q
+from harness.adapters.sql.database import connection_of
 from harness.adapters.sql.store_base import (
     CasRow,
     WrongExitError,
@@ -39,6 +40,7 @@ from harness.kernel import (
 )
 from harness.kernel.events import ILLEGAL_TRANSITION, LOST_RACE
 from harness.kernel.states import CloseReason
+from harness.ports import Tx
 
 
 class RunWrites(TraceChain):
@@ -170,7 +172,7 @@ class RunWrites(TraceChain):
 
     def transition_in(
         self,
-        conn: sa.Connection,
+        tx: Tx,
         run_id: str,
         source: RunState,
         target: RunState,
@@ -194,7 +196,7 @@ class RunWrites(TraceChain):
         source, target = RunState(source), RunState(target)
         if not is_legal(source, target) or source == RunState.TRACING:
             raise InvalidTransitionError(run_id, source.value, target.value)
-        return self._compare_and_set(conn, run_id, source, target, actor, reason, forced_by, lease_epoch,
+        return self._compare_and_set(connection_of(tx), run_id, source, target, actor, reason, forced_by, lease_epoch,
                                      expected_version, records, context, result, None, self.clock.now())
 
     def lock_run(self, conn: sa.Connection, run_id: str) -> RunState:

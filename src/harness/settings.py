@@ -1,0 +1,228 @@
+"""Settings: how a harness process is configured (SPEC D1).
+
+Every setting has an environment variable; the defaults are the embedded default — a SQLite file in
+the working directory, the scripted LLM and the bundled support example's skills and policies. A YAML file
+(HARNESS_CONFIG_FILE) may hold them too. The composition root (harness.config) builds a Runtime from them.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from harness.domain.contracts import MAX_CHAIN_DEPTH
+from harness.domain.errors import InvalidRequestError
+from harness.domain.limits import RequestLimits
+from harness.domain.sandbox import PoolSettings
+from harness.examples.support import EXAMPLE_DIR
+from harness.kernel.thresholds import Thresholds, parse_overrides
+from harness.paths import default_data_dir
+from harness.yamlfile import read_yaml
+
+
+class Settings(BaseModel):
+    """How a harness process is configured."""
+
+    model_config = ConfigDict(extra="forbid")
+    db: str | None = None
+    #: the agent file (YAML: name, instructions, model, skills, policy); None: the bundled support agent,
+    #: unless skills, policy, rules or identities are set one by one
+    agent: Path | None = None
+    skills_dirs: tuple[Path, ...] = (EXAMPLE_DIR / "skills",)
+    #: installed packages whose modules may be skill entrypoints (besides files in a skill's folder)
+    skill_packages: tuple[str, ...] = ()
+    policy_file: Path = EXAMPLE_DIR / "policy.yaml"
+    #: "local": an OpenAI-compatible server of a model on this machine (llama-cpp-python's, see
+    #: docs/local-model.md), at llm_base_url (default http://127.0.0.1:8080/v1), needing no API key
+    llm: Literal["scripted", "openai", "anthropic", "local"] = "scripted"
+    llm_rules: Path = EXAMPLE_DIR / "llm_rules.yaml"
+    # The real providers (openai, anthropic): model, optional fallback model, endpoint, the name of the
+    # environment variable holding the key (the key itself never sits in settings), prices per model.
+    llm_model: str | None = None
+    llm_fallback_model: str | None = None
+    llm_base_url: str | None = None
+    llm_api_key_env: str | None = None
+    llm_pricing: Path | None = None
+    llm_stream: bool = False
+    llm_plan_mode: Literal["json", "tool"] = "json"
+    llm_timeout_s: float = Field(default=60.0, gt=0)
+    #: how the plan is asked for (None: json_schema for openai, json_object with a schema for local), whether
+    #: the skills are described in the system prompt instead of sent as tools (None: only for local), and
+    #: the most tokens an answer may take (None: 512 for local, else as the context budget allows)
+    llm_plan_format: Literal["json_schema", "json_object", "none"] | None = None
+    llm_tools_in_prompt: bool | None = None
+    llm_max_tokens: int | None = Field(default=None, gt=0)
+    #: the most steps the plan's schema admits (None: 1 for local, a small model repeats steps; else 8)
+    llm_plan_max_steps: int | None = Field(default=None, ge=1, le=64)
+    identities_file: Path = EXAMPLE_DIR / "identities.yaml"
+    #: Runs' working directories and the bundled example's ledger (HARNESS_DATA_DIR)
+    data_dir: Path = Field(default_factory=default_data_dir)
+    execution_limit_s: float = Field(default=600.0, gt=0)
+    #: how many levels of child Runs (AgentInvoke) a Run may start when its caller gives no
+    #: chain_remaining, and the most a caller may give
+    chain_depth: int = Field(default=4, ge=0, le=MAX_CHAIN_DEPTH)
+    #: how many rounds a Run may plan (each round's results are shown to the model before the next)
+    max_rounds: int = Field(default=4, ge=1, le=64)
+    sandbox: Literal["auto", "bwrap", "rlimit"] = "auto"
+    #: sandboxes as a scarce resource: this host's name (instances, caps and the port pool are per host),
+    #: how many instances may live at once on it and per tenant, its port range ("41000-41255"; "" for
+    #: none), and how long an instance's lease lives without this host renewing it
+    sandbox_host: str = Field(default_factory=socket.gethostname, min_length=1, max_length=100)
+    sandbox_host_cap: int = Field(default=32, ge=1, le=10_000)
+    sandbox_tenant_cap: int = Field(default=16, ge=1, le=10_000)
+    sandbox_ports: str = "41000-41255"
+    sandbox_lease_s: float = Field(default=300.0, gt=0)
+
+    @field_validator("sandbox_ports")
+    @classmethod
+    def _port_range(cls, value: str) -> str:
+        parse_port_range(value)
+        return value
+
+    def pool_settings(self) -> PoolSettings:
+        """The sandbox pool these settings describe."""
+        return PoolSettings(host=self.sandbox_host, host_cap=self.sandbox_host_cap,
+                            tenant_cap=self.sandbox_tenant_cap, port_range=parse_port_range(self.sandbox_ports),
+                            lease_s=self.sandbox_lease_s)
+    #: Redis Streams between the outbox and the hash chain (SPEC D2), e.g. redis://127.0.0.1:6379/0;
+    #: None drains the outbox straight into the chain
+    trace_buffer: str | None = None
+    #: context assembler (SPEC C1-C5): token encoding ("auto" follows the provider and model), memory
+    #: recall mode, where a succeeded Run's summary is written back, the budget share memory may take
+    tokenizer: Literal["auto", "cl100k_base", "o200k_base", "approx"] = "auto"
+    memory: Literal["off", "lexical", "semantic"] = "lexical"
+    memory_write_scope: Literal["user", "session"] = "user"
+    memory_share: float = Field(default=0.25, ge=0.0, le=0.9)
+    #: leases (one driver per Run): how long a driver's lease lives without a heartbeat (it heartbeats
+    #: every third of it), and how many times a Run's lease may be taken over from a dead driver before
+    #: the Run is failed as poison instead of resumed again
+    lease_ttl_s: float = Field(default=30.0, gt=0)
+    max_stalls: int = Field(default=3, ge=1)
+    #: the sweeper: how often it passes, per-state thresholds in seconds overriding the defaults (by state
+    #: name; EXECUTING's default follows execution_limit_s), the heartbeat ceiling as a multiple of a
+    #: state's threshold, and how long a decided approval may wait for its Run to move
+    sweep_interval_s: float = Field(default=30.0, gt=0)
+    state_thresholds: dict[str, float] = Field(default_factory=dict)
+    heartbeat_ceiling_factor: float = Field(default=2.0, ge=1.0)
+    decided_approval_s: float = Field(default=30.0, gt=0)
+    #: a Run nobody drives is picked up by the embedded worker once it has not moved for this long
+    redrive_grace_s: float = Field(default=2.0, ge=0)
+
+    def thresholds(self) -> Thresholds:
+        """The sweeper's thresholds these settings describe."""
+        try:
+            return Thresholds.build(self.state_thresholds, execution_limit_s=self.execution_limit_s,
+                                    ceiling_factor=self.heartbeat_ceiling_factor, decided_s=self.decided_approval_s)
+        except ValueError as exc:
+            raise InvalidRequestError(f"invalid settings: state_thresholds: {exc}") from exc
+    #: how large a Run request may be (HARNESS_MAX_* variables, harness.domain.limits)
+    limits: RequestLimits = RequestLimits()
+    #: approver endpoints, Caller signing secrets and the retry schedule of the pushed events (SPEC P4 /
+    #: N1); None: only HARNESS_WEBHOOK_SECRET, if set, signing every tenant's callbacks
+    webhooks_file: Path | None = None
+    #: signed checkpoints published without a person (SPEC A3b) by `harness serve` and the Celery beat:
+    #: every `checkpoint_interval_s` (0: never), into `checkpoint_dir` (None: ./harness-checkpoints/<database
+    #: id>), each also given to the witnesses (directories or http(s) URLs)
+    checkpoint_interval_s: float = Field(default=300.0, ge=0.0)
+    checkpoint_dir: Path | None = None
+    checkpoint_witnesses: tuple[str, ...] = ()
+    #: MCP servers whose tools are skills (HARNESS_MCP_FILE, harness.mcp_skills); None: no MCP server
+    mcp_file: Path | None = None
+
+    @classmethod
+    def from_env(cls, **overrides: object) -> Settings:
+        """Settings from the file HARNESS_CONFIG_FILE names (YAML, keys as the fields here), then
+        HARNESS_* environment variables, then explicit overrides."""
+        env = os.environ
+        values: dict[str, object] = _config_file(env.get("HARNESS_CONFIG_FILE"))
+        if env.get("HARNESS_SKILLS_DIRS"):
+            values["skills_dirs"] = tuple(Path(p) for p in env["HARNESS_SKILLS_DIRS"].split(os.pathsep) if p)
+        if env.get("HARNESS_SKILL_PACKAGES"):
+            values["skill_packages"] = tuple(p.strip() for p in env["HARNESS_SKILL_PACKAGES"].split(",") if p.strip())
+        for key, name in (("policy_file", "HARNESS_POLICY_FILE"), ("llm_rules", "HARNESS_LLM_RULES"),
+                          ("data_dir", "HARNESS_DATA_DIR"), ("llm", "HARNESS_LLM"),
+                          ("identities_file", "HARNESS_IDENTITIES"),
+                          ("execution_limit_s", "HARNESS_EXECUTION_LIMIT_S"), ("sandbox", "HARNESS_SANDBOX"),
+                          ("chain_depth", "HARNESS_CHAIN_DEPTH"), ("max_rounds", "HARNESS_MAX_ROUNDS"),
+                          ("tokenizer", "HARNESS_TOKENIZER"), ("memory", "HARNESS_MEMORY"),
+                          ("memory_write_scope", "HARNESS_MEMORY_WRITE_SCOPE"),
+                          ("trace_buffer", "HARNESS_TRACE_BUFFER"),
+                          ("webhooks_file", "HARNESS_WEBHOOKS_FILE"), ("agent", "HARNESS_AGENT"),
+                          ("mcp_file", "HARNESS_MCP_FILE")):
+            if env.get(name):
+                values[key] = env[name]
+        for key, name in (("checkpoint_interval_s", "HARNESS_CHECKPOINT_INTERVAL_S"),
+                          ("checkpoint_dir", "HARNESS_CHECKPOINT_DIR")):
+            if env.get(name):
+                values[key] = env[name]
+        if env.get("HARNESS_CHECKPOINT_WITNESS"):
+            values["checkpoint_witnesses"] = tuple(w.strip() for w in env["HARNESS_CHECKPOINT_WITNESS"].split(",")
+                                                   if w.strip())
+        for key in ("sandbox_host", "sandbox_host_cap", "sandbox_tenant_cap", "sandbox_lease_s"):
+            if env.get(f"HARNESS_{key.upper()}"):
+                values[key] = env[f"HARNESS_{key.upper()}"]
+        if "HARNESS_SANDBOX_PORTS" in env:
+            values["sandbox_ports"] = env["HARNESS_SANDBOX_PORTS"]
+        for key in ("llm_model", "llm_fallback_model", "llm_base_url", "llm_api_key_env", "llm_pricing",
+                    "llm_stream", "llm_plan_mode", "llm_timeout_s", "llm_plan_format", "llm_tools_in_prompt",
+                    "llm_max_tokens", "llm_plan_max_steps", "lease_ttl_s", "max_stalls", "sweep_interval_s",
+                    "heartbeat_ceiling_factor", "decided_approval_s", "redrive_grace_s"):
+            if env.get(f"HARNESS_{key.upper()}"):
+                values[key] = env[f"HARNESS_{key.upper()}"]
+        if env.get("HARNESS_STATE_THRESHOLDS"):
+            try:
+                values["state_thresholds"] = parse_overrides(env["HARNESS_STATE_THRESHOLDS"])
+            except ValueError as exc:
+                raise InvalidRequestError(f"invalid settings: HARNESS_STATE_THRESHOLDS: {exc}") from exc
+        values["limits"] = RequestLimits.from_env()
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        try:
+            settings = cls.model_validate(values)
+        except ValueError as exc:
+            raise InvalidRequestError(f"invalid settings: {exc}") from exc
+        settings.thresholds()  # a bad threshold is named now, not at the first sweep
+        return settings
+
+
+def parse_port_range(text: str) -> tuple[int, int] | None:
+    """"LOW-HIGH" (inclusive, within 1024-65535) as a pair; "" for no port pool."""
+    if not text.strip():
+        return None
+    low, sep, high = text.strip().partition("-")
+    try:
+        pair = (int(low), int(high if sep else low))
+    except ValueError:
+        raise ValueError(f"sandbox_ports must be LOW-HIGH, like 41000-41255, not {text!r}") from None
+    if not 1024 <= pair[0] <= pair[1] <= 65535:
+        raise ValueError(f"sandbox_ports {text!r}: the range must lie within 1024-65535, low before high")
+    return pair
+
+
+#: fields of Settings that are paths: in a config file they are relative to the file's folder
+_PATH_FIELDS = ("skills_dirs", "policy_file", "llm_rules", "llm_pricing", "identities_file", "data_dir", "agent",
+                "mcp_file")
+
+
+def _config_file(name: str | None) -> dict[str, object]:
+    """The settings a YAML config file holds (HARNESS_CONFIG_FILE); {} when none is named."""
+    if not name:
+        return {}
+    path = Path(name)
+    raw = read_yaml(path, InvalidRequestError, "the config file")
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise InvalidRequestError(f"{path}: the config file must be a mapping of setting names to values")
+    values: dict[str, object] = dict(raw)
+    base = path.resolve().parent
+    for key in _PATH_FIELDS:
+        value = values.get(key)
+        if isinstance(value, str):
+            values[key] = str(base / value)
+        elif isinstance(value, list):
+            values[key] = [str(base / str(v)) for v in value]
+    return values
