@@ -101,6 +101,9 @@ class StoreBase:
                 raise InvalidRequestError(f"HARNESS_COMMIT_MODE must be one of {', '.join(MODES)}, not {mode!r}")
             self.units = Units(engine, enabled=mode == "boundaries")
             engine = joining(engine, self.units)
+            # the unit's own connections come through the joining engine too, so that listeners on the
+            # store's engine (the benchmarks' statement counters, say) see them
+            self.units.engine = engine
         #: the engine, joining the drive's unit of work when one is open (harness.adapters.sql.units)
         self.engine = engine
         #: the same pool, for reads only: on SQLite they do not take the write lock
