@@ -320,7 +320,7 @@ def replay(run_id: str, source: Store, settings: Settings | None = None, agent: 
     with _scratch_runtime(base, run.created_at, recording, events, agent) as (rt, clock):
         replay_reads(source).seed(rt.store, run.tenant_id, run.created_at)
         follow = _follow_clock(clock, [x.at for x in source.transitions_of(run_id)])
-        rt.machine.subscribe(lambda _rid, _s, _t: follow())
+        rt.machine.subscribe(lambda _rid, _s, _t: follow(), at_commit=False)
         request = RunRequest.model_validate({**run.request, "retry_of": None})
         new, _ = rt.runs.submit(request)
         if run.deadline_at is not None:  # a child Run: due when its parent gave it, its approvals too

@@ -107,7 +107,7 @@ class OutsideEvents:
     def begin(self, rt: Runtime, clock: FakeClock, replay_id: str) -> None:
         """Follow the replayed Run from its creation; a Run closed while still CREATED is closed now."""
         self._rt, self._clock, self.replay_id = rt, clock, replay_id
-        rt.machine.subscribe(self._on_transition)
+        rt.machine.subscribe(self._on_transition, at_commit=False)
         self._entered(S.CREATED)
 
     def _on_transition(self, run_id: str, _source: RunState, target: RunState) -> None:

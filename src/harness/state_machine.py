@@ -36,6 +36,7 @@ class StateMachine:
         self.drain_on_close = drain_on_close
         self._closing_hooks: list[ClosingHook] = []
         self._listeners: list[Listener] = []
+        self._as_applied: list[Listener] = []
         self._tx_hooks: list[TransactionHook] = []
         #: the total a RunTrace carries: the sums of the Run's CostTraces, its child Runs' included (set by
         #: the composition root to the cost ledger's); None: the RunContext's planning cost, as before
@@ -57,13 +58,18 @@ class StateMachine:
                 hook(conn, run_id, source, target)
         return both
 
-    def subscribe(self, listener: Listener) -> None:
-        """Be told of every state change this machine applies (live views, metrics, SSE)."""
-        self._listeners.append(listener)
+    def subscribe(self, listener: Listener, *, at_commit: bool = True) -> None:
+        """Be told of every state change this machine applies (live views, metrics, SSE): once it has
+        committed, or with `at_commit=False` as soon as it is applied (inside a drive's unit of work, before
+        its boundary commits it) — for followers of the drive itself (spans that time each step, a replay
+        that re-applies outside events where they came) that never hand the change to anyone else."""
+        (self._listeners if at_commit else self._as_applied).append(listener)
 
     def _notify(self, run_id: str, source: RunState, target: RunState) -> None:
         """Tell the listeners of a change once it has committed (inside a drive's unit of work, at its
         next boundary: a listener that wakes another thread or process must find the change there)."""
+        for follower in self._as_applied:
+            follower(run_id, source, target)
         if not self._listeners:
             return
 

@@ -50,7 +50,9 @@ class Crash(BaseException):
 
 
 def when_entering(rt: Runtime, state: RunState, action: Callable[[str], None]) -> None:
-    """Do `action(run_id)` the first time a Run enters `state` (right after that change committed)."""
+    """Do `action(run_id)` the first time a Run enters `state`, right after that change was applied: a
+    Crash raised there ends the drive, whose end commits what it applied, so the Run is left in `state`
+    as a worker that died right after committing it would leave it."""
     fired: list[str] = []
 
     def listener(run_id: str, _source: RunState, target: RunState) -> None:
@@ -58,7 +60,7 @@ def when_entering(rt: Runtime, state: RunState, action: Callable[[str], None]) -
             fired.append(run_id)
             action(run_id)
 
-    rt.machine.subscribe(listener)
+    rt.machine.subscribe(listener, at_commit=False)
 
 
 def crash(_run_id: str) -> None:

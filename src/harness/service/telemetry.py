@@ -129,7 +129,7 @@ class Telemetry:
     def instrument(self, runtime: Runtime) -> None:
         """Listen to the runtime's state machine and wrap its tool controller and LLM provider."""
         self._runtime = runtime
-        runtime.machine.subscribe(self.on_transition)
+        runtime.machine.subscribe(self.on_transition, at_commit=False)  # each step's span ends as it does
         tools = runtime.runs.tools
         setattr(tools, "call", self._traced_call(tools.call))  # noqa: B010 - an instance-level layer
         orchestrator = runtime.runs.orchestrator
