@@ -29,7 +29,7 @@ from harness.domain.records import TransitionResult
 from harness.domain.traces import HITLTrace
 from harness.kernel import RunState
 from harness.policy.config import Hitl, Level
-from harness.ports import Tx
+from harness.ports import Clock, Tx
 from harness.ports.approvals import ApprovalRows
 
 __all__ = ["BREAK_GLASS_ROLE", "Decision", "Expiry", "HitlDesk", "HitlRequest", "InsertHook", "Mover",
@@ -82,9 +82,13 @@ class HitlDesk:
 
     def __init__(self, rows: ApprovalRows, settings: Hitl) -> None:
         self.rows = rows
-        self.clock = rows.clock
         self.settings = settings
         self._insert_hooks: list[InsertHook] = []
+
+    @property
+    def clock(self) -> Clock:
+        """The store's clock, read at each use (a store whose clock is replaced is followed)."""
+        return self.rows.clock
 
     def on_insert(self, hook: InsertHook) -> None:
         """Register a hook that writes inside the transaction inserting each request (opened or escalated)."""

@@ -18,6 +18,7 @@ import sqlalchemy as sa
 from harness.adapters.sql import schema as t
 from harness.adapters.sql.database import read_only
 from harness.adapters.sql.raw import RawStatements
+from harness.adapters.sql.units import guarded
 from harness.memory.lexical import bm25, terms
 from harness.ports.memory import MemoryScope
 
@@ -134,7 +135,7 @@ class SqlMemoryRows:
         """Per row: the entry itself if already stored (a repeated write-back), else an entry of the same
         scope with the same content that recall can see (its Run, if any, SUCCEEDED), else None. An entry
         of a Run that never succeeded does not count: it is never recalled."""
-        with self.reader.connect() as conn:
+        with guarded(self.reader, write=False) as conn:
             return [self._same_content(conn, row) for row in rows]
 
     def _same_content(self, conn: sa.Connection, row: dict[str, Any]) -> str | None:
@@ -150,7 +151,7 @@ class SqlMemoryRows:
         return None if found is None else str(found[0])
 
     def insert_new(self, rows: Sequence[dict[str, Any]]) -> None:
-        with self.engine.begin() as conn:
+        with guarded(self.engine, write=True) as conn:
             existing = set(conn.execute(sa.select(m.c.entry_id).where(
                 m.c.entry_id.in_([r["entry_id"] for r in rows]))).scalars())
             fresh = [r for r in rows if r["entry_id"] not in existing]
@@ -158,11 +159,11 @@ class SqlMemoryRows:
                 conn.execute(m.insert(), fresh)
 
     def lexical(self, scope: MemoryScope, query: str, k: int) -> list[tuple[Any, float]]:
-        with self.reader.connect() as conn:
+        with guarded(self.reader, write=False) as conn:
             return search(conn, query, scope, k)
 
     def embedded(self, scope: MemoryScope, model: str) -> list[Any]:
-        with self.reader.connect() as conn:
+        with guarded(self.reader, write=False) as conn:
             return list(conn.execute(
                 sa.select(m.c.entry_id, m.c.tenant_id, m.c.scope, m.c.team_id, m.c.user_id, m.c.session_id,
                           m.c.content, m.c.source_run_id, m.c.embedding)

@@ -86,10 +86,16 @@ class Unit:
         self.flush()
 
     def flush(self) -> None:
-        """Tell the listeners of what has committed (in order; one that raises does not stop the rest)."""
-        while self.pending:
-            told = self.pending.pop(0)
-            told()
+        """Tell the listeners of what has committed, in order. They run outside the unit, as effects do:
+        what they write commits by itself (a listener's write must never open a transaction of the unit
+        that its end would not commit)."""
+        was, self.suspended = self.suspended, True
+        try:
+            while self.pending:
+                told = self.pending.pop(0)
+                told()
+        finally:
+            self.suspended = was
 
     def rollback(self) -> None:
         """Undo everything since the last boundary."""
@@ -163,7 +169,8 @@ class Units:
             yield unit
         finally:
             try:
-                unit.commit()
+                while unit.open or unit.pending:  # never leave a transaction behind
+                    unit.commit()
             finally:
                 self._current.reset(token)
 
@@ -235,6 +242,27 @@ class JoiningEngine(OptionEngine):
 def joining(engine: sa.Engine, units: Units) -> sa.Engine:
     """`engine`, joining the units of work of `units`."""
     return JoiningEngine(engine, units)
+
+
+@contextlib.contextmanager
+def guarded(engine: sa.Engine, *, write: bool) -> Iterator[sa.Connection]:
+    """`engine.begin()` (write) or `engine.connect()`, for a block whose failure its caller catches and
+    survives (a memory outage degrades a Run instead of failing it): inside a drive's open unit of work
+    the block runs under a savepoint, so a failure undoes only itself and the drive's writes stay."""
+    unit = engine._units.current() if isinstance(engine, JoiningEngine) else None
+    if unit is None or not (unit.open or write):
+        with engine.begin() if write else engine.connect() as conn:
+            yield conn
+        return
+    conn = unit.connection()
+    nested = conn.begin_nested()
+    try:
+        yield conn
+    except BaseException:
+        if nested.is_active:
+            nested.rollback()
+        raise
+    nested.commit()
 
 
 def begun(conn: sa.Connection) -> contextlib.AbstractContextManager[Any]:
