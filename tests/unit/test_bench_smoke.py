@@ -72,15 +72,18 @@ def test_langgraph_comparison_rounds_give_medians_and_ranges_at_full_durability(
 
 
 def test_gatekeeper_benchmark_runs() -> None:
-    """The gatekeeper benchmark (issue 4) finishes on a tiny size and reports all three measurements."""
+    """The gatekeeper benchmark (issue 4) finishes on a tiny size and reports all four measurements."""
     bench = BENCH.parent / "bench_gatekeeper.py"
     done = subprocess.run([sys.executable, str(bench), "--parked", "5", "--decisions", "20", "--approvals", "3",
-                           "--json"], capture_output=True, text=True, timeout=300, check=False)
+                           "--history", "500,1000", "--json"], capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     assert report["policy"]["decisions_per_s"] > 0 and report["policy"]["rules_per_decision"] >= 5
     assert report["approval_to_executing"]["median_ms"] > 0
     assert report["memory"]["parked"] == 5 and report["memory"]["rss_mb_with_parked"] > 0
+    # the budget check timed on two cost histories (the tool checks both answers agree at each size)
+    assert [row["costs"] for row in report["budget_check"]] == [500, 1000]
+    assert all(row["totals_ms"] > 0 and row["sums_ms"] > 0 for row in report["budget_check"])
 
 
 def test_sweeper_benchmark_runs() -> None:
