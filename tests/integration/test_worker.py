@@ -87,9 +87,11 @@ def _kill_during_call(tmp: Path, log: Path, task: str) -> str:
     rt.close()
     proc = mp.get_context("spawn").Process(target=_drive_in_child, args=(str(tmp), str(log), run.run_id))
     proc.start()
-    deadline = time.monotonic() + 60
-    while not any(c.get("phase") == "start" for c in calls(log)) and time.monotonic() < deadline:
+    deadline = time.monotonic() + 180  # a spawned worker imports everything first: slow on a loaded machine
+    while not any(c.get("phase") == "start" and c.get("step") == "b" for c in calls(log)) \
+            and time.monotonic() < deadline:
         time.sleep(0.05)
+    assert any(c.get("step") == "b" for c in calls(log)), "the worker never reached step b"
     assert proc.pid is not None
     os.kill(proc.pid, signal.SIGKILL)
     proc.join()

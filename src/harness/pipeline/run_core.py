@@ -56,9 +56,6 @@ class Drive:
     run_id: str
     fence: Fence | None
     context: dict[str, Any] | None = None
-    #: a step whose result must be durable before the next call (one that may have changed something)
-    #: was recorded since the last boundary
-    unsettled: bool = False
 
 
 DRIVE: contextvars.ContextVar[Drive | None] = contextvars.ContextVar("harness_drive", default=None)

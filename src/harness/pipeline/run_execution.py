@@ -24,7 +24,7 @@ from harness.domain.traces import ToolTrace, TraceModel, error_trace, step_trace
 from harness.kernel.events import LOST_RACE
 from harness.pipeline import rounds
 from harness.pipeline.plan_orchestrator import StepRun, resolve
-from harness.pipeline.run_core import DRIVE, MANAGER, RunCore, S, trace_records
+from harness.pipeline.run_core import DRIVE, MANAGER, RunCore, S, fence_for, trace_records
 from harness.pipeline.tool_kinds import StepTimeoutError, ToolCallError
 from harness.skills import Skill
 
@@ -205,25 +205,21 @@ class ExecutionSteps(RunCore):
                 return self._refuse(run, step, "outcome_unknown",
                                     f"outcome of {step.id} unknown: the database already records it as "
                                     f"{refusal} by another drive, so {skill.id} is not run again")
-        # Before a call, what it depends on commits: its "started" mark, and the results of earlier calls
-        # that may have changed something. Only an idempotent, read-only, in-process call neither needs
-        # that nor leaves anything to lose: its result rides with the next boundary, and a crash before
-        # it runs the call again, which is harmless.
+        # Before a call, what it depends on commits (`effect`): its "started" mark, and the results of
+        # earlier calls. Only an idempotent, read-only, in-process call neither needs that nor leaves
+        # anything to lose: nothing is held while it runs (`release`), and its result waits for the next
+        # boundary (`defer`); a crash before that runs the call again, which is harmless.
         rides = skill.manifest.idempotent and skill.manifest.risk.access == "read" and \
             skill.manifest.call_kind == "local"
-        drive = DRIVE.get()
-        if drive is not None and drive.unsettled:
-            self.units.boundary()
-            drive.unsettled = False
+        if rides:
+            self.units.release()
         with contextlib.nullcontext() if rides else self.units.effect():
             call = self.tools.call(skill, arguments, run_id=run.run_id, step_id=step.id,
                                    output_key=step.output_key, caller=request.caller, deadline=deadline,
                                    may_fall_back=self._fallback_check(run, step, arguments))
         self._record_step(run.run_id, call.outcome.model_dump(mode="json"), [*call.traces] + (
             [error_trace(run.run_id, 6, call.trace.error_code or "error", call.exception, call.outcome.attempts - 1)]
-            if call.exception is not None else []), values=(arguments, call.outcome.output))
-        if drive is not None and not rides:
-            drive.unsettled = True  # durable before the next call at the latest (or with the close)
+            if call.exception is not None else []), values=(arguments, call.outcome.output), later=rides)
         if call.exception is not None:
             return StepRun(step.id, step.output_key, False, error=call.outcome.error, error_code=call.trace.error_code)
         return StepRun(step.id, step.output_key, True, output=call.outcome.output)
@@ -276,12 +272,24 @@ class ExecutionSteps(RunCore):
             return refusal
 
     def _record_step(self, run_id: str, outcome: dict[str, Any], traces: list[TraceModel],
-                     values: tuple[Any, ...] = ()) -> None:
-        """Persist a step's result with its traces before any dependent step starts (T6)."""
+                     values: tuple[Any, ...] = (), *, later: bool = False) -> None:
+        """Persist a step's result with its traces before any step that depends on it leaves the process
+        (T6, at effect boundaries): in the drive's transaction now, or `later`, with its next one (the
+        result of a call that may run again)."""
         if self._fenced(run_id):
             return  # the Run was taken over: its new worker owns the RunContext now
+        records = [t.to_record() for t in traces]
         with self._context_lock:
             context = self._live_context(run_id)
             context["steps"][outcome["step_id"]] = outcome
-            # the contents behind the ToolTrace's argument/result hashes, for replay (A5)
-            self.writes.save_context(run_id, context, [t.to_record() for t in traces], values)
+            if not later:
+                # the contents behind the ToolTrace's argument/result hashes, for replay (A5)
+                self.writes.save_context(run_id, context, records, values)
+                return
+            saved = {**context, "steps": dict(context["steps"])}
+        fence = fence_for(run_id)
+
+        def save() -> None:
+            if fence is None or fence.holds():  # taken over meanwhile: the new worker owns the RunContext
+                self.writes.save_context(run_id, saved, records, values)
+        self.units.defer(save)

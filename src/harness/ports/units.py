@@ -21,6 +21,16 @@ class UnitOfWork(Protocol):
         commits before it, and inside it every write commits by itself."""
         ...
 
+    def release(self) -> None:
+        """Commit the drive's open transaction, if one is open, so that nothing is held during what comes
+        next (an idempotent read-only call); deferred writes stay deferred."""
+        ...
+
+    def defer(self, write: Callable[[], None]) -> None:
+        """Run `write` in the drive's next transaction (now when one is open, or outside a drive): for the
+        results of calls that may run again, which ride with the next boundary."""
+        ...
+
     def boundary(self) -> None:
         """Commit what the drive wrote since its last boundary: called before anything leaves the
         process (an LLM call, a tool call, a child Run, parallel steps) and before a Run is answered."""

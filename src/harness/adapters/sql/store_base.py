@@ -126,6 +126,14 @@ class StoreBase:
         """A block that leaves the process: committed before, and nothing inside joins the unit."""
         return self.units.effect()
 
+    def release(self) -> None:
+        """Commit the drive's open transaction, if any, before a call that must not hold it."""
+        self.units.release()
+
+    def defer(self, write: Callable[[], None]) -> None:
+        """Run `write` in the drive's next transaction (now when one is open or outside a drive)."""
+        self.units.defer(write)
+
     def boundary(self) -> None:
         """Commit what this drive wrote since its last boundary, before an effect leaves the process."""
         self.units.boundary()

@@ -53,6 +53,8 @@ class Unit:
         self.commits = 0
         #: inside an effect (`Units.effect`): nothing joins, every block commits itself as outside a unit
         self.suspended = False
+        #: writes that wait for the next transaction (`Units.defer`), in order
+        self.deferred: list[Callable[[], None]] = []
 
     @property
     def open(self) -> bool:
@@ -68,10 +70,19 @@ class Unit:
                 conn.close()
                 raise
             self.conn = conn
+            while self.deferred:  # what waited goes first, in its order
+                write = self.deferred.pop(0)
+                try:
+                    write()
+                except BaseException:
+                    self.rollback()
+                    raise
         return self.conn
 
     def commit(self) -> None:
         """Make the writes since the last boundary durable, then tell their listeners."""
+        if self.deferred and self.conn is None:
+            self.connection()  # opened for what waited
         conn, tx = self.conn, self.tx
         self.conn = self.tx = None
         if conn is not None and tx is not None:
@@ -102,6 +113,7 @@ class Unit:
         conn, tx = self.conn, self.tx
         self.conn = self.tx = None
         self.pending.clear()
+        self.deferred.clear()
         if conn is not None:
             try:
                 if tx is not None and tx.is_active:
@@ -169,7 +181,7 @@ class Units:
             yield unit
         finally:
             try:
-                while unit.open or unit.pending:  # never leave a transaction behind
+                while unit.open or unit.pending or unit.deferred:  # never leave a transaction behind
                     unit.commit()
             finally:
                 self._current.reset(token)
@@ -190,6 +202,23 @@ class Units:
             yield
         finally:
             unit.suspended = False
+
+    def release(self) -> None:
+        """Commit the drive's open transaction, if one is open, so that nothing is held during what comes
+        next (an idempotent read-only call); writes deferred stay deferred."""
+        unit = self.current()
+        if unit is not None and unit.open:
+            unit.commit()
+
+    def defer(self, write: Callable[[], None]) -> None:
+        """Run `write` in the drive's next transaction: now if one is open, else when the next write or
+        boundary opens one (outside a unit: now). What waits is lost with a rollback or a crash, as
+        everything since the last boundary is: only the results of calls that may run again go here."""
+        unit = self.current()
+        if unit is None or unit.open:
+            write()
+        else:
+            unit.deferred.append(write)
 
     def boundary(self) -> None:
         """Commit what the drive has written since its last boundary (nothing outside a unit)."""

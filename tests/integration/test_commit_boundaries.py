@@ -1,0 +1,155 @@
+"""Durable at effect boundaries: a drive commits when a Run is accepted, before anything leaves the
+process, when it parks and when it closes — not at every transition — and after a crash the Run resumes
+from its last committed boundary, as if the crash had come a moment earlier."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from harness.adapters.sql.store import SqlStore
+from harness.config import Runtime, Settings, build_runtime
+from harness.domain.errors import InvalidRequestError
+from harness.kernel import RunState
+from harness.worker import RunWorker
+from tests.integration.test_worker import _kill_during_call, calls, settings
+
+TESS = {"tenant_id": "t1", "user_id": "tess", "roles": ["tester"]}
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "fixtures" / "bench_rules.yaml"
+#: the bundled example's shape: two read-only lookups, then a note (not idempotent)
+PLAIN = {"task": "bench A-1001", "user_id": "alice", "roles": ["support_agent"]}
+
+
+def _commits(rt: Runtime) -> list[int]:
+    """A counter of the commits made on the runtime's database from now on."""
+    seen: list[int] = []
+    sa.event.listen(rt.store.engine, "commit", lambda _conn: seen.append(1))
+    return seen
+
+
+def _example(tmp: Path, db: str | None = None) -> Runtime:
+    from harness.examples.support import EXAMPLE_DIR
+
+    return build_runtime(Settings(db=db or str(tmp / "ex.db"), data_dir=tmp / "data", llm_rules=BENCH,
+                                  identities_file=EXAMPLE_DIR / "identities.yaml"))
+
+
+def test_a_plain_run_commits_at_its_effect_boundaries_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                           ) -> None:
+    """The bundled example's order-status Run (two read-only lookups, then a note that is not idempotent)
+    makes 5 commits: acceptance; the lease with CREATED→PREPARING→PLANNING, before the model; the plan
+    through EXECUTING, before the first call; the lookups' results with the note's started mark, before
+    the note; the note's result with the close and the lease's release. One commit per write makes 13."""
+    monkeypatch.setenv("HARNESS_EXAMPLE_LEDGER", str(tmp_path / "ledger.jsonl"))
+    rt = _example(tmp_path)
+    try:
+        rt.runs.create_run(PLAIN)  # warm the caches
+        commits = _commits(rt)
+        result = rt.runs.create_run(PLAIN)
+        assert result.state == "SUCCEEDED", result
+        assert len(commits) == 5
+        path = [t.to_state.value for t in rt.store.transitions_of(result.run_id)]
+        assert path == ["CREATED", "PREPARING", "PLANNING", "POLICY_CHECK", "EXECUTING", "TRACING", "SUCCEEDED"]
+        assert rt.store.get_run(result.run_id).lease_owner is None
+    finally:
+        rt.close()
+    monkeypatch.setenv("HARNESS_COMMIT_MODE", "transition")
+    (tmp_path / "per-transition").mkdir()
+    rt = _example(tmp_path / "per-transition")
+    try:
+        rt.runs.create_run(PLAIN)
+        commits = _commits(rt)
+        assert rt.runs.create_run(PLAIN).state == "SUCCEEDED"
+        assert len(commits) >= 13
+    finally:
+        rt.close()
+
+
+def test_a_wrong_commit_mode_is_refused_naming_the_setting(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HARNESS_COMMIT_MODE", "sometimes")
+    with pytest.raises(InvalidRequestError, match="HARNESS_COMMIT_MODE must be one of boundaries, transition"):
+        SqlStore.open(str(tmp_path / "x.db"))
+
+
+def test_listeners_are_told_once_other_connections_see_the_change(backend_url: str, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A listener that wakes another process or thread finds the change there: when it is told, a reader
+    on another engine already sees the transition (every state, on every backend)."""
+    monkeypatch.setenv("HARNESS_EXAMPLE_LEDGER", str(tmp_path / "ledger.jsonl"))
+    rt = _example(tmp_path, backend_url)
+    outside = SqlStore.open(backend_url)
+    told: list[tuple[str, list[str]]] = []
+    try:
+        rt.machine.subscribe(lambda run_id, _s, target: told.append(
+            (target.value, [t.to_state.value for t in outside.transitions_of(run_id)])))
+        result = rt.runs.create_run(PLAIN)
+        assert result.state == "SUCCEEDED"
+        assert [t for t, _ in told] == ["PREPARING", "PLANNING", "POLICY_CHECK", "EXECUTING", "TRACING", "SUCCEEDED"]
+        for target, seen in told:
+            assert target in seen, (target, seen)
+    finally:
+        outside.close()
+        rt.close()
+
+
+def test_a_worker_killed_between_boundaries_resumes_from_the_last_one(tmp_path: Path, call_log: Path) -> None:
+    """Killed inside a read-only call whose predecessor's result had not committed yet (it rides with the
+    next boundary), the worker leaves the Run as the boundary before the first call left it: EXECUTING,
+    with no step recorded. The next worker runs both calls again — harmless, they only read — and
+    succeeds; nothing recorded is lost, because nothing that changed anything happened since."""
+    run_id = _kill_during_call(tmp_path, call_log, "peek twice 30")
+    rt = build_runtime(settings(tmp_path))
+    try:
+        stored = rt.store.get_run(run_id)
+        assert stored.state == RunState.EXECUTING
+        assert (stored.context or {}).get("steps") == {}
+        result = RunWorker(rt, owner="rescuer").execute(run_id)
+        assert result is not None and result.state == "SUCCEEDED", result.error
+        starts = [c["step"] for c in calls(call_log) if c["skill"] == "test.peek" and c["phase"] == "start"]
+        assert starts == ["a", "b", "a", "b"]
+    finally:
+        rt.close()
+
+
+def _kill_at_note(tmp: str, log: str, run_id: str) -> None:
+    os.environ["HARNESS_TEST_CALL_LOG"] = log
+    rt = build_runtime(settings(Path(tmp)))
+    real = rt.runs.tools.call
+
+    def die(*args: Any, **kwargs: Any) -> Any:
+        if kwargs["step_id"] == "b":  # the started mark of b (not idempotent) has committed by now
+            os.kill(os.getpid(), signal.SIGKILL)
+        return real(*args, **kwargs)
+
+    rt.runs.tools.call = die  # type: ignore[method-assign]
+    RunWorker(rt, owner="doomed", ttl_s=1.0).execute(run_id)
+
+
+def test_a_non_idempotent_calls_started_mark_commits_before_the_call(tmp_path: Path, call_log: Path) -> None:
+    """Killed as a call that is not idempotent starts, the worker has already committed the call's
+    "started" mark and the result of the step before it: the next worker does not run it again."""
+    rt = build_runtime(settings(tmp_path))
+    run, _ = rt.runs.submit({"task": "hang 0.01", **TESS})
+    rt.close()
+    proc = mp.get_context("spawn").Process(target=_kill_at_note, args=(str(tmp_path), str(call_log), run.run_id))
+    proc.start()
+    proc.join(120)
+    assert proc.exitcode == -signal.SIGKILL
+    time.sleep(1.2)  # the dead worker's lease (1 s) lapses
+    rt = build_runtime(settings(tmp_path))
+    try:
+        steps = (rt.store.get_run(run.run_id).context or {}).get("steps", {})
+        assert steps["a"]["status"] == "ok" and steps["b"]["status"] == "started"
+        result = RunWorker(rt, owner="rescuer").execute(run.run_id)
+        assert result is not None and result.state == "CLOSED_FAILED"
+        assert "outcome of b unknown" in (result.error or "")
+        assert [c["step"] for c in calls(call_log) if c["skill"] == "test.echo"] == ["a"]
+    finally:
+        rt.close()
