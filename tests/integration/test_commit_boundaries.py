@@ -44,9 +44,10 @@ def _example(tmp: Path, db: str | None = None) -> Runtime:
 def test_a_plain_run_commits_at_its_effect_boundaries_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                            ) -> None:
     """The bundled example's order-status Run (two read-only lookups, then a note that is not idempotent)
-    makes 5 commits: acceptance; the lease with CREATED→PREPARING→PLANNING, before the model; the plan
-    through EXECUTING, before the first call; the lookups' results with the note's started mark, before
-    the note; the note's result with the close and the lease's release. One commit per write makes 13."""
+    makes 6 commits: acceptance; the lease with CREATED→PREPARING, before the context is assembled;
+    PREPARING→PLANNING, before the model; the plan through EXECUTING, before the first call; the
+    lookups' results with the note's started mark, before the note; the note's result with the close and
+    the lease's release. One commit per write makes 13."""
     monkeypatch.setenv("HARNESS_EXAMPLE_LEDGER", str(tmp_path / "ledger.jsonl"))
     rt = _example(tmp_path)
     try:
@@ -54,7 +55,7 @@ def test_a_plain_run_commits_at_its_effect_boundaries_only(tmp_path: Path, monke
         commits = _commits(rt)
         result = rt.runs.create_run(PLAIN)
         assert result.state == "SUCCEEDED", result
-        assert len(commits) == 5
+        assert len(commits) == 6
         path = [t.to_state.value for t in rt.store.transitions_of(result.run_id)]
         assert path == ["CREATED", "PREPARING", "PLANNING", "POLICY_CHECK", "EXECUTING", "TRACING", "SUCCEEDED"]
         assert rt.store.get_run(result.run_id).lease_owner is None

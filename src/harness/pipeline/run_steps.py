@@ -34,6 +34,10 @@ class PreparingSteps(RunCore):
     def _prepare(self, run: RunRecord, request: RunRequest) -> RunRecord:
         if run.state != S.PREPARING:
             return run
+        # the lease and the acceptance commit before the context is assembled: a slow assembly (memory
+        # recall, embeddings, the secret filter) must not hold the drive's transaction, or the lease's
+        # heartbeat, which writes the same row, would wait behind it until the lease ran out
+        self.units.release()
         started = time.perf_counter()
         caller = request.caller
         try:
