@@ -94,7 +94,7 @@ class StoreBase:
 
     def __init__(self, engine: sa.Engine, clock: Clock | None = None, *, commit_mode: str | None = None) -> None:
         if isinstance(engine, JoiningEngine):  # another store's engine: share its units of work
-            self.units: Units = engine._units
+            self.units: Units = engine.units
         else:
             mode = commit_mode or os.environ.get("HARNESS_COMMIT_MODE") or MODES[0]
             if mode not in MODES:

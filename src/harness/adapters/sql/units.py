@@ -46,11 +46,9 @@ class Unit:
         self.engine = engine
         self.key = key
         self.thread = threading.get_ident()
-        self.depth = 0
         self.conn: sa.Connection | None = None
         self.tx: sa.RootTransaction | None = None
         self.pending: list[Callable[[], None]] = []
-        self.commits = 0
         #: inside an effect (`Units.effect`): nothing joins, every block commits itself as outside a unit
         self.suspended = False
         #: writes that wait for the next transaction (`Units.defer`), in order
@@ -88,7 +86,6 @@ class Unit:
         if conn is not None and tx is not None:
             try:
                 tx.commit()
-                self.commits += 1
             except BaseException:
                 self.pending.clear()
                 raise
@@ -167,11 +164,7 @@ class Units:
             return
         outer = self.current()
         if outer is not None and outer.key == key:
-            outer.depth += 1
-            try:
-                yield outer
-            finally:
-                outer.depth -= 1
+            yield outer  # the outer drive's end commits
             return
         if outer is not None:
             outer.commit()
@@ -245,11 +238,11 @@ class JoiningEngine(OptionEngine):
 
     def __init__(self, proxied: sa.Engine, units: Units) -> None:
         super().__init__(proxied, {})
-        self._units = units
+        self.units = units
 
     @contextlib.contextmanager
     def begin(self) -> Iterator[sa.Connection]:
-        unit = self._units.current()
+        unit = self.units.current()
         if unit is None:
             with super().begin() as conn:
                 yield conn
@@ -258,14 +251,14 @@ class JoiningEngine(OptionEngine):
             yield conn
 
     def connect(self) -> sa.Connection:
-        unit = self._units.current()
+        unit = self.units.current()
         if unit is None or not unit.open:
             return super().connect()
         # the unit's connection, in a `with` that neither closes it nor ends its transaction
         return cast(sa.Connection, unit.joined(write=False))
 
     def execution_options(self, **options: Any) -> JoiningEngine:
-        return JoiningEngine(OptionEngine(self, options), self._units)
+        return JoiningEngine(OptionEngine(self, options), self.units)
 
 
 def joining(engine: sa.Engine, units: Units) -> sa.Engine:
@@ -278,7 +271,7 @@ def guarded(engine: sa.Engine, *, write: bool) -> Iterator[sa.Connection]:
     """`engine.begin()` (write) or `engine.connect()`, for a block whose failure its caller catches and
     survives (a memory outage degrades a Run instead of failing it): inside a drive's open unit of work
     the block runs under a savepoint, so a failure undoes only itself and the drive's writes stay."""
-    unit = engine._units.current() if isinstance(engine, JoiningEngine) else None
+    unit = engine.units.current() if isinstance(engine, JoiningEngine) else None
     if unit is None or not (unit.open or write):
         with engine.begin() if write else engine.connect() as conn:
             yield conn
