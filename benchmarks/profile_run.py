@@ -5,6 +5,7 @@
     python benchmarks/profile_run.py --runs 300 --by-module     # cProfile self time grouped by package
     python benchmarks/profile_run.py --runs 50 --wal            # SQLite WAL pages, by transaction and by table
     python benchmarks/profile_run.py --runs 500 --components    # wall time by component, no profiler
+    python benchmarks/profile_run.py --runs 300 --db-url postgresql+psycopg://postgres@127.0.0.1:5432/bench
 
 The Run is the one bench_vs_langgraph.py measures: the bundled support example's skills, three tool
 calls, the scripted LLM, Cedar policy and memory on, a SQLite file in a temporary folder. Warm-up Runs
@@ -34,13 +35,13 @@ HERE = Path(__file__).resolve().parent
 FRAME_OVERHEAD = 24
 
 
-def runtime(folder: Path) -> tuple[Any, Callable[[], None]]:
-    """The benchmark's runtime and one Run of it."""
+def runtime(folder: Path, db_url: str | None = None) -> tuple[Any, Callable[[], None]]:
+    """The benchmark's runtime and one Run of it (on `db_url` when given, else a SQLite file)."""
     from harness.config import Settings, build_runtime
     from harness.examples.support import EXAMPLE_DIR
 
     os.environ["HARNESS_EXAMPLE_LEDGER"] = str(folder / "ledger.jsonl")
-    rt = build_runtime(Settings(db=str(folder / "bench.db"), llm_rules=HERE / "fixtures" / "bench_rules.yaml",
+    rt = build_runtime(Settings(db=db_url or str(folder / "bench.db"), llm_rules=HERE / "fixtures" / "bench_rules.yaml",
                                 data_dir=folder / "data", identities_file=EXAMPLE_DIR / "identities.yaml"))
 
     def one() -> None:
@@ -211,6 +212,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=300)
     parser.add_argument("--warmup", type=int, default=200)
+    parser.add_argument("--db-url", help="a database URL to run on instead of a SQLite file (an empty database: "
+                                         "e.g. postgresql+psycopg://postgres@127.0.0.1:5432/bench)")
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--pyinstrument", action="store_true")
     mode.add_argument("--by-module", action="store_true")
@@ -219,7 +222,7 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
-        rt, one = runtime(folder)
+        rt, one = runtime(folder, args.db_url)
         for _ in range(args.warmup):
             one()
         if args.pyinstrument:

@@ -16,7 +16,7 @@ import threading
 from dataclasses import dataclass
 
 from harness.domain.contracts import RunResult
-from harness.domain.leases import Lease
+from harness.domain.leases import Lease, Standing
 from harness.kernel import FINAL, RunState
 from harness.pipeline.run_manager import RunManager
 from harness.ports.leases import RunLeases, RunLookup
@@ -55,6 +55,17 @@ class Fence:
         if not self.leases.holds(self.lease):
             self.lost = True
         return not self.lost
+
+    def standing(self) -> Standing:
+        """The Run's state and whether the lease is still ours, in one read (the check between steps)."""
+        now = self.leases.standing(self.lease)
+        if not now.held:
+            self.lost = True
+        return Standing(now.state, not self.lost)
+
+    def lose(self) -> None:
+        """A write fenced by this lease's epoch found it taken over."""
+        self.lost = True
 
 
 class LeasedDrive:

@@ -25,6 +25,7 @@ from harness.kernel import (
     audit_events_for,
     automatic_next,
     close_reason_on_entry,
+    keeps_close_reason,
     final_state_for,
     is_final,
     is_legal,
@@ -325,3 +326,23 @@ def test_each_final_state_writes_its_own_reconciliation_event() -> None:
     for source, target in LEGAL:
         if target not in FINAL:
             assert not set(audit_events_for(source, target)) & set(FINAL_EVENT.values())
+
+
+def test_keeps_close_reason_says_exactly_when_a_move_leaves_the_reason_as_it_was() -> None:
+    """The one-statement compare-and-set leaves close_reason out of its UPDATE for these moves: for every
+    legal move and every prior reason, "keeps" holds exactly when the move's reason is the prior one."""
+    priors: list[CloseReason | None] = [None, *CloseReason]
+    kept = 0
+    for source in S:
+        for target in targets_from(source):
+            keeps = keeps_close_reason(source, target)
+            if source == S.TRACING:
+                assert not keeps  # TRACING's exit is checked against the reason, never written blind
+                continue
+            reasons = {prior: close_reason_on_entry(source, target, prior) for prior in priors}
+            if keeps:
+                assert all(reason == prior for prior, reason in reasons.items()), (source, target)
+            else:  # the move sets a reason of its own, whatever the prior one was
+                assert len(set(reasons.values())) == 1 and None not in reasons.values(), (source, target)
+            kept += keeps
+    assert kept > 5

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from harness.kernel import RunState
+
 
 @dataclass(frozen=True)
 class Lease:
@@ -14,3 +16,12 @@ class Lease:
     epoch: int
     expires_at: float
     stalls: int
+
+
+@dataclass(frozen=True)
+class Standing:
+    """Where a Run stands for the drive that holds a lease on it, read in one go before a side effect:
+    its state, and whether the lease is still the Run's current one and unexpired."""
+
+    state: RunState
+    held: bool

@@ -11,6 +11,7 @@ from harness.kernel.transitions import (
     close_reason_on_entry,
     final_state_for,
     is_legal,
+    keeps_close_reason,
     targets_from,
 )
 
@@ -33,5 +34,6 @@ __all__ = [
     "is_final",
     "is_legal",
     "job_status",
+    "keeps_close_reason",
     "targets_from",
 ]

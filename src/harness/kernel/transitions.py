@@ -92,6 +92,11 @@ def close_reason_on_entry(
     return prior
 
 
+def keeps_close_reason(source: RunState, target: RunState) -> bool:
+    """Whether moving source→target leaves the Run's close reason as it was (whatever it was)."""
+    return source != S.TRACING and close_reason_on_entry(source, target, None) is None
+
+
 _FINAL_FOR: dict[CloseReason, RunState] = {
     CloseReason.SUCCESS: S.SUCCEEDED,
     CloseReason.REJECTED: S.CLOSED_REJECTED,

@@ -168,6 +168,18 @@ class RunCore:
         fence = fence_for(run_id)
         return fence is not None and not fence.holds()
 
+    def _stopped(self, run_id: str) -> str | None:
+        """Why this drive may not go on with an effect of the Run — "left" (it is no longer EXECUTING:
+        cancelled, swept) or "fenced" (its lease was taken over) — or None when it may: one read of the
+        Run's row, made before every step and the answer."""
+        fence = fence_for(run_id)
+        if fence is None:
+            return None if self.store.state_of(run_id) == S.EXECUTING else "left"
+        standing = fence.standing()
+        if standing.state != S.EXECUTING:
+            return "left"
+        return None if standing.held else "fenced"
+
     def _fail(self, run: RunRecord, source: RunState, step: int, code: str, exc: BaseException | str,
               target: RunState = S.FAILED, inputs: Any = None) -> RunRecord:
         message = str(exc)

@@ -105,7 +105,7 @@ class ExecutionSteps(RunCore):
         """The final answer written by the model from the results: one LLM call through the tool
         controller (secrets filtered, costed), recorded for replay. The Run as it now is when the call
         could not be made or failed."""
-        if self.store.state_of(run.run_id) != S.EXECUTING or self._fenced(run.run_id):
+        if self._stopped(run.run_id) is not None:
             return self.store.get_run(run.run_id)  # cancelled, swept or taken over: nothing leaves
         messages = rounds.answer_messages(request.task, outputs, self._scrub)
         system = self.assembled_context(run.run_id).system_prompt
@@ -166,9 +166,10 @@ class ExecutionSteps(RunCore):
         def fail(code: str, message: str) -> StepRun:
             return StepRun(step.id, step.output_key, False, error=message, error_code=code)
 
-        if self.store.state_of(run.run_id) != S.EXECUTING:
+        stopped = self._stopped(run.run_id)
+        if stopped == "left":
             return fail("superseded", "the Run left EXECUTING (cancelled or swept)")
-        if self._fenced(run.run_id):
+        if stopped == "fenced":
             return fail("superseded", "this worker's lease on the Run was taken over (fenced)")
         if time.monotonic() > deadline:
             return fail("run_time_limit", f"the Run's execution limit of {self.execution_limit_s:.3g}s passed")
@@ -276,20 +277,25 @@ class ExecutionSteps(RunCore):
         """Persist a step's result with its traces before any step that depends on it leaves the process
         (T6, at effect boundaries): in the drive's transaction now, or `later`, with its next one (the
         result of a call that may run again)."""
-        if self._fenced(run_id):
+        fence = fence_for(run_id)
+        if fence is not None and fence.lost:
             return  # the Run was taken over: its new worker owns the RunContext now
         records = [t.to_record() for t in traces]
+        epoch = fence.epoch if fence is not None else None
+
+        def save(context: dict[str, Any]) -> None:
+            # fenced in the write itself: a lease taken over meanwhile writes nothing (its new worker owns
+            # the RunContext now), and this drive stops before its next effect
+            saved = self.writes.save_context(run_id, context, records, values, lease_epoch=epoch)
+            if not saved and fence is not None:
+                fence.lose()
+
         with self._context_lock:
             context = self._live_context(run_id)
             context["steps"][outcome["step_id"]] = outcome
             if not later:
                 # the contents behind the ToolTrace's argument/result hashes, for replay (A5)
-                self.writes.save_context(run_id, context, records, values)
+                save(context)
                 return
-            saved = {**context, "steps": dict(context["steps"])}
-        fence = fence_for(run_id)
-
-        def save() -> None:
-            if fence is None or fence.holds():  # taken over meanwhile: the new worker owns the RunContext
-                self.writes.save_context(run_id, saved, records, values)
-        self.units.defer(save)
+            snapshot = {**context, "steps": dict(context["steps"])}
+        self.units.defer(lambda: save(snapshot))

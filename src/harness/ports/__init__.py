@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from harness.domain.contracts import Notification, RunRequest, RunResult
+    from harness.domain.leases import Standing
     from harness.domain.llm import LLMRequest, LLMResponse
     from harness.domain.records import PendingRecord
     from harness.domain.sandbox import Holder, SandboxJob, SandboxOutcome
@@ -128,4 +129,17 @@ class Fence(Protocol):
 
     def holds(self) -> bool:
         """Whether the lease is still this worker's; checked before every side effect."""
+        ...
+
+    def standing(self) -> Standing:
+        """The Run's state and whether the lease is still this worker's, in one read."""
+        ...
+
+    @property
+    def lost(self) -> bool:
+        """Whether this worker already knows its lease was taken over (no read)."""
+        ...
+
+    def lose(self) -> None:
+        """Note that the lease was taken over (a fenced write found it so): no further side effect."""
         ...

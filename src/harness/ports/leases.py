@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from harness.domain.leases import Lease
+    from harness.domain.leases import Lease, Standing
     from harness.domain.records import RunRecord
 
 
@@ -31,6 +31,10 @@ class RunLeases(Protocol):
 
     def holds(self, lease: Lease) -> bool:
         """Whether the lease is still the Run's current one and unexpired."""
+        ...
+
+    def standing(self, lease: Lease) -> Standing:
+        """The Run's state and whether the lease still holds, in one read (the check between steps)."""
         ...
 
     def release(self, lease: Lease) -> None:

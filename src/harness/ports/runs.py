@@ -104,8 +104,9 @@ class RunWrites(Protocol):
         ...
 
     def save_context(self, run_id: str, context: dict[str, Any], records: Sequence[TraceRecordIn],
-                     values: Iterable[Any]) -> None:
-        """Save the RunContext, its trace records and the contents they reference, in one transaction."""
+                     values: Iterable[Any], *, lease_epoch: int | None = None) -> bool:
+        """Save the RunContext, its trace records and the contents they reference, in one transaction;
+        with `lease_epoch`, only while the Run's lease is at that epoch (False, nothing written, if not)."""
         ...
 
     def verified_content(self, digest: str) -> str | None:

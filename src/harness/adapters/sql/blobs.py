@@ -63,11 +63,13 @@ def record_with_blobs(store: SqlStore, records: Sequence[TraceRecordIn], values:
 
 
 def save_context_with_blobs(store: SqlStore, run_id: str, context: dict[str, Any],
-                            records: Sequence[TraceRecordIn], values: Iterable[Any]) -> None:
+                            records: Sequence[TraceRecordIn], values: Iterable[Any], *,
+                            lease_epoch: int | None = None) -> bool:
     """SqlStore.save_context (the RunContext and its trace records in one transaction), plus the
-    contents those records reference, in that same transaction."""
+    contents those records reference, in that same transaction; False when fenced by `lease_epoch`."""
     contents = contents_of(values)
-    store.save_context(run_id, context, records, also=lambda conn: put(conn, contents))
+    return store.save_context(run_id, context, records, also=lambda conn: put(conn, contents),
+                              lease_epoch=lease_epoch)
 
 
 class BlobStore:

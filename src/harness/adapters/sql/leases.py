@@ -12,7 +12,9 @@ import sqlalchemy as sa
 
 from harness.adapters.sql import schema as t
 from harness.adapters.sql.store import SqlStore
-from harness.domain.leases import Lease
+from harness.domain.errors import UnknownRunError
+from harness.domain.leases import Lease, Standing
+from harness.kernel import RunState
 
 b = sa.bindparam
 
@@ -34,6 +36,8 @@ _ACQUIRE = (
         (t.runs.c.lease_expires_at, b("expires")),
     )
 )
+#: PostgreSQL and SQLite: the lease taken and read back in one statement
+_ACQUIRE_RETURNING = _ACQUIRE.returning(t.runs.c.lease_epoch, t.runs.c.lease_expires_at, t.runs.c.stall_count)
 _HEARTBEAT = (
     t.runs.update()
     .where(t.runs.c.run_id == b("p_run_id"), t.runs.c.lease_epoch == b("p_epoch"), t.runs.c.lease_owner == b("owner"))
@@ -43,6 +47,9 @@ _RELEASE = (
     t.runs.update()
     .where(t.runs.c.run_id == b("p_run_id"), t.runs.c.lease_epoch == b("p_epoch"), t.runs.c.lease_owner == b("owner"))
     .values(lease_owner=None, lease_expires_at=None)
+)
+_STANDING = sa.select(t.runs.c.state, t.runs.c.lease_owner, t.runs.c.lease_epoch, t.runs.c.lease_expires_at).where(
+    t.runs.c.run_id == b("p_run_id")
 )
 _READ = sa.select(t.runs.c.lease_owner, t.runs.c.lease_epoch, t.runs.c.lease_expires_at, t.runs.c.stall_count).where(
     t.runs.c.run_id == b("p_run_id")
@@ -59,12 +66,16 @@ class Leases:
     def acquire(self, run_id: str, owner: str) -> Lease | None:
         """Take the Run's lease if it is free or expired (a takeover counts a stall); None if held."""
         now = self.store.clock.now()
+        params = {"p_run_id": run_id, "p_now": now, "owner": owner, "expires": now + self.ttl_s}
         with self.store.engine.begin() as conn:
-            moved = conn.execute(_ACQUIRE, {"p_run_id": run_id, "p_now": now, "owner": owner,
-                                            "expires": now + self.ttl_s}).rowcount
-            if moved != 1:
-                return None
-            row = conn.execute(_READ, {"p_run_id": run_id}).one()
+            if conn.dialect.update_returning:
+                row = conn.execute(_ACQUIRE_RETURNING, params).first()
+                if row is None:
+                    return None
+            else:
+                if conn.execute(_ACQUIRE, params).rowcount != 1:
+                    return None
+                row = conn.execute(_READ, {"p_run_id": run_id}).one()
         return Lease(run_id, owner, int(row.lease_epoch), float(row.lease_expires_at), int(row.stall_count))
 
     def heartbeat(self, lease: Lease) -> Lease | None:
@@ -83,6 +94,17 @@ class Leases:
             row = conn.execute(_READ, {"p_run_id": lease.run_id}).first()
         return (row is not None and row.lease_owner == lease.owner and row.lease_epoch == lease.epoch
                 and row.lease_expires_at is not None and row.lease_expires_at > self.store.clock.now())
+
+    def standing(self, lease: Lease) -> Standing:
+        """The Run's state and whether this lease still holds, in one read: the check a drive makes between
+        its steps (left EXECUTING? taken over?), which were two reads of the same row."""
+        with self.store.reader.connect() as conn:
+            row = conn.execute(_STANDING, {"p_run_id": lease.run_id}).first()
+        if row is None:
+            raise UnknownRunError(lease.run_id)
+        held = (row.lease_owner == lease.owner and row.lease_epoch == lease.epoch
+                and row.lease_expires_at is not None and row.lease_expires_at > self.store.clock.now())
+        return Standing(RunState(row.state), held)
 
     def release(self, lease: Lease) -> None:
         """Give the lease up (when the Run is final or parked)."""

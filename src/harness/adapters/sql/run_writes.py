@@ -58,8 +58,8 @@ class SqlRunWrites:
         self.ledger.record(cost)
 
     def save_context(self, run_id: str, context: dict[str, Any], records: Sequence[TraceRecordIn],
-                     values: Iterable[Any]) -> None:
-        save_context_with_blobs(self.store, run_id, context, records, values)
+                     values: Iterable[Any], *, lease_epoch: int | None = None) -> bool:
+        return save_context_with_blobs(self.store, run_id, context, records, values, lease_epoch=lease_epoch)
 
     def verified_content(self, digest: str) -> str | None:
         text = BlobStore(self.store.engine).raw([digest]).get(digest)

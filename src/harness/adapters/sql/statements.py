@@ -44,6 +44,9 @@ JOB_UPDATE = (
 AUDIT_INSERT = t.audit_events.insert()
 OUTBOX_INSERT = t.outbox.insert()
 CONTEXT_UPDATE = t.runs.update().where(t.runs.c.run_id == b("p_run_id")).values(context=b("context"))
+#: the RunContext written by the drive holding the lease at p_epoch, and by nobody after a takeover
+CONTEXT_UPDATE_FENCED = t.runs.update().where(
+    t.runs.c.run_id == b("p_run_id"), t.runs.c.lease_epoch == b("p_epoch")).values(context=b("context"))
 HEAD = sa.select(t.chain_head.c.seq, t.chain_head.c.hash).where(t.chain_head.c.id == 1)
 HEAD_LOCKED = HEAD.with_for_update()
 HEAD_UPDATE = t.chain_head.update().where(t.chain_head.c.id == 1).values(seq=b("seq"), hash=b("hash"))
@@ -72,6 +75,31 @@ CHAINED_IDS_ANY = sa.select(t.trace_records.c.record_id).where(
     t.trace_records.c.record_id == sa.any_(b("p_ids", type_=pg.ARRAY(sa.String))))
 OUTBOX_DELETE_ANY = t.outbox.delete().where(t.outbox.c.id == sa.any_(b("p_ids", type_=pg.ARRAY(sa.Integer))))
 OUTBOX_DELETE_RECORDS = t.outbox.delete().where(t.outbox.c.record_id.in_(b("p_ids", expanding=True)))
+
+
+@cache
+def run_cas_returning(with_context: bool, with_result: bool, sets_reason: bool, fenced: bool,
+                      versioned: bool) -> sa.Update:
+    """The compare-and-set in one statement: UPDATE runs … WHERE run_id and state match (and the lease
+    epoch, and the version, when the caller holds them) … RETURNING the new version and close reason.
+    The version is incremented by the statement; the close reason is set only by the moves that set it."""
+    values: dict[str, Any] = {
+        "state": b("state"),
+        "version": t.runs.c.version + 1,
+        "last_state_change_at": b("last_state_change_at"),
+    }
+    if sets_reason:
+        values["close_reason"] = b("close_reason")
+    if with_context:
+        values["context"] = b("context")
+    if with_result:
+        values["result"] = b("result")
+    where = [t.runs.c.run_id == b("p_run_id"), t.runs.c.state == b("p_state")]
+    if fenced:
+        where.append(t.runs.c.lease_epoch == b("p_epoch"))
+    if versioned:
+        where.append(t.runs.c.version == b("p_version"))
+    return t.runs.update().where(*where).values(**values).returning(t.runs.c.version, t.runs.c.close_reason)
 
 
 @cache

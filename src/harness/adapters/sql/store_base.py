@@ -111,6 +111,9 @@ class StoreBase:
         self._batches_by_array = engine.dialect.name == "postgresql"
         self.clock: Clock = clock or SystemClock()
         self._locks_rows = engine.dialect.name != "sqlite"  # SQLite serializes with BEGIN IMMEDIATE
+        # the compare-and-set as one UPDATE … RETURNING where the database has it (PostgreSQL, SQLite from
+        # 3.35; MariaDB has none for UPDATE: there it reads the row under a lock first)
+        self._cas_returns = bool(engine.dialect.update_returning)
         self._raw = RawStatements(engine.dialect)
         #: carries the outbox to the chain through e.g. Redis Streams (SPEC D2); None: drained directly
         self.trace_buffer: TraceBuffer | None = None

@@ -37,6 +37,7 @@ from harness.kernel import (
     final_state_for,
     is_legal,
     job_status,
+    keeps_close_reason,
 )
 from harness.kernel.events import ILLEGAL_TRANSITION, LOST_RACE
 from harness.kernel.states import CloseReason
@@ -215,6 +216,16 @@ class RunWrites(TraceChain):
         records: Sequence[TraceRecordIn], context: dict[str, Any] | None, result: dict[str, Any] | None,
         also: Callable[[sa.Connection], object] | None, now: float,
     ) -> TransitionResult:
+        if self._cas_returns and source != RunState.TRACING:
+            moved = self._cas_in_one(conn, run_id, source, target, lease_epoch, expected_version, context, result,
+                                     now)
+            if moved is not None:
+                seq, reason_now = moved
+                self._write_change(conn, run_id, seq, source, target, actor, reason, forced_by, now, records)
+                if also is not None:
+                    also(conn)
+                return TransitionResult(run_id, source, target, True, target, seq=seq, close_reason=reason_now)
+            # not applied: the read below says why (a lost race, a fence, an unknown Run) and audits it
         found = self._raw.fetchone(conn, q.RUN_FOR_CAS_LOCKED if self._locks_rows else q.RUN_FOR_CAS,
                                    {"p_run_id": run_id})
         if found is None:
@@ -260,6 +271,32 @@ class RunWrites(TraceChain):
         if also is not None:
             also(conn)
         return TransitionResult(run_id, source, target, True, target, seq=seq, close_reason=new_reason)
+
+    def _cas_in_one(self, conn: sa.Connection, run_id: str, source: RunState, target: RunState,
+                    lease_epoch: int | None, expected_version: int | None, context: dict[str, Any] | None,
+                    result: dict[str, Any] | None, now: float) -> tuple[int, CloseReason | None] | None:
+        """The compare-and-set as one `UPDATE … WHERE state, lease epoch and version match … RETURNING`
+        (PostgreSQL, SQLite): the new version and close reason when it applied, None when it did not.
+        The row lock the UPDATE takes holds to the commit, as the `SELECT … FOR UPDATE` did."""
+        keeps = keeps_close_reason(source, target)
+        values: dict[str, Any] = {"p_run_id": run_id, "p_state": source.value, "state": target.value,
+                                  "last_state_change_at": now}
+        if not keeps:
+            values["close_reason"] = getattr(close_reason_on_entry(source, target, None), "value", None)
+        if lease_epoch is not None:
+            values["p_epoch"] = lease_epoch
+        if expected_version is not None:
+            values["p_version"] = expected_version
+        if context is not UNSET:
+            values["context"] = canonical_json(context) if context is not None else None
+        if result is not UNSET:
+            values["result"] = canonical_json(result) if result is not None else None
+        cas = q.run_cas_returning(context is not UNSET, result is not UNSET, not keeps, lease_epoch is not None,
+                                  expected_version is not None)
+        row = self._raw.fetchone(conn, cas, values)
+        if row is None:
+            return None
+        return int(row[0]), CloseReason(row[1]) if row[1] else None
 
     def _write_change(
         self,
@@ -321,15 +358,24 @@ class RunWrites(TraceChain):
     # ------------------------------------------------------------------ context and steps
 
     def save_context(self, run_id: str, context: dict[str, Any], records: Sequence[TraceRecordIn] = (),
-                     also: Callable[[sa.Connection], object] | None = None) -> None:
+                     also: Callable[[sa.Connection], object] | None = None, *,
+                     lease_epoch: int | None = None) -> bool:
         """Persist the RunContext (never Run.state) with trace records, in one transaction — e.g. a
         step's result and its ToolTrace before the next step starts (SPEC T6). `also` runs in the same
-        transaction, for writes that must commit with it (the contents the records reference)."""
+        transaction, for writes that must commit with it (the contents the records reference).
+
+        With `lease_epoch`, only while the Run's lease is still at that epoch (K5b): False, and nothing
+        written, when it was taken over."""
         with self.engine.begin() as conn:
+            values = {"p_run_id": run_id, "context": canonical_json(context)}
+            if lease_epoch is None:
+                self._raw.execute(conn, q.CONTEXT_UPDATE, values)
+            elif self._raw.execute(conn, q.CONTEXT_UPDATE_FENCED, {**values, "p_epoch": lease_epoch}).rowcount != 1:
+                return False
             if also is not None:
                 also(conn)
-            self._raw.execute(conn, q.CONTEXT_UPDATE, {"p_run_id": run_id, "context": canonical_json(context)})
             self.enqueue(conn, records, self.clock.now())
+        return True
 
     def mark_step_started(self, run_id: str, step_id: str, context: dict[str, Any], *,
                           lease_epoch: int | None) -> str | None:
