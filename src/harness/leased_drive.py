@@ -87,31 +87,46 @@ class LeasedDrive:
             return self.runs.result(run_id)
         # the lease is taken in the transaction of the drive's first transitions and given back in that
         # of its park or close (the unit of work's first and last commits), not in commits of its own
-        with self.runs.units.unit(run_id):
-            lease = self.leases.acquire(run_id, self.owner)
-            if lease is None:
-                return None
-            fence = Fence(lease, self.leases)
-            if lease.stalls >= self.max_stalls:
-                return self._poisoned(run_id, fence)
-            stop = threading.Event()
-            beat = threading.Thread(target=self._heartbeat, args=(fence, stop), daemon=True,
-                                    name=f"heartbeat-{run_id}")
-            beat.start()
-            try:
-                return self.runs.drive(run_id, fence=fence)
-            finally:
-                stop.set()
+        stop = threading.Event()
+        beat: threading.Thread | None = None
+        try:
+            with self.runs.units.unit(run_id):
+                lease = self.leases.acquire(run_id, self.owner)
+                if lease is None:
+                    return None
+                fence = Fence(lease, self.leases)
+                if lease.stalls >= self.max_stalls:
+                    return self._poisoned(run_id, fence)
+                beat = threading.Thread(target=self._heartbeat, args=(fence, stop), daemon=True,
+                                        name=f"heartbeat-{run_id}")
+                beat.start()
+                try:
+                    return self.runs.drive(run_id, fence=fence)
+                finally:
+                    stop.set()
+                    if not fence.lost:
+                        self.leases.release(fence.lease)
+        finally:
+            # joined once the unit's last transaction has committed: a heartbeat that fired during it
+            # waits for the Run's row that transaction holds, so joining it before the commit would wait
+            # forever on PostgreSQL (and for the lock timeout on SQLite and MariaDB)
+            if beat is not None:
                 beat.join()
-                if not fence.lost:
-                    self.leases.release(fence.lease)
 
     def _heartbeat(self, fence: Fence, stop: threading.Event) -> None:
         interval = self.leases.ttl_s / 3
         while not stop.wait(interval):
-            renewed = self.leases.heartbeat(fence.lease)
+            try:
+                renewed = self.leases.heartbeat(fence.lease)
+            except Exception as exc:  # a database outage must not end the heartbeat
+                # the next beat tries again; if none succeeds in time the lease expires, another worker
+                # takes the Run over and this drive's writes are fenced by the epoch they carry
+                log.warning("heartbeat for run %s failed (%s); trying again in %.3gs", fence.lease.run_id,
+                            exc.__class__.__name__, interval)
+                continue
             if renewed is None:
-                log.warning("lease on run %s lost; this worker stops driving it", fence.lease.run_id)
+                if not stop.is_set():  # else the drive has just released the lease itself
+                    log.warning("lease on run %s lost; this worker stops driving it", fence.lease.run_id)
                 fence.lost = True
                 return
             fence.lease = renewed

@@ -7,6 +7,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -152,5 +153,84 @@ def test_a_non_idempotent_calls_started_mark_commits_before_the_call(tmp_path: P
         assert result is not None and result.state == "CLOSED_FAILED"
         assert "outcome of b unknown" in (result.error or "")
         assert [c["step"] for c in calls(call_log) if c["skill"] == "test.echo"] == ["a"]
+    finally:
+        rt.close()
+
+
+def test_a_heartbeat_during_the_closing_transaction_does_not_stall_the_drive(
+        backend_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A heartbeat that fires while the drive's last transaction is open waits for the Run's row that
+    transaction holds. The drive ends without waiting for it in turn: before, it joined the heartbeat
+    before committing, which waited out SQLite's busy timeout (60 s) and MariaDB's lock wait (50 s), and
+    on PostgreSQL for ever. Here the close is held open across several heartbeat intervals."""
+    monkeypatch.setenv("HARNESS_EXAMPLE_LEDGER", str(tmp_path / "ledger.jsonl"))
+    rt = _example(tmp_path, backend_url)
+    closing: list[float] = []
+
+    def slow_close(_run_id: str, _source: RunState, target: RunState) -> None:
+        if target == RunState.SUCCEEDED:  # inside the drive's last transaction, before its commit
+            closing.append(time.monotonic())
+            time.sleep(1.2)  # the heartbeat (every 0.5 s) fires meanwhile and waits for the Run's row
+
+    errors: list[BaseException] = []
+    outcome: list[Any] = []
+    try:
+        rt.machine.subscribe(slow_close, at_commit=False)
+        run, _ = rt.runs.submit(PLAIN)
+        worker = RunWorker(rt, owner="w1", ttl_s=1.5)
+
+        def drive() -> None:
+            try:
+                outcome.append(worker.execute(run.run_id))
+            except BaseException as exc:
+                errors.append(exc)
+
+        thread = threading.Thread(target=drive, daemon=True)
+        started = time.monotonic()
+        thread.start()
+        thread.join(timeout=40)
+        assert not thread.is_alive(), "the drive is stuck behind its own heartbeat"
+        assert not errors, errors
+        assert closing, "the close was never reached"
+        assert time.monotonic() - started < 40
+        assert outcome and outcome[0] is not None and outcome[0].state == "SUCCEEDED", outcome
+        assert rt.store.get_run(run.run_id).lease_owner is None
+    finally:
+        rt.close()
+
+
+def test_a_step_result_saved_under_a_lease_taken_over_writes_nothing(backend_url: str, tmp_path: Path) -> None:
+    """A drive's step result carries its lease's epoch into the write itself (no read of the lease
+    before it): once another worker has taken the lease over, the save writes nothing — neither the
+    RunContext nor the step's records nor the contents they reference — and says so."""
+    from harness.config import open_leases
+    from harness.domain.records import TraceRecordIn
+
+    rt = _example(tmp_path, backend_url)
+    try:
+        run, _ = rt.runs.submit(PLAIN)
+        leases = open_leases(rt, 0.05)
+        first = leases.acquire(run.run_id, "first")
+        assert first is not None
+        time.sleep(0.1)  # the first worker stalls past its lease
+        second = leases.acquire(run.run_id, "second")
+        assert second is not None and second.epoch == first.epoch + 1
+        before = rt.store.get_run(run.run_id).context
+        with rt.store.engine.connect() as conn:
+            blobs = conn.execute(sa.text("SELECT count(*) FROM blobs")).scalar()
+        stale = TraceRecordIn("step", {"detail": "from the stalled worker"}, run.run_id, record_id="stale-record")
+        saved = rt.runs.writes.save_context(run.run_id, {"steps": {"a": {"status": "done"}}}, [stale],
+                                            ["stale content"], lease_epoch=first.epoch)
+        assert saved is False
+        assert rt.store.get_run(run.run_id).context == before
+        with rt.store.engine.connect() as conn:
+            ids = {r[0] for r in conn.execute(sa.text(
+                "SELECT record_id FROM outbox UNION ALL SELECT record_id FROM trace_records"))}
+            assert conn.execute(sa.text("SELECT count(*) FROM blobs")).scalar() == blobs
+        assert "stale-record" not in ids
+        fresh = TraceRecordIn("step", {"detail": "from the new holder"}, run.run_id, record_id="fresh-record")
+        assert rt.runs.writes.save_context(run.run_id, {"steps": {"a": {"status": "done"}}}, [fresh], [],
+                                           lease_epoch=second.epoch) is True
+        assert rt.store.get_run(run.run_id).context == {"steps": {"a": {"status": "done"}}}
     finally:
         rt.close()
