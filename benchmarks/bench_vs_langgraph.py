@@ -89,6 +89,7 @@ def _harness(runs: int, folder: Path, hitl: bool, db_url: str | None = None, cou
         EFFECTIVE["synchronous"] = (_synchronous_of(conn.connection) if db_url is None
                                     else _pg_synchronous(conn.connection.driver_connection))
     if db_url is not None:
+        EFFECTIVE["live_before"] = _pg_live_size(db_url)
         EFFECTIVE["size_before"] = _pg_size(rt.store.engine)
 
     def one(i: int) -> None:
@@ -238,6 +239,7 @@ def _langgraph(runs: int, folder: Path, hitl: bool, synchronous: str, durability
         saver = PostgresSaver(conn)
         saver.setup()
         EFFECTIVE["synchronous"] = _pg_synchronous(conn)
+        EFFECTIVE["live_before"] = _pg_live_size(db_url)
         EFFECTIVE["size_before"] = _pg_size_of(conn)
     app = graph.compile(checkpointer=saver)
 
@@ -272,6 +274,15 @@ def _langgraph(runs: int, folder: Path, hitl: bool, synchronous: str, durability
 def _libpq(url: str) -> str:
     """A SQLAlchemy URL (postgresql+psycopg://…) as libpq takes it (postgresql://…)."""
     return url.replace("postgresql+psycopg://", "postgresql://", 1)
+
+
+def _pg_live_size(url: str) -> int:
+    """The database's size after VACUUM FULL (every table rewritten without its dead row versions)."""
+    import psycopg
+
+    with psycopg.connect(_libpq(url), autocommit=True) as conn:
+        conn.execute("VACUUM FULL")
+        return int(conn.execute("SELECT pg_database_size(current_database())").fetchone()[0])
 
 
 def _pg_size_of(conn: Any) -> int:
@@ -394,6 +405,7 @@ def _floor_pg(runs: int, db_url: str, records_per_run: int, transitions_per_run:
     """)
     conn.commit()
     EFFECTIVE["synchronous"] = _pg_synchronous(conn)
+    EFFECTIVE["live_before"] = _pg_live_size(db_url)
     EFFECTIVE["size_before"] = int(conn.execute("SELECT pg_database_size(current_database())").fetchone()[0])
     conn.commit()
     per_commit = max(1, records_per_run // transitions_per_run)
@@ -466,7 +478,11 @@ def child(contender: str, runs: int, folder: Path, shape: dict[str, int], synchr
             with sqlite3.connect(folder / name) as conn:
                 conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     if db_url is not None and "size_after" in EFFECTIVE:
-        grown = int(EFFECTIVE.pop("size_after")) - int(EFFECTIVE.pop("size_before"))
+        before = int(EFFECTIVE.pop("size_before"))
+        grown = int(EFFECTIVE.pop("size_after")) - before
+        # what the Runs keep once their dead row versions are gone (autovacuum, in a steady state): the
+        # size after VACUUM FULL, which rewrites every table without them
+        EFFECTIVE["live_bytes"] = _pg_live_size(db_url) - int(EFFECTIVE.pop("live_before"))
     else:
         grown = _folder_bytes(folder, db)
     return {"times": times[warmup:], "runs_made": runs + count, "bytes": grown, "peak_rss_kb": _peak_rss_kb(),
@@ -560,6 +576,8 @@ def _one_round(runs: int, contenders: Sequence[str], synchronous: str, warmup: i
             raw = json.loads(proc.stdout.strip().splitlines()[-1])
             results[contender] = {**summarise(raw["times"]), "bytes_per_run": raw["bytes"] / raw["runs_made"],
                                   "peak_rss_mb": raw["peak_rss_kb"] / 1024}
+            if "live_bytes" in raw:
+                results[contender]["live_bytes_per_run"] = raw["live_bytes"] / raw["runs_made"]
             for key in ("synchronous", "counts", "profile", "source"):
                 if key in raw:
                     results[contender][key] = raw[key]
@@ -591,6 +609,8 @@ def measure(runs: int, contenders: tuple[str, ...], synchronous: str = "NORMAL",
         merged["median_ms_range"] = [min(d["median_ms"] for d in done), max(d["median_ms"] for d in done)]
         if "synchronous" in done[0]:
             merged["synchronous"] = done[0]["synchronous"]
+        if all("live_bytes_per_run" in d for d in done):
+            merged["live_bytes_per_run"] = statistics.median(d["live_bytes_per_run"] for d in done)
         counted = [d["counts"] for d in done if "counts" in d]
         if counted:
             merged["counts"] = {k: statistics.median(c[k] for c in counted) for k in _COUNTS if k in counted[0]}
@@ -630,6 +650,11 @@ def table(report: dict[str, Any]) -> str:
     if "harness_overhead_ms_per_run" in report:
         lines += ["", f"harness overhead per Run (harness - plain, medians): "
                       f"{report['harness_overhead_ms_per_run']:.2f} ms"]
+    live = {n: r["live_bytes_per_run"] for n, r in report["results"].items() if "live_bytes_per_run" in r}
+    if live:
+        lines += ["", "Bytes per Run kept once dead row versions are gone (database size after VACUUM FULL, "
+                      "less its size before the Runs; bytes/Run above is the growth without it):", ""]
+        lines += [f"- {name}: {value:.0f}" for name, value in live.items()]
     lines += ["", "| ratio | median | p99 | Runs/s | bytes/Run | peak RSS |", "|---|---|---|---|---|---|"]
     for name, r in report.get("ratios", {}).items():
         cells = [f"{r.get(k, float('nan')):.2f}" for k in _METRICS]

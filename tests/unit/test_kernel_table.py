@@ -25,11 +25,11 @@ from harness.kernel import (
     audit_events_for,
     automatic_next,
     close_reason_on_entry,
-    keeps_close_reason,
     final_state_for,
     is_final,
     is_legal,
     job_status,
+    keeps_close_reason,
     targets_from,
 )
 

@@ -11,12 +11,21 @@ whose parameters need no bind processing (str, int, float, None) may go through 
 from __future__ import annotations
 
 import contextlib
+import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import sqlalchemy as sa
 
 _Compiled = tuple[str, tuple[str, ...] | None, dict[str, Any]]
+#: a write sent later: its SQL, its arguments, and whether they are many rows (executemany)
+_Queued = tuple[str, Any, bool]
+#: the writes waiting for each driver connection's next statement, whichever RawStatements queued them
+_QUEUES: weakref.WeakKeyDictionary[Any, list[_Queued]] = weakref.WeakKeyDictionary()
+#: libpq's PQTRANS_IDLE: no transaction open on the server
+_IDLE = 0
+#: the pools whose engines send queued writes before anything else (`RawStatements.install`)
+_INSTALLED: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
 class RawStatements:
@@ -25,6 +34,117 @@ class RawStatements:
     def __init__(self, dialect: sa.Dialect) -> None:
         self._dialect = dialect
         self._compiled: dict[tuple[int, tuple[str, ...]], _Compiled] = {}
+        #: PostgreSQL through psycopg 3: writes nobody reads a result of wait for the connection's next
+        #: statement and go with it in one pipeline (`later`); elsewhere they run at once
+        self.pipelines = dialect.name == "postgresql" and dialect.driver == "psycopg"
+        self._queues = _QUEUES
+
+    # ------------------------------------------------------------------ writes sent with the next statement
+
+    def install(self, engine: sa.Engine) -> None:
+        """Keep the queued writes in order with everything else on `engine`'s connections: any statement
+        SQLAlchemy sends, a savepoint and a commit send them first; a rollback (to a savepoint, or of
+        the transaction, or the pool's reset of a returned connection) drops them with the rest."""
+        if not self.pipelines or engine.pool in _INSTALLED:
+            return
+        _INSTALLED.add(engine.pool)
+
+        def before(conn: sa.Connection, *_args: Any) -> None:
+            self.flush(conn)
+
+        def drop(conn: sa.Connection, *_args: Any) -> None:
+            # an invalidated connection (the database went away) has no driver connection to ask for
+            _drop(_dbapi_if_live(conn))
+
+        def reset(dbapi_connection: Any, *_args: Any) -> None:
+            _drop(dbapi_connection)  # None for a checkout that failed to connect
+
+        sa.event.listen(engine, "before_cursor_execute", before)
+        sa.event.listen(engine, "savepoint", before)
+        sa.event.listen(engine, "commit", self._commit)
+        sa.event.listen(engine, "rollback", drop)
+        sa.event.listen(engine, "rollback_savepoint", drop)
+        sa.event.listen(engine.pool, "reset", reset)
+        sa.event.listen(engine.pool, "checkin", reset)
+
+    def later(self, conn: sa.Connection, stmt: Any, params: Mapping[str, Any]) -> None:
+        """Run a write whose result nobody reads (no rowcount, no rows, no error expected but a broken
+        database's) — at once, or on PostgreSQL with the connection's next statement, in one round trip
+        with it. Its error, if any, is raised by that statement (or the commit), inside the same
+        transaction: it rolls back as it would have."""
+        sql, order, fixed = self._sql(stmt, tuple(params))
+        values = {**fixed, **params}
+        args = [values[k] for k in order] if order is not None else values
+        if not self._queues_on(conn):
+            self._run(conn, sql, args).close()
+            return
+        self._queues.setdefault(_dbapi(conn), []).append((sql, args, False))
+
+    def later_many(self, conn: sa.Connection, stmt: Any, rows: Sequence[Mapping[str, Any]]) -> None:
+        """`later` for one statement over many rows (the rows share their keys)."""
+        if not rows:
+            return
+        if not self._queues_on(conn):
+            self.executemany(conn, stmt, rows)
+            return
+        sql, order, _ = self._sql(stmt, tuple(rows[0]))
+        args = [[row[k] for k in order] for row in rows] if order is not None else list(rows)
+        self._queues.setdefault(_dbapi(conn), []).append((sql, args, True))
+
+    def _queues_on(self, conn: sa.Connection) -> bool:
+        """Whether writes on this connection may wait: PostgreSQL, inside a transaction (an autocommit
+        statement commits by itself), on an engine whose events send them in time."""
+        return self.pipelines and conn.engine.pool in _INSTALLED and conn.in_transaction() and \
+            not _dbapi(conn).autocommit
+
+    def flush(self, conn: sa.Connection) -> None:
+        """Send the queued writes of this connection now (one round trip)."""
+        if self.pipelines and (dbapi := _dbapi_if_live(conn)) is not None and self._queues.get(dbapi):
+            self._run(conn, None, None).close()
+
+    def _commit(self, conn: sa.Connection) -> None:
+        """At a commit: the queued writes and the COMMIT in one pipeline (the driver's own commit then
+        finds the transaction ended and sends nothing)."""
+        dbapi = _dbapi(conn)
+        if not self._queues.get(dbapi):
+            return
+        self._queues.setdefault(dbapi, []).append(("COMMIT", None, False))
+        self._run(conn, None, None).close()
+
+    def _run(self, conn: sa.Connection, sql: str | None, args: Any, many: bool = False) -> Any:
+        """Execute `sql` (None: nothing of its own) after this connection's queued writes, all in one
+        pipeline when there are any; returns the statement's cursor."""
+        queued = self._queues.pop(_dbapi(conn), None) if self.pipelines else None
+        cursor = conn.connection.cursor()
+        try:
+            if not queued and not (sql is not None and self.pipelines and _begins(conn)):
+                if sql is not None:
+                    (cursor.executemany if many else cursor.execute)(sql, args)
+                return cursor
+            # in a pipeline the driver's BEGIN, the queued writes and the statement are one round trip
+            queued = queued or []
+            dbapi = _dbapi(conn)
+            sent = []
+            try:
+                with dbapi.pipeline():
+                    for q_sql, q_args, q_many in queued:
+                        other = dbapi.cursor()
+                        sent.append(other)
+                        if q_args is None:
+                            other.execute(q_sql)
+                        elif q_many:
+                            other.executemany(q_sql, q_args)
+                        else:
+                            other.execute(q_sql, q_args)
+                    if sql is not None:
+                        (cursor.executemany if many else cursor.execute)(sql, args)
+            finally:
+                for other in sent:
+                    other.close()
+            return cursor
+        except self._dialect.loaded_dbapi.Error as exc:
+            cursor.close()
+            raise self._translated(sql or (queued[0][0] if queued else ""), args, exc) from exc
 
     def _sql(self, stmt: Any, keys: tuple[str, ...]) -> _Compiled:
         hit = self._compiled.get((id(stmt), keys))
@@ -41,6 +161,8 @@ class RawStatements:
         sql, order, fixed = self._sql(stmt, tuple(params or ()))
         values = {**fixed, **(params or {})}
         args = [values[k] for k in order] if order is not None else values
+        if self.pipelines:
+            return self._run(conn, sql, args)
         cursor = conn.connection.cursor()
         try:
             cursor.execute(sql, args)
@@ -78,6 +200,9 @@ class RawStatements:
         """Run `stmt` once per row (the rows share their keys)."""
         sql, order, _ = self._sql(stmt, tuple(rows[0]))
         args = [[row[k] for k in order] for row in rows] if order is not None else rows
+        if self.pipelines:
+            self._run(conn, sql, args, many=True).close()
+            return
         cursor = conn.connection.cursor()
         try:
             cursor.executemany(sql, args)
@@ -93,6 +218,7 @@ class RawStatements:
         compiled = stmt.compile(dialect=self._dialect, compile_kwargs={"render_postcompile": True})
         params = compiled.params
         args = [params[k] for k in compiled.positiontup or ()] if compiled.positional else params
+        self.flush(conn)
         cursor = conn.connection.cursor()
         try:
             cursor.execute(compiled.string, args)
@@ -114,6 +240,7 @@ class RawStatements:
         self._plain(conn, f"SAVEPOINT {name}")
         try:
             yield
+            self.flush(conn)  # what the block queued runs inside the savepoint, and fails there
         except BaseException:
             self._plain(conn, f"ROLLBACK TO SAVEPOINT {name}")
             self._plain(conn, f"RELEASE SAVEPOINT {name}")
@@ -121,6 +248,9 @@ class RawStatements:
         self._plain(conn, f"RELEASE SAVEPOINT {name}")
 
     def _plain(self, conn: sa.Connection, sql: str) -> None:
+        if self.pipelines and sql.startswith("ROLLBACK TO"):
+            self._queues.pop(_dbapi(conn), None)  # undone with the rest of the savepoint
+        self.flush(conn)
         cursor = conn.connection.cursor()
         try:
             cursor.execute(sql)
@@ -128,3 +258,38 @@ class RawStatements:
             raise self._translated(sql, (), exc) from exc
         finally:
             cursor.close()
+
+
+def has_queued(dbapi_connection: Any) -> bool:
+    """Whether writes wait on this driver connection for its next statement or commit (profilers: the
+    COMMIT then goes with them, as a statement)."""
+    try:
+        return bool(_QUEUES.get(dbapi_connection))
+    except TypeError:  # a driver connection that takes no weak reference (sqlite3) never queues
+        return False
+
+
+def _begins(conn: sa.Connection) -> bool:
+    """Whether psycopg will send a BEGIN before this connection's next statement (a transaction opened by
+    SQLAlchemy that has sent nothing yet)."""
+    dbapi = _dbapi(conn)
+    return not dbapi.autocommit and dbapi.pgconn.transaction_status == _IDLE
+
+
+def _drop(dbapi_connection: Any) -> None:
+    """Forget what waits on a driver connection (none, or one that takes no weak reference: nothing)."""
+    if dbapi_connection is not None:
+        with contextlib.suppress(TypeError):
+            _QUEUES.pop(dbapi_connection, None)
+
+
+def _dbapi_if_live(conn: sa.Connection) -> Any:
+    """The driver's connection, or None when the SQLAlchemy one was invalidated or closed."""
+    if conn.invalidated or conn.closed:
+        return None
+    return conn.connection.dbapi_connection
+
+
+def _dbapi(conn: sa.Connection) -> Any:
+    """The driver's connection under a SQLAlchemy one."""
+    return conn.connection.dbapi_connection

@@ -100,6 +100,8 @@ class StoreBase:
             if mode not in MODES:
                 raise InvalidRequestError(f"HARNESS_COMMIT_MODE must be one of {', '.join(MODES)}, not {mode!r}")
             self.units = Units(engine, enabled=mode == "boundaries")
+            # PostgreSQL: writes whose result nobody reads go with the connection's next statement
+            RawStatements(engine.dialect).install(engine)
             engine = joining(engine, self.units)
             # the unit's own connections come through the joining engine too, so that listeners on the
             # store's engine (the benchmarks' statement counters, say) see them

@@ -35,7 +35,7 @@ class TraceChain(StoreBase):
         self, conn: sa.Connection, run_id: str | None, event: str, actor: str, now: float, detail: dict[str, Any]
     ) -> TraceRecordIn:
         event_id = ordered_id()
-        self._raw.execute(conn, q.AUDIT_INSERT, {"event_id": event_id, "run_id": run_id, "event": event,
+        self._raw.later(conn, q.AUDIT_INSERT, {"event_id": event_id, "run_id": run_id, "event": event,
                                                  "actor": actor, "detail": canonical_json(detail), "at": now})
         return TraceRecordIn("audit", {"event_id": event_id, "event": event, "actor": actor, "detail": detail,
                                        "at": now}, run_id)
@@ -69,7 +69,7 @@ class TraceChain(StoreBase):
             for r in records
         ]
         if rows:
-            self._raw.executemany(conn, q.OUTBOX_INSERT, rows)
+            self._raw.later_many(conn, q.OUTBOX_INSERT, rows)
 
     def record(self, records: Sequence[TraceRecordIn]) -> None:
         """Append trace records through the outbox, in their own transaction."""
@@ -100,8 +100,8 @@ class TraceChain(StoreBase):
                          "payload": r.payload, "prev_hash": prev, "hash": digest})
             prev = digest
         if rows:
-            self._raw.executemany(conn, q.TRACE_INSERT, rows)
-            self._raw.execute(conn, q.HEAD_UPDATE, {"seq": seq, "hash": prev})
+            self._raw.later_many(conn, q.TRACE_INSERT, rows)
+            self._raw.later(conn, q.HEAD_UPDATE, {"seq": seq, "hash": prev})
         return len(rows)
 
     def _already_chained(self, conn: sa.Connection, records: Sequence[PendingRecord]) -> set[str]:
@@ -133,7 +133,7 @@ class TraceChain(StoreBase):
         chained = self.chain_batch(conn, [PendingRecord(p.record_id, p.run_id, p.kind, p.payload)
                                           for p in pending], head=(int(head[0]), str(head[1])))
         if self._batches_by_array:
-            self._raw.execute(conn, q.OUTBOX_DELETE_ANY, {"p_ids": [p.id for p in pending]}).close()
+            self._raw.later(conn, q.OUTBOX_DELETE_ANY, {"p_ids": [p.id for p in pending]})
         else:
             self._raw.executemany(conn, q.OUTBOX_DELETE_ONE, [{"p_id": p.id} for p in pending])
         return chained, len(pending)

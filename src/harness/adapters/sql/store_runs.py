@@ -313,15 +313,15 @@ class RunWrites(TraceChain):
         extra_audit: dict[str, Any] | None = None,
     ) -> None:
         """Everything a state change writes besides runs.state, in the caller's transaction."""
-        self._raw.execute(conn, q.TRANSITION_INSERT, {
+        self._raw.later(conn, q.TRANSITION_INSERT, {
             "run_id": run_id, "seq": seq, "from_state": source.value if source else None, "to_state": target.value,
             "actor": actor, "reason": reason, "forced_by": forced_by, "at": now,
         })
         projection = {"status": job_status(target).value, "run_state_snapshot": target.value, "updated_at": now}
         if source is None:
-            self._raw.execute(conn, q.JOB_INSERT, {"job_id": run_id, **projection})
+            self._raw.later(conn, q.JOB_INSERT, {"job_id": run_id, **projection})
         else:
-            self._raw.execute(conn, q.JOB_UPDATE, {"p_job_id": run_id, **projection})
+            self._raw.later(conn, q.JOB_UPDATE, {"p_job_id": run_id, **projection})
         outbox = [TraceRecordIn("transition", {
             "run_id": run_id, "seq": seq, "from": source.value if source else None, "to": target.value,
             "actor": actor, "reason": reason, "forced_by": forced_by, "at": now,
@@ -369,7 +369,7 @@ class RunWrites(TraceChain):
         with self.engine.begin() as conn:
             values = {"p_run_id": run_id, "context": canonical_json(context)}
             if lease_epoch is None:
-                self._raw.execute(conn, q.CONTEXT_UPDATE, values)
+                self._raw.later(conn, q.CONTEXT_UPDATE, values)
             elif self._raw.execute(conn, q.CONTEXT_UPDATE_FENCED, {**values, "p_epoch": lease_epoch}).rowcount != 1:
                 return False
             if also is not None:

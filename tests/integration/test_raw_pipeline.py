@@ -1,0 +1,102 @@
+"""Writes sent with the next statement (PostgreSQL's pipeline mode, `RawStatements.later`) behave exactly
+as writes sent at once, on every backend: a later read sees them, a failure rolls their transaction back
+and is raised before the commit succeeds, a savepoint undoes only its own, a rollback drops them, and
+nothing queued ever leaks into the next transaction of a pooled connection."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import sqlalchemy as sa
+
+from harness.adapters.sql.database import create_engine, resolve_url
+from harness.adapters.sql.raw import RawStatements, has_queued
+
+_meta = sa.MetaData()
+probe = sa.Table("pipeline_probe", _meta, sa.Column("id", sa.Integer, primary_key=True, autoincrement=False),
+                 sa.Column("note", sa.String(40)))
+INSERT = probe.insert()
+COUNT = sa.select(sa.func.count()).select_from(probe)
+
+
+@pytest.fixture
+def engine(backend_url: str) -> Iterator[sa.Engine]:
+    engine = create_engine(resolve_url(backend_url))
+    RawStatements(engine.dialect).install(engine)
+    _meta.create_all(engine)
+    yield engine
+    _meta.drop_all(engine)
+    engine.dispose()
+
+
+def _notes(engine: sa.Engine) -> list[tuple[int, str]]:
+    with engine.connect() as conn:
+        return [(r.id, r.note) for r in conn.execute(sa.select(probe).order_by(probe.c.id))]
+
+
+def test_a_queued_write_is_seen_by_the_next_read_raw_or_not(engine: sa.Engine) -> None:
+    raw = RawStatements(engine.dialect)
+    with engine.begin() as conn:
+        raw.later(conn, INSERT, {"id": 1, "note": "one"})
+        raw.later_many(conn, INSERT, [{"id": 2, "note": "two"}, {"id": 3, "note": "three"}])
+        assert raw.fetchone(conn, COUNT)[0] == 3  # a raw read sends them first
+        raw.later(conn, INSERT, {"id": 4, "note": "four"})
+        assert conn.execute(COUNT).scalar() == 4  # so does a statement SQLAlchemy sends
+        raw.later(conn, INSERT, {"id": 5, "note": "five"})
+    assert [i for i, _ in _notes(engine)] == [1, 2, 3, 4, 5]  # and the commit
+
+
+def test_a_failing_queued_write_fails_its_transaction_before_it_commits(engine: sa.Engine) -> None:
+    raw = RawStatements(engine.dialect)
+    with engine.begin() as conn:
+        raw.later(conn, INSERT, {"id": 1, "note": "kept"})
+    with pytest.raises(sa.exc.IntegrityError), engine.begin() as conn:
+        raw.later(conn, INSERT, {"id": 2, "note": "lost with its transaction"})
+        raw.later(conn, INSERT, {"id": 1, "note": "duplicate"})
+    assert _notes(engine) == [(1, "kept")]
+
+
+def test_a_savepoint_undoes_only_the_queued_writes_made_inside_it(engine: sa.Engine) -> None:
+    raw = RawStatements(engine.dialect)
+    with engine.begin() as conn:
+        raw.later(conn, INSERT, {"id": 1, "note": "before"})
+        with pytest.raises(sa.exc.IntegrityError), raw.savepoint(conn, "probe"):
+            raw.later(conn, INSERT, {"id": 2, "note": "inside"})
+            raw.later(conn, INSERT, {"id": 1, "note": "duplicate inside"})
+        nested = conn.begin_nested()
+        raw.later(conn, INSERT, {"id": 3, "note": "undone by SQLAlchemy's savepoint"})
+        nested.rollback()
+        raw.later(conn, INSERT, {"id": 4, "note": "after"})
+    assert _notes(engine) == [(1, "before"), (4, "after")]
+
+
+def test_a_rollback_drops_the_queued_writes_and_the_connection_starts_clean(engine: sa.Engine) -> None:
+    raw = RawStatements(engine.dialect)
+    conn = engine.connect()
+    tx = conn.begin()
+    raw.later(conn, INSERT, {"id": 1, "note": "rolled back"})
+    dbapi = conn.connection.dbapi_connection
+    tx.rollback()
+    assert not has_queued(dbapi)
+    with conn.begin():
+        raw.later(conn, INSERT, {"id": 2, "note": "committed"})
+    conn.close()
+    # a connection returned to the pool with writes still queued (its transaction never ended) sends
+    # none of them to the next user
+    conn = engine.connect()
+    conn.begin()
+    raw.later(conn, INSERT, {"id": 3, "note": "abandoned"})
+    conn.close()
+    with engine.begin() as again:
+        raw.later(again, INSERT, {"id": 4, "note": "next user"})
+    assert _notes(engine) == [(2, "committed"), (4, "next user")]
+
+
+def test_outside_a_transaction_nothing_waits(engine: sa.Engine) -> None:
+    """An autocommit connection's write is its own transaction: it is sent at once."""
+    raw = RawStatements(engine.dialect)
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        raw.later(conn, INSERT, {"id": 1, "note": "at once"})
+        assert not has_queued(conn.connection.dbapi_connection)
+    assert _notes(engine) == [(1, "at once")]
