@@ -25,6 +25,7 @@ from harness.kernel import (
     audit_events_for,
     automatic_next,
     close_reason_on_entry,
+    exit_reasons,
     final_state_for,
     is_final,
     is_legal,
@@ -346,3 +347,11 @@ def test_keeps_close_reason_says_exactly_when_a_move_leaves_the_reason_as_it_was
                 assert len(set(reasons.values())) == 1 and None not in reasons.values(), (source, target)
             kept += keeps
     assert kept > 5
+
+
+def test_exit_reasons_are_exactly_the_reasons_whose_final_state_is_the_target() -> None:
+    """The one-statement exit from TRACING matches the close reason against these."""
+    for target in S:
+        assert set(exit_reasons(target)) == {r for r in CloseReason if final_state_for(r) == target}
+    assert exit_reasons(S.FAILED) == ()  # the sweeper's way out takes any reason and sets FAILED
+    assert set(exit_reasons(S.CLOSED_REJECTED)) == {CloseReason.REJECTED, CloseReason.HITL_TIMEOUT}

@@ -112,6 +112,12 @@ def final_state_for(reason: CloseReason) -> RunState:
     return _FINAL_FOR[reason]
 
 
+def exit_reasons(target: RunState) -> tuple[CloseReason, ...]:
+    """The close reasons under which TRACING may exit to the final state `target` (SPEC K3), in a fixed
+    order; TRACING→FAILED (the sweeper's way out of a stuck close) takes any."""
+    return tuple(reason for reason, final in _FINAL_FOR.items() if final == target)
+
+
 def automatic_next(state: RunState, reason: CloseReason | None) -> RunState | None:
     """The state the kernel moves to on its own from `state`, or None when it waits for a component.
 

@@ -79,10 +79,11 @@ OUTBOX_DELETE_RECORDS = t.outbox.delete().where(t.outbox.c.record_id.in_(b("p_id
 
 @cache
 def run_cas_returning(with_context: bool, with_result: bool, sets_reason: bool, fenced: bool,
-                      versioned: bool) -> sa.Update:
+                      versioned: bool, exits: int = 0) -> sa.Update:
     """The compare-and-set in one statement: UPDATE runs … WHERE run_id and state match (and the lease
-    epoch, and the version, when the caller holds them) … RETURNING the new version and close reason.
-    The version is incremented by the statement; the close reason is set only by the moves that set it."""
+    epoch, and the version, when the caller holds them; and for TRACING's exit, the close reason is one
+    of the `exits` given as p_reason_0…) … RETURNING the new version and close reason. The version is
+    incremented by the statement; the close reason is set only by the moves that set it."""
     values: dict[str, Any] = {
         "state": b("state"),
         "version": t.runs.c.version + 1,
@@ -99,6 +100,8 @@ def run_cas_returning(with_context: bool, with_result: bool, sets_reason: bool, 
         where.append(t.runs.c.lease_epoch == b("p_epoch"))
     if versioned:
         where.append(t.runs.c.version == b("p_version"))
+    if exits:
+        where.append(sa.or_(*(t.runs.c.close_reason == b(f"p_reason_{n}") for n in range(exits))))
     return t.runs.update().where(*where).values(**values).returning(t.runs.c.version, t.runs.c.close_reason)
 
 

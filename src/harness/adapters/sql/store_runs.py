@@ -34,6 +34,7 @@ from harness.kernel import (
     RunState,
     audit_events_for,
     close_reason_on_entry,
+    exit_reasons,
     final_state_for,
     is_legal,
     job_status,
@@ -216,7 +217,7 @@ class RunWrites(TraceChain):
         records: Sequence[TraceRecordIn], context: dict[str, Any] | None, result: dict[str, Any] | None,
         also: Callable[[sa.Connection], object] | None, now: float,
     ) -> TransitionResult:
-        if self._cas_returns and source != RunState.TRACING:
+        if self._cas_returns:
             moved = self._cas_in_one(conn, run_id, source, target, lease_epoch, expected_version, context, result,
                                      now)
             if moved is not None:
@@ -277,10 +278,16 @@ class RunWrites(TraceChain):
                     result: dict[str, Any] | None, now: float) -> tuple[int, CloseReason | None] | None:
         """The compare-and-set as one `UPDATE … WHERE state, lease epoch and version match … RETURNING`
         (PostgreSQL, SQLite): the new version and close reason when it applied, None when it did not.
-        The row lock the UPDATE takes holds to the commit, as the `SELECT … FOR UPDATE` did."""
-        keeps = keeps_close_reason(source, target)
+        The row lock the UPDATE takes holds to the commit, as the `SELECT … FOR UPDATE` did. TRACING's exit
+        to a final state applies only under a close reason that leads there (K3): the statement matches it;
+        any other (a wrong exit) is found and refused by the read that follows a miss."""
+        closing = source == RunState.TRACING and target != RunState.FAILED
+        keeps = closing or keeps_close_reason(source, target)
+        exits = exit_reasons(target) if closing else ()
         values: dict[str, Any] = {"p_run_id": run_id, "p_state": source.value, "state": target.value,
                                   "last_state_change_at": now}
+        for n, reason in enumerate(exits):
+            values[f"p_reason_{n}"] = reason.value
         if not keeps:
             values["close_reason"] = getattr(close_reason_on_entry(source, target, None), "value", None)
         if lease_epoch is not None:
@@ -292,7 +299,7 @@ class RunWrites(TraceChain):
         if result is not UNSET:
             values["result"] = canonical_json(result) if result is not None else None
         cas = q.run_cas_returning(context is not UNSET, result is not UNSET, not keeps, lease_epoch is not None,
-                                  expected_version is not None)
+                                  expected_version is not None, len(exits))
         row = self._raw.fetchone(conn, cas, values)
         if row is None:
             return None
