@@ -100,3 +100,28 @@ def test_outside_a_transaction_nothing_waits(engine: sa.Engine) -> None:
         raw.later(conn, INSERT, {"id": 1, "note": "at once"})
         assert not has_queued(conn.connection.dbapi_connection)
     assert _notes(engine) == [(1, "at once")]
+
+
+def test_a_queued_write_that_fails_inside_a_guarded_block_undoes_only_that_block(backend_url: str) -> None:
+    """guarded() (a savepoint inside a drive's unit of work, for writes whose failure the caller survives)
+    sends what its block queued before the savepoint ends: the failure is the block's alone, and the
+    drive's transaction goes on and commits."""
+    from harness.adapters.sql.store import SqlStore
+    from harness.adapters.sql.units import guarded
+
+    store = SqlStore.open(backend_url)
+    raw = RawStatements(store.engine.dialect)
+    _meta.create_all(store.engine)
+    try:
+        with store.unit("run-1"):
+            with store.engine.begin() as conn:
+                raw.later(conn, INSERT, {"id": 1, "note": "the drive's"})
+            with pytest.raises(sa.exc.IntegrityError), guarded(store.engine, write=True) as conn:
+                raw.later(conn, INSERT, {"id": 2, "note": "the block's, undone"})
+                raw.later(conn, INSERT, {"id": 1, "note": "duplicate"})
+            with store.engine.begin() as conn:
+                raw.later(conn, INSERT, {"id": 3, "note": "after the block"})
+        assert _notes(store.engine) == [(1, "the drive's"), (3, "after the block")]
+    finally:
+        _meta.drop_all(store.engine)
+        store.close()

@@ -260,6 +260,14 @@ class RawStatements:
             cursor.close()
 
 
+def send_queued(conn: sa.Connection) -> None:
+    """Send the writes waiting on this connection now, if any (before a savepoint ends, so that a failure
+    among them fails inside it)."""
+    dbapi = _dbapi_if_live(conn) if conn.dialect.name == "postgresql" else None
+    if dbapi is not None and has_queued(dbapi):
+        RawStatements(conn.dialect).flush(conn)
+
+
 def has_queued(dbapi_connection: Any) -> bool:
     """Whether writes wait on this driver connection for its next statement or commit (profilers: the
     COMMIT then goes with them, as a statement)."""

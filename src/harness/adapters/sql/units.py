@@ -34,6 +34,8 @@ from typing import Any, cast
 import sqlalchemy as sa
 from sqlalchemy.engine.base import OptionEngine
 
+from harness.adapters.sql.raw import send_queued
+
 #: HARNESS_COMMIT_MODE: "boundaries" (the default) or "transition" (every write its own commit, as before)
 MODES = ("boundaries", "transition")
 
@@ -280,6 +282,7 @@ def guarded(engine: sa.Engine, *, write: bool) -> Iterator[sa.Connection]:
     nested = conn.begin_nested()
     try:
         yield conn
+        send_queued(conn)  # a write the block queued fails inside the savepoint, as if sent at once
     except BaseException:
         if nested.is_active:
             nested.rollback()
