@@ -11,6 +11,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 
 from harness.adapters.sql import schema as t
+from harness.adapters.sql.raw import RawStatements
 from harness.adapters.sql.store import SqlStore
 from harness.domain.errors import UnknownRunError
 from harness.domain.leases import Lease, Standing
@@ -51,6 +52,10 @@ _RELEASE = (
 _STANDING = sa.select(t.runs.c.state, t.runs.c.lease_owner, t.runs.c.lease_epoch, t.runs.c.lease_expires_at).where(
     t.runs.c.run_id == b("p_run_id")
 )
+#: the lease just taken, in the column order of RETURNING's
+_READ_TAKEN = sa.select(t.runs.c.lease_epoch, t.runs.c.lease_expires_at, t.runs.c.stall_count).where(
+    t.runs.c.run_id == b("p_run_id")
+)
 _READ = sa.select(t.runs.c.lease_owner, t.runs.c.lease_epoch, t.runs.c.lease_expires_at, t.runs.c.stall_count).where(
     t.runs.c.run_id == b("p_run_id")
 )
@@ -62,6 +67,9 @@ class Leases:
     def __init__(self, store: SqlStore, ttl_s: float = 60.0) -> None:
         self.store = store
         self.ttl_s = ttl_s
+        # a drive's acquire, its check before each step and its release run on the DBAPI cursor (every
+        # parameter and column is a plain str, int or float)
+        self._raw = RawStatements(store.engine.dialect)
 
     def acquire(self, run_id: str, owner: str) -> Lease | None:
         """Take the Run's lease if it is free or expired (a takeover counts a stall); None if held."""
@@ -69,14 +77,15 @@ class Leases:
         params = {"p_run_id": run_id, "p_now": now, "owner": owner, "expires": now + self.ttl_s}
         with self.store.engine.begin() as conn:
             if conn.dialect.update_returning:
-                row = conn.execute(_ACQUIRE_RETURNING, params).first()
+                row = self._raw.fetchone(conn, _ACQUIRE_RETURNING, params)
                 if row is None:
                     return None
             else:
-                if conn.execute(_ACQUIRE, params).rowcount != 1:
+                if self._raw.execute(conn, _ACQUIRE, params).rowcount != 1:
                     return None
-                row = conn.execute(_READ, {"p_run_id": run_id}).one()
-        return Lease(run_id, owner, int(row.lease_epoch), float(row.lease_expires_at), int(row.stall_count))
+                row = self._raw.fetchone(conn, _READ_TAKEN, {"p_run_id": run_id})
+        epoch, expires, stalls = row
+        return Lease(run_id, owner, int(epoch), float(expires), int(stalls))
 
     def heartbeat(self, lease: Lease) -> Lease | None:
         """Extend the lease; None when it was taken over (the holder must stop at once)."""
@@ -99,14 +108,15 @@ class Leases:
         """The Run's state and whether this lease still holds, in one read: the check a drive makes between
         its steps (left EXECUTING? taken over?), which were two reads of the same row."""
         with self.store.reader.connect() as conn:
-            row = conn.execute(_STANDING, {"p_run_id": lease.run_id}).first()
+            row = self._raw.fetchone(conn, _STANDING, {"p_run_id": lease.run_id})
         if row is None:
             raise UnknownRunError(lease.run_id)
-        held = (row.lease_owner == lease.owner and row.lease_epoch == lease.epoch
-                and row.lease_expires_at is not None and row.lease_expires_at > self.store.clock.now())
-        return Standing(RunState(row.state), held)
+        state, owner, epoch, expires = row
+        held = (owner == lease.owner and epoch == lease.epoch
+                and expires is not None and expires > self.store.clock.now())
+        return Standing(RunState(state), held)
 
     def release(self, lease: Lease) -> None:
         """Give the lease up (when the Run is final or parked)."""
         with self.store.engine.begin() as conn:
-            conn.execute(_RELEASE, {"p_run_id": lease.run_id, "p_epoch": lease.epoch, "owner": lease.owner})
+            self._raw.later(conn, _RELEASE, {"p_run_id": lease.run_id, "p_epoch": lease.epoch, "owner": lease.owner})
