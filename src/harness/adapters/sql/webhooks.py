@@ -18,12 +18,19 @@ from typing import Any
 import sqlalchemy as sa
 
 from harness.adapters.sql import schema as t
+from harness.adapters.sql import statements as q
 from harness.adapters.sql.database import connection_of
+from harness.adapters.sql.raw import RawStatements
 from harness.adapters.sql.store import SqlStore
 from harness.domain.chain import canonical_json
 from harness.domain.ids import ordered_id
 from harness.domain.webhooks import DEAD, DELIVERED, PENDING, STATUSES, Delivery, OutgoingEvent
 from harness.ports import Tx
+
+#: one per dialect: the snapshot's statements compiled once
+_RAW: dict[str, RawStatements] = {}
+_SNAPSHOT = sa.select(t.runs.c.tenant_id, t.runs.c.user_id, t.runs.c.state, t.runs.c.request, t.runs.c.result,
+                      t.runs.c.parent_run_id).where(t.runs.c.run_id == sa.bindparam("p_run_id"))
 
 w = t.webhook_deliveries
 
@@ -61,18 +68,17 @@ class WebhookOutbox:
 
     @staticmethod
     def run_snapshot(tx: Tx, run_id: str) -> tuple[dict[str, Any], list[str]] | None:
-        """(run columns, path of states) of a Run as this transaction sees it; None for no such Run."""
+        """(run columns, path of states) of a Run as this transaction sees it; None for no such Run.
+        Read at every park and close, on the DBAPI cursor (plain text and string columns)."""
         conn = connection_of(tx)
-        row = conn.execute(sa.select(t.runs.c.tenant_id, t.runs.c.user_id, t.runs.c.state, t.runs.c.request,
-                                     t.runs.c.result, t.runs.c.parent_run_id)
-                           .where(t.runs.c.run_id == run_id)).first()
+        raw = _RAW.setdefault(conn.dialect.name, RawStatements(conn.dialect))
+        row = raw.fetchone(conn, _SNAPSHOT, {"p_run_id": run_id})
         if row is None:
             return None
-        path = list(conn.execute(sa.select(t.transitions.c.to_state).where(t.transitions.c.run_id == run_id)
-                                 .order_by(t.transitions.c.seq)).scalars())
-        return {"tenant_id": row.tenant_id, "user_id": row.user_id, "state": row.state,
-                "request": json.loads(row.request), "result": json.loads(row.result) if row.result else None,
-                "parent_run_id": row.parent_run_id}, path
+        tenant_id, user_id, state, request, result, parent_run_id = row
+        path = [str(r[0]) for r in raw.fetchall(conn, q.PATH_OF, {"p_run_id": run_id})]
+        return {"tenant_id": tenant_id, "user_id": user_id, "state": state, "request": json.loads(request),
+                "result": json.loads(result) if result else None, "parent_run_id": parent_run_id}, path
 
     @staticmethod
     def latest_request(tx: Tx, run_id: str) -> dict[str, Any] | None:
