@@ -22,7 +22,7 @@ from harness.config import Runtime, Settings, build_runtime
 from harness.domain.errors import InvalidRequestError
 from harness.kernel import RunState
 from harness.worker import RunWorker
-from tests.integration.test_worker import calls, settings
+from tests.integration.test_worker import _kill_during_call, calls, settings
 
 TESS = {"tenant_id": "t1", "user_id": "tess", "roles": ["tester"]}
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "fixtures" / "bench_rules.yaml"
@@ -103,36 +103,6 @@ def test_listeners_are_told_once_other_connections_see_the_change(backend_url: s
         rt.close()
 
 
-def _on(tmp: Path, db: str) -> Settings:
-    """The worker tests' settings, on the backend under test."""
-    return settings(tmp).model_copy(update={"db": db})
-
-
-def _drive_on(tmp: str, db: str, log: str, run_id: str) -> None:
-    os.environ["HARNESS_TEST_CALL_LOG"] = log
-    rt = build_runtime(_on(Path(tmp), db))
-    RunWorker(rt, owner="doomed", ttl_s=1.0).execute(run_id)
-
-
-def _kill_at_step_b(tmp: Path, db: str, log: Path, task: str) -> str:
-    """A worker process drives a fresh Run and is SIGKILLed as step b starts; its lease lapses."""
-    rt = build_runtime(_on(tmp, db))
-    run, _ = rt.runs.submit({"task": task, **TESS})
-    rt.close()
-    proc = mp.get_context("spawn").Process(target=_drive_on, args=(str(tmp), db, str(log), run.run_id))
-    proc.start()
-    deadline = time.monotonic() + 180  # a spawned worker imports everything first: slow on a loaded machine
-    while not any(c.get("phase") == "start" and c.get("step") == "b" for c in calls(log)) \
-            and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert any(c.get("step") == "b" for c in calls(log)), "the worker never reached step b"
-    assert proc.pid is not None
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.join()
-    time.sleep(1.2)  # the dead worker's lease (1 s) lapses
-    return run.run_id
-
-
 def test_a_worker_killed_between_boundaries_resumes_from_the_last_one(backend_url: str, tmp_path: Path,
                                                                      call_log: Path) -> None:
     """Killed inside a read-only call whose predecessor's result had not committed yet (it rides with the
@@ -141,8 +111,8 @@ def test_a_worker_killed_between_boundaries_resumes_from_the_last_one(backend_ur
     succeeds; nothing recorded is lost, because nothing that changed anything happened since. On every
     backend: on PostgreSQL the writes the killed worker had queued for its next statement were never
     sent, and are lost exactly as an uncommitted transaction's are."""
-    run_id = _kill_at_step_b(tmp_path, backend_url, call_log, "peek twice 30")
-    rt = build_runtime(_on(tmp_path, backend_url))
+    run_id = _kill_during_call(tmp_path, call_log, "peek twice 30", backend_url)
+    rt = build_runtime(settings(tmp_path, backend_url))
     try:
         stored = rt.store.get_run(run_id)
         assert stored.state == RunState.EXECUTING
@@ -159,7 +129,7 @@ def test_a_worker_killed_between_boundaries_resumes_from_the_last_one(backend_ur
 
 def _kill_at_note(tmp: str, db: str, log: str, run_id: str) -> None:
     os.environ["HARNESS_TEST_CALL_LOG"] = log
-    rt = build_runtime(_on(Path(tmp), db))
+    rt = build_runtime(settings(Path(tmp), db))
     real = rt.runs.tools.call
 
     def die(*args: Any, **kwargs: Any) -> Any:
@@ -175,7 +145,7 @@ def test_a_non_idempotent_calls_started_mark_commits_before_the_call(backend_url
                                                                      call_log: Path) -> None:
     """Killed as a call that is not idempotent starts, the worker has already committed the call's
     "started" mark and the result of the step before it: the next worker does not run it again."""
-    rt = build_runtime(_on(tmp_path, backend_url))
+    rt = build_runtime(settings(tmp_path, backend_url))
     run, _ = rt.runs.submit({"task": "hang 0.01", **TESS})
     rt.close()
     proc = mp.get_context("spawn").Process(target=_kill_at_note,
@@ -184,7 +154,7 @@ def test_a_non_idempotent_calls_started_mark_commits_before_the_call(backend_url
     proc.join(120)
     assert proc.exitcode == -signal.SIGKILL
     time.sleep(1.2)  # the dead worker's lease (1 s) lapses
-    rt = build_runtime(_on(tmp_path, backend_url))
+    rt = build_runtime(settings(tmp_path, backend_url))
     try:
         steps = (rt.store.get_run(run.run_id).context or {}).get("steps", {})
         assert steps["a"]["status"] == "ok" and steps["b"]["status"] == "started"

@@ -25,10 +25,11 @@ def calls(log: Path) -> list[dict[str, object]]:
     return [json.loads(line) for line in log.read_text().splitlines()]
 
 
-def settings(tmp: Path) -> Settings:
-    return Settings(db=str(tmp / "w.db"), skills_dirs=(FIXTURES / "skills",), policy_file=FIXTURES / "policy.yaml",
-                    llm_rules=FIXTURES / "llm_rules.yaml", identities_file=FIXTURES / "identities.yaml",
-                    data_dir=tmp / "data")
+def settings(tmp: Path, db: str | None = None) -> Settings:
+    """The worker tests' settings: a SQLite file in `tmp`, or the database `db`."""
+    return Settings(db=db or str(tmp / "w.db"), skills_dirs=(FIXTURES / "skills",),
+                    policy_file=FIXTURES / "policy.yaml", llm_rules=FIXTURES / "llm_rules.yaml",
+                    identities_file=FIXTURES / "identities.yaml", data_dir=tmp / "data")
 
 
 def test_a_worker_drives_a_run_and_releases_its_lease(test_runtime: Runtime) -> None:
@@ -74,18 +75,19 @@ def test_a_paused_worker_whose_run_was_taken_over_makes_no_further_side_effect(
     assert "worker-a" not in actors
 
 
-def _drive_in_child(tmp: str, log: str, run_id: str) -> None:
+def _drive_in_child(tmp: str, log: str, run_id: str, db: str | None = None) -> None:
     os.environ["HARNESS_TEST_CALL_LOG"] = log
-    rt = build_runtime(settings(Path(tmp)))
+    rt = build_runtime(settings(Path(tmp), db))
     RunWorker(rt, owner="doomed", ttl_s=1.0).execute(run_id)
 
 
-def _kill_during_call(tmp: Path, log: Path, task: str) -> str:
-    """Start a worker process on a fresh Run, SIGKILL it inside step b, wait for its lease to lapse."""
-    rt = build_runtime(settings(tmp))
+def _kill_during_call(tmp: Path, log: Path, task: str, db: str | None = None) -> str:
+    """Start a worker process on a fresh Run (on `db`, else a SQLite file in `tmp`), SIGKILL it inside
+    step b, wait for its lease to lapse."""
+    rt = build_runtime(settings(tmp, db))
     run, _ = rt.runs.submit({"task": task, **TESS})
     rt.close()
-    proc = mp.get_context("spawn").Process(target=_drive_in_child, args=(str(tmp), str(log), run.run_id))
+    proc = mp.get_context("spawn").Process(target=_drive_in_child, args=(str(tmp), str(log), run.run_id, db))
     proc.start()
     deadline = time.monotonic() + 180  # a spawned worker imports everything first: slow on a loaded machine
     while not any(c.get("phase") == "start" and c.get("step") == "b" for c in calls(log)) \

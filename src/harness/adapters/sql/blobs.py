@@ -18,7 +18,7 @@ from sqlalchemy.dialects import mysql, postgresql, sqlite
 
 from harness.adapters.sql import schema as t
 from harness.adapters.sql.database import READ_ONLY
-from harness.adapters.sql.raw import RawStatements
+from harness.adapters.sql.raw import statements_for
 from harness.adapters.sql.store import SqlStore
 from harness.domain.chain import canonical_json, content_hash, text_hash
 from harness.domain.records import TraceRecordIn
@@ -43,7 +43,6 @@ _PUT = {
     "postgresql": postgresql.insert(blobs).on_conflict_do_nothing(index_elements=["hash"]),
 }
 _PUT_OTHER = blobs.insert().prefix_with("IGNORE")  # MySQL / MariaDB
-_RAW: dict[str, RawStatements] = {}
 
 
 def put(conn: sa.Connection, contents: Mapping[str, str]) -> None:
@@ -51,7 +50,7 @@ def put(conn: sa.Connection, contents: Mapping[str, str]) -> None:
     if not contents:
         return
     rows = [{"hash": h, "content": c} for h, c in sorted(contents.items())]
-    _RAW.setdefault(conn.dialect.name, RawStatements(conn.dialect)).executemany(
+    statements_for(conn.dialect).executemany(
         conn, _PUT.get(conn.dialect.name, _PUT_OTHER), rows)
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 
 from harness.adapters.sql import schema as t
-from harness.adapters.sql.raw import RawStatements
+from harness.adapters.sql.raw import statements_for
 from harness.adapters.sql.store import SqlStore
 from harness.domain.errors import UnknownRunError
 from harness.domain.leases import Lease, Standing
@@ -52,10 +52,6 @@ _RELEASE = (
 _STANDING = sa.select(t.runs.c.state, t.runs.c.lease_owner, t.runs.c.lease_epoch, t.runs.c.lease_expires_at).where(
     t.runs.c.run_id == b("p_run_id")
 )
-#: the lease just taken, in the column order of RETURNING's
-_READ_TAKEN = sa.select(t.runs.c.lease_epoch, t.runs.c.lease_expires_at, t.runs.c.stall_count).where(
-    t.runs.c.run_id == b("p_run_id")
-)
 _READ = sa.select(t.runs.c.lease_owner, t.runs.c.lease_epoch, t.runs.c.lease_expires_at, t.runs.c.stall_count).where(
     t.runs.c.run_id == b("p_run_id")
 )
@@ -69,7 +65,7 @@ class Leases:
         self.ttl_s = ttl_s
         # a drive's acquire, its check before each step and its release run on the DBAPI cursor (every
         # parameter and column is a plain str, int or float)
-        self._raw = RawStatements(store.engine.dialect)
+        self._raw = statements_for(store.engine.dialect)
 
     def acquire(self, run_id: str, owner: str) -> Lease | None:
         """Take the Run's lease if it is free or expired (a takeover counts a stall); None if held."""
@@ -83,7 +79,7 @@ class Leases:
             else:
                 if self._raw.execute(conn, _ACQUIRE, params).rowcount != 1:
                     return None
-                row = self._raw.fetchone(conn, _READ_TAKEN, {"p_run_id": run_id})
+                row = self._raw.fetchone(conn, _READ, {"p_run_id": run_id})[1:]
         epoch, expires, stalls = row
         return Lease(run_id, owner, int(epoch), float(expires), int(stalls))
 
@@ -100,9 +96,8 @@ class Leases:
     def holds(self, lease: Lease) -> bool:
         """Whether this lease is still the Run's current one and unexpired (checked before side effects)."""
         with self.store.reader.connect() as conn:
-            row = conn.execute(_READ, {"p_run_id": lease.run_id}).first()
-        return (row is not None and row.lease_owner == lease.owner and row.lease_epoch == lease.epoch
-                and row.lease_expires_at is not None and row.lease_expires_at > self.store.clock.now())
+            row = self._raw.fetchone(conn, _READ, {"p_run_id": lease.run_id})
+        return row is not None and self._held(lease, *row[:3])
 
     def standing(self, lease: Lease) -> Standing:
         """The Run's state and whether this lease still holds, in one read: the check a drive makes between
@@ -111,10 +106,12 @@ class Leases:
             row = self._raw.fetchone(conn, _STANDING, {"p_run_id": lease.run_id})
         if row is None:
             raise UnknownRunError(lease.run_id)
-        state, owner, epoch, expires = row
-        held = (owner == lease.owner and epoch == lease.epoch
-                and expires is not None and expires > self.store.clock.now())
-        return Standing(RunState(state), held)
+        return Standing(RunState(row[0]), self._held(lease, *row[1:]))
+
+    def _held(self, lease: Lease, owner: str | None, epoch: int, expires: float | None) -> bool:
+        """Whether the Run's lease columns still name this lease, unexpired."""
+        return owner == lease.owner and epoch == lease.epoch and expires is not None and \
+            expires > self.store.clock.now()
 
     def release(self, lease: Lease) -> None:
         """Give the lease up (when the Run is final or parked)."""

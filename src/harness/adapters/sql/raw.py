@@ -11,6 +11,7 @@ whose parameters need no bind processing (str, int, float, None) may go through 
 from __future__ import annotations
 
 import contextlib
+import functools
 import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -37,7 +38,6 @@ class RawStatements:
         #: PostgreSQL through psycopg 3: writes nobody reads a result of wait for the connection's next
         #: statement and go with it in one pipeline (`later`); elsewhere they run at once
         self.pipelines = dialect.name == "postgresql" and dialect.driver == "psycopg"
-        self._queues = _QUEUES
 
     # ------------------------------------------------------------------ writes sent with the next statement
 
@@ -78,7 +78,7 @@ class RawStatements:
         if not self._queues_on(conn):
             self._run(conn, sql, args).close()
             return
-        self._queues.setdefault(_dbapi(conn), []).append((sql, args, False))
+        _QUEUES.setdefault(_dbapi(conn), []).append((sql, args, False))
 
     def later_many(self, conn: sa.Connection, stmt: Any, rows: Sequence[Mapping[str, Any]]) -> None:
         """`later` for one statement over many rows (the rows share their keys)."""
@@ -89,7 +89,7 @@ class RawStatements:
             return
         sql, order, _ = self._sql(stmt, tuple(rows[0]))
         args = [[row[k] for k in order] for row in rows] if order is not None else list(rows)
-        self._queues.setdefault(_dbapi(conn), []).append((sql, args, True))
+        _QUEUES.setdefault(_dbapi(conn), []).append((sql, args, True))
 
     def _queues_on(self, conn: sa.Connection) -> bool:
         """Whether writes on this connection may wait: PostgreSQL, inside a transaction (an autocommit
@@ -99,22 +99,21 @@ class RawStatements:
 
     def flush(self, conn: sa.Connection) -> None:
         """Send the queued writes of this connection now (one round trip)."""
-        if self.pipelines and (dbapi := _dbapi_if_live(conn)) is not None and self._queues.get(dbapi):
+        if self.pipelines and (dbapi := _dbapi_if_live(conn)) is not None and _QUEUES.get(dbapi):
             self._run(conn, None, None).close()
 
     def _commit(self, conn: sa.Connection) -> None:
         """At a commit: the queued writes and the COMMIT in one pipeline (the driver's own commit then
         finds the transaction ended and sends nothing)."""
-        dbapi = _dbapi(conn)
-        if not self._queues.get(dbapi):
-            return
-        self._queues.setdefault(dbapi, []).append(("COMMIT", None, False))
-        self._run(conn, None, None).close()
+        queued = _QUEUES.get(_dbapi(conn))
+        if queued:
+            queued.append(("COMMIT", None, False))
+            self._run(conn, None, None).close()
 
     def _run(self, conn: sa.Connection, sql: str | None, args: Any, many: bool = False) -> Any:
         """Execute `sql` (None: nothing of its own) after this connection's queued writes, all in one
         pipeline when there are any; returns the statement's cursor."""
-        queued = self._queues.pop(_dbapi(conn), None) if self.pipelines else None
+        queued = _QUEUES.pop(_dbapi(conn), None) if self.pipelines else None
         cursor = conn.connection.cursor()
         try:
             if not queued and not (sql is not None and self.pipelines and _begins(conn)):
@@ -249,7 +248,7 @@ class RawStatements:
 
     def _plain(self, conn: sa.Connection, sql: str) -> None:
         if self.pipelines and sql.startswith("ROLLBACK TO"):
-            self._queues.pop(_dbapi(conn), None)  # undone with the rest of the savepoint
+            _QUEUES.pop(_dbapi(conn), None)  # undone with the rest of the savepoint
         self.flush(conn)
         cursor = conn.connection.cursor()
         try:
@@ -260,12 +259,16 @@ class RawStatements:
             cursor.close()
 
 
+@functools.cache
+def statements_for(dialect: sa.Dialect) -> RawStatements:
+    """The RawStatements of a dialect, for code with no store of its own to hold one (compiled once)."""
+    return RawStatements(dialect)
+
+
 def send_queued(conn: sa.Connection) -> None:
     """Send the writes waiting on this connection now, if any (before a savepoint ends, so that a failure
     among them fails inside it)."""
-    dbapi = _dbapi_if_live(conn) if conn.dialect.name == "postgresql" else None
-    if dbapi is not None and has_queued(dbapi):
-        RawStatements(conn.dialect).flush(conn)
+    statements_for(conn.dialect).flush(conn)
 
 
 def has_queued(dbapi_connection: Any) -> bool:

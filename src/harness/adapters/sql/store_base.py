@@ -11,7 +11,7 @@ from typing import Any, NamedTuple
 import sqlalchemy as sa
 
 from harness.adapters.sql.database import read_only
-from harness.adapters.sql.raw import RawStatements
+from harness.adapters.sql.raw import statements_for
 from harness.adapters.sql.units import MODES, JoiningEngine, Units, joining
 from harness.clock import SystemClock
 from harness.domain.errors import InvalidRequestError
@@ -101,7 +101,7 @@ class StoreBase:
                 raise InvalidRequestError(f"HARNESS_COMMIT_MODE must be one of {', '.join(MODES)}, not {mode!r}")
             self.units = Units(engine, enabled=mode == "boundaries")
             # PostgreSQL: writes whose result nobody reads go with the connection's next statement
-            RawStatements(engine.dialect).install(engine)
+            statements_for(engine.dialect).install(engine)
             engine = joining(engine, self.units)
             # the unit's own connections come through the joining engine too, so that listeners on the
             # store's engine (the benchmarks' statement counters, say) see them
@@ -116,7 +116,7 @@ class StoreBase:
         # the compare-and-set as one UPDATE … RETURNING where the database has it (PostgreSQL, SQLite from
         # 3.35; MariaDB has none for UPDATE: there it reads the row under a lock first)
         self._cas_returns = bool(engine.dialect.update_returning)
-        self._raw = RawStatements(engine.dialect)
+        self._raw = statements_for(engine.dialect)
         #: carries the outbox to the chain through e.g. Redis Streams (SPEC D2); None: drained directly
         self.trace_buffer: TraceBuffer | None = None
         self._database_id: str | None = None

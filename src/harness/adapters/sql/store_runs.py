@@ -255,11 +255,8 @@ class RunWrites(TraceChain):
             "close_reason": new_reason.value if new_reason else None,
             "version": seq,
             "last_state_change_at": now,
+            **_documents(context, result),
         }
-        if context is not UNSET:
-            values["context"] = canonical_json(context) if context is not None else None
-        if result is not UNSET:
-            values["result"] = canonical_json(result) if result is not None else None
         cas = q.run_cas_update(context is not UNSET, result is not UNSET)
         updated = self._raw.execute(conn, cas, values)
         if updated.rowcount != 1:
@@ -294,10 +291,7 @@ class RunWrites(TraceChain):
             values["p_epoch"] = lease_epoch
         if expected_version is not None:
             values["p_version"] = expected_version
-        if context is not UNSET:
-            values["context"] = canonical_json(context) if context is not None else None
-        if result is not UNSET:
-            values["result"] = canonical_json(result) if result is not None else None
+        values.update(_documents(context, result))
         cas = q.run_cas_returning(context is not UNSET, result is not UNSET, not keeps, lease_epoch is not None,
                                   expected_version is not None, len(exits))
         row = self._raw.fetchone(conn, cas, values)
@@ -403,3 +397,10 @@ class RunWrites(TraceChain):
                 return str(entry.get("status") or "started")
             self._raw.execute(conn, q.CONTEXT_UPDATE, {"p_run_id": run_id, "context": canonical_json(context)})
         return None
+
+
+def _documents(context: dict[str, Any] | None, result: dict[str, Any] | None) -> dict[str, str | None]:
+    """The RunContext and result columns a compare-and-set writes: those given (UNSET: left as they are),
+    as canonical JSON, None clearing one."""
+    given = {"context": context, "result": result}
+    return {k: canonical_json(v) if v is not None else None for k, v in given.items() if v is not UNSET}

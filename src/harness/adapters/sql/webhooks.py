@@ -20,15 +20,13 @@ import sqlalchemy as sa
 from harness.adapters.sql import schema as t
 from harness.adapters.sql import statements as q
 from harness.adapters.sql.database import connection_of
-from harness.adapters.sql.raw import RawStatements
+from harness.adapters.sql.raw import statements_for
 from harness.adapters.sql.store import SqlStore
 from harness.domain.chain import canonical_json
 from harness.domain.ids import ordered_id
 from harness.domain.webhooks import DEAD, DELIVERED, PENDING, STATUSES, Delivery, OutgoingEvent
 from harness.ports import Tx
 
-#: one per dialect: the snapshot's statements compiled once
-_RAW: dict[str, RawStatements] = {}
 _SNAPSHOT = sa.select(t.runs.c.tenant_id, t.runs.c.user_id, t.runs.c.state, t.runs.c.request, t.runs.c.result,
                       t.runs.c.parent_run_id).where(t.runs.c.run_id == sa.bindparam("p_run_id"))
 
@@ -71,7 +69,7 @@ class WebhookOutbox:
         """(run columns, path of states) of a Run as this transaction sees it; None for no such Run.
         Read at every park and close, on the DBAPI cursor (plain text and string columns)."""
         conn = connection_of(tx)
-        raw = _RAW.setdefault(conn.dialect.name, RawStatements(conn.dialect))
+        raw = statements_for(conn.dialect)
         row = raw.fetchone(conn, _SNAPSHOT, {"p_run_id": run_id})
         if row is None:
             return None
