@@ -111,7 +111,7 @@ def test_a_worker_killed_between_boundaries_resumes_from_the_last_one(backend_ur
     succeeds; nothing recorded is lost, because nothing that changed anything happened since. On every
     backend: on PostgreSQL the writes the killed worker had queued for its next statement were never
     sent, and are lost exactly as an uncommitted transaction's are."""
-    run_id = _kill_during_call(tmp_path, call_log, "peek twice 30", backend_url)
+    run_id = _kill_during_call(tmp_path, call_log, "peek twice 3", backend_url)
     rt = build_runtime(settings(tmp_path, backend_url))
     try:
         stored = rt.store.get_run(run_id)
