@@ -45,7 +45,7 @@ from harness.domain.errors import BadInputError, ProviderError
 from harness.domain.llm import FallbackResponse, LLMRequest, LLMResponse
 from harness.domain.recorded import RecordedDecision
 from harness.domain.records import RunRecord
-from harness.domain.traces import ToolTrace, policy_verdicts
+from harness.domain.traces import ToolTrace, policy_passed, policy_verdicts, simply_passes
 from harness.kernel import FINAL, RunState
 from harness.pipeline.tool_controller import CallResult, ToolController
 from harness.replay_events import OutsideEvents, ReplayStopped, WorkerDied, move_to, outside_events
@@ -97,7 +97,10 @@ class RunFacts:
     manifests: dict[str, Any]
     llm: list[dict[str, Any]]
     plan_hash: str | None
+    #: the verdicts that did not simply pass, and how many did: the same facts whichever trace format
+    #: (every verdict listed, or the passes counted) the Run and its replay were recorded in
     policy: list[tuple[Any, ...]]
+    policy_passed: int
     hitl: list[tuple[Any, ...]]
     tools: dict[str, list[dict[str, Any]]]
     result: dict[str, Any]
@@ -118,12 +121,23 @@ class RunFacts:
             llm=[{"purpose": p["purpose"], "request_hash": p["request_hash"]}
                  for k, p in records if k == "llm"],
             plan_hash=content_hash(context["plan"]) if context.get("plan") is not None else None,
-            policy=sorted((v["rule_id"], v["family"], v["decision"], v["step_id"] or "", v["level"] or "")
-                          for k, p in records if k == "policy" for v in policy_verdicts(p)),
+            **_policy_facts([p for k, p in records if k == "policy"]),
             hitl=[(p["event"], p["level"], p.get("approver"), p.get("break_glass", False))
                   for k, p in records if k == "hitl"],
             tools=tools, result=run.result or {},
         )
+
+
+def _policy_facts(payloads: list[dict[str, Any]]) -> dict[str, Any]:
+    listed, passed = [], 0
+    for p in payloads:
+        passed += policy_passed(p) or 0
+        for v in policy_verdicts(p):
+            if simply_passes(v["rule_id"], v["decision"], v["level"]):  # a format-1 record lists its passes too
+                passed += 1
+            else:
+                listed.append((v["rule_id"], v["family"], v["decision"], v["step_id"] or "", v["level"] or ""))
+    return {"policy": sorted(listed), "policy_passed": passed}
 
 
 class Recording:
@@ -287,6 +301,8 @@ def compare(source: RunFacts, replay: RunFacts) -> list[Divergence]:
               "the model was asked something else than in the recording")
     check("plan", "plan hash", source.plan_hash, replay.plan_hash)
     check("policy", "verdicts", source.policy, replay.policy)
+    check("policy", "passes", source.policy_passed, replay.policy_passed,
+          "a different number of rule verdicts passed")
     check("hitl", "events", source.hitl, replay.hitl)
     for step in sorted(set(source.tools) | set(replay.tools)):
         check("tool_call", f"step {step}", source.tools.get(step), replay.tools.get(step),
@@ -333,7 +349,7 @@ def replay(run_id: str, source: Store, settings: Settings | None = None, agent: 
         divergences = recording.problems + compare(expected, actual)
         summary = {"path": actual.path, "state": actual.state, "llm_calls": len(actual.llm),
                    "tool_calls": sum(len(v) for v in actual.tools.values()),
-                   "policy_verdicts": len(actual.policy)}
+                   "policy_verdicts": len(actual.policy) + actual.policy_passed}
         return ReplayReport(run_id, new.run_id, divergences, summary)
 
 

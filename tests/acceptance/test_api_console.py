@@ -64,8 +64,11 @@ def test_run_page_is_readable_not_raw_json(client: TestClient) -> None:
     assert page.count('class="tl-state"') == len(run["path"])
     trace = client.get(f"/api/v1/runs/{run['run_id']}/trace", headers=key("alice")).json()
     (policy,) = [r["data"] for r in trace["records"] if r["kind"] == "policy"]
-    checks = len(policy["verdicts"])
-    assert f"{checks} checks:" in page and page.count('class="rec rec-policy"') == checks > 1  # a line per verdict
+    checks = len(policy["verdicts"]) + policy["passed"]
+    assert checks > 1 and f"{checks} checks:" in page and f"{checks} pass" in page
+    # a line per listed verdict, and one for the passes the trace counts
+    assert page.count('class="rec rec-policy"') == len(policy["verdicts"]) + 1
+    assert f"{policy['passed']} verdicts" in page
     assert not re.search(r'\{&#34;|\{"[a-z_]+": ', page), "raw JSON in the page"
 
 

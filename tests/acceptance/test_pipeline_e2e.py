@@ -12,7 +12,7 @@ from harness.domain.chain import content_hash
 from harness.domain.errors import ContextError, InvalidRequestError
 from harness.domain.traces import policy_verdicts
 
-from .checks import assert_audit_clean, trace_kinds
+from .checks import assert_audit_clean, step_traces, trace_kinds
 
 MAIN = ["CREATED", "PREPARING", "PLANNING", "POLICY_CHECK"]
 TESTER = {"tenant_id": "t1", "user_id": "tess", "roles": ["tester"]}
@@ -30,7 +30,10 @@ def test_success_path_and_trace(support_runtime: Runtime) -> None:
     assert result.artifacts["order"]["order_id"] == "A-1001"
     kinds = trace_kinds(support_runtime, result.run_id)
     assert kinds["transition"] == 7
-    assert kinds["step"] == 7  # steps 1-6 and 8; no HITL step
+    assert "step" not in kinds  # each StepTrace rides in the transition that ends its step
+    steps = step_traces(support_runtime, result.run_id)
+    assert [s["step"] for s in steps] == [1, 2, 3, 4, 5, 6, 8]  # no HITL step
+    assert all(s["status"] == "ok" and len(s["input_hash"]) == len(s["output_hash"]) == 64 for s in steps)
     assert kinds["tool"] == 2 and kinds["run"] == 1 and kinds["cost"] == 1
     assert kinds["policy"] == 1  # one PolicyTrace carries every rule's verdict
     assert support_runtime.store.legacy_job(result.run_id) == ("done", "SUCCEEDED")
@@ -48,8 +51,8 @@ def test_policy_rejection(support_runtime: Runtime, tmp_path: Path) -> None:
     assert policy["decision"] == "reject"
     verdicts = policy_verdicts(policy)
     assert all(v["rule_id"] and v["decision"] in ("pass", "reject", "await_hitl") and v["reason"] for v in verdicts)
-    assert {"structural.arguments", "permission.cedar", "risk.routing", "budget.per_run"} <= {
-        v["rule_id"] for v in verdicts}
+    # the rules that passed (structural, permission, risk routing, budgets) are counted, not listed
+    assert policy["passed"] >= 4 and len(policy["rules"]) == 64
     rejecting = [v for v in verdicts if v["decision"] == "reject"]
     assert [v["rule_id"] for v in rejecting] == ["guardrail.refund_cap"] and rejecting[0]["reason"]
     assert not (tmp_path / "ledger.jsonl").exists()
@@ -99,8 +102,7 @@ def test_the_assembled_context_is_kept_by_hash_once_the_plan_is_made(support_run
     assembled = support_runtime.runs.assembled_context(result.run_id)
     assert assembled.user_input == "Where is order A-1001?" and assembled.tokens_used > 0
     support_runtime.store.drain_all()
-    step = next(r.data() for r in support_runtime.store.trace_of(result.run_id)
-                if r.kind == "step" and r.data()["name"] == "assemble_context")
+    step = next(s for s in step_traces(support_runtime, result.run_id) if s["name"] == "assemble_context")
     assert step["output_hash"] == content_hash(assembled.model_dump(mode="json"))
 
 
@@ -127,7 +129,7 @@ def test_invalid_dag_falls_back_to_listed_order(test_runtime: Runtime, call_log:
     assert result.state == "SUCCEEDED", result.error
     assert [c["step"] for c in calls(call_log)] == ["a", "b"]
     test_runtime.store.drain_all()
-    steps = [r.data() for r in test_runtime.store.trace_of(result.run_id) if r.kind == "step"]
+    steps = step_traces(test_runtime, result.run_id)
     assert any("flattened" in s["detail"] and "cycle" in s["detail"] for s in steps)
     assert [e.event for e in test_runtime.store.audit_events(run_id=result.run_id, event="plan_flattened")]
     assert_audit_clean(test_runtime)

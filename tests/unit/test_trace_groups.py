@@ -31,6 +31,37 @@ def test_every_record_is_in_one_group_and_steps_follow_the_runs_order() -> None:
     assert [r["kind"] for r in groups[4].records] == ["hitl", "hitl_request", "hitl_decision", "step"]
 
 
+def test_format_1_step_records_are_their_groups_summaries() -> None:
+    """In a chain written before trace format 2, a step's own record is both in its group and its summary
+    (every StepTrace field; the first of a step run twice)."""
+    records = [_rec("step", step=4, name="plan", status="ok", duration_ms=1.5, detail=""),
+               _rec("step", step=4, name="plan", status="error", duration_ms=2.0, detail="round 2")]
+    (plan,) = group_records(records, lambda r: (r["kind"], r))
+    assert plan.records == records
+    assert plan.summary is not None and plan.summary["status"] == "ok" and plan.summary["duration_ms"] == 1.5
+
+
+def test_format_2_steps_ride_in_transitions_and_summarise_their_groups() -> None:
+    """A transition record carries the StepTraces of the steps it ends (trace format 2): the transition stays
+    with the state changes, each step it ends gets its group and summary, even a step with no other record
+    (create run, load skills), so the groups still add up to the records."""
+    step = {"input_hash": "i" * 64, "output_hash": "o" * 64, "duration_ms": 0.0, "status": "ok"}
+    records = [_rec("transition", to="PREPARING", steps=[{**step, "step": 1}]),
+               _rec("transition", to="PLANNING", steps=[{**step, "step": 2, "duration_ms": 2.5},
+                                                        {**step, "step": 3}]),
+               _rec("context"), _rec("policy"),
+               _rec("transition", to="FAILED", steps=[{**step, "step": 5, "status": "error", "detail": "boom"}])]
+    groups = group_records(records, lambda r: (r["kind"], r))
+    assert sum(len(g.records) for g in groups) == len(records)
+    assert [(g.label, len(g.records)) for g in groups] == [
+        ("Create run", 0), ("Assemble context", 1), ("Load skills", 0), ("Policy", 1), ("State changes", 3)]
+    summaries = {g.step: g.summary for g in groups if g.step is not None}
+    assert summaries[2] == {"step": 2, "name": "assemble_context", "input_hash": "i" * 64, "output_hash": "o" * 64,
+                            "duration_ms": 2.5, "status": "ok", "detail": ""}
+    assert summaries[5] is not None and summaries[5]["status"] == "error" and summaries[5]["detail"] == "boom"
+    assert summaries[1] is not None and summaries[3] is not None and summaries[1]["name"] == "create_run"
+
+
 def test_deadlines_read_as_people_say_them_in_old_and_new_records() -> None:
     """An approval request's recorded reason, ISO 8601 now and epoch seconds in older records, shows its
     deadline as a local time and how far off it is."""

@@ -14,7 +14,7 @@ from rich.tree import Tree
 from harness.cli.support import DbOption, JsonOption, emit, fail, screen
 from harness.config import Runtime, Settings, build_runtime
 from harness.domain.contracts import RunResult
-from harness.domain.traces import policy_verdicts
+from harness.domain.traces import policy_passed, policy_verdicts
 from harness.kernel import FINAL, RunState
 from harness.pipeline.trace_groups import group_records
 from harness.timefmt import deadline_reason, human, iso
@@ -135,7 +135,7 @@ def trace_tree(run_id: str, state: str, records: list[dict[str, Any]], now: floa
     root = Tree(f"[bold]Run {run_id}[/] [{state}] · {len(records)} hash-chained records", highlight=False)
     for group in group_records(records, lambda r: (r["kind"], r)):
         title = f"{group.number} {group.label}" if group.number is not None else group.label
-        step = next((r for r in group.records if r["kind"] == "step"), None)
+        step = group.summary
         if step is not None:
             detail = f" {step['detail']}" if step.get("detail") else ""
             title += f": {step['status']} ({step['duration_ms']} ms){detail}"
@@ -156,7 +156,12 @@ def _record_lines(r: dict[str, Any], now: float) -> list[str]:
     if kind == "audit":
         return [f"{r['event']} by {r['actor']}"]
     if kind == "policy":
-        return [f"policy {v['rule_id']}: {v['decision']} — {v['reason']}" for v in policy_verdicts(r)]
+        lines = [f"policy {v['rule_id']}: {v['decision']} — {v['reason']}" for v in policy_verdicts(r)]
+        passed = policy_passed(r)
+        if passed:
+            more = "more " if lines else ""
+            lines.append(f"policy: {passed} {more}rule verdict{'s' if passed != 1 else ''} passed")
+        return lines
     if kind == "tool":
         return [f"tool {r['step_id']} {r['skill_id']}@{r['skill_version']}: {r['status']} "
                 f"attempts={r['attempts']} {r.get('error_code') or ''}".rstrip()]

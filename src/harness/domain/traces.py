@@ -1,11 +1,21 @@
-"""The trace record kinds (SPEC A1): value types, serialised into the outbox by `to_record`."""
+"""The trace record kinds (SPEC A1): value types, serialised into the outbox by `to_record`.
+
+Trace format 2 (issue 20) changed two shapes; the chain hashes whatever bytes a record was written in, so
+every chain written before keeps verifying, and the readers here read both shapes:
+
+- a StepTrace is no longer a record of its own: it rides in the "transition" record of the transition that
+  ends its step, as an entry of its `steps` list (`fold_steps`; read back with `step_entries`);
+- a PolicyTrace names the rule set by hash and lists only the verdicts that did not simply pass (a pass at
+  L1 or with no level, of a rule judged for every plan or call), with the count of those that did
+  (`policy_trace`, `policy_passed`).
+"""
 
 
 from __future__ import annotations
 
 import hashlib
 import traceback
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, ClassVar, Final, Literal
 
 from pydantic import BaseModel, ConfigDict
@@ -34,10 +44,18 @@ class TraceModel(BaseModel):
         return TraceRecordIn(self.kind, payload, self.run_id)
 
 
+#: the trace format this version writes (see the module's docstring)
+TRACE_FORMAT: Final = 2
+#: the kind of a StepTrace: a record of its own in format 1, an entry of a "transition" record in format 2
+STEP: Final = "step"
+#: the key of a "transition" record's payload that holds the StepTraces of the steps it ends (format 2)
+STEPS_KEY: Final = "steps"
+
+
 class StepTrace(TraceModel):
     """One pipeline step: number, input/output hashes, duration and status."""
 
-    kind: Literal["step"] = "step"
+    kind: Literal["step"] = STEP
     step: int
     name: str
     input_hash: str
@@ -84,25 +102,69 @@ class PolicyVerdict(BaseModel):
 
 
 class PolicyTrace(TraceModel):
-    """One policy evaluation: the unified decision, the highest level and every rule's verdict (G1).
+    """One policy evaluation (G1): the unified decision, the highest level, the rule set's hash and the
+    verdicts that did not simply pass, with the count of those that did (`policy_trace` builds one).
 
     Its payload leaves None fields out, so a verdict without a step or a level costs no bytes for them."""
 
     compact: ClassVar[bool] = True
     kind: Literal["policy"] = "policy"
+    v: Literal[2] = TRACE_FORMAT
     decision: str
     level: str | None = None
+    #: the hash of the rule set the plan was judged by (the policy file and its Cedar policies)
+    rules: str
+    #: how many verdicts simply passed (not listed)
+    passed: int = 0
+    #: the verdicts that did not simply pass: rejections, approvals asked for, levels above L1
     verdicts: tuple[PolicyVerdict, ...]
     duration_us: float = 0.0
 
 
-def policy_verdicts(payload: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """The rule verdicts of a "policy" record's payload, each with every PolicyVerdict field (None if absent).
+#: rules the policy engine judges only in a particular situation — a model with no price (passing means "allowed
+#: with a warning"), a call that starts a child Run, a plan with no steps, a plan asking for another round:
+#: their verdict says something even when it passes, so a PolicyTrace always lists it
+SITUATIONAL_RULES: Final = frozenset({"budget.unpriced_model", "budget.delegation", "budget.rounds",
+                                      "structural.direct_answer"})
 
-    Reads both shapes: one record per evaluation carrying `verdicts`, and the one-verdict-per-record
-    payloads (rule_id, family, decision, ... at the top) that databases written before it hold."""
+
+def simply_passes(rule_id: str, decision: str, level: str | None) -> bool:
+    """Whether a verdict is one a format-2 PolicyTrace counts rather than lists: a pass that asks for no
+    approval, of a rule judged for every plan or call (not a situational one)."""
+    return decision == "pass" and level in (None, "L1") and rule_id not in SITUATIONAL_RULES
+
+
+def policy_trace(run_id: str, decision: str, level: str | None, verdicts: Iterable[Any], rules: str,
+                 duration_us: float = 0.0) -> PolicyTrace:
+    """The compact PolicyTrace of one evaluation: the rule set's hash, every verdict that did not simply
+    pass, and how many did (a pass is what re-evaluating the same plan under the same rules gives again)."""
+    listed: list[PolicyVerdict] = []
+    passed = 0
+    for v in verdicts:
+        if simply_passes(v.rule_id, v.decision, v.level):
+            passed += 1
+        else:
+            listed.append(PolicyVerdict(rule_id=v.rule_id, family=v.family, decision=v.decision, reason=v.reason,
+                                        step_id=v.step_id, level=v.level))
+    return PolicyTrace(run_id=run_id, decision=decision, level=level, rules=rules, passed=passed,
+                       verdicts=tuple(listed), duration_us=duration_us)
+
+
+def policy_verdicts(payload: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The rule verdicts a "policy" record lists, each with every PolicyVerdict field (None if absent).
+
+    Reads every shape: format 2 lists only the verdicts that did not simply pass (`policy_passed` counts
+    the rest), format 1 every verdict of the evaluation, and the oldest databases one verdict per record
+    (rule_id, family, decision, ... at the top)."""
     entries = payload.get("verdicts", [payload])
     return [{name: entry.get(name) for name in PolicyVerdict.model_fields} for entry in entries]
+
+
+def policy_passed(payload: Mapping[str, Any]) -> int | None:
+    """How many verdicts a format-2 "policy" record counts as simple passes without listing them; None for
+    an older record, which lists every verdict."""
+    passed = payload.get("passed")
+    return int(passed) if passed is not None else None
 
 
 class HITLTrace(TraceModel):
@@ -197,3 +259,40 @@ def step_trace(run_id: str, step: int, inputs: Any, outputs: Any, duration_ms: f
     return StepTrace(run_id=run_id, step=step, name=STEP_NAMES[step], input_hash=content_hash(inputs),
                      output_hash=content_hash(outputs), duration_ms=round(duration_ms, 3), status=status,
                      detail=detail)
+
+
+def step_entry(record: TraceRecordIn) -> dict[str, Any]:
+    """A StepTrace record as the entry its transition record carries: no kind or run_id (the transition
+    record's), no name (the step number names it), no empty detail."""
+    entry = {k: v for k, v in record.payload.items() if k not in ("run_id", "name")}
+    if not entry.get("detail"):
+        entry.pop("detail", None)
+    return entry
+
+
+def fold_steps(run_id: str, records: Sequence[TraceRecordIn]) -> tuple[list[dict[str, Any]], list[TraceRecordIn]]:
+    """Split a transition's records into the StepTraces of its Run, as the entries its "transition"
+    record carries, and the records that stay records of their own."""
+    steps = [step_entry(r) for r in records if r.kind == STEP and r.run_id == run_id]
+    if not steps:
+        return [], list(records)
+    return steps, [r for r in records if not (r.kind == STEP and r.run_id == run_id)]
+
+
+def step_entries(kind: str, payload: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The StepTraces a record holds, each with every StepTrace field: a format-1 "step" record is one, a
+    format-2 "transition" record carries those of the steps it ends, any other record none."""
+    if kind == STEP:
+        entries: Iterable[Mapping[str, Any]] = (payload,)
+    elif kind == "transition":
+        entries = payload.get(STEPS_KEY) or ()
+    else:
+        return []
+    out = []
+    for entry in entries:
+        step = int(entry["step"])
+        out.append({"step": step, "name": entry.get("name") or STEP_NAMES.get(step, str(step)),
+                    "input_hash": entry.get("input_hash"), "output_hash": entry.get("output_hash"),
+                    "duration_ms": entry.get("duration_ms", 0.0), "status": entry.get("status", "ok"),
+                    "detail": entry.get("detail", "")})
+    return out

@@ -5,7 +5,7 @@ literal arguments fit the schema), permission (Cedar), budget (recorded cost plu
 estimate against per-Run, per-user and per-tenant caps) and guardrail (argument rules); then risk
 routing (G2) gives each call its approval level. Any reject rejects; otherwise the highest level
 decides: L1 passes, L2-L4 wait for a human (G3). An evaluation becomes one PolicyTrace carrying the
-decision and every verdict.
+decision, the rule set's hash and every verdict that did not simply pass (the passes are counted).
 
 At execution time `check_call` re-applies the guardrails to the now-concrete arguments, so a value
 that was a `$ref` at planning is still checked before the side effect happens.
@@ -20,8 +20,9 @@ from typing import Any
 
 import jsonschema
 
+from harness.domain.chain import content_hash
 from harness.domain.contracts import CallerIdentity, Plan, PlanStep, PolicyDecision, Verdict, refs_in
-from harness.domain.traces import PolicyTrace, PolicyVerdict
+from harness.domain.traces import PolicyTrace, policy_trace
 from harness.policy.cedar import CedarPermissions
 from harness.policy.config import Level, PolicyFile, load_policy_file
 from harness.policy.guardrails import UNKNOWN, argument_value, matches
@@ -35,7 +36,7 @@ _CACHE_LIMIT = 10_000
 
 @dataclass(frozen=True)
 class Evaluation:
-    """A decision and the trace that explains it: one PolicyTrace with every verdict."""
+    """A decision (with every verdict) and the trace that explains it: one compact PolicyTrace."""
 
     decision: PolicyDecision
     traces: tuple[PolicyTrace, ...]
@@ -51,6 +52,8 @@ class PolicyEngine:
         self.registry = registry
         self.ledger = ledger
         self._visible: dict[tuple[object, ...], bool] = {}
+        #: the rule set's hash each PolicyTrace names: the policy file and its Cedar policies
+        self.rules_hash = content_hash({"policy": policy.model_dump(mode="json"), "cedar": permissions.text_hash})
         self._validators: dict[tuple[str, str], jsonschema.Draft202012Validator] = {}
 
     @classmethod
@@ -112,9 +115,8 @@ class PolicyEngine:
             decision = "await_hitl"
         else:
             decision = "pass"
-        trace = PolicyTrace(run_id=run_id, decision=decision, level=top,
-                            verdicts=tuple(PolicyVerdict(**v.model_dump()) for v in verdicts),
-                            duration_us=round((time.perf_counter() - started) * 1e6, 1))
+        trace = policy_trace(run_id, decision, top, verdicts, self.rules_hash,
+                             duration_us=round((time.perf_counter() - started) * 1e6, 1))
         return Evaluation(PolicyDecision(decision=decision, verdicts=tuple(verdicts), level=top), (trace,))
 
     @staticmethod

@@ -1,6 +1,8 @@
 """A Run's trace as people read it: every record under the pipeline step it belongs to, the steps in the
 order a Run goes through them (a human approval comes before the tools it approves), then the state
-changes and the audit events. Every record lands in exactly one group, so the groups add up to the trace.
+changes and the audit events. Every record lands in exactly one group, so the groups add up to the trace;
+a step's own StepTrace (a record of its own in trace format 1, carried by the transition that ends the
+step in format 2) is its group's `summary`.
 
 Pure: the console and `harness trace` both group with it.
 """
@@ -11,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from harness.domain.traces import STEP_NAMES
+from harness.domain.traces import STEP, STEP_NAMES, step_entries
 
 R = TypeVar("R")
 
@@ -36,7 +38,7 @@ _STEP_OF_KIND = {"context": 2, "policy": 5, "tool": 6, "hitl": 7, "hitl_request"
 def step_of(kind: str, data: Mapping[str, Any]) -> int | None:
     """The pipeline step (as recorded in step records) a record belongs to; None for state changes,
     audit events and kinds of no step."""
-    if kind in ("step", "error"):
+    if kind in (STEP, "error"):
         return int(data["step"])
     if kind == "cost":
         return 4 if str(data.get("source", "")).endswith(":plan") else 6
@@ -59,21 +61,32 @@ class Group(Generic[R]):
     number: int | None = None
     step: int | None = None
     records: list[R] = field(default_factory=list)
+    #: the step's StepTrace (every StepTrace field), when the trace holds one
+    summary: dict[str, Any] | None = None
 
 
 def group_records(records: Sequence[R], read: Callable[[R], tuple[str, Mapping[str, Any]]]) -> list[Group[R]]:
     """Every record in one group, groups in reading order; `read` gives a record's kind and payload."""
     steps: dict[int, Group[R]] = {}
     others: dict[str, Group[R]] = {}
+
+    def step_group(step: int) -> Group[R]:
+        name = STEP_NAMES[step]
+        return steps.setdefault(step, Group(name, STEP_LABELS.get(name, name), step_number(step), step))
+
     for record in records:
         kind, data = read(record)
         step = step_of(kind, data)
         if step in STEP_NAMES:
-            name = STEP_NAMES[step]
-            group = steps.setdefault(step, Group(name, STEP_LABELS.get(name, name), step_number(step), step))
+            group = step_group(step)
         else:
             group = others.setdefault(kind, Group(kind, OTHER_GROUPS.get(kind, f"{kind} records")))
         group.records.append(record)
+        for entry in step_entries(kind, data):
+            if entry["step"] in STEP_NAMES:
+                group = step_group(entry["step"])
+                if group.summary is None:  # a step run again (a later round) shows its first StepTrace
+                    group.summary = entry
     ordered = [steps[s] for s in STEP_ORDER if s in steps]
     rest = sorted(others.values(), key=lambda g: (g.name not in OTHER_GROUPS, list(OTHER_GROUPS).index(g.name)
                                                   if g.name in OTHER_GROUPS else 0, g.name))

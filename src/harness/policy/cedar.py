@@ -12,6 +12,7 @@ from typing import Any
 
 import cedarpy
 
+from harness.domain.chain import text_hash
 from harness.domain.contracts import CallerIdentity
 from harness.domain.errors import PolicyConfigError
 from harness.skills import Skill
@@ -32,6 +33,8 @@ class CedarPermissions:
         if probe.diagnostics.errors:
             raise PolicyConfigError(f"{source}: Cedar policies do not evaluate: {probe.diagnostics.errors}")
         self.source = source
+        #: the hash of the policy text, part of the rule set's hash a PolicyTrace names
+        self.text_hash = text_hash(policies)
 
     @classmethod
     def from_file(cls, path: Path) -> CedarPermissions:

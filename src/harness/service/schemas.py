@@ -220,11 +220,12 @@ class TraceRecordDoc(BaseModel):
 
 
 class TraceStepDoc(BaseModel):
-    """The records of one pipeline step."""
+    """The records of one pipeline step, and its StepTrace (status, duration, input and output hashes)."""
 
     step: int
     name: str
     records: list[TraceRecordDoc]
+    summary: dict[str, Any] | None = None
 
 
 class TraceDoc(BaseModel):

@@ -30,6 +30,7 @@ from harness.domain.records import (
     TraceRecordIn,
     TransitionResult,
 )
+from harness.domain.traces import STEPS_KEY, fold_steps
 from harness.kernel import (
     RunState,
     audit_events_for,
@@ -323,10 +324,13 @@ class RunWrites(TraceChain):
             self._raw.later(conn, q.JOB_INSERT, {"job_id": run_id, **projection})
         else:
             self._raw.later(conn, q.JOB_UPDATE, {"p_job_id": run_id, **projection})
-        outbox = [TraceRecordIn("transition", {
-            "run_id": run_id, "seq": seq, "from": source.value if source else None, "to": target.value,
-            "actor": actor, "reason": reason, "forced_by": forced_by, "at": now,
-        }, run_id)]
+        # the StepTraces of the steps this transition ends ride in its record (trace format 2)
+        steps, records = fold_steps(run_id, records)
+        change = {"run_id": run_id, "seq": seq, "from": source.value if source else None, "to": target.value,
+                  "actor": actor, "reason": reason, "forced_by": forced_by, "at": now}
+        if steps:
+            change[STEPS_KEY] = steps
+        outbox = [TraceRecordIn("transition", change, run_id)]
         for event in audit_events_for(source, target):
             detail = {"from": source.value if source else None, "to": target.value, "reason": reason,
                       "forced_by": forced_by, **(extra_audit or {})}

@@ -14,7 +14,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 
-from harness.domain.traces import policy_verdicts
+from harness.domain.traces import policy_passed, policy_verdicts
 from harness.kernel import FINAL, RunState
 from harness.pipeline.trace_groups import group_records
 from harness.policy.hitl import BREAK_GLASS_ROLE
@@ -151,6 +151,7 @@ def run_page(request: Request, run_id: str) -> Page:
     doc = views.run_document(svc.runtime, run)
     trace = views.trace_document(svc.runtime, run)
     verdicts = [v for r in trace.records if r.kind == "policy" for v in policy_verdicts(r.data)]
+    passed = sum(policy_passed(r.data) or 0 for r in trace.records if r.kind == "policy")
     approval, refusals = None, {}
     if doc.approval_request_id:
         approval = views.approval_document(svc.runtime, svc.runtime.hitl.get(doc.approval_request_id))
@@ -165,6 +166,7 @@ def run_page(request: Request, run_id: str) -> Page:
         trace=trace,
         groups=group_records(trace.records, lambda r: (r.kind, r.data)),
         verdicts=verdicts,
+        passed=passed,
         approval=approval,
         refusals=refusals,
         is_final=run.state in FINAL,
