@@ -5,6 +5,7 @@ every chain written before keeps verifying, and the readers here read both shape
 
 - a StepTrace is no longer a record of its own: it rides in the "transition" record of the transition that
   ends its step, as an entry of its `steps` list (`fold_steps`; read back with `step_entries`);
+- a ToolTrace and an "llm" record leave their None fields out;
 - a PolicyTrace names the rule set by hash and lists only the verdicts that did not simply pass (a pass at
   L1 or with no level, of a rule judged for every plan or call), with the count of those that did
   (`policy_trace`, `policy_passed`).
@@ -66,8 +67,12 @@ class StepTrace(TraceModel):
 
 
 class ToolTrace(TraceModel):
-    """One tool call: skill, version, manifest hash, argument/result hashes, attempts, error code."""
+    """One tool call: skill, version, manifest hash, argument/result hashes, attempts, error code.
 
+    Its payload leaves None fields out (trace format 2): a call that succeeded locally carries no error code,
+    fallback, isolation or child Run."""
+
+    compact: ClassVar[bool] = True
     kind: Literal["tool"] = "tool"
     step_id: str
     skill_id: str
@@ -76,7 +81,7 @@ class ToolTrace(TraceModel):
     call_kind: Literal["local", "sandbox", "llm", "agent", "mcp"] = "local"
     idempotency_key: str
     arguments_hash: str
-    result_hash: str | None
+    result_hash: str | None = None
     attempts: int
     duration_ms: float
     status: Literal["ok", "error", "refused"]

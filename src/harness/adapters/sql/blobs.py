@@ -108,6 +108,8 @@ def llm_call_record(run_id: str, purpose: str, request: Any, *, response: dict[s
         "provider": answer.get("provider"), "model": answer.get("model"),
         "fallback_from": answer.get("fallback_from"), "fallback_reason": answer.get("fallback_reason"),
     }
+    # None fields are left out (trace format 2): a plain answer carries no error and no fallback
+    payload = {k: v for k, v in payload.items() if v is not None}
     return TraceRecordIn("llm", payload, run_id), ([request] if response is None else [request, response])
 
 
