@@ -149,8 +149,7 @@ def policy_trace(run_id: str, decision: str, level: str | None, verdicts: Iterab
         if simply_passes(v.rule_id, v.decision, v.level):
             passed += 1
         else:
-            listed.append(PolicyVerdict(rule_id=v.rule_id, family=v.family, decision=v.decision, reason=v.reason,
-                                        step_id=v.step_id, level=v.level))
+            listed.append(PolicyVerdict.model_validate(v, from_attributes=True))
     return PolicyTrace(run_id=run_id, decision=decision, level=level, rules=rules, passed=passed,
                        verdicts=tuple(listed), duration_us=duration_us)
 

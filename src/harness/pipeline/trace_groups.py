@@ -84,9 +84,9 @@ def group_records(records: Sequence[R], read: Callable[[R], tuple[str, Mapping[s
         group.records.append(record)
         for entry in step_entries(kind, data):
             if entry["step"] in STEP_NAMES:
-                group = step_group(entry["step"])
-                if group.summary is None:  # a step run again (a later round) shows its first StepTrace
-                    group.summary = entry
+                ended = step_group(entry["step"])
+                if ended.summary is None:  # a step run again (a later round) shows its first StepTrace
+                    ended.summary = entry
     ordered = [steps[s] for s in STEP_ORDER if s in steps]
     rest = sorted(others.values(), key=lambda g: (g.name not in OTHER_GROUPS, list(OTHER_GROUPS).index(g.name)
                                                   if g.name in OTHER_GROUPS else 0, g.name))

@@ -11,7 +11,6 @@ from harness.domain.errors import UnknownRunError
 from harness.domain.feed import RunRow
 from harness.domain.records import RunRecord, StoredTraceRecord
 from harness.domain.retention import ArchivedRun
-from harness.domain.traces import STEP_NAMES, step_entries
 from harness.kernel import FINAL, RunState, job_status
 from harness.kernel.states import PHASE_OF
 from harness.pipeline import trace_groups
@@ -150,17 +149,10 @@ def trace_document(rt: Runtime, run: RunRecord) -> schemas.TraceDoc:
     """The Run's chained records, and the same records grouped under the eight pipeline steps."""
     rt.store.drain_all()
     records = [_record(r) for r in rt.store.trace_of(run.run_id)]
-    grouped: dict[int, list[schemas.TraceRecordDoc]] = {}
-    summaries: dict[int, dict[str, Any]] = {}
-    for rec in records:
-        step = step_of(rec.kind, rec.data)
-        if step is not None:
-            grouped.setdefault(step, []).append(rec)
-        for entry in step_entries(rec.kind, rec.data):
-            summaries.setdefault(entry["step"], entry)
-            grouped.setdefault(entry["step"], [])
-    steps = [schemas.TraceStepDoc(step=n, name=STEP_NAMES[n], records=grouped[n], summary=summaries.get(n))
-             for n in sorted(grouped) if n in STEP_NAMES]
+    # the groups people read (trace_groups), in step-number order, each with its StepTrace
+    groups = trace_groups.group_records(records, lambda r: (r.kind, r.data))
+    steps = [schemas.TraceStepDoc(step=g.step, name=g.name, records=g.records, summary=g.summary)
+             for g in sorted((g for g in groups if g.step is not None), key=lambda g: g.step or 0)]
     return schemas.TraceDoc(run_id=run.run_id, state=run.state.value, records=records, steps=steps)
 
 
