@@ -180,7 +180,8 @@ class PlainSqlite:
 
     def drain(self) -> None:
         self.conn.execute("BEGIN IMMEDIATE")
-        seq, prev = self.conn.execute("SELECT seq, hash FROM chain_head WHERE id = 1").fetchone()
+        seq, head = self.conn.execute("SELECT seq, hash FROM chain_head WHERE id = 1").fetchone()
+        prev = head.hex()  # the chain stores a digest's 32 bytes and hashes its hex
         pending = self.conn.execute(
             "SELECT id, record_id, run_id, kind, payload FROM outbox ORDER BY id LIMIT 500"
         ).fetchall()
@@ -188,13 +189,13 @@ class PlainSqlite:
         for _, record_id, run_id, kind, payload in pending:
             seq += 1
             digest = hashlib.sha256(_canonical(seq, record_id, run_id, kind, prev, payload)).hexdigest()
-            rows.append((seq, record_id, run_id, kind, payload, prev, digest))
+            rows.append((seq, record_id, run_id, kind, payload, bytes.fromhex(prev), bytes.fromhex(digest)))
             prev = digest
         self.conn.executemany(
             "INSERT INTO trace_records (seq, record_id, run_id, kind, payload, prev_hash, hash) "
             "VALUES (?, ?, ?, ?, ?, ?, ?)", rows,
         )
-        self.conn.execute("UPDATE chain_head SET seq = ?, hash = ? WHERE id = 1", (seq, prev))
+        self.conn.execute("UPDATE chain_head SET seq = ?, hash = ? WHERE id = 1", (seq, bytes.fromhex(prev)))
         self.conn.execute(f"DELETE FROM outbox WHERE id IN ({','.join('?' * len(pending))})",
                           [p[0] for p in pending])
         self.conn.execute("COMMIT")
@@ -252,7 +253,8 @@ def plain_walk(db: Path) -> tuple[float, int]:
         cursor = conn.execute(
             "SELECT seq, record_id, run_id, kind, prev_hash, payload, hash FROM trace_records ORDER BY seq"
         )
-        for seq, record_id, run_id, kind, prev_hash, payload, digest in cursor:
+        for seq, record_id, run_id, kind, stored_prev, payload, stored in cursor:
+            prev_hash, digest = stored_prev.hex(), stored.hex()
             canonical = _canonical(seq, record_id, run_id, kind, prev_hash, payload)
             if seq != expected or prev_hash != prev or hashlib.sha256(canonical).hexdigest() != digest:
                 raise RuntimeError(f"chain broken at {seq}")

@@ -98,10 +98,12 @@ def _insert(conn: sa.Connection, table: sa.Table, rows: list[dict[str, Any]]) ->
         conn.execute(table.insert(), rows)
         return
     names = list(rows[0])
+    # COPY sends values as they are: a digest column (0016) takes its 32 bytes, not the hex
+    digests = {n for n in names if isinstance(table.c[n].type, t.Digest)}
     cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
     with cursor.copy(f"COPY {table.name} ({','.join(names)}) FROM STDIN") as copy:
         for row in rows:
-            copy.write_row([row[n] for n in names])
+            copy.write_row([t.digest_bytes(row[n]) if n in digests else row[n] for n in names])
     cursor.close()
 
 

@@ -19,6 +19,7 @@ from typer.testing import CliRunner
 
 from harness.adapters.sql import triggers
 from harness.adapters.sql.audit_reads import SqlAuditReads
+from harness.adapters.sql.schema import digest_bytes
 from harness.adapters.sql.store import SqlStore
 from harness.audit import standalone
 from harness.audit.checkpoint import (
@@ -81,8 +82,10 @@ def rewrite(store: SqlStore, seq: int) -> None:
         for statement in triggers.drop_linear_chain_ddl(dialect):
             conn.exec_driver_sql(statement)
         conn.execute(sa.text("UPDATE trace_records SET payload = :payload, prev_hash = :prev_hash, hash = :hash "
-                             "WHERE seq = :seq"), [r for r in rows if r["seq"] >= seq])
-        conn.execute(sa.text("UPDATE chain_head SET hash = :h WHERE id = 1"), {"h": prev})
+                             "WHERE seq = :seq"),
+                     [{**r, "prev_hash": digest_bytes(r["prev_hash"]), "hash": digest_bytes(r["hash"])}
+                      for r in rows if r["seq"] >= seq])
+        conn.execute(sa.text("UPDATE chain_head SET hash = :h WHERE id = 1"), {"h": digest_bytes(prev)})
 
 
 def step_seq(store: SqlStore, run_id: str) -> int:

@@ -32,6 +32,18 @@ ALL_UNIQUE = {("record_id",), ("prev_hash",), ("hash",)}
 KEPT_UNIQUE = {("record_id",), ("prev_hash",)}
 
 
+#: trace_records as the migrations before 0016 leave it: its hashes as hex text, not 32 bytes
+HEX_RECORDS = sa.Table(TABLE, sa.MetaData(), *(
+    sa.Column(c.name, sa.String(64) if c.name in ("prev_hash", "hash") else c.type, primary_key=c.primary_key)
+    for c in t.trace_records.columns))
+
+
+def records_table(conn: sa.Connection) -> sa.Table:
+    """trace_records as the database's revision defines it (hex hashes before 0016, bytes from it on)."""
+    kind = next(c["type"] for c in sa.inspect(conn).get_columns(TABLE) if c["name"] == "hash")
+    return t.trace_records if kind.python_type is bytes else HEX_RECORDS
+
+
 def _to(engine: sa.Engine, step: Callable[[Config, str], None], revision: str) -> None:
     """Upgrade or downgrade (`step`) the database to `revision`, in one transaction as harness migrates."""
     with engine.begin() as conn:
@@ -90,7 +102,7 @@ def _probe_insert(engine: sa.Engine, **columns: Any) -> None:
     with engine.connect() as conn:
         tx = conn.begin()
         try:
-            conn.execute(t.trace_records.insert(), row)
+            conn.execute(records_table(conn).insert(), row)
         finally:
             tx.rollback()
 

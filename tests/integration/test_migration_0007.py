@@ -16,7 +16,7 @@ from alembic import command
 from harness.adapters.sql import schema as t
 from harness.adapters.sql import triggers
 from harness.adapters.sql.audit_reads import SqlAuditReads
-from harness.adapters.sql.database import create_engine, head_revision, migrate, resolve_url
+from harness.adapters.sql.database import create_engine, migrate, resolve_url
 from harness.adapters.sql.store import SqlStore
 from harness.audit.verify import verify_chain
 from harness.clock import FakeClock
@@ -31,9 +31,11 @@ from .test_migration_0006 import (
     _to,
     _unique_columns,
     _version,
+    records_table,
 )
 
 BEFORE = "0006_trace_hash_not_unique"
+AFTER = "0007_linear_chain"
 UNIQUE_AT_0006 = {("record_id",), ("prev_hash",)}
 KEPT_UNIQUE = {("record_id",)}
 #: what the trigger's refusal says on every backend
@@ -48,7 +50,7 @@ def _insert(engine: sa.Engine, seq: int, prev_hash: str, record_id: str = "probe
     with engine.connect() as conn:
         tx = conn.begin()
         try:
-            conn.execute(t.trace_records.insert(), row)
+            conn.execute(records_table(conn).insert(), row)
         finally:
             tx.rollback()
 
@@ -115,8 +117,8 @@ def test_upgrade_keeps_the_chain_and_guards_it_with_the_trigger(engine: sa.Engin
     _chain_runs(store)
     rows, columns, head = _rows(engine), _columns(engine), store.chain_head()
     assert len(rows) > 20 and _unique_columns(engine) == UNIQUE_AT_0006
-    migrate(engine)
-    assert _version(engine) == head_revision()
+    _to(engine, command.upgrade, AFTER)
+    assert _version(engine) == AFTER
     assert _rows(engine) == rows
     assert _columns(engine) == columns
     assert store.chain_head() == head
@@ -130,11 +132,11 @@ def test_upgrade_keeps_the_chain_and_guards_it_with_the_trigger(engine: sa.Engin
 
 def test_downgrade_puts_the_unique_back_and_upgrade_replaces_it_again(engine: sa.Engine) -> None:
     """Down to 0006 prev_hash is UNIQUE again under the name the database gives it and the trigger is
-    gone, with every record kept and the table append-only; back up at the head the trigger guards the
+    gone, with every record kept and the table append-only; back up at 0007 the trigger guards the
     chain again, and it still verifies."""
     _to(engine, command.upgrade, BEFORE)
     names_at_0006 = {c["name"] for c in sa.inspect(engine).get_unique_constraints(TABLE)}
-    migrate(engine)
+    _to(engine, command.upgrade, AFTER)
     store = SqlStore(engine, FakeClock())
     _chain_runs(store)
     rows, columns = _rows(engine), _columns(engine)
@@ -149,8 +151,8 @@ def test_downgrade_puts_the_unique_back_and_upgrade_replaces_it_again(engine: sa
     _insert(engine, last[0] + 2, "e" * 64)  # the trigger is gone: a gap and a wrong link go in
     _assert_append_only(engine)
     assert verify_chain(SqlAuditReads(store)).ok
-    migrate(engine)
-    assert _version(engine) == head_revision()
+    _to(engine, command.upgrade, AFTER)
+    assert _version(engine) == AFTER
     assert _rows(engine) == rows and _columns(engine) == columns
     _assert_schema_after_0007(engine)
     _chain_runs(store)
@@ -185,7 +187,7 @@ def test_a_failed_sqlite_rebuild_leaves_the_table_as_it_was(tmp_path: Path, monk
         _chain_runs(store)
         rows = _rows(engine)
 
-        def broken(dialect: str) -> list[str]:
+        def broken(dialect: str, **_: object) -> list[str]:
             raise RuntimeError("disk on fire")
 
         monkeypatch.setattr(triggers, "linear_chain_ddl", broken)

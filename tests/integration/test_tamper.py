@@ -12,6 +12,7 @@ import sqlalchemy as sa
 
 from harness.adapters.sql import triggers
 from harness.adapters.sql.audit_reads import SqlAuditReads
+from harness.adapters.sql.schema import digest_bytes
 from harness.adapters.sql.store import SqlStore
 from harness.audit.checkpoint import publish_checkpoint
 from harness.audit.verify import ChainReport, verify_chain
@@ -58,13 +59,22 @@ def raw(store: SqlStore, *statements: tuple[str, dict[str, Any]]) -> None:
         for statement in triggers.drop_linear_chain_ddl("sqlite"):
             conn.exec_driver_sql(statement)
         for sql, params in statements:
-            conn.execute(sa.text(sql), params)
+            conn.execute(sa.text(sql), stored(params))
         for table in APPEND_ONLY:
             for verb in ("UPDATE", "DELETE"):
                 conn.exec_driver_sql(f"CREATE TRIGGER {table}_no_{verb.lower()} BEFORE {verb} ON {table} "
                                      f"BEGIN SELECT RAISE(ABORT, '{table} is append-only'); END")
         for statement in triggers.linear_chain_ddl("sqlite"):
             conn.exec_driver_sql(statement)
+
+
+#: the parameter names the tests give a hash, which the database holds as 32 bytes
+HASH_PARAMS = {"prev_hash", "hash", "h", "prev"}
+
+
+def stored(params: dict[str, Any]) -> dict[str, Any]:
+    """The statement's parameters with every hash in the form the chain's columns hold it."""
+    return {k: digest_bytes(v) if k in HASH_PARAMS else v for k, v in params.items()}
 
 
 def records(store: SqlStore) -> list[StoredTraceRecord]:

@@ -107,7 +107,12 @@ class SqlAuditReads:
 
     def _seq_where(self, column: sa.Column[Any], digest: str) -> int | None:
         # neither hash column is indexed (migrations 0006, 0007): a scan of the table, done only to
-        # explain a broken link that is listed (at most `limit` of them)
+        # explain a broken link that is listed (at most `limit` of them). A stored hash is a digest,
+        # so a value that is not one is in no record
+        try:
+            bytes.fromhex(digest)
+        except ValueError:
+            return None
         with self.store.reader.connect() as conn:
             found = conn.execute(sa.select(t.trace_records.c.seq).where(column == digest)).first()
         return int(found.seq) if found else None

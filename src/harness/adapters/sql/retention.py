@@ -28,6 +28,7 @@ from harness.adapters.sql.retention_schema import (
     redacted_records,
 )
 from harness.adapters.sql.store import SqlStore
+from harness.adapters.sql.store_base import stored_record
 from harness.domain.errors import StoreError
 from harness.domain.records import StoredTraceRecord
 from harness.domain.retention import ARCHIVE_SEGMENT, ArchivedRun, PruneResult
@@ -137,7 +138,7 @@ class RetentionStore:
             for row in _dicts(conn, query):
                 out[row["run_id"]]["tables"].setdefault(table.name, []).append(row)
         for r in self._raw.rows(conn, self._records_of(ids)):
-            out[r[2]]["records"].append(StoredTraceRecord(*r))
+            out[r[2]]["records"].append(stored_record(r))
         # a record an erasure redacted goes into its segment as redacted: its original leaf hash with it
         x, rec = redacted_records.c, t.trace_records.c
         query = (sa.select(rec.run_id, x.seq, x.erase_id, x.leaf).join(t.trace_records, rec.seq == x.seq)
@@ -251,7 +252,7 @@ class RetentionStore:
         out = []
         for row in self._raw.rows(conn, self._records_of(run_ids)):
             rec = expected.pop(row[0], None)
-            if rec is None or StoredTraceRecord(*row) != rec:
+            if rec is None or stored_record(row) != rec:
                 raise PruneRefusedError(f"record seq {row[0]} of run {row[2]} is not the record its segment holds "
                                         "(edited or added since it was archived): nothing was pruned; run "
                                         "`harness audit verify`")

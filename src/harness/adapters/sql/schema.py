@@ -6,12 +6,47 @@ enforced by triggers that the migration installs on every supported database.
 
 from __future__ import annotations
 
+from typing import Any
+
 import sqlalchemy as sa
+from sqlalchemy.dialects import mysql
 
 metadata = sa.MetaData()
 
 ID = sa.String(64)
 STATE = sa.String(32)
+
+
+def digest_bytes(value: str | bytes) -> bytes:
+    """A SHA-256 digest as the 32 bytes the chain's hash columns hold (0016), from its hex or its bytes."""
+    return bytes.fromhex(value) if isinstance(value, str) else bytes(value)
+
+
+def digest_hex(value: str | bytes | memoryview) -> str:
+    """A stored digest as the lowercase hex everything above the store reads (exports, the API, verify);
+    a chain not yet migrated to 0016 holds hex already."""
+    return value if isinstance(value, str) else bytes(value).hex()
+
+
+class Digest(sa.types.TypeDecorator[str]):
+    """A SHA-256 digest stored as 32 bytes (migration 0016): half the hex's size in every row and index
+    page of the chain. Python code sees lowercase hex, as before; a chained record's hash is computed
+    over the hex, so chains written before 0016 verify unchanged."""
+
+    impl = sa.LargeBinary(32)
+    cache_ok = True
+
+    def load_dialect_impl(self, dialect: sa.Dialect) -> sa.types.TypeEngine[Any]:
+        if dialect.name in ("mysql", "mariadb"):  # BLOB would be MySQL's LargeBinary
+            return dialect.type_descriptor(mysql.VARBINARY(32))
+        return dialect.type_descriptor(sa.LargeBinary(32))
+
+    def process_bind_param(self, value: str | bytes | None, dialect: sa.Dialect) -> bytes | None:
+        return None if value is None else digest_bytes(value)
+
+    def process_result_value(self, value: Any, dialect: sa.Dialect) -> str | None:
+        return None if value is None else digest_hex(value)
+
 
 runs = sa.Table(
     "runs",
@@ -105,8 +140,8 @@ trace_records = sa.Table(
     sa.Column("run_id", ID),
     sa.Column("kind", sa.String(32), nullable=False),
     sa.Column("payload", sa.Text, nullable=False),
-    sa.Column("prev_hash", sa.String(64), nullable=False),
-    sa.Column("hash", sa.String(64), nullable=False),
+    sa.Column("prev_hash", Digest, nullable=False),
+    sa.Column("hash", Digest, nullable=False),
     sa.Index("ix_trace_records_run", "run_id"),
 )
 
@@ -115,7 +150,7 @@ chain_head = sa.Table(
     metadata,
     sa.Column("id", sa.Integer, primary_key=True, autoincrement=False),
     sa.Column("seq", sa.BigInteger, nullable=False),
-    sa.Column("hash", sa.String(64), nullable=False),
+    sa.Column("hash", Digest, nullable=False),
 )
 
 #: the database's id (0013), one row written at creation: checkpoints name it (SPEC A3b)

@@ -12,11 +12,13 @@ import sqlalchemy as sa
 
 from harness.adapters.sql.database import read_only
 from harness.adapters.sql.raw import statements_for
+from harness.adapters.sql.schema import digest_hex
 from harness.adapters.sql.units import MODES, JoiningEngine, Units, joining
 from harness.clock import SystemClock
 from harness.domain.errors import InvalidRequestError
 from harness.domain.records import (
     RunRecord,
+    StoredTraceRecord,
     TransitionRow,
 )
 from harness.kernel import (
@@ -47,6 +49,13 @@ class OutboxRow(NamedTuple):
     run_id: str | None
     kind: str
     payload: str
+
+
+def stored_record(row: Any) -> StoredTraceRecord:
+    """A trace record read on the cursor (seq, record_id, run_id, kind, payload, prev_hash, hash), its
+    hashes as hex whichever form the columns hold (bytes from migration 0016 on)."""
+    seq, record_id, run_id, kind, payload, prev_hash, digest = row
+    return StoredTraceRecord(seq, record_id, run_id, kind, payload, digest_hex(prev_hash), digest_hex(digest))
 
 
 def without_run_id(payload: dict[str, Any], run_id: str | None) -> dict[str, Any]:

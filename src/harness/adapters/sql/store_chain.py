@@ -11,9 +11,11 @@ import sqlalchemy as sa
 from harness.adapters.sql import schema as t
 from harness.adapters.sql import statements as q
 from harness.adapters.sql.database import connection_of
+from harness.adapters.sql.schema import digest_bytes, digest_hex
 from harness.adapters.sql.store_base import (
     OutboxRow,
     StoreBase,
+    stored_record,
     without_run_id,
 )
 from harness.domain.chain import canonical_json, record_hash
@@ -77,7 +79,7 @@ class TraceChain(StoreBase):
             self.enqueue(conn, records, self.clock.now())
 
     def chain_batch(self, conn: sa.Connection, records: Sequence[PendingRecord],
-                    head: tuple[int, str] | None = None) -> int:
+                    head: tuple[int, str | bytes] | None = None) -> int:
         """Append records to the hash chain inside the caller's transaction; returns how many were chained.
 
         Idempotent: a record already in the chain, or repeated in the batch (re-delivery), is skipped.
@@ -85,9 +87,13 @@ class TraceChain(StoreBase):
         trigger refuses any record whose prev_hash is not the hash of the record at seq - 1 (migration
         0007), so concurrent chainers can never fork the chain.
         """
-        seq, prev = head or self._raw.fetchone(conn, q.HEAD_LOCKED if self._locks_rows else q.HEAD)
+        seq, stored = head or self._raw.fetchone(conn, q.HEAD_LOCKED if self._locks_rows else q.HEAD)
         if not records:
             return 0
+        # the head's hash as stored says the columns' form: 32 bytes from migration 0016 on, hex before
+        # (a database an older replica still serves, or a test's at an earlier revision)
+        stored_form = digest_bytes if isinstance(stored, (bytes, memoryview)) else str
+        prev = digest_hex(stored)
         seen = self._already_chained(conn, records)
         rows = []
         for r in records:
@@ -97,11 +103,11 @@ class TraceChain(StoreBase):
             seq += 1
             digest = record_hash(seq, r.record_id, r.run_id, r.kind, prev, r.payload)
             rows.append({"seq": seq, "record_id": r.record_id, "run_id": r.run_id, "kind": r.kind,
-                         "payload": r.payload, "prev_hash": prev, "hash": digest})
+                         "payload": r.payload, "prev_hash": stored_form(prev), "hash": stored_form(digest)})
             prev = digest
         if rows:
             self._raw.later_many(conn, q.TRACE_INSERT, rows)
-            self._raw.later(conn, q.HEAD_UPDATE, {"seq": seq, "hash": prev})
+            self._raw.later(conn, q.HEAD_UPDATE, {"seq": seq, "hash": stored_form(prev)})
         return len(rows)
 
     def _already_chained(self, conn: sa.Connection, records: Sequence[PendingRecord]) -> set[str]:
@@ -131,7 +137,7 @@ class TraceChain(StoreBase):
             return 0, 0
         # the head just read (and, on a server, locked) is the one the batch chains onto
         chained = self.chain_batch(conn, [PendingRecord(p.record_id, p.run_id, p.kind, p.payload)
-                                          for p in pending], head=(int(head[0]), str(head[1])))
+                                          for p in pending], head=(int(head[0]), head[1]))
         if self._batches_by_array:
             self._raw.later(conn, q.OUTBOX_DELETE_ANY, {"p_ids": [p.id for p in pending]})
         else:
@@ -211,7 +217,7 @@ class TraceChain(StoreBase):
             if not rows:
                 return
             for r in rows:
-                yield StoredTraceRecord(*r)
+                yield stored_record(r)
             after = rows[-1][0]
 
     def trace_of(self, run_id: str) -> list[StoredTraceRecord]:

@@ -53,17 +53,28 @@ def drop_append_only_ddl(dialect: str, table: str) -> list[str]:
 
 #: the trigger (on PostgreSQL also its function) that keeps trace_records one linear chain (SPEC A3)
 LINEAR_CHAIN = "trace_records_linear_chain"
-#: the hash a record at `seq` must link to: GENESIS_HASH for the first (chain_head starts at seq 0),
-#: else the hash of the record at seq - 1, or NULL when there is none (a gap)
-_EXPECTED_PREV = (f"CASE WHEN NEW.seq = 1 THEN '{GENESIS_HASH}' "
-                  "ELSE (SELECT hash FROM trace_records WHERE seq = NEW.seq - 1) END")
+
+
+def _expected_prev(dialect: str, binary: bool) -> str:
+    """The hash a record at `seq` must link to: GENESIS_HASH for the first (chain_head starts at seq 0),
+    else the hash of the record at seq - 1, or NULL when there is none (a gap). `binary`: the hash
+    columns hold 32 bytes (0016), so the genesis is written as bytes; before 0016 they held hex."""
+    if not binary:
+        genesis = f"'{GENESIS_HASH}'"
+    elif dialect == "postgresql":
+        genesis = f"decode('{GENESIS_HASH}', 'hex')"
+    else:
+        genesis = f"X'{GENESIS_HASH}'"
+    return f"CASE WHEN NEW.seq = 1 THEN {genesis} ELSE (SELECT hash FROM trace_records WHERE seq = NEW.seq - 1) END"
+
+
 #: the refusal's text, as CONCAT arguments; SQLite's RAISE took only a literal until recent versions,
 #: so its message names no seq
 _REFUSAL = ("'trace_records: prev_hash of seq ', NEW.seq, ' does not match the hash of seq ', NEW.seq - 1, "
             "' (fork or gap refused)'")
 
 
-def linear_chain_ddl(dialect: str) -> list[str]:
+def linear_chain_ddl(dialect: str, *, binary: bool = True) -> list[str]:
     """Statements that make an INSERT into trace_records fail, as an integrity error, unless the record
     links to the one before it: its prev_hash equals the hash of the record at seq - 1 (GENESIS_HASH at
     seq 1). With seq the primary key, two records can never share a prev_hash (no forks, SPEC A3), and no
@@ -73,18 +84,20 @@ def linear_chain_ddl(dialect: str) -> list[str]:
     Chainers serialise on the chain_head row lock and run at READ COMMITTED (SQLite: its write lock), so
     the lookup, a statement that starts after the lock was granted, sees the previous chainer's records;
     a BEFORE ROW trigger also sees the rows the same multi-row INSERT wrote before this one.
+    `binary`: the hash columns hold 32 bytes (from 0016 on) rather than hex (0007's form).
     """
+    expected = _expected_prev(dialect, binary)
     if dialect == "sqlite":
         return [
             f"CREATE TRIGGER {LINEAR_CHAIN} BEFORE INSERT ON trace_records "
-            f"WHEN NEW.prev_hash IS NOT ({_EXPECTED_PREV}) "
+            f"WHEN NEW.prev_hash IS NOT ({expected}) "
             "BEGIN SELECT RAISE(ABORT, 'trace_records: prev_hash does not match the hash of the record at "
             "seq - 1 (fork or gap refused)'); END",
         ]
     if dialect == "postgresql":
         return [
             f"CREATE OR REPLACE FUNCTION {LINEAR_CHAIN}() RETURNS trigger AS $$ BEGIN "
-            f"IF NEW.prev_hash IS DISTINCT FROM ({_EXPECTED_PREV}) THEN "
+            f"IF NEW.prev_hash IS DISTINCT FROM ({expected}) THEN "
             f"RAISE EXCEPTION USING ERRCODE = 'integrity_constraint_violation', MESSAGE = concat({_REFUSAL}); "
             "END IF; RETURN NEW; END; $$ LANGUAGE plpgsql",
             f"CREATE TRIGGER {LINEAR_CHAIN} BEFORE INSERT ON trace_records "
@@ -97,7 +110,7 @@ def linear_chain_ddl(dialect: str) -> list[str]:
         return [
             f"CREATE TRIGGER {LINEAR_CHAIN} BEFORE INSERT ON trace_records FOR EACH ROW BEGIN "
             "DECLARE refusal VARCHAR(160); "
-            f"IF NOT (NEW.prev_hash <=> ({_EXPECTED_PREV})) THEN "
+            f"IF NOT (NEW.prev_hash <=> ({expected})) THEN "
             f"SET refusal = CONCAT({_REFUSAL}); "
             "SIGNAL SQLSTATE '23000' SET MYSQL_ERRNO = 1452, MESSAGE_TEXT = refusal; "
             "END IF; END",

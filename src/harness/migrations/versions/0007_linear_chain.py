@@ -38,7 +38,7 @@ def upgrade() -> None:
     if dialect == "sqlite":
         _rebuild_sqlite(prev_hash_unique=False)
         return
-    _execute(linear_chain_ddl(dialect))
+    _execute(linear_chain_ddl(dialect, binary=False))
     inspector = sa.inspect(op.get_bind())
     constraints = {c["name"] for c in inspector.get_unique_constraints(TABLE) if c["column_names"] == ["prev_hash"]}
     # MySQL reports each unique key both as a constraint and as a unique index, under one name
@@ -91,4 +91,4 @@ def _rebuild_sqlite(*, prev_hash_unique: bool) -> None:
     op.create_index("ix_trace_records_run", TABLE, ["run_id"])
     _execute(append_only_ddl("sqlite", TABLE))
     if not prev_hash_unique:
-        _execute(linear_chain_ddl("sqlite"))
+        _execute(linear_chain_ddl("sqlite", binary=False))
