@@ -32,8 +32,7 @@ def _stored_hashes(engine: sa.Engine) -> set[tuple[type, int]]:
     with engine.connect() as conn:
         values = [v for row in conn.execute(sa.text("SELECT prev_hash, hash FROM trace_records")) for v in row]
         values.append(conn.execute(sa.text("SELECT hash FROM chain_head")).scalar_one())
-    return {(bytes if isinstance(v, (bytes, memoryview)) else type(v), len(bytes(v) if not isinstance(v, str) else v))
-            for v in values}
+    return {(str, len(v)) if isinstance(v, str) else (bytes, len(bytes(v))) for v in values}
 
 
 def _hash_types(engine: sa.Engine) -> dict[str, type]:

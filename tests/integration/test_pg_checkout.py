@@ -4,6 +4,7 @@ the caller's first statement runs on a live connection as it did with pool_pre_p
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -88,3 +89,21 @@ def test_every_pooled_session_terminated_at_once_is_replaced(engine: sa.Engine) 
         for conn in again:
             conn.close()
     assert len(now) == 3 and not now & set(pids)
+
+
+def test_a_connection_on_a_descriptor_above_1023_is_checked_out_as_any(engine: sa.Engine, pings: list[Any]) -> None:
+    """A busy process's sockets get descriptors above select()'s limit of 1023: such a live connection is
+    reused without a ping, not mistaken for a dead one and replaced at every checkout."""
+    engine.dispose()
+    filler = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    try:
+        with engine.connect() as conn:
+            fd = conn.connection.driver_connection.fileno()  # type: ignore[union-attr]
+            first = int(conn.execute(sa.text("SELECT pg_backend_pid()")).scalar_one())
+        assert fd > 1023
+        assert [_backend_pid(engine) for _ in range(3)] == [first] * 3
+        assert pings == []
+    finally:
+        engine.dispose()
+        for f in filler:
+            os.close(f)

@@ -129,6 +129,14 @@ def test_an_edited_record_is_named(store: SqlStore, runs: dict[str, str]) -> Non
     assert first_bad(verify_chain(SqlAuditReads(store))) == ("edited", 10, victim.record_id)
 
 
+def test_a_hash_overwritten_with_text_that_is_no_digest_is_named(store: SqlStore, runs: dict[str, str]) -> None:
+    """A link overwritten with arbitrary text (not a digest's bytes, as the column holds) is reported as an
+    edit of that record; verify neither fails nor looks the text up as a digest."""
+    victim = records(store)[9]
+    raw(store, ("UPDATE trace_records SET prev_hash = :junk WHERE seq = 10", {"junk": "not a digest"}))
+    assert first_bad(verify_chain(SqlAuditReads(store))) == ("edited", 10, victim.record_id)
+
+
 def test_an_edited_and_rehashed_record_is_named(store: SqlStore, runs: dict[str, str]) -> None:
     """Recomputing an edited record's own hash only moves the break to its link; it is still named."""
     victim = records(store)[9]

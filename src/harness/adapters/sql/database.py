@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import select
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -81,7 +82,7 @@ def create_engine(url: str, *, sqlite_synchronous: str | None = None) -> sa.Engi
     return sa.create_engine(url, **kwargs)
 
 
-def _alive_or_replaced(dialect: sa.Dialect) -> Any:
+def _alive_or_replaced(dialect: sa.Dialect) -> Callable[[Any, Any, Any], None]:
     """A pool checkout hook for psycopg connections that replaces a dead connection without a round trip
     for a live one. An idle connection's socket has nothing to read: the server sends nothing unasked
     but a notice or, when it ends the session (a terminated backend, a shutdown, a restart), its FATAL
@@ -92,8 +93,11 @@ def _alive_or_replaced(dialect: sa.Dialect) -> Any:
     def check(dbapi_connection: Any, _record: Any, _proxy: Any) -> None:
         if dbapi_connection.closed or dbapi_connection.broken:
             raise sa.exc.DisconnectionError("the database connection is closed")
+        # poll, not select: select refuses descriptors above 1023, which a busy process's sockets reach
+        poller = select.poll()
         try:
-            readable = bool(select.select([dbapi_connection.fileno()], [], [], 0)[0])
+            poller.register(dbapi_connection.fileno(), select.POLLIN)
+            readable = bool(poller.poll(0))  # POLLHUP and POLLERR are reported too
         except (OSError, ValueError) as exc:  # the socket is gone
             raise sa.exc.DisconnectionError(f"the database connection's socket failed: {exc}") from exc
         if not readable:

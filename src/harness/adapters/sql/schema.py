@@ -39,7 +39,7 @@ class Digest(sa.types.TypeDecorator[str]):
     def load_dialect_impl(self, dialect: sa.Dialect) -> sa.types.TypeEngine[Any]:
         if dialect.name in ("mysql", "mariadb"):  # BLOB would be MySQL's LargeBinary
             return dialect.type_descriptor(mysql.VARBINARY(32))
-        return dialect.type_descriptor(sa.LargeBinary(32))
+        return super().load_dialect_impl(dialect)
 
     def process_bind_param(self, value: str | bytes | None, dialect: sa.Dialect) -> bytes | None:
         return None if value is None else digest_bytes(value)

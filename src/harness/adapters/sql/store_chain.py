@@ -93,7 +93,7 @@ class TraceChain(StoreBase):
         # the head's hash as stored says the columns' form: 32 bytes from migration 0016 on, hex before
         # (a database an older replica still serves, or a test's at an earlier revision)
         stored_form = digest_bytes if isinstance(stored, (bytes, memoryview)) else str
-        prev = digest_hex(stored)
+        prev, prev_stored = digest_hex(stored), stored_form(stored)
         seen = self._already_chained(conn, records)
         rows = []
         for r in records:
@@ -102,12 +102,13 @@ class TraceChain(StoreBase):
             seen.add(r.record_id)
             seq += 1
             digest = record_hash(seq, r.record_id, r.run_id, r.kind, prev, r.payload)
+            digest_stored = stored_form(digest)
             rows.append({"seq": seq, "record_id": r.record_id, "run_id": r.run_id, "kind": r.kind,
-                         "payload": r.payload, "prev_hash": stored_form(prev), "hash": stored_form(digest)})
-            prev = digest
+                         "payload": r.payload, "prev_hash": prev_stored, "hash": digest_stored})
+            prev, prev_stored = digest, digest_stored
         if rows:
             self._raw.later_many(conn, q.TRACE_INSERT, rows)
-            self._raw.later(conn, q.HEAD_UPDATE, {"seq": seq, "hash": stored_form(prev)})
+            self._raw.later(conn, q.HEAD_UPDATE, {"seq": seq, "hash": prev_stored})
         return len(rows)
 
     def _already_chained(self, conn: sa.Connection, records: Sequence[PendingRecord]) -> set[str]:

@@ -29,6 +29,7 @@ import sqlalchemy as sa
 from alembic import op
 
 from harness.adapters.sql.prune_triggers import guarded_delete_ddl
+from harness.adapters.sql.schema import digest_bytes, digest_hex
 from harness.adapters.sql.triggers import drop_linear_chain_ddl, linear_chain_ddl
 
 revision = "0016_binary_hashes"
@@ -58,16 +59,14 @@ def _convert(*, binary: bool) -> None:
     dialect = op.get_bind().dialect.name
     _execute(drop_linear_chain_ddl(dialect))
     if dialect == "postgresql":
-        for table, columns in HASHES.items():
-            for column in columns:
-                kind, using = ("bytea", f"decode({column}, 'hex')") if binary else (
-                    "varchar(64)", f"encode({column}, 'hex')")
-                op.execute(f"ALTER TABLE {table} ALTER COLUMN {column} TYPE {kind} USING {using}")
+        for table, columns in HASHES.items():  # one ALTER per table: the table is rewritten once
+            kind, using = ("bytea", "decode({}, 'hex')") if binary else ("varchar(64)", "encode({}, 'hex')")
+            op.execute(f"ALTER TABLE {table} " + ", ".join(
+                f"ALTER COLUMN {c} TYPE {kind} USING {using.format(c)}" for c in columns))
     elif dialect in ("mysql", "mariadb"):
         _execute([f"DROP TRIGGER IF EXISTS {TRACE}_no_update"])
         for table, columns in HASHES.items():
-            convert = ", ".join(f"{c} = {'UNHEX' if binary else 'LOWER(HEX'}({c}){'' if binary else ')'}"
-                                for c in columns)
+            convert = ", ".join(f"{c} = UNHEX({c})" if binary else f"{c} = LOWER(HEX({c}))" for c in columns)
             _modify(table, columns, "VARBINARY(64)")
             op.execute(f"UPDATE {table} SET {convert}")
             _modify(table, columns, "VARBINARY(32)" if binary else "VARCHAR(64)")
@@ -90,7 +89,7 @@ def _rebuild_sqlite(binary: bool) -> None:
     trigger is reinstalled (as in 0007)."""
     driver = op.get_bind().connection.driver_connection
     assert driver is not None  # a live migration connection
-    driver.create_function(CONVERT, 1, _to_bytes if binary else _to_hex, deterministic=True)
+    driver.create_function(CONVERT, 1, digest_bytes if binary else digest_hex, deterministic=True)
     digest: Any = sa.LargeBinary(32) if binary else sa.String(64)
     tables: dict[str, list[sa.Column[Any]]] = {
         TRACE: [sa.Column("seq", sa.BigInteger, primary_key=True, autoincrement=False),
@@ -112,14 +111,6 @@ def _rebuild_sqlite(binary: bool) -> None:
         op.drop_table(table)
         op.rename_table(REBUILT.format(table), table)
     op.create_index("ix_trace_records_run", TRACE, ["run_id"])
-
-
-def _to_bytes(value: str | bytes) -> bytes:
-    return bytes.fromhex(value) if isinstance(value, str) else value
-
-
-def _to_hex(value: str | bytes) -> str:
-    return value.hex() if isinstance(value, bytes) else value
 
 
 def _execute(statements: list[str]) -> None:
