@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import os
-import select
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -73,41 +71,7 @@ def create_engine(url: str, *, sqlite_synchronous: str | None = None) -> sa.Engi
         engine = sa.create_engine(url, **kwargs)
         sa.event.listen(engine, "connect", _mysql_session)
         return engine
-    if u.get_backend_name() == "postgresql" and u.get_driver_name() == "psycopg":
-        # no ping round trip at each checkout (about 11 per Run): a connection the server closed is
-        # found by its socket instead (_alive_or_replaced)
-        engine = sa.create_engine(url, **{**kwargs, "pool_pre_ping": False})
-        sa.event.listen(engine, "checkout", _alive_or_replaced(engine.dialect))
-        return engine
     return sa.create_engine(url, **kwargs)
-
-
-def _alive_or_replaced(dialect: sa.Dialect) -> Callable[[Any, Any, Any], None]:
-    """A pool checkout hook for psycopg connections that replaces a dead connection without a round trip
-    for a live one. An idle connection's socket has nothing to read: the server sends nothing unasked
-    but a notice or, when it ends the session (a terminated backend, a shutdown, a restart), its FATAL
-    error and the end of the stream. So a socket with something to read is pinged, as pool_pre_ping
-    would, and one that is closed, broken or fails the ping is discarded: SQLAlchemy's pool then
-    checks out (or opens) another, and an outage surfaces as the connect's own error."""
-
-    def check(dbapi_connection: Any, _record: Any, _proxy: Any) -> None:
-        if dbapi_connection.closed or dbapi_connection.broken:
-            raise sa.exc.DisconnectionError("the database connection is closed")
-        # poll, not select: select refuses descriptors above 1023, which a busy process's sockets reach
-        poller = select.poll()
-        try:
-            poller.register(dbapi_connection.fileno(), select.POLLIN)
-            readable = bool(poller.poll(0))  # POLLHUP and POLLERR are reported too
-        except (OSError, ValueError) as exc:  # the socket is gone
-            raise sa.exc.DisconnectionError(f"the database connection's socket failed: {exc}") from exc
-        if not readable:
-            return
-        try:
-            dialect.do_ping(dbapi_connection)
-        except dialect.loaded_dbapi.Error as exc:
-            raise sa.exc.DisconnectionError(f"the database closed the connection: {exc}") from exc
-
-    return check
 
 
 def read_only(engine: sa.Engine) -> sa.Engine:
