@@ -356,18 +356,26 @@ def _logging_cursor(base: Any, log: StatementLog, key: int) -> Any:
         seen_pipelines[:] = [id(pipeline)]
         return 1, True
 
+    def autocommit(cursor: Any) -> bool:
+        """A statement that is its own transaction: on an autocommit connection with none open (harness
+        sends its own BEGIN at the head of a pipeline, the connection said autocommit meanwhile)."""
+        conn = cursor.connection
+        return bool(conn.autocommit) and conn.pgconn.transaction_status == 0  # PQTRANS_IDLE
+
     class LoggingCursor(base):  # type: ignore[misc, valid-type]
         def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
+            text = query.decode() if isinstance(query, bytes) else str(query)
+            if text.startswith("BEGIN"):  # the log writes each transaction's BEGIN itself
+                return super().execute(query, params, **kwargs)
             round_trips, pipelined = trips(self)
-            log.statement(key, query if isinstance(query, str) else str(query), round_trips=round_trips,
-                          autocommit=self.connection.autocommit, pipelined=pipelined)
+            log.statement(key, text, round_trips=round_trips, autocommit=autocommit(self), pipelined=pipelined)
             return super().execute(query, params, **kwargs)
 
         def executemany(self, query: Any, params_seq: Any, **kwargs: Any) -> Any:
             rows = list(params_seq)
             round_trips, pipelined = trips(self)
             log.statement(key, query if isinstance(query, str) else str(query), round_trips=round_trips,
-                          rows=len(rows), autocommit=self.connection.autocommit, pipelined=pipelined)
+                          rows=len(rows), autocommit=autocommit(self), pipelined=pipelined)
             return super().executemany(query, rows, **kwargs)
 
     return LoggingCursor

@@ -420,9 +420,10 @@ def build_runtime(settings: Settings | None = None, *, clock: Clock | None = Non
     webhooks = load_webhook_config(settings.webhooks_file)
     outbox = WebhookOutbox(store)
     notifier = WebhookNotifier(outbox, webhooks)
-    pushes = PushEvents(notifier, sink or WebhookResultSink(notifier))
-    machine.in_transaction(pushes.on_transition)  # results of every close and park (P4), in its transaction
-    hitl.on_insert(pushes.on_request)  # approval requests opened or escalated (N1), in their transaction
+    if sink is not None or webhooks.sends_anything():  # with no endpoint nor secret, nothing is ever pushed
+        pushes = PushEvents(notifier, sink or WebhookResultSink(notifier))
+        machine.in_transaction(pushes.on_transition)  # results of every close and park (P4), in its transaction
+        hitl.on_insert(pushes.on_request)  # approval requests opened or escalated (N1), in their transaction
     runs = RunManager(
         store=store, writes=SqlRunWrites(store, ledger), units=store, machine=machine, assembler=assembler,
         orchestrator=PlanOrchestrator(

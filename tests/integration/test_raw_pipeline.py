@@ -12,6 +12,8 @@ import sqlalchemy as sa
 
 from harness.adapters.sql.database import create_engine, resolve_url
 from harness.adapters.sql.raw import RawStatements, has_queued
+from harness.adapters.sql.store import SqlStore
+from harness.adapters.sql.units import guarded
 
 _meta = sa.MetaData()
 probe = sa.Table("pipeline_probe", _meta, sa.Column("id", sa.Integer, primary_key=True, autoincrement=False),
@@ -102,26 +104,100 @@ def test_outside_a_transaction_nothing_waits(engine: sa.Engine) -> None:
     assert _notes(engine) == [(1, "at once")]
 
 
-def test_a_queued_write_that_fails_inside_a_guarded_block_undoes_only_that_block(backend_url: str) -> None:
+@pytest.fixture
+def store(backend_url: str) -> Iterator[SqlStore]:
+    """A store (whose units of work guarded() joins) with the probe table."""
+    store = SqlStore.open(backend_url)
+    _meta.create_all(store.engine)
+    yield store
+    _meta.drop_all(store.engine)
+    store.close()
+
+
+def test_a_queued_write_that_fails_inside_a_guarded_block_undoes_only_that_block(store: SqlStore) -> None:
     """guarded() (a savepoint inside a drive's unit of work, for writes whose failure the caller survives)
     sends what its block queued before the savepoint ends: the failure is the block's alone, and the
     drive's transaction goes on and commits."""
-    from harness.adapters.sql.store import SqlStore
-    from harness.adapters.sql.units import guarded
-
-    store = SqlStore.open(backend_url)
     raw = RawStatements(store.engine.dialect)
-    _meta.create_all(store.engine)
-    try:
-        with store.unit("run-1"):
-            with store.engine.begin() as conn:
-                raw.later(conn, INSERT, {"id": 1, "note": "the drive's"})
-            with pytest.raises(sa.exc.IntegrityError), guarded(store.engine, write=True) as conn:
-                raw.later(conn, INSERT, {"id": 2, "note": "the block's, undone"})
-                raw.later(conn, INSERT, {"id": 1, "note": "duplicate"})
-            with store.engine.begin() as conn:
-                raw.later(conn, INSERT, {"id": 3, "note": "after the block"})
-        assert _notes(store.engine) == [(1, "the drive's"), (3, "after the block")]
-    finally:
-        _meta.drop_all(store.engine)
-        store.close()
+    with store.unit("run-1"):
+        with store.engine.begin() as conn:
+            raw.later(conn, INSERT, {"id": 1, "note": "the drive's"})
+        with pytest.raises(sa.exc.IntegrityError), guarded(store.engine, write=True) as conn:
+            raw.later(conn, INSERT, {"id": 2, "note": "the block's, undone"})
+            raw.later(conn, INSERT, {"id": 1, "note": "duplicate"})
+        with store.engine.begin() as conn:
+            raw.later(conn, INSERT, {"id": 3, "note": "after the block"})
+    assert _notes(store.engine) == [(1, "the drive's"), (3, "after the block")]
+
+
+def test_reads_made_together_answer_as_reads_made_one_after_the_other(engine: sa.Engine) -> None:
+    """fetch_each / mappings_each: each read's rows, in order, the writes queued before them seen."""
+    raw = RawStatements(engine.dialect)
+    by_id = sa.select(probe.c.id, probe.c.note).where(probe.c.id == sa.bindparam("p_id"))
+    with engine.begin() as conn:
+        raw.later(conn, INSERT, {"id": 1, "note": "one"})
+        raw.later(conn, INSERT, {"id": 2, "note": "two"})
+        counted, first, missing = raw.fetch_each(conn, (COUNT, None), (by_id, {"p_id": 1}), (by_id, {"p_id": 9}))
+        assert (counted, first, missing) == ([(2,)], [(1, "one")], [])
+        assert raw.mappings_each(conn, (by_id, {"p_id": 2})) == [[{"id": 2, "note": "two"}]]
+
+
+def test_a_read_made_together_that_fails_fails_its_transaction(engine: sa.Engine) -> None:
+    """An error in any of the reads (or in a write queued before them) is raised, translated as
+    SQLAlchemy translates it, and the transaction rolls back."""
+    raw = RawStatements(engine.dialect)
+    with engine.begin() as conn:
+        raw.later(conn, INSERT, {"id": 1, "note": "kept"})
+    with pytest.raises(sa.exc.IntegrityError), engine.begin() as conn:
+        raw.later(conn, INSERT, {"id": 2, "note": "lost with its transaction"})
+        raw.later(conn, INSERT, {"id": 1, "note": "duplicate"})
+        raw.fetch_each(conn, (COUNT, None), (COUNT, None))
+    with pytest.raises(sa.exc.DBAPIError), engine.begin() as conn:
+        raw.later(conn, INSERT, {"id": 3, "note": "lost with its transaction"})
+        raw.fetch_each(conn, (COUNT, None), (sa.select(sa.text("no_such_column")).select_from(probe), None))
+    assert _notes(engine) == [(1, "kept")]
+
+
+def test_writes_queued_before_a_savepoint_that_fail_are_not_the_blocks(engine: sa.Engine) -> None:
+    """The SAVEPOINT goes with the writes waiting before it: their failure is raised as the savepoint
+    opens, before its block runs, so a caller that survives its block's failure does not swallow it."""
+    raw = RawStatements(engine.dialect)
+    with engine.begin() as conn:
+        raw.later(conn, INSERT, {"id": 1, "note": "kept"})
+    ran = []
+    with pytest.raises(sa.exc.IntegrityError), engine.begin() as conn:
+        raw.later(conn, INSERT, {"id": 1, "note": "duplicate, before the savepoint"})
+        with raw.savepoint(conn, "probe"):
+            ran.append("the block")
+    assert ran == [] and _notes(engine) == [(1, "kept")]
+
+
+def test_a_savepoint_whose_block_sends_nothing_leaves_the_transaction_as_it_was(engine: sa.Engine) -> None:
+    raw = RawStatements(engine.dialect)
+    with engine.begin() as conn:
+        with raw.savepoint(conn, "probe"):
+            pass
+        with pytest.raises(RuntimeError), raw.savepoint(conn, "probe"):
+            raise RuntimeError("nothing sent yet")
+        raw.later(conn, INSERT, {"id": 1, "note": "after"})
+        with raw.savepoint(conn, "probe"):  # the RELEASE waits for the next statement
+            raw.later(conn, INSERT, {"id": 2, "note": "inside"})
+        assert raw.fetchone(conn, COUNT)[0] == 2
+    assert _notes(engine) == [(1, "after"), (2, "inside")]
+
+
+def test_nested_guarded_blocks_each_undo_only_themselves(store: SqlStore) -> None:
+    """A guarded block inside another has a savepoint of its own (MySQL replaces a savepoint of the same
+    name): the outer block's failure after the inner one succeeded undoes both, and the drive's writes stay."""
+    raw = RawStatements(store.engine.dialect)
+    with store.unit("run-1"):
+        with store.engine.begin() as conn:
+            raw.later(conn, INSERT, {"id": 1, "note": "the drive's"})
+        with pytest.raises(sa.exc.IntegrityError), guarded(store.engine, write=True) as outer:
+            raw.later(outer, INSERT, {"id": 2, "note": "outer, undone"})
+            with guarded(store.engine, write=True) as inner:
+                raw.later(inner, INSERT, {"id": 3, "note": "inner, undone with the outer"})
+            raw.later(outer, INSERT, {"id": 1, "note": "duplicate"})
+        with store.engine.begin() as conn:
+            raw.later(conn, INSERT, {"id": 4, "note": "after the block"})
+    assert _notes(store.engine) == [(1, "the drive's"), (4, "after the block")]

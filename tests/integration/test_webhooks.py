@@ -237,3 +237,38 @@ def test_the_payload_is_signed_over_its_exact_bytes(rt: Runtime) -> None:
         assert receiver.got and not any(g.valid for g in receiver.got)
     body = json.loads(rt.webhook_outbox.list()[0].payload)  # type: ignore[union-attr]
     assert body["type"] == "run.finished"
+
+
+def test_a_deployment_with_nowhere_to_push_reads_nothing_for_pushes(
+        backend_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, clock: FakeClock, call_log: Path) -> None:
+    """With no approver endpoint and no callback secret nothing can ever be pushed: a Run's park and close
+    read nothing for it. With a webhooks file, the same Runs read their snapshot at each."""
+    from harness.adapters.sql.webhooks import WebhookOutbox
+
+    reads: list[str] = []
+    snapshot = WebhookOutbox.run_snapshot
+
+    def counted(tx: object, run_id: str) -> object:
+        reads.append(run_id)
+        return snapshot(tx, run_id)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(WebhookOutbox, "run_snapshot", staticmethod(counted))
+    monkeypatch.delenv("HARNESS_WEBHOOK_SECRET", raising=False)
+    plain = {"tenant_id": "t1", "user_id": "tess", "roles": ["tester"]}
+    quiet = webhook_runtime(backend_url, tmp_path, None, clock)
+    try:
+        assert quiet.webhooks is not None and not quiet.webhooks.sends_anything()
+        done = quiet.runs.create_run({"task": "echo quiet", **plain})
+        parked = quiet.runs.create_run({"task": "purge cache", **plain})
+        assert (done.state, parked.state) == ("SUCCEEDED", "AWAITING_HITL")
+        assert reads == []
+    finally:
+        quiet.close()
+    pushing = webhook_runtime(backend_url, tmp_path, write_config(tmp_path, monkeypatch), clock)
+    try:
+        assert pushing.webhooks is not None and pushing.webhooks.sends_anything()
+        done = pushing.runs.create_run({"task": "echo told", **TESS})
+        assert done.state == "SUCCEEDED" and done.run_id in reads
+        assert queued(pushing, done.run_id) == [("run.finished", "caller:t1")]
+    finally:
+        pushing.close()

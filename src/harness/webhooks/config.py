@@ -155,6 +155,11 @@ class WebhookConfig(_Strict):
 
     # ------------------------------------------------------------------ what the notifier asks
 
+    def sends_anything(self) -> bool:
+        """Whether any notification can go anywhere: an approver endpoint, or a secret to sign callbacks
+        with (a Run's callback is refused at intake, and never sent, without one)."""
+        return bool(self.approvers or self._secrets)
+
     def approvers_for(self, tenant_id: str, roles: tuple[str, ...]) -> list[ApproverEndpoint]:
         """The endpoints of this tenant's approvers holding one of `roles`."""
         return [a for a in self.approvers if a.tenant == tenant_id and a.role in roles]

@@ -13,11 +13,12 @@ from __future__ import annotations
 import contextlib
 import functools
 import weakref
-from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
 
+_T = TypeVar("_T")
 _Compiled = tuple[str, tuple[str, ...] | None, dict[str, Any]]
 #: a write sent later: its SQL, its arguments, and whether they are many rows (executemany)
 _Queued = tuple[str, Any, bool]
@@ -113,37 +114,92 @@ class RawStatements:
     def _run(self, conn: sa.Connection, sql: str | None, args: Any, many: bool = False) -> Any:
         """Execute `sql` (None: nothing of its own) after this connection's queued writes, all in one
         pipeline when there are any; returns the statement's cursor."""
-        queued = _QUEUES.pop(_dbapi(conn), None) if self.pipelines else None
-        cursor = conn.connection.cursor()
-        try:
-            if not queued and not (sql is not None and self.pipelines and _begins(conn)):
+        if not self.pipelines or (not _QUEUES.get(_dbapi(conn)) and not (sql is not None and _begins(conn))):
+            cursor = conn.connection.cursor()
+            try:
                 if sql is not None:
                     (cursor.executemany if many else cursor.execute)(sql, args)
-                return cursor
-            # in a pipeline the driver's BEGIN, the queued writes and the statement are one round trip
-            queued = queued or []
-            dbapi = _dbapi(conn)
-            sent = []
-            try:
-                with dbapi.pipeline():
-                    for q_sql, q_args, q_many in queued:
-                        other = dbapi.cursor()
-                        sent.append(other)
-                        if q_args is None:
-                            other.execute(q_sql)
-                        elif q_many:
-                            other.executemany(q_sql, q_args)
-                        else:
-                            other.execute(q_sql, q_args)
-                    if sql is not None:
-                        (cursor.executemany if many else cursor.execute)(sql, args)
-            finally:
-                for other in sent:
-                    other.close()
+            except self._dialect.loaded_dbapi.Error as exc:
+                cursor.close()
+                raise self._translated(sql or "", args, exc) from exc
             return cursor
+        cursors = self._pipelined(conn, [] if sql is None else [(sql, args, many)])
+        return cursors[0] if cursors else conn.connection.cursor()
+
+    def _pipelined(self, conn: sa.Connection, statements: Sequence[_Queued]) -> list[Any]:
+        """This connection's queued writes, then `statements`, in one pipeline: one round trip (the
+        driver's BEGIN included); returns the cursors of `statements`, their rows fetched."""
+        queued = _QUEUES.pop(_dbapi(conn), None) or []
+        dbapi = _dbapi(conn)
+        sent, mine = [], []
+        # psycopg begins a transaction in a pipeline with a round trip of its own (a Sync after its BEGIN):
+        # the BEGIN goes first in the pipeline instead, psycopg told meanwhile that there is none to begin
+        begin = _begins(conn)
+        try:
+            with dbapi.pipeline():
+                if begin:
+                    dbapi._autocommit = True  # read only as a statement is sent; restored below
+                    opener = dbapi.cursor()
+                    sent.append(opener)
+                    opener.execute(dbapi._get_tx_start_command())  # its isolation level, as psycopg's own
+                for q_sql, q_args, q_many in queued:
+                    other = dbapi.cursor()
+                    sent.append(other)
+                    if q_args is None:
+                        other.execute(q_sql)
+                    elif q_many:
+                        other.executemany(q_sql, q_args)
+                    else:
+                        other.execute(q_sql, q_args)
+                for sql, args, many in statements:
+                    cursor = conn.connection.cursor()
+                    mine.append(cursor)
+                    (cursor.executemany if many else cursor.execute)(sql, args)
         except self._dialect.loaded_dbapi.Error as exc:
-            cursor.close()
-            raise self._translated(sql or (queued[0][0] if queued else ""), args, exc) from exc
+            for cursor in mine:
+                cursor.close()
+            first = statements[0] if statements else (queued[0] if queued else ("", None, False))
+            raise self._translated(first[0], first[1], exc) from exc
+        finally:
+            if begin:
+                dbapi._autocommit = False
+            for other in sent:
+                other.close()
+        return mine
+
+    def fetch_each(self, conn: sa.Connection, *queries: tuple[Any, Mapping[str, Any] | None]) -> list[list[Any]]:
+        """Run several SELECTs and return each one's rows as tuples: on PostgreSQL in one round trip (one
+        pipeline, after the queued writes), elsewhere one after the other. For reads that do not depend
+        on each other (a Run and its path, from one snapshot inside the caller's transaction)."""
+        return self._each(conn, queries, lambda cursor: list(cursor.fetchall()))
+
+    def mappings_each(self, conn: sa.Connection, *queries: tuple[Any, Mapping[str, Any] | None]) -> list[
+            list[dict[str, Any]]]:
+        """`fetch_each`, each row as a dict (SELECTs of plain columns, as `mappings`)."""
+        return self._each(conn, queries, _as_dicts)
+
+    def _each(self, conn: sa.Connection, queries: Sequence[tuple[Any, Mapping[str, Any] | None]],
+              read: Callable[[Any], _T]) -> list[_T]:
+        if not self.pipelines:
+            done = []
+            for stmt, params in queries:
+                cursor = self.execute(conn, stmt, params)
+                try:
+                    done.append(read(cursor))
+                finally:
+                    cursor.close()
+            return done
+        statements: list[_Queued] = []
+        for stmt, params in queries:
+            sql, order, fixed = self._sql(stmt, tuple(params or ()))
+            values = {**fixed, **(params or {})}
+            statements.append((sql, [values[k] for k in order] if order is not None else values, False))
+        cursors = self._pipelined(conn, statements)
+        try:
+            return [read(cursor) for cursor in cursors]
+        finally:
+            for cursor in cursors:
+                cursor.close()
 
     def _sql(self, stmt: Any, keys: tuple[str, ...]) -> _Compiled:
         hit = self._compiled.get((id(stmt), keys))
@@ -190,8 +246,7 @@ class RawStatements:
         """Run a SELECT of plain columns (no result processing needed) and return its rows as dicts."""
         cursor = self.execute(conn, stmt, params)
         try:
-            names = [d[0] for d in cursor.description]
-            return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+            return _as_dicts(cursor)
         finally:
             cursor.close()
 
@@ -235,12 +290,38 @@ class RawStatements:
     def savepoint(self, conn: sa.Connection, name: str) -> Iterator[None]:
         """A savepoint in the caller's transaction, on the DBAPI cursor: what is done inside is undone
         alone when it raises (the exception goes on). SQLAlchemy's begin_nested() costs ~60 µs for
-        the same two statements (its whole execution path, twice). `name` is a fixed identifier."""
-        self._plain(conn, f"SAVEPOINT {name}")
+        the same two statements (its whole execution path, twice). `name` is a fixed identifier.
+
+        On PostgreSQL neither statement costs a round trip of its own: the SAVEPOINT goes with the writes
+        queued before it (sent now, so that their failure is not the block's) or, with none, waits for the
+        block's first statement; the RELEASE goes with the block's last queued writes (sent before the
+        block ends, so that their failure is the block's) or waits for the next statement."""
+        queues = self._queues_on(conn)
+        opened: _Queued = (f"SAVEPOINT {name}", None, False)
+        if queues:
+            waiting = _QUEUES.setdefault(_dbapi(conn), [])
+            waiting.append(opened)
+            if len(waiting) > 1:
+                self.flush(conn)
+        else:
+            self._plain(conn, f"SAVEPOINT {name}")
         try:
             yield
-            self.flush(conn)  # what the block queued runs inside the savepoint, and fails there
+            if queues:
+                waiting = _QUEUES.setdefault(_dbapi(conn), [])
+                if waiting and waiting[-1] is opened:  # the block sent nothing: nor does the savepoint
+                    waiting.pop()
+                    return
+                waiting.append((f"RELEASE SAVEPOINT {name}", None, False))
+                if len(waiting) > 1:
+                    self.flush(conn)  # what the block queued runs inside the savepoint, and fails there
+                return
+            self.flush(conn)
         except BaseException:
+            if queues and (dbapi := _dbapi_if_live(conn)) is not None and \
+                    any(entry is opened for entry in _QUEUES.get(dbapi, ())):
+                _QUEUES.pop(dbapi, None)  # never sent: nothing to undo (nothing before it waited)
+                raise
             self._plain(conn, f"ROLLBACK TO SAVEPOINT {name}")
             self._plain(conn, f"RELEASE SAVEPOINT {name}")
             raise
@@ -248,7 +329,7 @@ class RawStatements:
 
     def _plain(self, conn: sa.Connection, sql: str) -> None:
         if self.pipelines and sql.startswith("ROLLBACK TO"):
-            _QUEUES.pop(_dbapi(conn), None)  # undone with the rest of the savepoint
+            _drop(_dbapi_if_live(conn))  # undone with the rest of the savepoint
         self.flush(conn)
         cursor = conn.connection.cursor()
         try:
@@ -265,12 +346,6 @@ def statements_for(dialect: sa.Dialect) -> RawStatements:
     return RawStatements(dialect)
 
 
-def send_queued(conn: sa.Connection) -> None:
-    """Send the writes waiting on this connection now, if any (before a savepoint ends, so that a failure
-    among them fails inside it)."""
-    statements_for(conn.dialect).flush(conn)
-
-
 def has_queued(dbapi_connection: Any) -> bool:
     """Whether writes wait on this driver connection for its next statement or commit (profilers: the
     COMMIT then goes with them, as a statement)."""
@@ -278,6 +353,12 @@ def has_queued(dbapi_connection: Any) -> bool:
         return bool(_QUEUES.get(dbapi_connection))
     except TypeError:  # a driver connection that takes no weak reference (sqlite3) never queues
         return False
+
+
+def _as_dicts(cursor: Any) -> list[dict[str, Any]]:
+    """A cursor's rows as dicts of its column names."""
+    names = [d[0] for d in cursor.description]
+    return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
 
 
 def _begins(conn: sa.Connection) -> bool:

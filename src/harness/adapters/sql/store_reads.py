@@ -111,21 +111,22 @@ class RunReads(StoreBase):
     def run_with_transitions(self, run_id: str) -> tuple[RunRecord, list[TransitionRow]]:
         """A Run and its state changes from one snapshot, in one round trip (what closing a Run needs)."""
         with self.reader.connect() as conn, begun(conn):  # raw cursors do not autobegin: begin here
-            found = self._raw.mappings(conn, q.RUN_BY_ID, {"p_run_id": run_id})
+            found, rows = self._raw.mappings_each(conn, (q.RUN_BY_ID, {"p_run_id": run_id}),
+                                                  (q.TRANSITIONS_OF, {"p_run_id": run_id}))
             if not found:
                 raise UnknownRunError(run_id)
-            rows = self._raw.mappings(conn, q.TRANSITIONS_OF, {"p_run_id": run_id})
         return run_of(found[0]), [transition_of(r) for r in rows]
 
     def outcome_of(self, run_id: str) -> tuple[RunState, dict[str, Any] | None, list[RunState]]:
         """(state, result, path) of a Run from one snapshot: what its caller is answered, without the
         request and RunContext a full read decodes."""
         with self.reader.connect() as conn, begun(conn):
-            found = self._raw.fetchone(conn, q.OUTCOME_OF, {"p_run_id": run_id})
-            if found is None:
-                raise UnknownRunError(run_id)
-            path = [RunState(r[0]) for r in self._raw.fetchall(conn, q.PATH_OF, {"p_run_id": run_id})]
-        return RunState(found[0]), json.loads(found[1]) if found[1] else None, path
+            outcome, steps = self._raw.fetch_each(conn, (q.OUTCOME_OF, {"p_run_id": run_id}),
+                                                  (q.PATH_OF, {"p_run_id": run_id}))
+        if not outcome:
+            raise UnknownRunError(run_id)
+        (state, result), path = outcome[0], [RunState(r[0]) for r in steps]
+        return RunState(state), json.loads(result) if result else None, path
 
     def audit_events(self, *, run_id: str | None = None, event: str | None = None) -> list[AuditEvent]:
         """AuditLog events, oldest first, optionally for one Run or one event name."""

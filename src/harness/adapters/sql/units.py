@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import itertools
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any, cast
@@ -34,7 +35,10 @@ from typing import Any, cast
 import sqlalchemy as sa
 from sqlalchemy.engine.base import OptionEngine
 
-from harness.adapters.sql.raw import send_queued
+from harness.adapters.sql.raw import statements_for
+
+#: numbers the savepoints of `guarded` blocks, so that each has a name of its own
+_SAVEPOINTS = itertools.count(1)
 
 #: HARNESS_COMMIT_MODE: "boundaries" (the default) or "transition" (every write its own commit, as before)
 MODES = ("boundaries", "transition")
@@ -279,15 +283,10 @@ def guarded(engine: sa.Engine, *, write: bool) -> Iterator[sa.Connection]:
             yield conn
         return
     conn = unit.connection()
-    nested = conn.begin_nested()
-    try:
+    # a name of its own per block (MySQL replaces a savepoint of the same name: nested blocks would share one);
+    # a write the block queued is sent, and fails, inside the savepoint, as if sent at once
+    with statements_for(conn.dialect).savepoint(conn, f"harness_guarded_{next(_SAVEPOINTS)}"):
         yield conn
-        send_queued(conn)  # a write the block queued fails inside the savepoint, as if sent at once
-    except BaseException:
-        if nested.is_active:
-            nested.rollback()
-        raise
-    nested.commit()
 
 
 def begun(conn: sa.Connection) -> contextlib.AbstractContextManager[Any]:

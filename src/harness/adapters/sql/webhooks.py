@@ -67,14 +67,14 @@ class WebhookOutbox:
     @staticmethod
     def run_snapshot(tx: Tx, run_id: str) -> tuple[dict[str, Any], list[str]] | None:
         """(run columns, path of states) of a Run as this transaction sees it; None for no such Run.
-        Read at every park and close, on the DBAPI cursor (plain text and string columns)."""
+        Read at every park and close, on the DBAPI cursor (plain text and string columns), in one round trip."""
         conn = connection_of(tx)
         raw = statements_for(conn.dialect)
-        row = raw.fetchone(conn, _SNAPSHOT, {"p_run_id": run_id})
-        if row is None:
+        found, steps = raw.fetch_each(conn, (_SNAPSHOT, {"p_run_id": run_id}), (q.PATH_OF, {"p_run_id": run_id}))
+        if not found:
             return None
-        tenant_id, user_id, state, request, result, parent_run_id = row
-        path = [str(r[0]) for r in raw.fetchall(conn, q.PATH_OF, {"p_run_id": run_id})]
+        tenant_id, user_id, state, request, result, parent_run_id = found[0]
+        path = [str(r[0]) for r in steps]
         return {"tenant_id": tenant_id, "user_id": user_id, "state": state, "request": json.loads(request),
                 "result": json.loads(result) if result else None, "parent_run_id": parent_run_id}, path
 
