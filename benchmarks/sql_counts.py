@@ -362,9 +362,12 @@ def _logging_cursor(base: Any, log: StatementLog, key: int) -> Any:
         conn = cursor.connection
         return bool(conn.autocommit) and conn.pgconn.transaction_status == 0  # PQTRANS_IDLE
 
+    def text_of(query: Any) -> str:
+        return query.decode() if isinstance(query, bytes) else str(query)
+
     class LoggingCursor(base):  # type: ignore[misc, valid-type]
         def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
-            text = query.decode() if isinstance(query, bytes) else str(query)
+            text = text_of(query)
             if text.startswith("BEGIN"):  # the log writes each transaction's BEGIN itself
                 return super().execute(query, params, **kwargs)
             round_trips, pipelined = trips(self)
@@ -374,8 +377,8 @@ def _logging_cursor(base: Any, log: StatementLog, key: int) -> Any:
         def executemany(self, query: Any, params_seq: Any, **kwargs: Any) -> Any:
             rows = list(params_seq)
             round_trips, pipelined = trips(self)
-            log.statement(key, query if isinstance(query, str) else str(query), round_trips=round_trips,
-                          rows=len(rows), autocommit=autocommit(self), pipelined=pipelined)
+            log.statement(key, text_of(query), round_trips=round_trips, rows=len(rows), autocommit=autocommit(self),
+                          pipelined=pipelined)
             return super().executemany(query, rows, **kwargs)
 
     return LoggingCursor

@@ -73,9 +73,7 @@ class RawStatements:
         database's) — at once, or on PostgreSQL with the connection's next statement, in one round trip
         with it. Its error, if any, is raised by that statement (or the commit), inside the same
         transaction: it rolls back as it would have."""
-        sql, order, fixed = self._sql(stmt, tuple(params))
-        values = {**fixed, **params}
-        args = [values[k] for k in order] if order is not None else values
+        sql, args = self._bound(stmt, params)
         if not self._queues_on(conn):
             self._run(conn, sql, args).close()
             return
@@ -171,7 +169,7 @@ class RawStatements:
         """Run several SELECTs and return each one's rows as tuples: on PostgreSQL in one round trip (one
         pipeline, after the queued writes), elsewhere one after the other. For reads that do not depend
         on each other (a Run and its path, from one snapshot inside the caller's transaction)."""
-        return self._each(conn, queries, lambda cursor: list(cursor.fetchall()))
+        return self._each(conn, queries, _as_tuples)
 
     def mappings_each(self, conn: sa.Connection, *queries: tuple[Any, Mapping[str, Any] | None]) -> list[
             list[dict[str, Any]]]:
@@ -181,20 +179,8 @@ class RawStatements:
     def _each(self, conn: sa.Connection, queries: Sequence[tuple[Any, Mapping[str, Any] | None]],
               read: Callable[[Any], _T]) -> list[_T]:
         if not self.pipelines:
-            done = []
-            for stmt, params in queries:
-                cursor = self.execute(conn, stmt, params)
-                try:
-                    done.append(read(cursor))
-                finally:
-                    cursor.close()
-            return done
-        statements: list[_Queued] = []
-        for stmt, params in queries:
-            sql, order, fixed = self._sql(stmt, tuple(params or ()))
-            values = {**fixed, **(params or {})}
-            statements.append((sql, [values[k] for k in order] if order is not None else values, False))
-        cursors = self._pipelined(conn, statements)
+            return [self._read(conn, stmt, params, read) for stmt, params in queries]
+        cursors = self._pipelined(conn, [(*self._bound(stmt, params), False) for stmt, params in queries])
         try:
             return [read(cursor) for cursor in cursors]
         finally:
@@ -211,59 +197,42 @@ class RawStatements:
             hit = self._compiled[(id(stmt), keys)] = (compiled.string, order, fixed)
         return hit
 
-    def execute(self, conn: sa.Connection, stmt: Any, params: Mapping[str, Any] | None = None) -> Any:
-        """Run `stmt` with `params`; returns the DBAPI cursor (rowcount, fetchone, fetchall)."""
+    def _bound(self, stmt: Any, params: Mapping[str, Any] | None) -> tuple[str, Any]:
+        """`stmt`'s SQL for this dialect and its arguments in the paramstyle's form (list or dict)."""
         sql, order, fixed = self._sql(stmt, tuple(params or ()))
         values = {**fixed, **(params or {})}
-        args = [values[k] for k in order] if order is not None else values
-        if self.pipelines:
-            return self._run(conn, sql, args)
-        cursor = conn.connection.cursor()
+        return sql, [values[k] for k in order] if order is not None else values
+
+    def execute(self, conn: sa.Connection, stmt: Any, params: Mapping[str, Any] | None = None) -> Any:
+        """Run `stmt` with `params`; returns the DBAPI cursor (rowcount, fetchone, fetchall)."""
+        return self._run(conn, *self._bound(stmt, params))
+
+    def _read(self, conn: sa.Connection, stmt: Any, params: Mapping[str, Any] | None,
+              read: Callable[[Any], _T]) -> _T:
+        cursor = self.execute(conn, stmt, params)
         try:
-            cursor.execute(sql, args)
-        except self._dialect.loaded_dbapi.Error as exc:
-            raise self._translated(sql, args, exc) from exc
-        return cursor
+            return read(cursor)
+        finally:
+            cursor.close()
 
     def fetchone(self, conn: sa.Connection, stmt: Any, params: Mapping[str, Any] | None = None) -> Any:
         """Run a SELECT and return its first row as a tuple (None when there is none); closes the cursor."""
-        cursor = self.execute(conn, stmt, params)
-        try:
-            return cursor.fetchone()
-        finally:
-            cursor.close()
+        return self._read(conn, stmt, params, lambda cursor: cursor.fetchone())
 
     def fetchall(self, conn: sa.Connection, stmt: Any, params: Mapping[str, Any] | None = None) -> list[Any]:
         """Run a SELECT and return its rows as tuples; closes the cursor."""
-        cursor = self.execute(conn, stmt, params)
-        try:
-            return list(cursor.fetchall())
-        finally:
-            cursor.close()
+        return self._read(conn, stmt, params, _as_tuples)
 
     def mappings(self, conn: sa.Connection, stmt: Any, params: Mapping[str, Any] | None = None) -> list[
             dict[str, Any]]:
         """Run a SELECT of plain columns (no result processing needed) and return its rows as dicts."""
-        cursor = self.execute(conn, stmt, params)
-        try:
-            return _as_dicts(cursor)
-        finally:
-            cursor.close()
+        return self._read(conn, stmt, params, _as_dicts)
 
     def executemany(self, conn: sa.Connection, stmt: Any, rows: Sequence[Mapping[str, Any]]) -> None:
         """Run `stmt` once per row (the rows share their keys)."""
         sql, order, _ = self._sql(stmt, tuple(rows[0]))
         args = [[row[k] for k in order] for row in rows] if order is not None else rows
-        if self.pipelines:
-            self._run(conn, sql, args, many=True).close()
-            return
-        cursor = conn.connection.cursor()
-        try:
-            cursor.executemany(sql, args)
-        except self._dialect.loaded_dbapi.Error as exc:
-            raise self._translated(sql, args, exc) from exc
-        finally:
-            cursor.close()
+        self._run(conn, sql, args, many=True).close()
 
     def rows(self, conn: sa.Connection, stmt: Any) -> list[Any]:
         """Run a one-off SELECT of plain columns (no result processing needed) on the DBAPI cursor, its
@@ -353,6 +322,11 @@ def has_queued(dbapi_connection: Any) -> bool:
         return bool(_QUEUES.get(dbapi_connection))
     except TypeError:  # a driver connection that takes no weak reference (sqlite3) never queues
         return False
+
+
+def _as_tuples(cursor: Any) -> list[Any]:
+    """A cursor's rows as tuples."""
+    return list(cursor.fetchall())
 
 
 def _as_dicts(cursor: Any) -> list[dict[str, Any]]:
