@@ -1,7 +1,8 @@
 """A Run driven under its lease (SPEC K5b, S1, T6): the loop every worker (in-process, Celery) runs.
 
-The worker takes the Run's lease (or leaves the Run to whoever holds it), heartbeats it from a
-background thread while the Run is driven, and releases it when the Run is final or parked. If a
+The worker takes the Run's lease (or leaves the Run to whoever holds it), heartbeats it while the Run is
+driven (`Heartbeats`: one scheduling thread per process, a renewal on a thread of its own when one falls
+due), and releases it when the Run is final or parked. If a
 heartbeat finds the lease gone (the worker was paused past its lease and the Run was taken over or
 swept), the drive is fenced: every later transition carries the stale epoch and is refused, and no
 further tool call is made. A Run whose workers keep dying is failed after `max_stalls` takeovers.
@@ -9,11 +10,14 @@ further tool call is made. A Run whose workers keep dying is failed after `max_s
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import logging
 import os
 import socket
 import threading
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 
 from harness.domain.contracts import RunResult
 from harness.domain.leases import Lease, Standing
@@ -68,17 +72,124 @@ class Fence:
         self.lost = True
 
 
+@dataclass(eq=False)
+class _Beat:
+    """One drive's heartbeat: its fence, how often it is renewed, and the renewal under way, if any."""
+
+    fence: Fence
+    leases: RunLeases
+    interval: float
+    stopped: bool = False
+    renewal: threading.Thread | None = field(default=None, repr=False)
+
+
+class Heartbeats:
+    """Renews the leases of the Runs a process drives, from one scheduling thread.
+
+    A drive used to start a heartbeat thread of its own and join it at the end. Most drives end long
+    before their first beat is due (a third of the lease), and on a loaded machine starting and joining
+    that thread cost a short Run more than a quarter of its time. Here one daemon thread keeps the due
+    times; a beat that falls due is made on a thread of its own, so a renewal that waits (for the Run's
+    row, which the drive's own open transaction may hold, or for a database that is away) holds up no
+    other Run's renewal, and the next beat of that Run waits until it is done.
+    """
+
+    def __init__(self) -> None:
+        self._reset()
+        os.register_at_fork(after_in_child=self._reset)  # a forked worker starts with its own thread
+
+    def _reset(self) -> None:
+        self._cond = threading.Condition()
+        self._due: list[tuple[float, int, _Beat]] = []
+        self._order = itertools.count()
+        self._thread: threading.Thread | None = None
+
+    def hold(self, fence: Fence, leases: RunLeases) -> _Beat:
+        """Start renewing the fence's lease every third of its time to live."""
+        beat = _Beat(fence, leases, leases.ttl_s / 3)
+        with self._cond:
+            heapq.heappush(self._due, (time.monotonic() + beat.interval, next(self._order), beat))
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._schedule, daemon=True, name="lease-heartbeats")
+                self._thread.start()
+            self._cond.notify()
+        return beat
+
+    def stop(self, beat: _Beat) -> None:
+        """Make no further renewal of this beat (one under way finishes; `wait` waits for it)."""
+        with self._cond:
+            beat.stopped = True
+
+    def wait(self, beat: _Beat) -> None:
+        """Wait for the beat's renewal under way, if any: called once the drive's last transaction has
+        committed (a renewal waiting for the Run's row that transaction holds would otherwise never end)."""
+        with self._cond:
+            renewal = beat.renewal
+        if renewal is not None:
+            renewal.join()
+
+    def _schedule(self) -> None:
+        with self._cond:
+            while True:
+                if not self._due:
+                    self._cond.wait()
+                    continue
+                due, _, beat = self._due[0]
+                if beat.stopped:
+                    heapq.heappop(self._due)
+                    continue
+                delay = due - time.monotonic()
+                if delay > 0:
+                    self._cond.wait(delay)
+                    continue
+                heapq.heappop(self._due)
+                if beat.renewal is None or not beat.renewal.is_alive():  # else the last one still waits
+                    renewal = threading.Thread(target=self._renew, args=(beat,), daemon=True,
+                                               name=f"heartbeat-{beat.fence.lease.run_id}")
+                    try:
+                        renewal.start()
+                    except RuntimeError as exc:  # no thread to be had now: the next beat tries again
+                        log.warning("heartbeat for run %s not started (%s)", beat.fence.lease.run_id, exc)
+                    else:
+                        beat.renewal = renewal
+                heapq.heappush(self._due, (time.monotonic() + beat.interval, next(self._order), beat))
+
+    def _renew(self, beat: _Beat) -> None:
+        fence = beat.fence
+        try:
+            renewed = beat.leases.heartbeat(fence.lease)
+        except Exception as exc:  # a database outage must not end the heartbeat
+            # the next beat tries again; if none succeeds in time the lease expires, another worker
+            # takes the Run over and this drive's writes are fenced by the epoch they carry
+            log.warning("heartbeat for run %s failed (%s); trying again in %.3gs", fence.lease.run_id,
+                        exc.__class__.__name__, beat.interval)
+            return
+        if renewed is None:
+            with self._cond:
+                stopped, beat.stopped = beat.stopped, True
+            if not stopped:  # else the drive has just released the lease itself
+                log.warning("lease on run %s lost; this worker stops driving it", fence.lease.run_id)
+            fence.lost = True
+            return
+        fence.lease = renewed
+
+
+#: the heartbeats of every drive in this process
+HEARTBEATS = Heartbeats()
+
+
 class LeasedDrive:
     """Drives Runs for one process or thread, each under its lease."""
 
     def __init__(self, store: RunLookup, runs: RunManager, machine: StateMachine, leases: RunLeases, *,
-                 owner: str, max_stalls: int) -> None:
+                 owner: str, max_stalls: int, heartbeats: Heartbeats = HEARTBEATS) -> None:
         self.store = store
         self.runs = runs
         self.machine = machine
         self.owner = owner
         self.leases = leases
         self.max_stalls = max_stalls
+        self.heartbeats = heartbeats
 
     def execute(self, run_id: str) -> RunResult | None:
         """Drive the Run if this worker can take its lease; None when another live worker holds it."""
@@ -87,8 +198,7 @@ class LeasedDrive:
             return self.runs.result(run_id)
         # the lease is taken in the transaction of the drive's first transitions and given back in that
         # of its park or close (the unit of work's first and last commits), not in commits of its own
-        stop = threading.Event()
-        beat: threading.Thread | None = None
+        beat: _Beat | None = None
         try:
             with self.runs.units.unit(run_id):
                 lease = self.leases.acquire(run_id, self.owner)
@@ -97,39 +207,19 @@ class LeasedDrive:
                 fence = Fence(lease, self.leases)
                 if lease.stalls >= self.max_stalls:
                     return self._poisoned(run_id, fence)
-                beat = threading.Thread(target=self._heartbeat, args=(fence, stop), daemon=True,
-                                        name=f"heartbeat-{run_id}")
-                beat.start()
+                beat = self.heartbeats.hold(fence, self.leases)
                 try:
                     return self.runs.drive(run_id, fence=fence)
                 finally:
-                    stop.set()
+                    self.heartbeats.stop(beat)
                     if not fence.lost:
                         self.leases.release(fence.lease)
         finally:
-            # joined once the unit's last transaction has committed: a heartbeat that fired during it
-            # waits for the Run's row that transaction holds, so joining it before the commit would wait
-            # forever on PostgreSQL (and for the lock timeout on SQLite and MariaDB)
+            # waited for once the unit's last transaction has committed: a heartbeat that fired during it
+            # waits for the Run's row that transaction holds, so waiting for it before the commit would
+            # wait forever on PostgreSQL (and for the lock timeout on SQLite and MariaDB)
             if beat is not None:
-                beat.join()
-
-    def _heartbeat(self, fence: Fence, stop: threading.Event) -> None:
-        interval = self.leases.ttl_s / 3
-        while not stop.wait(interval):
-            try:
-                renewed = self.leases.heartbeat(fence.lease)
-            except Exception as exc:  # a database outage must not end the heartbeat
-                # the next beat tries again; if none succeeds in time the lease expires, another worker
-                # takes the Run over and this drive's writes are fenced by the epoch they carry
-                log.warning("heartbeat for run %s failed (%s); trying again in %.3gs", fence.lease.run_id,
-                            exc.__class__.__name__, interval)
-                continue
-            if renewed is None:
-                if not stop.is_set():  # else the drive has just released the lease itself
-                    log.warning("lease on run %s lost; this worker stops driving it", fence.lease.run_id)
-                fence.lost = True
-                return
-            fence.lease = renewed
+                self.heartbeats.wait(beat)
 
     def _poisoned(self, run_id: str, fence: Fence) -> RunResult:
         run = self.store.get_run(run_id)

@@ -1,0 +1,158 @@
+"""A drive's lease is renewed while the Run is driven, from one scheduling thread per process: every held
+lease every third of its time to live, none once its drive has stopped, a renewal that waits holding up
+no other Run's, and a lease taken over marked lost (on every backend, real leases, real time)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from harness.adapters.sql import schema as t
+from harness.adapters.sql.leases import Leases
+from harness.adapters.sql.store import SqlStore
+from harness.clock import FakeClock
+from harness.domain.leases import Lease
+from harness.domain.records import NewRun
+from harness.kernel import RunState
+from harness.leased_drive import Fence, Heartbeats
+from harness.worker import RunWorker
+from tests.integration.test_commit_boundaries import PLAIN, _example
+
+TTL = 0.3  # a beat every 0.1 s
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def store(backend_url: str, clock: FakeClock) -> Iterator[SqlStore]:
+    s = SqlStore.open(backend_url, clock)
+    yield s
+    s.close()
+
+
+def _held(store: SqlStore, leases: Leases, owner: str) -> Fence:
+    run, _ = store.create_run(NewRun("t1", "u1", "s1", {"task": "x"}))
+    lease = leases.acquire(run.run_id, owner)
+    assert lease is not None
+    return Fence(lease, leases)
+
+
+def _expires(store: SqlStore, run_id: str) -> float:
+    with store.engine.connect() as conn:
+        value = conn.execute(sa.select(t.runs.c.lease_expires_at).where(t.runs.c.run_id == run_id)).scalar()
+    return float(value) if value is not None else 0.0
+
+
+def _soon(condition: Callable[[], bool], within: float = 5.0) -> bool:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.02)
+    return condition()
+
+
+def test_every_held_lease_is_renewed_and_none_once_stopped(store: SqlStore, clock: FakeClock) -> None:
+    leases = Leases(store, ttl_s=TTL)
+    heartbeats = Heartbeats()
+    fences = [_held(store, leases, f"w{i}") for i in range(3)]
+    beats = [heartbeats.hold(fence, leases) for fence in fences]
+    clock.advance(1000)  # every lease has lapsed on the database's clock: only a renewal brings it back
+    assert _soon(lambda: all(_expires(store, f.lease.run_id) > clock.now() for f in fences))
+    assert all(leases.holds(f.lease) and not f.lost for f in fences)
+    assert all(f.lease.expires_at > clock.now() for f in fences)  # the fence carries the renewed lease
+    for beat in beats:
+        heartbeats.stop(beat)
+        heartbeats.wait(beat)
+    clock.advance(1000)
+    time.sleep(5 * TTL / 3)  # five beats' time: none is made
+    assert all(_expires(store, f.lease.run_id) < clock.now() for f in fences)
+
+
+class _Stuck(Leases):
+    """Real leases whose renewals of one Run wait until let go (a row held, a database away)."""
+
+    def __init__(self, store: SqlStore, stuck_run: str) -> None:
+        super().__init__(store, ttl_s=TTL)
+        self.stuck_run = stuck_run
+        self.go = threading.Event()
+        self.tries: dict[str, int] = {}
+
+    def heartbeat(self, lease: Lease) -> Lease | None:
+        self.tries[lease.run_id] = self.tries.get(lease.run_id, 0) + 1
+        if lease.run_id == self.stuck_run:
+            self.go.wait(30)
+        return super().heartbeat(lease)
+
+
+def test_a_renewal_that_waits_holds_up_no_other_run(store: SqlStore, clock: FakeClock) -> None:
+    run, _ = store.create_run(NewRun("t1", "u1", "s1", {"task": "x"}))
+    leases = _Stuck(store, run.run_id)
+    stuck = Fence(leases.acquire(run.run_id, "w1") or pytest.fail("no lease"), leases)
+    other = _held(store, leases, "w2")
+    heartbeats = Heartbeats()
+    beats = [heartbeats.hold(stuck, leases), heartbeats.hold(other, leases)]
+    clock.advance(1000)
+    assert _soon(lambda: _expires(store, other.lease.run_id) > clock.now())
+    assert _soon(lambda: leases.tries.get(other.lease.run_id, 0) >= 5)
+    assert leases.tries[run.run_id] == 1  # the next beat of a Run waits for its renewal under way
+    assert _expires(store, run.run_id) < clock.now()
+    for beat in beats:
+        heartbeats.stop(beat)
+    leases.go.set()
+    for beat in beats:
+        heartbeats.wait(beat)
+    assert _expires(store, run.run_id) > clock.now()  # the renewal under way was let finish
+
+
+def test_a_lease_taken_over_is_lost_and_renewed_no_more(store: SqlStore, clock: FakeClock,
+                                                         caplog: pytest.LogCaptureFixture) -> None:
+    leases = Leases(store, ttl_s=TTL)
+    fence = _held(store, leases, "w1")
+    heartbeats = Heartbeats()
+    beat = heartbeats.hold(fence, leases)
+    thief = None
+    while thief is None:  # the lease lapses on the database's clock; a renewal may win a round
+        clock.advance(1000)
+        thief = leases.acquire(fence.lease.run_id, "thief")
+    assert _soon(lambda: fence.lost)
+    assert beat.stopped and "lost; this worker stops driving it" in caplog.text
+    assert not fence.holds()
+    heartbeats.wait(beat)
+    assert leases.holds(thief)
+
+
+def test_a_drive_longer_than_its_lease_keeps_it(backend_url: str, tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Run whose step outlasts the lease several times over is not taken from its worker: the
+    heartbeats keep the lease, so another worker trying all along never gets it, and the Run ends."""
+    monkeypatch.setenv("HARNESS_EXAMPLE_LEDGER", str(tmp_path / "ledger.jsonl"))
+    rt = _example(tmp_path, backend_url)
+    try:
+        run, _ = rt.runs.submit(PLAIN)
+        thief = Leases(rt.store, ttl_s=0.6)
+        stolen: list[object] = []
+
+        def slow_step(run_id: str, _source: RunState, target: RunState) -> None:
+            if run_id == run.run_id and target == RunState.EXECUTING:  # committed, before the first call
+                deadline = time.monotonic() + 2.0
+                while time.monotonic() < deadline:
+                    stolen.append(thief.acquire(run_id, "thief"))
+                    time.sleep(0.05)
+
+        rt.machine.subscribe(slow_step)
+        result = RunWorker(rt, owner="w1", ttl_s=0.6).execute(run.run_id)
+        assert result is not None and result.state == "SUCCEEDED", result
+        assert stolen and not any(stolen)
+        assert rt.store.get_run(run.run_id).lease_owner is None
+    finally:
+        rt.close()
+
