@@ -192,34 +192,41 @@ class LeasedDrive:
         self.heartbeats = heartbeats
 
     def execute(self, run_id: str) -> RunResult | None:
-        """Drive the Run if this worker can take its lease; None when another live worker holds it."""
-        run = self.store.get_run(run_id)
-        if run.state in FINAL or run.state == S.AWAITING_HITL:
-            return self.runs.result(run_id)
+        """Drive the Run if this worker can take its lease; the Run's result when it is final or waits for
+        a human; None when another live worker holds it."""
         # the lease is taken in the transaction of the drive's first transitions and given back in that
-        # of its park or close (the unit of work's first and last commits), not in commits of its own
+        # of its park or close (the unit of work's first and last commits), not in commits of its own;
+        # it is taken only while the Run has something to drive, so no read of the Run comes first
         beat: _Beat | None = None
         try:
             with self.runs.units.unit(run_id):
-                lease = self.leases.acquire(run_id, self.owner)
-                if lease is None:
-                    return None
-                fence = Fence(lease, self.leases)
-                if lease.stalls >= self.max_stalls:
-                    return self._poisoned(run_id, fence)
-                beat = self.heartbeats.hold(fence, self.leases)
-                try:
-                    return self.runs.drive(run_id, fence=fence)
-                finally:
-                    self.heartbeats.stop(beat)
-                    if not fence.lost:
-                        self.leases.release(fence.lease)
+                lease = self.leases.acquire(run_id, self.owner, to_drive=True)
+                if lease is not None:
+                    fence = Fence(lease, self.leases)
+                    if lease.stalls >= self.max_stalls:
+                        return self._poisoned(run_id, fence)
+                    beat = self.heartbeats.hold(fence, self.leases)
+                    try:
+                        return self.runs.drive(run_id, fence=fence)
+                    finally:
+                        self.heartbeats.stop(beat)
+                        if not fence.lost:
+                            self.leases.release(fence.lease)
         finally:
             # waited for once the unit's last transaction has committed: a heartbeat that fired during it
             # waits for the Run's row that transaction holds, so waiting for it before the commit would
             # wait forever on PostgreSQL (and for the lock timeout on SQLite and MariaDB)
             if beat is not None:
                 self.heartbeats.wait(beat)
+        return self._not_driven(run_id)
+
+    def _not_driven(self, run_id: str) -> RunResult | None:
+        """No lease to be had: the Run's result when it is final or waits for a human (UnknownRunError
+        when there is no such Run), None when another live worker holds it."""
+        run = self.store.get_run(run_id)
+        if run.state in FINAL or run.state == S.AWAITING_HITL:
+            return self.runs.result(run_id)
+        return None
 
     def _poisoned(self, run_id: str, fence: Fence) -> RunResult:
         run = self.store.get_run(run_id)

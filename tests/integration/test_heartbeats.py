@@ -1,6 +1,7 @@
-"""A drive's lease is renewed while the Run is driven, from one scheduling thread per process: every held
+"""A drive's lease: renewed while the Run is driven, from one scheduling thread per process (every held
 lease every third of its time to live, none once its drive has stopped, a renewal that waits holding up
-no other Run's, and a lease taken over marked lost (on every backend, real leases, real time)."""
+no other Run's, a lease taken over marked lost), and taken only while the Run has something to drive
+(on every backend, real leases, real time)."""
 
 from __future__ import annotations
 
@@ -16,13 +17,16 @@ from harness.adapters.sql import schema as t
 from harness.adapters.sql.leases import Leases
 from harness.adapters.sql.store import SqlStore
 from harness.clock import FakeClock
+from harness.domain.errors import UnknownRunError
 from harness.domain.leases import Lease
 from harness.domain.records import NewRun
 from harness.kernel import RunState
 from harness.leased_drive import Fence, Heartbeats
+from harness.state_machine import StateMachine
 from harness.worker import RunWorker
 from tests.integration.test_commit_boundaries import PLAIN, _example
 
+S = RunState
 TTL = 0.3  # a beat every 0.1 s
 
 
@@ -156,3 +160,40 @@ def test_a_drive_longer_than_its_lease_keeps_it(backend_url: str, tmp_path: Path
     finally:
         rt.close()
 
+
+def test_a_lease_to_drive_is_not_taken_on_a_run_with_nothing_to_drive(store: SqlStore) -> None:
+    """A drive takes its lease with no read of the Run before it: the lease is refused outright when the
+    Run is final or waits for a human, and such a Run's lease columns are left as they were."""
+    machine = StateMachine(store)
+    leases = Leases(store, ttl_s=60)
+    closed, _ = store.create_run(NewRun("t1", "u1", "s1", {"task": "x"}))
+    machine.transition(closed.run_id, S.CREATED, S.FAILED, actor="test", reason="closed")
+    parked, _ = store.create_run(NewRun("t1", "u1", "s1", {"task": "x"}))
+    for source, target in ((S.CREATED, S.PREPARING), (S.PREPARING, S.PLANNING), (S.PLANNING, S.POLICY_CHECK),
+                           (S.POLICY_CHECK, S.AWAITING_HITL)):
+        machine.transition(parked.run_id, source, target, actor="test", reason="on its way")
+    assert store.get_run(closed.run_id).state == S.CLOSED_FAILED
+    for run_id in (closed.run_id, parked.run_id, "no-such-run"):
+        assert leases.acquire(run_id, "w1", to_drive=True) is None
+    assert all(store.get_run(r).lease_epoch == 0 and store.get_run(r).lease_owner is None
+               for r in (closed.run_id, parked.run_id))
+    fresh, _ = store.create_run(NewRun("t1", "u1", "s1", {"task": "x"}))
+    assert leases.acquire(fresh.run_id, "w1", to_drive=True) is not None
+    assert leases.acquire(closed.run_id, "w1") is not None  # the plain acquire takes any Run's lease
+
+
+def test_a_drive_of_a_final_run_answers_its_result_and_of_an_unknown_one_names_it(
+        backend_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HARNESS_EXAMPLE_LEDGER", str(tmp_path / "ledger.jsonl"))
+    rt = _example(tmp_path, backend_url)
+    try:
+        done = rt.runs.create_run(PLAIN)
+        assert done.state == "SUCCEEDED"
+        epoch = rt.store.get_run(done.run_id).lease_epoch
+        again = RunWorker(rt, owner="w2").execute(done.run_id)
+        assert again is not None and again.state == "SUCCEEDED" and again.run_id == done.run_id
+        assert rt.store.get_run(done.run_id).lease_epoch == epoch  # no lease was taken
+        with pytest.raises(UnknownRunError, match="no-such-run"):
+            RunWorker(rt, owner="w2").execute("no-such-run")
+    finally:
+        rt.close()

@@ -21,8 +21,9 @@ class RunLeases(Protocol):
         """How long a lease lives without a heartbeat."""
         ...
 
-    def acquire(self, run_id: str, owner: str) -> Lease | None:
-        """Take the Run's lease if it is free or expired (a takeover counts a stall); None while held."""
+    def acquire(self, run_id: str, owner: str, *, to_drive: bool = False) -> Lease | None:
+        """Take the Run's lease if it is free or expired (a takeover counts a stall); None while held, or,
+        `to_drive`, while the Run is final or waiting for a human (or when there is no such Run)."""
         ...
 
     def heartbeat(self, lease: Lease) -> Lease | None:

@@ -15,7 +15,7 @@ from harness.adapters.sql.raw import statements_for
 from harness.adapters.sql.store import SqlStore
 from harness.domain.errors import UnknownRunError
 from harness.domain.leases import Lease, Standing
-from harness.kernel import RunState
+from harness.kernel import FINAL, RunState
 
 b = sa.bindparam
 
@@ -39,6 +39,13 @@ _ACQUIRE = (
 )
 #: PostgreSQL and SQLite: the lease taken and read back in one statement
 _ACQUIRE_RETURNING = _ACQUIRE.returning(t.runs.c.lease_epoch, t.runs.c.lease_expires_at, t.runs.c.stall_count)
+#: the same, only while the Run has something to drive: neither final nor waiting for a human (a drive
+#: that takes its lease this way needs no read of the Run before it)
+#: (the states written out as constants: the statements run on the DBAPI cursor, which expands no list)
+_DRIVABLE = t.runs.c.state.notin_(
+    [sa.literal_column(f"'{s.value}'") for s in sorted((*FINAL, RunState.AWAITING_HITL), key=str)])
+_ACQUIRE_TO_DRIVE = _ACQUIRE.where(_DRIVABLE)
+_ACQUIRE_TO_DRIVE_RETURNING = _ACQUIRE_RETURNING.where(_DRIVABLE)
 _HEARTBEAT = (
     t.runs.update()
     .where(t.runs.c.run_id == b("p_run_id"), t.runs.c.lease_epoch == b("p_epoch"), t.runs.c.lease_owner == b("owner"))
@@ -67,17 +74,19 @@ class Leases:
         # parameter and column is a plain str, int or float)
         self._raw = statements_for(store.engine.dialect)
 
-    def acquire(self, run_id: str, owner: str) -> Lease | None:
-        """Take the Run's lease if it is free or expired (a takeover counts a stall); None if held."""
+    def acquire(self, run_id: str, owner: str, *, to_drive: bool = False) -> Lease | None:
+        """Take the Run's lease if it is free or expired (a takeover counts a stall); None if held, or,
+        `to_drive`, if the Run is final or waiting for a human (or there is no such Run)."""
         now = self.store.clock.now()
         params = {"p_run_id": run_id, "p_now": now, "owner": owner, "expires": now + self.ttl_s}
         with self.store.engine.begin() as conn:
             if conn.dialect.update_returning:
-                row = self._raw.fetchone(conn, _ACQUIRE_RETURNING, params)
+                row = self._raw.fetchone(conn, _ACQUIRE_TO_DRIVE_RETURNING if to_drive else _ACQUIRE_RETURNING,
+                                         params)
                 if row is None:
                     return None
             else:
-                if self._raw.execute(conn, _ACQUIRE, params).rowcount != 1:
+                if self._raw.execute(conn, _ACQUIRE_TO_DRIVE if to_drive else _ACQUIRE, params).rowcount != 1:
                     return None
                 row = self._raw.fetchone(conn, _READ, {"p_run_id": run_id})[1:]
         epoch, expires, stalls = row
