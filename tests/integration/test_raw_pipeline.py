@@ -201,3 +201,46 @@ def test_nested_guarded_blocks_each_undo_only_themselves(store: SqlStore) -> Non
         with store.engine.begin() as conn:
             raw.later(conn, INSERT, {"id": 4, "note": "after the block"})
     assert _notes(store.engine) == [(1, "the drive's"), (4, "after the block")]
+
+
+@pytest.mark.parametrize("count", [1, 2, 3, 18, 256, 300])
+def test_many_rows_are_written_in_their_order_queued_or_at_once(engine: sa.Engine, count: int) -> None:
+    """Many rows are written exactly as given, in their order, whether they wait for the next statement
+    (on PostgreSQL, in the pipeline) or go at once."""
+    raw = RawStatements(engine.dialect)
+    rows = [{"id": i, "note": f"row {i}"} for i in range(count)]
+    with engine.begin() as conn:
+        raw.later_many(conn, INSERT, rows[: count // 2])
+        raw.executemany(conn, INSERT, [{"id": 1000 + i, "note": f"row {1000 + i}"} for i in range(count)])
+        raw.later_many(conn, INSERT, rows[count // 2:])
+    expected = sorted([(i, f"row {i}") for i in range(count)] + [(1000 + i, f"row {1000 + i}") for i in range(count)])
+    assert _notes(engine) == expected
+
+
+def test_a_row_that_fails_among_many_writes_none_of_its_transaction(engine: sa.Engine) -> None:
+    raw = RawStatements(engine.dialect)
+    with engine.begin() as conn:
+        raw.later(conn, INSERT, {"id": 7, "note": "kept"})
+    for write in (raw.later_many, raw.executemany):
+        with pytest.raises(sa.exc.IntegrityError), engine.begin() as conn:
+            write(conn, INSERT, [{"id": i, "note": "lost with its transaction"} for i in range(20)])
+    assert _notes(engine) == [(7, "kept")]
+
+
+def test_a_long_batch_of_records_chains_in_one_drain(backend_url: str) -> None:
+    """A drain of hundreds of records links each to the one before it (the linear-chain trigger passes
+    every one) and the chain verifies."""
+    from harness.adapters.sql.audit_reads import SqlAuditReads
+    from harness.audit.verify import verify_chain
+    from harness.domain.records import TraceRecordIn
+
+    store = SqlStore.open(backend_url)
+    try:
+        store.drain()
+        store.record([TraceRecordIn("note", {"n": i}, None) for i in range(700)])
+        assert store.drain(batch_size=1000) == 700
+        assert store.outbox_backlog() == 0
+        report = verify_chain(SqlAuditReads(store))
+        assert report.ok, report
+    finally:
+        store.close()
