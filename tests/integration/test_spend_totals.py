@@ -286,3 +286,41 @@ def test_a_replay_sees_the_spend_recorded_before_the_run(test_runtime: Runtime, 
     report = replay(rejected.run_id, test_runtime.store, test_runtime.settings)
     assert report.ok, report.divergences
     assert report.summary["state"] == "CLOSED_REJECTED"
+
+
+def test_a_run_total_sums_its_tree_at_any_depth_in_one_read(store: SqlStore) -> None:
+    """A Run's total (what its RunTrace carries) is its own costs and those of its child Runs at any
+    depth, each Run once; Runs of the tree with no cost count as children; `until` leaves later costs
+    out; a cycle in bad data ends; an unknown Run has an empty total."""
+    from harness.domain.records import NewRun
+
+    def run(parent: str | None = None) -> str:
+        made, _ = store.create_run(NewRun("acme", "ana", "s", {"task": "x"}, parent_run_id=parent))
+        return made.run_id
+
+    root = run()
+    a, b = run(root), run(root)
+    grandchild, quiet = run(a), run(b)
+    other = run()  # not in the tree
+    ledger = CostLedger(store)
+    clock = store.clock
+    assert isinstance(clock, FakeClock)
+    for run_id, usd in ((root, 0.5), (a, 0.25), (grandchild, 0.125), (grandchild, 0.0625), (other, 9.0)):
+        ledger.record(cost("acme", "ana", run_id, usd))
+        clock.advance(10)
+    ledger.record(CostTrace(run_id=b, source="llm:x:plan", input_tokens=1, output_tokens=1, usd=0.0,
+                            tenant_id="acme", user_id="ana", priced=False, model="mystery"))
+    total = ledger.run_total(root)
+    assert (total.usd, total.costs, total.children, total.unpriced) == (0.9375, 5, 4, 1)
+    assert (total.input_tokens, total.output_tokens) == (41, 21)
+    assert ledger.run_total(a).usd == 0.4375 and ledger.run_total(a).children == 1
+    assert ledger.run_total(quiet).costs == 0 and ledger.run_total(quiet).children == 0
+    early = ledger.run_total(root, until=clock.now() - 35)  # the first two costs only
+    assert (early.usd, early.costs, early.children) == (0.75, 2, 4)
+    assert ledger.unpriced_calls(b) == ["mystery"] and ledger.unpriced_calls(root) == []
+    unknown = ledger.run_total("no-such-run")
+    assert (unknown.usd, unknown.costs, unknown.children) == (0.0, 0, 0)
+    with store.engine.begin() as conn:  # bad data: the root made a child of its own grandchild
+        conn.execute(t.runs.update().where(t.runs.c.run_id == root).values(parent_run_id=grandchild))
+    cyclic = ledger.run_total(root)
+    assert (cyclic.usd, cyclic.costs, cyclic.children) == (0.9375, 5, 4)

@@ -145,18 +145,19 @@ class CostLedger:
 
     def run_total(self, run_id: str, *, until: float | None = None) -> RunTotal:
         """What the Run and its child Runs (at any depth) recorded, optionally only up to `until`: the total
-        a RunTrace carries (SPEC A1)."""
+        a RunTrace carries (SPEC A1). One statement: the Run's tree and each member's sums."""
         with self.store.reader.connect() as conn:
-            runs = descendants(conn, [run_id])
-            totals = sum_costs(conn, runs, until=until)
-        return totals.get(run_id, RunTotal()).merged(
-            [totals[r] for r in runs if r != run_id and r in totals], children=len(runs) - 1)
+            rows = self._raw.fetchall(conn, _TREE_TOTALS_UNTIL if until is not None else _TREE_TOTALS,
+                                      {"p_run": run_id, **({} if until is None else {"p_until": until})})
+        sums = {r[0]: RunTotal(int(r[2]), int(r[3]), int(r[4]), float(r[5]), float(r[1]), int(r[6]), int(r[7]))
+                for r in rows}
+        own = sums.pop(run_id, RunTotal())
+        return own.merged([total for total in sums.values() if total.costs], children=len(sums))
 
     def unpriced_calls(self, run_id: str) -> list[str]:
         """The models of the Run's calls recorded without a price."""
-        query = sa.select(costs.c.model).where(costs.c.run_id == run_id, costs.c.priced.is_(False))
         with self.store.reader.connect() as conn:
-            return sorted({str(m) for m in conn.execute(query).scalars()})
+            return sorted({str(row[0]) for row in self._raw.fetchall(conn, _UNPRICED, {"p_run": run_id})})
 
     def by_group(self, group_by: GroupBy, *, tenant_id: str | None, since: float | None = None,
                  until: float | None = None, limit: int = 1000) -> list[CostGroup]:
@@ -243,11 +244,25 @@ def descendants(conn: sa.Connection, run_ids: Sequence[str]) -> list[str]:
     return found
 
 
-def sum_costs(conn: sa.Connection, run_ids: Sequence[str], *, until: float | None = None) -> dict[str, RunTotal]:
-    """Each Run's own recorded sums (Runs with no cost are absent), optionally only costs up to `until`."""
-    query = (sa.select(costs.c.run_id, *_MEASURES[:6],
-                       _MEASURES[7]).where(costs.c.run_id.in_(list(run_ids))).group_by(costs.c.run_id))
-    if until is not None:
-        query = query.where(costs.c.at <= until)
-    return {r.run_id: RunTotal(int(r.input_tokens), int(r.output_tokens), int(r.api_calls), float(r.sandbox_s),
-                               float(r.usd), int(r.n), int(r.unpriced)) for r in conn.execute(query)}
+def _tree_totals(*, until: bool) -> sa.Select[Any]:
+    """Each Run of a Run's tree (the Run, its child Runs at any depth, each once) with its own sums, Runs
+    with no cost included (n = 0), optionally only costs up to :p_until: one statement, a recursive CTE
+    down runs.parent_run_id (indexed), as deep as _MAX_DEPTH (a cycle in bad data cannot loop forever)."""
+    depth = sa.literal_column("0", sa.Integer)  # constants in the SQL: an argument's type would be the driver's
+    top = sa.select(t.runs.c.run_id, depth.label("depth")).where(
+        t.runs.c.run_id == b("p_run")).cte("tree", recursive=True)
+    child = t.runs.alias("child")
+    tree = top.union_all(sa.select(child.c.run_id, top.c.depth + sa.literal_column("1", sa.Integer)).where(
+        child.c.parent_run_id == top.c.run_id, top.c.depth < sa.literal_column(str(_MAX_DEPTH), sa.Integer)))
+    members = sa.select(tree.c.run_id).distinct().subquery("members")
+    joined = costs.c.run_id == members.c.run_id
+    if until:
+        joined = sa.and_(joined, costs.c.at <= b("p_until"))
+    measures = (*_MEASURES[:5], sa.func.count(costs.c.run_id).label("n"), _MEASURES[7])
+    return sa.select(members.c.run_id, *measures).select_from(
+        members.outerjoin(costs, joined)).group_by(members.c.run_id)
+
+
+_TREE_TOTALS = _tree_totals(until=False)
+_TREE_TOTALS_UNTIL = _tree_totals(until=True)
+_UNPRICED = sa.select(costs.c.model).where(costs.c.run_id == b("p_run"), costs.c.priced.is_(False))
