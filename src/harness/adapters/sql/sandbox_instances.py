@@ -19,6 +19,7 @@ import sqlalchemy as sa
 
 from harness.adapters.sql import schema as t
 from harness.adapters.sql.database import connection_of
+from harness.adapters.sql.raw import statements_for
 from harness.adapters.sql.store import SqlStore
 from harness.domain.sandbox import (
     DEAD,
@@ -41,11 +42,14 @@ _RACE_RETRIES = 8
 
 
 def _instance(row: Any) -> InstanceRow:
-    """An instance from a result row."""
-    values = dict(row._mapping)
+    """An instance from a result row (or the mapping of one)."""
+    values = dict(row._mapping) if hasattr(row, "_mapping") else dict(row)
     values["ports"] = tuple(int(p) for p in values["ports"].split(",") if p)
     values["persistent"], values["billed"] = bool(values["persistent"]), bool(values["billed"])
     return InstanceRow(**values)
+
+
+_OF_RUN = sa.select(instances).where(instances.c.run_id == sa.bindparam("p_run"))
 
 
 def instance_id_of(run_id: str, skill_id: str) -> str:
@@ -159,8 +163,8 @@ class InstanceTable:
 
     def of_run(self, tx: Tx, run_id: str) -> list[InstanceRow]:
         """The Run's instances (any state), inside the caller's transaction."""
-        query = sa.select(instances).where(instances.c.run_id == run_id)
-        return [_instance(r) for r in connection_of(tx).execute(query)]
+        conn = connection_of(tx)  # at every close: on the cursor, the statement built once
+        return [_instance(r) for r in statements_for(conn.dialect).mappings(conn, _OF_RUN, {"p_run": run_id})]
 
     def mark_billed(self, tx: Tx, instance_id: str) -> None:
         """The instance's held seconds are in the Run's costs."""
