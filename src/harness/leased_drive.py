@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from harness.domain.contracts import RunResult
 from harness.domain.leases import Lease, Standing
-from harness.kernel import FINAL, RunState
+from harness.kernel import FINAL, NOTHING_TO_DRIVE, RunState
 from harness.pipeline.run_manager import RunManager
 from harness.ports.leases import RunLeases, RunLookup
 from harness.state_machine import StateMachine
@@ -77,7 +77,6 @@ class _Beat:
     """One drive's heartbeat: its fence, how often it is renewed, and the renewal under way, if any."""
 
     fence: Fence
-    leases: RunLeases
     interval: float
     stopped: bool = False
     renewal: threading.Thread | None = field(default=None, repr=False)
@@ -104,9 +103,9 @@ class Heartbeats:
         self._order = itertools.count()
         self._thread: threading.Thread | None = None
 
-    def hold(self, fence: Fence, leases: RunLeases) -> _Beat:
+    def hold(self, fence: Fence) -> _Beat:
         """Start renewing the fence's lease every third of its time to live."""
-        beat = _Beat(fence, leases, leases.ttl_s / 3)
+        beat = _Beat(fence, fence.leases.ttl_s / 3)
         with self._cond:
             heapq.heappush(self._due, (time.monotonic() + beat.interval, next(self._order), beat))
             if self._thread is None or not self._thread.is_alive():
@@ -157,7 +156,7 @@ class Heartbeats:
     def _renew(self, beat: _Beat) -> None:
         fence = beat.fence
         try:
-            renewed = beat.leases.heartbeat(fence.lease)
+            renewed = fence.leases.heartbeat(fence.lease)
         except Exception as exc:  # a database outage must not end the heartbeat
             # the next beat tries again; if none succeeds in time the lease expires, another worker
             # takes the Run over and this drive's writes are fenced by the epoch they carry
@@ -205,7 +204,7 @@ class LeasedDrive:
                     fence = Fence(lease, self.leases)
                     if lease.stalls >= self.max_stalls:
                         return self._poisoned(run_id, fence)
-                    beat = self.heartbeats.hold(fence, self.leases)
+                    beat = self.heartbeats.hold(fence)
                     try:
                         return self.runs.drive(run_id, fence=fence)
                     finally:
@@ -223,8 +222,7 @@ class LeasedDrive:
     def _not_driven(self, run_id: str) -> RunResult | None:
         """No lease to be had: the Run's result when it is final or waits for a human (UnknownRunError
         when there is no such Run), None when another live worker holds it."""
-        run = self.store.get_run(run_id)
-        if run.state in FINAL or run.state == S.AWAITING_HITL:
+        if self.store.get_run(run_id).state in NOTHING_TO_DRIVE:
             return self.runs.result(run_id)
         return None
 

@@ -5,9 +5,10 @@ no other Run's, a lease taken over marked lost), and taken only while the Run ha
 
 from __future__ import annotations
 
+import multiprocessing as mp
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,7 @@ from harness.kernel import RunState
 from harness.leased_drive import Fence, Heartbeats
 from harness.state_machine import StateMachine
 from harness.worker import RunWorker
+from tests.integration.test_child_runs import eventually
 from tests.integration.test_commit_boundaries import PLAIN, _example
 
 S = RunState
@@ -55,22 +57,14 @@ def _expires(store: SqlStore, run_id: str) -> float:
     return float(value) if value is not None else 0.0
 
 
-def _soon(condition: Callable[[], bool], within: float = 5.0) -> bool:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.02)
-    return condition()
-
-
 def test_every_held_lease_is_renewed_and_none_once_stopped(store: SqlStore, clock: FakeClock) -> None:
     leases = Leases(store, ttl_s=TTL)
     heartbeats = Heartbeats()
     fences = [_held(store, leases, f"w{i}") for i in range(3)]
-    beats = [heartbeats.hold(fence, leases) for fence in fences]
+    beats = [heartbeats.hold(fence) for fence in fences]
     clock.advance(1000)  # every lease has lapsed on the database's clock: only a renewal brings it back
-    assert _soon(lambda: all(_expires(store, f.lease.run_id) > clock.now() for f in fences))
+    eventually(lambda: all(_expires(store, f.lease.run_id) > clock.now() for f in fences),
+               "every held lease renewed", timeout_s=5)
     assert all(leases.holds(f.lease) and not f.lost for f in fences)
     assert all(f.lease.expires_at > clock.now() for f in fences)  # the fence carries the renewed lease
     for beat in beats:
@@ -103,10 +97,12 @@ def test_a_renewal_that_waits_holds_up_no_other_run(store: SqlStore, clock: Fake
     stuck = Fence(leases.acquire(run.run_id, "w1") or pytest.fail("no lease"), leases)
     other = _held(store, leases, "w2")
     heartbeats = Heartbeats()
-    beats = [heartbeats.hold(stuck, leases), heartbeats.hold(other, leases)]
+    beats = [heartbeats.hold(stuck), heartbeats.hold(other)]
     clock.advance(1000)
-    assert _soon(lambda: _expires(store, other.lease.run_id) > clock.now())
-    assert _soon(lambda: leases.tries.get(other.lease.run_id, 0) >= 5)
+    eventually(lambda: _expires(store, other.lease.run_id) > clock.now(), "the other Run's lease renewed",
+               timeout_s=5)
+    eventually(lambda: leases.tries.get(other.lease.run_id, 0) >= 5, "five renewals of the other Run",
+               timeout_s=5)
     assert leases.tries[run.run_id] == 1  # the next beat of a Run waits for its renewal under way
     assert _expires(store, run.run_id) < clock.now()
     for beat in beats:
@@ -122,40 +118,59 @@ def test_a_lease_taken_over_is_lost_and_renewed_no_more(store: SqlStore, clock: 
     leases = Leases(store, ttl_s=TTL)
     fence = _held(store, leases, "w1")
     heartbeats = Heartbeats()
-    beat = heartbeats.hold(fence, leases)
+    beat = heartbeats.hold(fence)
     thief = None
-    while thief is None:  # the lease lapses on the database's clock; a renewal may win a round
+    for _ in range(50):  # the lease lapses on the database's clock; a renewal may win a round
         clock.advance(1000)
         thief = leases.acquire(fence.lease.run_id, "thief")
-    assert _soon(lambda: fence.lost)
+        if thief is not None:
+            break
+    assert thief is not None, "the lapsed lease was never taken over"
+    eventually(lambda: fence.lost, "the fence marked lost", timeout_s=5)
     assert beat.stopped and "lost; this worker stops driving it" in caplog.text
     assert not fence.holds()
     heartbeats.wait(beat)
     assert leases.holds(thief)
 
 
+def _steal(url: str, run_id: str, seconds: float, log: str) -> None:
+    """Another worker process: tries to take the Run's lease all along, one line per try (1: it got it)."""
+    store = SqlStore.open(url)
+    try:
+        leases, deadline = Leases(store, ttl_s=0.6), time.monotonic() + seconds
+        with open(log, "a") as out:
+            while time.monotonic() < deadline:
+                out.write(f"{int(leases.acquire(run_id, 'thief') is not None)}\n")
+                out.flush()
+                time.sleep(0.05)
+    finally:
+        store.close()
+
+
 def test_a_drive_longer_than_its_lease_keeps_it(backend_url: str, tmp_path: Path,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """A Run whose step outlasts the lease several times over is not taken from its worker: the
-    heartbeats keep the lease, so another worker trying all along never gets it, and the Run ends."""
+    heartbeats keep the lease, so a worker in another process trying all along never gets it, and the
+    Run ends."""
     monkeypatch.setenv("HARNESS_EXAMPLE_LEDGER", str(tmp_path / "ledger.jsonl"))
     rt = _example(tmp_path, backend_url)
+    log = tmp_path / "thief.log"
     try:
         run, _ = rt.runs.submit(PLAIN)
-        thief = Leases(rt.store, ttl_s=0.6)
-        stolen: list[object] = []
 
         def slow_step(run_id: str, _source: RunState, target: RunState) -> None:
             if run_id == run.run_id and target == RunState.EXECUTING:  # committed, before the first call
-                deadline = time.monotonic() + 1.8  # three times the lease
-                while time.monotonic() < deadline:
-                    stolen.append(thief.acquire(run_id, "thief"))
-                    time.sleep(0.05)
+                thief = mp.get_context("spawn").Process(target=_steal,
+                                                        args=(backend_url, run_id, 1.8, str(log)))
+                thief.start()  # the step lasts the thief's start-up and its 1.8 s: over three leases
+                thief.join(60)
+                assert thief.exitcode == 0
 
         rt.machine.subscribe(slow_step)
         result = RunWorker(rt, owner="w1", ttl_s=0.6).execute(run.run_id)
         assert result is not None and result.state == "SUCCEEDED", result
-        assert stolen and not any(stolen)
+        stolen = log.read_text().split()
+        assert stolen and not any(int(x) for x in stolen)
         assert rt.store.get_run(run.run_id).lease_owner is None
     finally:
         rt.close()

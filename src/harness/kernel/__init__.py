@@ -2,7 +2,7 @@
 
 from harness.kernel.events import FINAL_EVENT, audit_events_for
 from harness.kernel.projection import JobStatus, job_status
-from harness.kernel.states import FINAL, NON_FINAL, TRANSIENT, CloseReason, Phase, RunState, is_final
+from harness.kernel.states import FINAL, NON_FINAL, NOTHING_TO_DRIVE, TRANSIENT, CloseReason, Phase, RunState, is_final
 from harness.kernel.transitions import (
     LEGAL,
     TABLE,
@@ -21,6 +21,7 @@ __all__ = [
     "FINAL_EVENT",
     "LEGAL",
     "NON_FINAL",
+    "NOTHING_TO_DRIVE",
     "TABLE",
     "TRANSIENT",
     "CloseReason",

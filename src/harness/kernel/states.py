@@ -56,6 +56,8 @@ FINAL: frozenset[RunState] = frozenset(
     {RunState.SUCCEEDED, RunState.CLOSED_REJECTED, RunState.CLOSED_FAILED, RunState.CLOSED_CANCELLED}
 )
 NON_FINAL: frozenset[RunState] = frozenset(RunState) - FINAL
+#: states with nothing for a worker to drive: final, or waiting for a human's decision
+NOTHING_TO_DRIVE: frozenset[RunState] = FINAL | {RunState.AWAITING_HITL}
 
 PHASE_OF: dict[RunState, Phase] = {
     **{s: Phase.MAIN for s in MAIN_PATH},

@@ -15,7 +15,7 @@ from harness.adapters.sql.raw import statements_for
 from harness.adapters.sql.store import SqlStore
 from harness.domain.errors import UnknownRunError
 from harness.domain.leases import Lease, Standing
-from harness.kernel import FINAL, RunState
+from harness.kernel import NOTHING_TO_DRIVE, RunState
 
 b = sa.bindparam
 
@@ -42,8 +42,7 @@ _ACQUIRE_RETURNING = _ACQUIRE.returning(t.runs.c.lease_epoch, t.runs.c.lease_exp
 #: the same, only while the Run has something to drive: neither final nor waiting for a human (a drive
 #: that takes its lease this way needs no read of the Run before it)
 #: (the states written out as constants: the statements run on the DBAPI cursor, which expands no list)
-_DRIVABLE = t.runs.c.state.notin_(
-    [sa.literal_column(f"'{s.value}'") for s in sorted((*FINAL, RunState.AWAITING_HITL), key=str)])
+_DRIVABLE = t.runs.c.state.notin_([sa.literal_column(f"'{state}'") for state in sorted(NOTHING_TO_DRIVE)])
 _ACQUIRE_TO_DRIVE = _ACQUIRE.where(_DRIVABLE)
 _ACQUIRE_TO_DRIVE_RETURNING = _ACQUIRE_RETURNING.where(_DRIVABLE)
 _HEARTBEAT = (

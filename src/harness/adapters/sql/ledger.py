@@ -147,9 +147,12 @@ class CostLedger:
         """What the Run and its child Runs (at any depth) recorded, optionally only up to `until`: the total
         a RunTrace carries (SPEC A1). One statement: the Run's tree and each member's sums."""
         with self.store.reader.connect() as conn:
-            rows = self._raw.fetchall(conn, _TREE_TOTALS_UNTIL if until is not None else _TREE_TOTALS,
-                                      {"p_run": run_id, **({} if until is None else {"p_until": until})})
-        sums = {r[0]: RunTotal(int(r[2]), int(r[3]), int(r[4]), float(r[5]), float(r[1]), int(r[6]), int(r[7]))
+            if until is None:
+                rows = self._raw.mappings(conn, _TREE_TOTALS, {"p_run": run_id})
+            else:
+                rows = self._raw.mappings(conn, _TREE_TOTALS_UNTIL, {"p_run": run_id, "p_until": until})
+        sums = {r["run_id"]: RunTotal(int(r["input_tokens"]), int(r["output_tokens"]), int(r["api_calls"]),
+                                      float(r["sandbox_s"]), float(r["usd"]), int(r["n"]), int(r["unpriced"]))
                 for r in rows}
         own = sums.pop(run_id, RunTotal())
         return own.merged([total for total in sums.values() if total.costs], children=len(sums))

@@ -12,7 +12,7 @@ is left, so no cap or port is ever handed out twice on any backend.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -41,9 +41,9 @@ instances, leases = t.sandbox_instances, t.sandbox_leases
 _RACE_RETRIES = 8
 
 
-def _instance(row: Any) -> InstanceRow:
-    """An instance from a result row (or the mapping of one)."""
-    values = dict(row._mapping) if hasattr(row, "_mapping") else dict(row)
+def _instance(row: Mapping[Any, Any]) -> InstanceRow:
+    """An instance from a row's columns by name."""
+    values = dict(row)
     values["ports"] = tuple(int(p) for p in values["ports"].split(",") if p)
     values["persistent"], values["billed"] = bool(values["persistent"]), bool(values["billed"])
     return InstanceRow(**values)
@@ -79,7 +79,7 @@ class InstanceTable:
         query = sa.select(instances).where(instances.c.run_id == run_id, instances.c.skill_id == skill_id)
         with self.store.engine.connect() as conn:
             row = conn.execute(query).first()
-        return None if row is None else _instance(row)
+        return None if row is None else _instance(row._mapping)
 
     def acquire(self, claim: Claim, capacity: Capacity, now: float, lease_until: float) -> InstanceRow:
         """Take the claim's units and make its row live (a new row, or the next generation of a row whose
@@ -119,7 +119,7 @@ class InstanceTable:
             conn.execute(instances.insert().values(instance_id=instance_id, run_id=claim.run_id,
                                                    skill_id=claim.skill_id, created_at=now, **values))
         row = conn.execute(sa.select(instances).where(instances.c.instance_id == instance_id)).one()
-        return _instance(row)
+        return _instance(row._mapping)
 
     def started(self, instance_id: str, pid: int | None, pid_start: int | None, now: float, *,
                 new_generation: bool = False) -> InstanceRow:
@@ -130,11 +130,11 @@ class InstanceTable:
         with self.store.engine.begin() as conn:
             if new_generation:
                 row = conn.execute(sa.select(instances).where(instances.c.instance_id == instance_id)).one()
-                values["held_s"] = _instance(row).held_until(now)
+                values["held_s"] = _instance(row._mapping).held_until(now)
                 values["generation"] = instances.c.generation + 1
             conn.execute(instances.update().where(instances.c.instance_id == instance_id).values(**values))
             return _instance(conn.execute(sa.select(instances).where(
-                instances.c.instance_id == instance_id)).one())
+                instances.c.instance_id == instance_id)).mappings().one())
 
     def touch(self, instance_id: str, now: float, lease_until: float) -> None:
         """Count a call and renew the instance's lease."""
@@ -178,14 +178,14 @@ class InstanceTable:
         if tenant_id is not None:
             query = query.where(instances.c.tenant_id == tenant_id)
         with self.store.engine.connect() as conn:
-            return [_instance(r) for r in conn.execute(query)]
+            return [_instance(r) for r in conn.execute(query).mappings()]
 
     def ended_with_process(self, host: str) -> list[InstanceRow]:
         """Ended instances of this host whose process may still run (nobody has stopped it yet)."""
         query = sa.select(instances).where(instances.c.state != LIVE, instances.c.host == host,
                                            instances.c.pid.is_not(None))
         with self.store.engine.connect() as conn:
-            return [_instance(r) for r in conn.execute(query)]
+            return [_instance(r) for r in conn.execute(query).mappings()]
 
     def forget_process(self, instance_id: str, pid: int) -> None:
         """The ended instance's process is gone."""
