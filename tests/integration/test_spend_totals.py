@@ -118,6 +118,9 @@ def test_totals_equal_the_sums_and_the_budget_check_reads_what_it_did(
             before = conn.execute(SUMS_BY_SCOPE, {"tenant": tenant, "user": user, "run": run}).one()
             now = ledger.spent_by_scope(tenant_id=tenant, user_id=user, run_id=run)
             assert now == pytest.approx(tuple(float(x) for x in before), rel=1e-12, abs=1e-15)
+            # the budget check's one read gives the same three numbers, and no unpriced calls here
+            spend = ledger.spend(tenant_id=tenant, user_id=user, run_id=run)
+            assert (spend.run_usd, spend.user_usd, spend.tenant_usd) == now and spend.unpriced_models == ()
             assert ledger.spent(tenant_id=tenant, run_id=run) == pytest.approx(float(before[0]), rel=1e-12)
             assert ledger.spent(tenant_id=tenant, user_id=user, run_id=run) == pytest.approx(float(before[0]))
             assert ledger.spent(tenant_id=tenant, user_id=user) == pytest.approx(float(before[1]), rel=1e-12)
@@ -135,6 +138,8 @@ def test_nothing_recorded_reads_zero(store: SqlStore) -> None:
     assert ledger.spent_by_scope(tenant_id="acme", user_id="bo", run_id="r2") == (0.0, 0.0, 0.25)
     assert ledger.spent(tenant_id="nobody") == ledger.spent(tenant_id="acme", user_id="bo") == 0.0
     assert ledger.spent_by_scope(tenant_id="acme", user_id="ana", run_id="r1") == (0.25, 0.25, 0.25)
+    nothing = ledger.spend(tenant_id="nobody", user_id="ana", run_id="r1")
+    assert (nothing.run_usd, nothing.user_usd, nothing.tenant_usd, nothing.unpriced_models) == (0.0, 0.0, 0.0, ())
 
 
 def test_a_rolled_back_cost_leaves_the_totals_alone(store: SqlStore) -> None:
@@ -318,6 +323,8 @@ def test_a_run_total_sums_its_tree_at_any_depth_in_one_read(store: SqlStore) -> 
     early = ledger.run_total(root, until=clock.now() - 35)  # the first two costs only
     assert (early.usd, early.costs, early.children) == (0.75, 2, 4)
     assert ledger.unpriced_calls(b) == ["mystery"] and ledger.unpriced_calls(root) == []
+    spend = ledger.spend(tenant_id="acme", user_id="ana", run_id=b)
+    assert spend.unpriced_models == ("mystery",) and spend.run_usd == 0.0 and spend.tenant_usd == 9.9375
     unknown = ledger.run_total("no-such-run")
     assert (unknown.usd, unknown.costs, unknown.children) == (0.0, 0, 0)
     with store.engine.begin() as conn:  # bad data: the root made a child of its own grandchild

@@ -34,6 +34,17 @@ class CostGroup:
 
 
 @dataclass(frozen=True, slots=True)
+class Spend:
+    """What a budget check reads: the USD spent by the Run, its user and its tenant, and the models the
+    Run called that have no price (their calls count 0 USD)."""
+
+    run_usd: float
+    user_usd: float
+    tenant_usd: float
+    unpriced_models: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class RunTotal:
     """The sums a RunTrace's total_cost carries (shape version 2), its child Runs' costs included."""
 

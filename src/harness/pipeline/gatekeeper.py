@@ -22,6 +22,7 @@ import jsonschema
 
 from harness.domain.chain import content_hash
 from harness.domain.contracts import CallerIdentity, Plan, PlanStep, PolicyDecision, Verdict, refs_in
+from harness.domain.costs import Spend
 from harness.domain.traces import PolicyTrace, policy_trace
 from harness.policy.cedar import CedarPermissions
 from harness.policy.config import Level, PolicyFile, load_policy_file
@@ -211,14 +212,14 @@ class PolicyEngine:
     def _budgets(self, plan: Plan, caller: CallerIdentity, run_id: str) -> list[Verdict]:
         caps = self.policy.budgets
         estimate = plan.budget_estimate.cost_usd
-        unpriced = self._unpriced(run_id)
-        if caps.per_run_usd is None and caps.per_user_usd is None and caps.per_tenant_usd is None:
-            return unpriced
-        spent_run, spent_user, spent_tenant = (
-            self.ledger.spent_by_scope(tenant_id=caller.tenant_id, user_id=caller.user_id, run_id=run_id)
-            if self.ledger else (0.0, 0.0, 0.0))
-        scopes = [("run", caps.per_run_usd, spent_run), ("user", caps.per_user_usd, spent_user),
-                  ("tenant", caps.per_tenant_usd, spent_tenant)]
+        if self.ledger is None:
+            spend = Spend(0.0, 0.0, 0.0)
+        elif caps.per_run_usd is None and caps.per_user_usd is None and caps.per_tenant_usd is None:
+            return self._unpriced(tuple(self.ledger.unpriced_calls(run_id)))
+        else:  # the spend and the unpriced calls in one read
+            spend = self.ledger.spend(tenant_id=caller.tenant_id, user_id=caller.user_id, run_id=run_id)
+        scopes = [("run", caps.per_run_usd, spend.run_usd), ("user", caps.per_user_usd, spend.user_usd),
+                  ("tenant", caps.per_tenant_usd, spend.tenant_usd)]
         out = []
         for scope, cap, spent in scopes:
             if cap is None:
@@ -227,12 +228,11 @@ class PolicyEngine:
             out.append(Verdict(rule_id=f"budget.per_{scope}", family="budget", decision="reject" if over else "pass",
                                reason=f"{scope} spent {spent:.4f} + plan estimate {estimate:.4f} "
                                       f"{'exceeds' if over else 'within'} cap {cap:.2f} USD"))
-        return [*unpriced, *out]
+        return [*self._unpriced(spend.unpriced_models), *out]
 
-    def _unpriced(self, run_id: str) -> list[Verdict]:
+    def _unpriced(self, models: tuple[str, ...]) -> list[Verdict]:
         """A verdict on the Run's calls of models without a price: budgets cannot count them, so the policy
         says whether that is allowed (with a warning) or refused."""
-        models = self.ledger.unpriced_calls(run_id) if self.ledger else []
         if not models:
             return []
         deny = self.policy.budgets.unpriced_model == "deny"

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from harness.domain.costs import CostGroup, GroupBy, RunTotal
+    from harness.domain.costs import CostGroup, GroupBy, RunTotal, Spend
     from harness.domain.traces import CostTrace
     from harness.ports import Tx
 
@@ -20,6 +20,10 @@ class SpendReads(Protocol):
 
     def unpriced_calls(self, run_id: str) -> list[str]:
         """The models of the Run's calls recorded without a price."""
+        ...
+
+    def spend(self, *, tenant_id: str, user_id: str, run_id: str) -> Spend:
+        """`spent_by_scope` and `unpriced_calls` together: what a budget check reads, in one go."""
         ...
 
 

@@ -46,12 +46,13 @@ _PUT_OTHER = blobs.insert().prefix_with("IGNORE")  # MySQL / MariaDB
 
 
 def put(conn: sa.Connection, contents: Mapping[str, str]) -> None:
-    """Insert blobs inside the caller's transaction; one already stored is left as it is."""
+    """Insert blobs inside the caller's transaction; one already stored is left as it is. Nothing reads
+    the insert's result, so on PostgreSQL it waits for the transaction's next statement or its commit and
+    goes in one round trip with it (an error, as any, rolls the transaction back)."""
     if not contents:
         return
     rows = [{"hash": h, "content": c} for h, c in sorted(contents.items())]
-    statements_for(conn.dialect).executemany(
-        conn, _PUT.get(conn.dialect.name, _PUT_OTHER), rows)
+    statements_for(conn.dialect).later_many(conn, _PUT.get(conn.dialect.name, _PUT_OTHER), rows)
 
 
 def record_with_blobs(store: SqlStore, records: Sequence[TraceRecordIn], values: Iterable[Any]) -> None:

@@ -20,7 +20,7 @@ from harness.adapters.sql import schema as t
 from harness.adapters.sql.database import connection_of
 from harness.adapters.sql.raw import RawStatements
 from harness.adapters.sql.store import SqlStore
-from harness.domain.costs import PLANNING, CostGroup, GroupBy, RunTotal
+from harness.domain.costs import PLANNING, CostGroup, GroupBy, RunTotal, Spend
 from harness.domain.traces import CostTrace
 from harness.ports import Tx
 
@@ -110,8 +110,9 @@ class CostLedger:
 
     def insert(self, conn: sa.Connection, cost: CostTrace) -> None:
         """Record one cost and add it to its user's and tenant's totals inside the caller's transaction
-        (its CostTrace goes with that transaction)."""
-        conn.execute(_INSERT, {
+        (its CostTrace goes with that transaction). Nothing reads either write's result: on PostgreSQL both
+        go with the transaction's next statement or its commit, in one round trip."""
+        self._raw.later(conn, _INSERT, {
             "run_id": cost.run_id, "tenant_id": cost.tenant_id, "user_id": cost.user_id, "source": cost.source,
             "input_tokens": cost.input_tokens, "output_tokens": cost.output_tokens, "usd": cost.usd,
             "at": self.store.clock.now(), "api_calls": cost.api_calls, "sandbox_s": cost.sandbox_s,
@@ -120,7 +121,7 @@ class CostLedger:
             "priced": cost.priced,
         })
         added = {"p_tenant": cost.tenant_id, "p_user": cost.user_id, "p_usd": cost.usd}
-        self._raw.execute(conn, self._add_to_totals, added).close()
+        self._raw.later(conn, self._add_to_totals, added)
 
     def spent_by_scope(self, *, tenant_id: str, user_id: str, run_id: str) -> tuple[float, float, float]:
         """(run, user, tenant) spend in one query: the budget check's three numbers. A read, on the
@@ -161,6 +162,17 @@ class CostLedger:
         """The models of the Run's calls recorded without a price."""
         with self.store.reader.connect() as conn:
             return sorted({str(row[0]) for row in self._raw.fetchall(conn, _UNPRICED, {"p_run": run_id})})
+
+    def spend(self, *, tenant_id: str, user_id: str, run_id: str) -> Spend:
+        """What a budget check reads — the Run's, its user's and its tenant's spend, and the Run's models
+        without a price — in one round trip on PostgreSQL (both reads in one pipeline)."""
+        with self.store.reader.connect() as conn:
+            by_scope, unpriced = self._raw.fetch_each(
+                conn, (_BY_SCOPE, {"p_tenant": tenant_id, "p_user": user_id, "p_run": run_id}),
+                (_UNPRICED, {"p_run": run_id}))
+        run_usd, user_usd, tenant_usd = by_scope[0]
+        return Spend(float(run_usd), float(user_usd), float(tenant_usd),
+                     tuple(sorted({str(row[0]) for row in unpriced})))
 
     def by_group(self, group_by: GroupBy, *, tenant_id: str | None, since: float | None = None,
                  until: float | None = None, limit: int = 1000) -> list[CostGroup]:

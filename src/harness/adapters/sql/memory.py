@@ -135,20 +135,25 @@ class SqlMemoryRows:
         """Per row: the entry itself if already stored (a repeated write-back), else an entry of the same
         scope with the same content that recall can see (its Run, if any, SUCCEEDED), else None. An entry
         of a Run that never succeeded does not count: it is never recalled."""
+        # both reads of every row at once: on PostgreSQL one round trip for them all
+        queries = [query for row in rows for query in self._same_content_reads(row)]
         with guarded(self.reader, write=False) as conn:
-            return [self._same_content(conn, row) for row in rows]
+            found = self._raw.fetch_each(conn, *queries)
+        out: list[str | None] = []
+        for row, itself, same in zip(rows, found[0::2], found[1::2], strict=True):
+            out.append(str(row["entry_id"]) if itself else str(same[0][0]) if same else None)
+        return out
 
-    def _same_content(self, conn: sa.Connection, row: dict[str, Any]) -> str | None:
-        if self._raw.fetchone(conn, _ENTRY_EXISTS, {"p_entry_id": row["entry_id"]}) is not None:
-            return str(row["entry_id"])
+    @staticmethod
+    def _same_content_reads(row: dict[str, Any]) -> tuple[tuple[Any, dict[str, Any]], tuple[Any, dict[str, Any]]]:
+        """The row's own entry, and an entry of its scope with its content that recall can see."""
         nulls = tuple(row[c] is None for c in _SCOPE_COLUMNS)
         query = _SAME_CONTENT.get(nulls)
         if query is None:
             query = _SAME_CONTENT[nulls] = _same_content_query(nulls)
-        found = self._raw.fetchone(conn, query, {
-            "p_tenant_id": row["tenant_id"], "p_content_hash": row["content_hash"], "p_scope": row["scope"],
-            **{f"p_{c}": row[c] for c in _SCOPE_COLUMNS if row[c] is not None}})
-        return None if found is None else str(found[0])
+        return ((_ENTRY_EXISTS, {"p_entry_id": row["entry_id"]}),
+                (query, {"p_tenant_id": row["tenant_id"], "p_content_hash": row["content_hash"],
+                         "p_scope": row["scope"], **{f"p_{c}": row[c] for c in _SCOPE_COLUMNS if row[c] is not None}}))
 
     def insert_new(self, rows: Sequence[dict[str, Any]]) -> None:
         with guarded(self.engine, write=True) as conn:

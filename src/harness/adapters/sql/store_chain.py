@@ -131,9 +131,12 @@ class TraceChain(StoreBase):
             return self._drain_batch(conn, batch_size)
 
     def _drain_batch(self, conn: sa.Connection, batch_size: int) -> tuple[int, int]:
-        head = self._raw.fetchone(conn, q.HEAD_LOCKED if self._locks_rows else q.HEAD)
-        pending = [OutboxRow(*r) for r in
-                   self._raw.fetchall(conn, q.OUTBOX_BATCH, {"p_limit": batch_size})]
+        # the head, locked, then the batch: on PostgreSQL in one round trip. The server still runs them in
+        # that order, so the batch's snapshot is taken with the lock held, as when each waited for the other
+        heads, batch = self._raw.fetch_each(conn, (q.HEAD_LOCKED if self._locks_rows else q.HEAD, None),
+                                            (q.OUTBOX_BATCH, {"p_limit": batch_size}))
+        head = heads[0]
+        pending = [OutboxRow(*r) for r in batch]
         if not pending:
             return 0, 0
         # the head just read (and, on a server, locked) is the one the batch chains onto
