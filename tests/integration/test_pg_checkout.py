@@ -1,5 +1,6 @@
 """On PostgreSQL a pooled connection whose session the server ended (a terminated backend, a failover, the
-server restarting) is replaced at checkout, so the caller's first statement runs on a live connection."""
+server restarting) is replaced at checkout, so the caller's first statement runs on a live connection; a
+read that can run twice skips that checkout's ping and runs again on a live connection instead."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import psycopg
 import pytest
 import sqlalchemy as sa
 
-from harness.adapters.sql.database import create_engine, resolve_url
+from harness.adapters.sql.database import create_engine, read_retried, resolve_url
+from harness.adapters.sql.units import Units, joining
 
 from .conftest import PG_ADMIN
 
@@ -88,3 +90,71 @@ def test_a_session_terminated_a_moment_before_the_checkout_is_replaced(engine: s
         dead = _backend_pid(engine)
         _terminate(dead, wait=False)
         assert _backend_pid(engine) != dead
+
+
+def _pid_read(calls: list[int]) -> Any:
+    """A read of the session's backend pid that counts its runs."""
+    def read(conn: sa.Connection) -> int:
+        calls.append(1)
+        return int(conn.execute(sa.text("SELECT pg_backend_pid()")).scalar_one())
+    return read
+
+
+def test_a_read_that_can_run_twice_is_checked_out_without_a_ping(engine: sa.Engine, pings: list[Any]) -> None:
+    """The checkout of a read that runs again if its connection was dead sends no ping, and on a live
+    connection the read runs once, on the pooled session; any other checkout is still pinged."""
+    pid, calls = _backend_pid(engine), []
+    pings.clear()
+    assert read_retried(engine, _pid_read(calls)) == pid
+    assert (calls, pings) == ([1], [])
+    _backend_pid(engine)
+    assert len(pings) == 1
+
+
+def test_a_read_on_a_session_terminated_a_moment_before_runs_again_on_a_live_one(engine: sa.Engine) -> None:
+    """The window of the checkout right after a termination (the server has not closed the socket yet), and
+    every pooled session terminated at once (a failover): the read fails on the dead connection, which
+    is discarded, and runs once more on a live session; nothing reaches the caller but the answer."""
+    for _ in range(10):
+        dead, calls = _backend_pid(engine), []
+        _terminate(dead, wait=False)
+        assert read_retried(engine, _pid_read(calls)) != dead
+        assert len(calls) in (1, 2)  # 1: the termination had not yet ended the session when the read ran
+    held = [engine.connect() for _ in range(3)]
+    pids = [int(c.execute(sa.text("SELECT pg_backend_pid()")).scalar_one()) for c in held]
+    for conn in held:
+        conn.close()
+    for pid in pids:
+        _terminate(pid)
+    calls = []
+    assert read_retried(engine, _pid_read(calls)) not in pids and calls == [1, 1]
+    assert _backend_pid(engine) not in pids
+
+
+def test_a_read_that_fails_for_another_reason_is_not_run_again(engine: sa.Engine) -> None:
+    """Only a dead connection makes a read run again: a read the database refuses fails at once, once."""
+    calls: list[int] = []
+
+    def bad(conn: sa.Connection) -> None:
+        calls.append(1)
+        conn.execute(sa.text("SELECT * FROM no_such_table"))
+
+    with pytest.raises(sa.exc.ProgrammingError, match="no_such_table"):
+        read_retried(engine, bad)
+    assert calls == [1]
+
+
+def test_a_read_in_a_drives_open_transaction_is_never_run_again(engine: sa.Engine) -> None:
+    """Inside a drive's open transaction a read joins it (no checkout of its own): if that session dies the
+    transaction is gone, and running the read again elsewhere would hide it, so the error is the caller's."""
+    units = Units(engine)
+    joined = joining(engine, units)
+    calls: list[int] = []
+    with units.unit("run-1"):
+        with joined.begin() as conn:
+            conn.execute(sa.text("CREATE TEMPORARY TABLE probe (x int)"))
+            pid = int(conn.execute(sa.text("SELECT pg_backend_pid()")).scalar_one())
+        _terminate(pid)
+        with pytest.raises(sa.exc.OperationalError):
+            read_retried(joined, _pid_read(calls))
+    assert calls == [1]

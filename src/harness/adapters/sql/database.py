@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextvars
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
 from alembic import command
@@ -25,6 +27,12 @@ MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
 
 #: the root of every error the database layer raises, for the edges (HTTP, CLI) that translate it
 DatabaseError = sa.exc.SQLAlchemyError
+_T = TypeVar("_T")
+#: set around the checkout of a read that runs again if its connection is found dead (`read_retried`):
+#: the pool's ping is skipped for it, and the checkout says so by appending to the list
+_UNPINGED: contextvars.ContextVar[list[bool] | None] = contextvars.ContextVar("harness_unpinged", default=None)
+#: a pooled connection's record info key: made by this checkout, so nothing to ping yet
+_FRESH = "harness_fresh"
 #: errors that mean the database cannot be reached or refuses work now (down, connections dropped or
 #: refused, read-only, locked, out of disk): retry later, not a bug of the request
 _OUTAGES = (sa.exc.OperationalError, sa.exc.InterfaceError, sa.exc.InternalError, sa.exc.DisconnectionError,
@@ -60,7 +68,7 @@ def create_engine(url: str, *, sqlite_synchronous: str | None = None) -> sa.Engi
     u = sa.engine.make_url(url)
     if u.get_backend_name() == "sqlite":
         return _sqlite_engine(url, sqlite_synchronous or os.environ.get("HARNESS_SQLITE_SYNCHRONOUS", "NORMAL"))
-    kwargs: dict[str, Any] = {"pool_pre_ping": True, "future": True}
+    kwargs: dict[str, Any] = {"future": True}
     if u.get_backend_name() in ("mysql", "mariadb"):
         kwargs["isolation_level"] = "READ COMMITTED"
         tls_options = any(key.startswith("ssl") for key in u.query)
@@ -70,8 +78,70 @@ def create_engine(url: str, *, sqlite_synchronous: str | None = None) -> sa.Engi
             kwargs["connect_args"] = {"ssl_disabled": True}
         engine = sa.create_engine(url, **kwargs)
         sa.event.listen(engine, "connect", _mysql_session)
-        return engine
-    return sa.create_engine(url, **kwargs)
+    else:
+        engine = sa.create_engine(url, **kwargs)
+    _ping_at_checkout(engine)
+    return engine
+
+
+def _ping_at_checkout(engine: sa.Engine) -> None:
+    """SQLAlchemy's pre-ping, as a checkout event: a pooled connection is pinged as it is checked out and,
+    when its session has ended (a terminated backend, a failover, a restart), replaced — with every
+    connection pooled before it — so the caller's first statement runs on a live one. A connection the
+    pool has just made is not pinged, and neither is the checkout of a read that runs again on a pinged
+    connection if its own turns out dead (`read_retried`): the ping is a round trip of its own, at every
+    checkout."""
+    dialect = engine.dialect
+
+    @sa.event.listens_for(engine.pool, "connect")
+    def _made(_dbapi_connection: Any, record: Any) -> None:
+        record.info[_FRESH] = True
+
+    @sa.event.listens_for(engine.pool, "checkout")
+    def _ping(dbapi_connection: Any, record: Any, _proxy: Any) -> None:
+        if record.info.pop(_FRESH, False):
+            return
+        unpinged = _UNPINGED.get()
+        if unpinged is not None:
+            unpinged.append(True)
+            return
+        try:
+            dialect.do_ping(dbapi_connection)
+        except dialect.loaded_dbapi.Error as exc:
+            if dialect.is_disconnect(exc, dbapi_connection, None):
+                raise sa.exc.InvalidatePoolError(str(exc)) from exc
+            raise
+
+
+def read_retried(engine: sa.Engine, read: Callable[[sa.Connection], _T]) -> _T:
+    """`read(conn)` on a connection of `engine`, checked out without the pool's ping; when that connection
+    turns out dead (its session ended while it sat in the pool), `read` runs once more, on a pinged one.
+    Only for reads outside a transaction, which can run twice: a read that joins a drive's open
+    transaction, or runs on a new connection, is never run again."""
+    unpinged: list[bool] = []
+    token = _UNPINGED.set(unpinged)
+    try:
+        opened = engine.connect()
+    finally:
+        _UNPINGED.reset(token)
+    with opened as conn:
+        try:
+            return read(conn)
+        except sa.exc.DBAPIError as exc:
+            if not unpinged or not _dead(conn, exc):
+                raise
+            conn.invalidate()  # never handed out again
+    with engine.connect() as conn:
+        return read(conn)
+
+
+def _dead(conn: sa.Connection, exc: sa.exc.DBAPIError) -> bool:
+    """Whether `exc` says that `conn`'s session has ended."""
+    if exc.connection_invalidated:
+        return True
+    dbapi = conn.connection.dbapi_connection
+    return isinstance(exc.orig, conn.dialect.loaded_dbapi.Error) and \
+        conn.dialect.is_disconnect(exc.orig, dbapi, None)
 
 
 def read_only(engine: sa.Engine) -> sa.Engine:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 
 from harness.adapters.sql import schema as t
+from harness.adapters.sql.database import read_retried
 from harness.adapters.sql.raw import statements_for
 from harness.adapters.sql.store import SqlStore
 from harness.domain.errors import UnknownRunError
@@ -103,15 +104,15 @@ class Leases:
 
     def holds(self, lease: Lease) -> bool:
         """Whether this lease is still the Run's current one and unexpired (checked before side effects)."""
-        with self.store.reader.connect() as conn:
-            row = self._raw.fetchone(conn, _READ, {"p_run_id": lease.run_id})
+        row = read_retried(self.store.reader, lambda conn: self._raw.fetchone(conn, _READ, {"p_run_id": lease.run_id}))
         return row is not None and self._held(lease, *row[:3])
 
     def standing(self, lease: Lease) -> Standing:
         """The Run's state and whether this lease still holds, in one read: the check a drive makes between
         its steps (left EXECUTING? taken over?), which were two reads of the same row."""
-        with self.store.reader.connect() as conn:
-            row = self._raw.fetchone(conn, _STANDING, {"p_run_id": lease.run_id})
+        # a read that can run twice: checked out without a ping round trip, run again if its connection was dead
+        row = read_retried(self.store.reader,
+                           lambda conn: self._raw.fetchone(conn, _STANDING, {"p_run_id": lease.run_id}))
         if row is None:
             raise UnknownRunError(lease.run_id)
         return Standing(RunState(row[0]), self._held(lease, *row[1:]))

@@ -16,9 +16,9 @@ from typing import Any
 import sqlalchemy as sa
 
 from harness.adapters.sql import schema as t
-from harness.adapters.sql.database import read_only
+from harness.adapters.sql.database import read_only, read_retried
 from harness.adapters.sql.raw import RawStatements
-from harness.adapters.sql.units import guarded
+from harness.adapters.sql.units import guarded, joins
 from harness.memory.lexical import bm25, terms
 from harness.ports.memory import MemoryScope
 
@@ -164,8 +164,11 @@ class SqlMemoryRows:
                 conn.execute(m.insert(), fresh)
 
     def lexical(self, scope: MemoryScope, query: str, k: int) -> list[tuple[Any, float]]:
-        with guarded(self.reader, write=False) as conn:
-            return search(conn, query, scope, k)
+        if joins(self.reader):  # in a drive's open transaction: under a savepoint, a failure undoes only itself
+            with guarded(self.reader, write=False) as conn:
+                return search(conn, query, scope, k)
+        # on its own: checked out without a ping round trip, run again if its connection was dead
+        return read_retried(self.reader, lambda conn: search(conn, query, scope, k))
 
     def embedded(self, scope: MemoryScope, model: str) -> list[Any]:
         with guarded(self.reader, write=False) as conn:

@@ -289,6 +289,12 @@ def guarded(engine: sa.Engine, *, write: bool) -> Iterator[sa.Connection]:
         yield conn
 
 
+def joins(engine: sa.Engine) -> bool:
+    """Whether a block on `engine` would join this thread's drive's open transaction."""
+    unit = engine.units.current() if isinstance(engine, JoiningEngine) else None
+    return unit is not None and unit.open
+
+
 def begun(conn: sa.Connection) -> contextlib.AbstractContextManager[Any]:
     """`conn.begin()`, unless the connection is a unit's, already in its transaction."""
     return contextlib.nullcontext() if conn.in_transaction() else conn.begin()
