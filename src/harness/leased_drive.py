@@ -214,8 +214,10 @@ class LeasedDrive:
         finally:
             # waited for once the unit's last transaction has committed: a heartbeat that fired during it
             # waits for the Run's row that transaction holds, so waiting for it before the commit would
-            # wait forever on PostgreSQL (and for the lock timeout on SQLite and MariaDB)
+            # wait forever on PostgreSQL (and for the lock timeout on SQLite and MariaDB). A unit opened
+            # around this one (the Run's acceptance, `RunManager.create_run`) is committed here too.
             if beat is not None:
+                self.runs.units.boundary()
                 self.heartbeats.wait(beat)
         return self._not_driven(run_id)
 

@@ -37,20 +37,21 @@ def _commits(rt: Runtime) -> list[int]:
     return seen
 
 
-def _example(tmp: Path, db: str | None = None) -> Runtime:
+def _example(tmp: Path, db: str | None = None, **settings: Any) -> Runtime:
     from harness.examples.support import EXAMPLE_DIR
 
     return build_runtime(Settings(db=db or str(tmp / "ex.db"), data_dir=tmp / "data", llm_rules=BENCH,
-                                  identities_file=EXAMPLE_DIR / "identities.yaml"))
+                                  identities_file=EXAMPLE_DIR / "identities.yaml", **settings))
 
 
 def test_a_plain_run_commits_at_its_effect_boundaries_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                            ) -> None:
-    """The bundled example's order-status Run (two read-only lookups, then a note that is not idempotent)
-    makes 6 commits: acceptance; the lease with CREATED→PREPARING, before the context is assembled;
-    PREPARING→PLANNING, before the model; the plan through EXECUTING, before the first call; the
-    lookups' results with the note's started mark, before the note; the note's result with the close and
-    the lease's release. One commit per write makes 13."""
+    """The bundled example's order-status Run (two read-only lookups, then a note that is not idempotent),
+    asked for and driven in one call, makes 5 commits: its acceptance with its lease and CREATED→PREPARING,
+    before the context is assembled (its caller gets its id only with its result); PREPARING→PLANNING,
+    before the model; the plan through EXECUTING, before the first call; the lookups' results with the
+    note's started mark, before the note; the note's result with the close and the lease's release. One
+    commit per write makes 13."""
     monkeypatch.setenv("HARNESS_EXAMPLE_LEDGER", str(tmp_path / "ledger.jsonl"))
     rt = _example(tmp_path)
     try:
@@ -58,7 +59,7 @@ def test_a_plain_run_commits_at_its_effect_boundaries_only(tmp_path: Path, monke
         commits = _commits(rt)
         result = rt.runs.create_run(PLAIN)
         assert result.state == "SUCCEEDED", result
-        assert len(commits) == 6
+        assert len(commits) == 5
         path = [t.to_state.value for t in rt.store.transitions_of(result.run_id)]
         assert path == ["CREATED", "PREPARING", "PLANNING", "POLICY_CHECK", "EXECUTING", "TRACING", "SUCCEEDED"]
         assert rt.store.get_run(result.run_id).lease_owner is None
@@ -72,6 +73,40 @@ def test_a_plain_run_commits_at_its_effect_boundaries_only(tmp_path: Path, monke
         commits = _commits(rt)
         assert rt.runs.create_run(PLAIN).state == "SUCCEEDED"
         assert len(commits) >= 13
+    finally:
+        rt.close()
+
+
+def _kill_before_the_first_commit(tmp: str, db: str) -> None:
+    os.environ["HARNESS_EXAMPLE_LEDGER"] = str(Path(tmp) / "ledger.jsonl")
+    rt = _example(Path(tmp), db)
+
+    def die(_run_id: str, _source: RunState, target: RunState) -> None:
+        if target == RunState.PREPARING:  # accepted, leased, transitioned: nothing committed yet
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    rt.machine.subscribe(die, at_commit=False)
+    rt.runs.create_run(PLAIN)
+
+
+def test_a_run_asked_for_and_killed_before_its_first_commit_leaves_nothing(backend_url: str, tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The process that asked for a Run and drives it is killed after the Run was accepted, leased and
+    moved to PREPARING, before that one transaction committed: no Run, transition, audit event or trace
+    record is left, the chain verifies, and the next request is served. Its caller never had its id."""
+    monkeypatch.setenv("HARNESS_EXAMPLE_LEDGER", str(tmp_path / "ledger.jsonl"))
+    _example(tmp_path, backend_url).close()  # migrated before the child starts
+    proc = mp.get_context("spawn").Process(target=_kill_before_the_first_commit, args=(str(tmp_path), backend_url))
+    proc.start()
+    proc.join(120)
+    assert proc.exitcode == -signal.SIGKILL
+    rt = _example(tmp_path, backend_url)
+    try:
+        with rt.store.engine.connect() as conn:
+            for table in ("runs", "transitions", "audit_events", "outbox", "trace_records"):
+                assert conn.execute(sa.text(f"SELECT count(*) FROM {table}")).scalar() == 0, table
+        assert verify_chain(SqlAuditReads(rt.store)).ok
+        assert rt.runs.create_run(PLAIN).state == "SUCCEEDED"
     finally:
         rt.close()
 
@@ -166,14 +201,17 @@ def test_a_non_idempotent_calls_started_mark_commits_before_the_call(backend_url
         rt.close()
 
 
+@pytest.mark.parametrize("how", ["worker", "create_run"])
 def test_a_heartbeat_during_the_closing_transaction_does_not_stall_the_drive(
-        backend_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        backend_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str) -> None:
     """A heartbeat that fires while the drive's last transaction is open waits for the Run's row that
     transaction holds. The drive ends without waiting for it in turn: before, it joined the heartbeat
     before committing, which waited out SQLite's busy timeout (60 s) and MariaDB's lock wait (50 s), and
-    on PostgreSQL for ever. Here the close is held open across several heartbeat intervals."""
+    on PostgreSQL for ever. Here the close is held open across several heartbeat intervals; a worker
+    drives the Run, or the call that asks for it (whose acceptance opened the unit of work the drive
+    joins: the drive commits it before it waits)."""
     monkeypatch.setenv("HARNESS_EXAMPLE_LEDGER", str(tmp_path / "ledger.jsonl"))
-    rt = _example(tmp_path, backend_url)
+    rt = _example(tmp_path, backend_url, lease_ttl_s=1.5)
     closing: list[float] = []
 
     def slow_close(_run_id: str, _source: RunState, target: RunState) -> None:
@@ -185,12 +223,15 @@ def test_a_heartbeat_during_the_closing_transaction_does_not_stall_the_drive(
     outcome: list[Any] = []
     try:
         rt.machine.subscribe(slow_close, at_commit=False)
-        run, _ = rt.runs.submit(PLAIN)
         worker = RunWorker(rt, owner="w1", ttl_s=1.5)
 
         def drive() -> None:
             try:
-                outcome.append(worker.execute(run.run_id))
+                if how == "worker":
+                    run, _ = rt.runs.submit(PLAIN)
+                    outcome.append(worker.execute(run.run_id))
+                else:
+                    outcome.append(rt.runs.create_run(PLAIN))
             except BaseException as exc:
                 errors.append(exc)
 
@@ -203,7 +244,7 @@ def test_a_heartbeat_during_the_closing_transaction_does_not_stall_the_drive(
         assert closing, "the close was never reached"
         assert time.monotonic() - started < 40
         assert outcome and outcome[0] is not None and outcome[0].state == "SUCCEEDED", outcome
-        assert rt.store.get_run(run.run_id).lease_owner is None
+        assert rt.store.get_run(outcome[0].run_id).lease_owner is None
     finally:
         rt.close()
 

@@ -22,6 +22,7 @@ from harness.domain.contracts import (
 from harness.domain.errors import (
     InvalidRequestError,
 )
+from harness.domain.ids import ordered_id
 from harness.domain.limits import RequestLimits
 from harness.domain.records import NewRun, RunRecord, TransitionResult
 from harness.domain.traces import step_trace
@@ -95,11 +96,11 @@ class RunManager(PreparingSteps, ExecutionSteps, Decisions):
         #: child Runs (AgentInvoke): the parent's wait, and waking a parent whose child ended (T4)
         self.children = ChildRuns(self, child_leases)
 
-    def submit(self, raw: RunRequest | dict[str, Any]) -> tuple[RunRecord, bool]:
-        """Validate and durably create a Run in CREATED (step ①); (run, created) — an idempotency key
-        the caller (tenant and user) already used returns that Run with created False, or raises
-        IdempotencyConflictError if it came with another request. A request over its limits
-        (harness.pipeline.intake) creates nothing."""
+    def submit(self, raw: RunRequest | dict[str, Any], *, run_id: str | None = None) -> tuple[RunRecord, bool]:
+        """Validate and durably create a Run in CREATED (step ①), under `run_id` when given; (run, created)
+        — an idempotency key the caller (tenant and user) already used returns that Run with created
+        False, or raises IdempotencyConflictError if it came with another request. A request over its
+        limits (harness.pipeline.intake) creates nothing."""
         request = self._with_chain_budget(admit(parse_request(raw), self.limits, self.assembler.filter, self.roles_of))
         if request.callback is not None and self.check_callback is not None:
             self.check_callback(request)
@@ -108,7 +109,7 @@ class RunManager(PreparingSteps, ExecutionSteps, Decisions):
         return self.store.create_run(NewRun(
             tenant_id=request.tenant_id, user_id=request.user_id, session_id=request.session_id,
             request=request.model_dump(mode="json"), idempotency_key=request.idempotency_key,
-            retry_of=request.retry_of, request_hash=body_hash(request),
+            retry_of=request.retry_of, request_hash=body_hash(request), run_id=run_id or ordered_id(),
         ))
 
     def _with_chain_budget(self, request: RunRequest) -> RunRequest:
@@ -123,9 +124,18 @@ class RunManager(PreparingSteps, ExecutionSteps, Decisions):
         return request
 
     def create_run(self, raw: RunRequest | dict[str, Any]) -> RunResult:
-        """Submit and drive a Run until it is final or waits for a human."""
-        run, created = self.submit(raw)
-        return self.drive(run.run_id) if created else self.result(run.run_id)
+        """Submit and drive a Run until it is final or waits for a human.
+
+        Its caller gets its id only with its result, so the Run's acceptance commits with what its drive
+        writes first (its lease and its first transition), before anything leaves the process: in one
+        transaction, not two. A crash before that commit leaves nothing, as if the Run had never been
+        asked for, and nobody holds its id."""
+        run_id = ordered_id()
+        with self.units.unit(run_id):
+            run, created = self.submit(raw, run_id=run_id)
+            if created:
+                return self.drive(run_id)
+        return self.result(run.run_id)
 
     def drive(self, run_id: str, *, fence: Fence | None = None) -> RunResult:
         """Carry the Run forward from wherever it is; returns its result when it stops.

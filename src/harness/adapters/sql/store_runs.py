@@ -97,7 +97,12 @@ class RunWrites(TraceChain):
                 if existing is not None:
                     return existing, False
             raise
-        self.units.boundary()  # accepted: durable before the caller gets its id, even inside a drive
+        # accepted: durable before the caller gets its id, even inside another Run's drive; in a unit of its
+        # own (RunManager.create_run, whose caller gets the id with the result) it commits with the drive's
+        # first writes instead
+        unit = self.units.current()
+        if unit is None or unit.key != new.run_id:
+            self.units.boundary()
         # the row just committed, without reading it back: one transaction fewer per Run
         return RunRecord(
             run_id=new.run_id, tenant_id=new.tenant_id, user_id=new.user_id, session_id=new.session_id,
