@@ -121,12 +121,19 @@ def test_a_write_backs_lookups_are_one_round_trip(store: SqlStore, tmp_path: Pat
 
 
 def test_a_drains_chain_head_and_batch_are_one_round_trip(store: SqlStore, tmp_path: Path) -> None:
-    """The drain's locked head and its batch in one round trip, the chained-ids probe in one more, the
-    records, the head's update, the outbox's delete and the COMMIT in a third."""
+    """The drain's locked head and its batch, each record with whether the chain holds it already, in one
+    round trip; the records, the head's update, the outbox's delete and the COMMIT in a second. A record
+    already chained (re-delivered) is dropped, not chained again."""
     with store.engine.begin() as conn:
-        store.enqueue(conn, [TraceRecordIn("note", {"n": i}, "r1") for i in range(3)], 1.0)
+        store.enqueue(conn, [TraceRecordIn("note", {"n": i}, "r1", record_id=f"rec-{i}") for i in range(3)], 1.0)
     with traced(store.engine, tmp_path) as waits, store.engine.begin() as conn:
         chained, taken = store._drain_batch(conn, 500)
-    assert (chained, taken) == (3, 3) and waits == [3]
-    assert [json.loads(r.payload) for r in store.trace_of("r1")] == [{"n": 0}, {"n": 1}, {"n": 2}]
+    assert (chained, taken) == (3, 3) and waits == [2]
+    with store.engine.begin() as conn:  # rec-1 again (a re-delivery), and a new one
+        store.enqueue(conn, [TraceRecordIn("note", {"n": 1}, "r1", record_id="rec-1"),
+                             TraceRecordIn("note", {"n": 3}, "r1", record_id="rec-3")], 2.0)
+    with traced(store.engine, tmp_path) as waits, store.engine.begin() as conn:
+        chained, taken = store._drain_batch(conn, 500)
+    assert (chained, taken) == (1, 2) and waits == [2]
+    assert [json.loads(r.payload) for r in store.trace_of("r1")] == [{"n": 0}, {"n": 1}, {"n": 2}, {"n": 3}]
     assert store.outbox_backlog() == 0

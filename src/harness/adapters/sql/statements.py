@@ -55,6 +55,14 @@ OUTBOX_BATCH = (
     .order_by(t.outbox.c.id)
     .limit(b("p_limit"))
 )
+#: the same batch, each record with whether the chain already holds it (a re-delivery), in one statement
+OUTBOX_BATCH_CHAINED = (
+    sa.select(t.outbox.c.id, t.outbox.c.record_id, t.outbox.c.run_id, t.outbox.c.kind, t.outbox.c.payload,
+              t.trace_records.c.seq)
+    .select_from(t.outbox.outerjoin(t.trace_records, t.trace_records.c.record_id == t.outbox.c.record_id))
+    .order_by(t.outbox.c.id)
+    .limit(b("p_limit"))
+)
 OUTBOX_ANY = sa.select(t.outbox.c.id).limit(1)
 TRACE_INSERT = t.trace_records.insert()
 #: the chain from a position on, in the column order of StoredTraceRecord

@@ -79,13 +79,14 @@ class TraceChain(StoreBase):
             self.enqueue(conn, records, self.clock.now())
 
     def chain_batch(self, conn: sa.Connection, records: Sequence[PendingRecord],
-                    head: tuple[int, str | bytes] | None = None) -> int:
+                    head: tuple[int, str | bytes] | None = None, chained: set[str] | None = None) -> int:
         """Append records to the hash chain inside the caller's transaction; returns how many were chained.
 
         Idempotent: a record already in the chain, or repeated in the batch (re-delivery), is skipped.
         Chainers exclude each other through the chain head (row lock, or SQLite's write lock), and a
         trigger refuses any record whose prev_hash is not the hash of the record at seq - 1 (migration
-        0007), so concurrent chainers can never fork the chain.
+        0007), so concurrent chainers can never fork the chain. `chained`: which of the records the chain
+        holds, when the caller read that with them (else it is read here).
         """
         seq, stored = head or self._raw.fetchone(conn, q.HEAD_LOCKED if self._locks_rows else q.HEAD)
         if not records:
@@ -94,7 +95,7 @@ class TraceChain(StoreBase):
         # (a database an older replica still serves, or a test's at an earlier revision)
         stored_form = digest_bytes if isinstance(stored, (bytes, memoryview)) else str
         prev, prev_stored = digest_hex(stored), stored_form(stored)
-        seen = self._already_chained(conn, records)
+        seen = self._already_chained(conn, records) if chained is None else set(chained)
         rows = []
         for r in records:
             if r.record_id in seen:
@@ -134,14 +135,16 @@ class TraceChain(StoreBase):
         # the head, locked, then the batch: on PostgreSQL in one round trip. The server still runs them in
         # that order, so the batch's snapshot is taken with the lock held, as when each waited for the other
         heads, batch = self._raw.fetch_each(conn, (q.HEAD_LOCKED if self._locks_rows else q.HEAD, None),
-                                            (q.OUTBOX_BATCH, {"p_limit": batch_size}))
+                                            (q.OUTBOX_BATCH_CHAINED, {"p_limit": batch_size}))
         head = heads[0]
-        pending = [OutboxRow(*r) for r in batch]
+        pending = [OutboxRow(*r[:5]) for r in batch]
         if not pending:
             return 0, 0
-        # the head just read (and, on a server, locked) is the one the batch chains onto
+        # the head just read (and, on a server, locked) is the one the batch chains onto; the batch's read
+        # said which of its records the chain already holds
         chained = self.chain_batch(conn, [PendingRecord(p.record_id, p.run_id, p.kind, p.payload)
-                                          for p in pending], head=(int(head[0]), head[1]))
+                                          for p in pending], head=(int(head[0]), head[1]),
+                                   chained={r[1] for r in batch if r[5] is not None})
         if self._batches_by_array:
             self._raw.later(conn, q.OUTBOX_DELETE_ANY, {"p_ids": [p.id for p in pending]})
         else:
