@@ -77,6 +77,39 @@ def test_a_plain_run_commits_at_its_effect_boundaries_only(tmp_path: Path, monke
         rt.close()
 
 
+def test_results_waiting_for_one_transaction_are_saved_together(backend_url: str, tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """The two read-only lookups' results wait for the note's started mark (nothing leaves the process
+    before it): they are written in one save, the RunContext as of the second with both steps' records
+    and contents; the note's result is the other save. Every step's ToolTrace is chained and each
+    result's content is stored (replay reads them by hash)."""
+    monkeypatch.setenv("HARNESS_EXAMPLE_LEDGER", str(tmp_path / "ledger.jsonl"))
+    rt = _example(tmp_path, backend_url)
+    saves: list[tuple[list[str], int, int]] = []
+    real = rt.runs.writes.save_context
+
+    def counted(run_id: str, context: dict[str, Any], records: Any, values: Any, **kwargs: Any) -> bool:
+        values = tuple(values)
+        saves.append((sorted(context.get("steps", {})), len(records), len(values)))
+        return real(run_id, context, records, values, **kwargs)
+
+    try:
+        rt.runs.writes.save_context = counted  # type: ignore[method-assign]
+        result = rt.runs.create_run(PLAIN)
+        assert result.state == "SUCCEEDED", result
+        steps = sorted((rt.store.get_run(result.run_id).context or {})["steps"])
+        assert len(steps) == 3 and len(saves) == 2, saves
+        lookups, note = saves
+        assert lookups[0] == steps[:2] and lookups[2] == 4  # both lookups: their arguments and outputs
+        assert note[0] == steps
+        rt.store.drain_all()
+        tools = [r for r in rt.store.trace_of(result.run_id) if r.kind == "tool"]
+        assert len(tools) == 3
+        assert verify_chain(SqlAuditReads(rt.store)).ok
+    finally:
+        rt.close()
+
+
 def _kill_before_the_first_commit(tmp: str, db: str) -> None:
     os.environ["HARNESS_EXAMPLE_LEDGER"] = str(Path(tmp) / "ledger.jsonl")
     rt = _example(Path(tmp), db)

@@ -56,6 +56,12 @@ class Drive:
     run_id: str
     fence: Fence | None
     context: dict[str, Any] | None = None
+    #: step results waiting for the drive's next transaction (calls that may run again): their trace
+    #: records and contents, and the RunContext as of the last of them; written together, once
+    waiting: list[tuple[list[TraceRecordIn], tuple[Any, ...]]] = dataclasses.field(default_factory=list)
+    waiting_context: dict[str, Any] | None = None
+    #: guards `waiting` alone: taken when the wait ends, which may be inside a block holding other locks
+    waiting_lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
 
 
 DRIVE: contextvars.ContextVar[Drive | None] = contextvars.ContextVar("harness_drive", default=None)

@@ -19,7 +19,7 @@ from harness.domain.errors import (
     ProviderError,
     UnknownRunError,
 )
-from harness.domain.records import RunRecord
+from harness.domain.records import RunRecord, TraceRecordIn
 from harness.domain.traces import ToolTrace, TraceModel, error_trace, step_trace
 from harness.kernel.events import LOST_RACE
 from harness.pipeline import rounds
@@ -276,14 +276,15 @@ class ExecutionSteps(RunCore):
                      values: tuple[Any, ...] = (), *, later: bool = False) -> None:
         """Persist a step's result with its traces before any step that depends on it leaves the process
         (T6, at effect boundaries): in the drive's transaction now, or `later`, with its next one (the
-        result of a call that may run again)."""
+        result of a call that may run again). Results that wait for the same transaction are written
+        together: their records and contents, and the RunContext as of the last of them, in one save."""
         fence = fence_for(run_id)
         if fence is not None and fence.lost:
             return  # the Run was taken over: its new worker owns the RunContext now
         records = [t.to_record() for t in traces]
         epoch = fence.epoch if fence is not None else None
 
-        def save(context: dict[str, Any]) -> None:
+        def save(context: dict[str, Any], records: list[TraceRecordIn], values: tuple[Any, ...]) -> None:
             # fenced in the write itself: a lease taken over meanwhile writes nothing (its new worker owns
             # the RunContext now), and this drive stops before its next effect
             saved = self.writes.save_context(run_id, context, records, values, lease_epoch=epoch)
@@ -295,7 +296,26 @@ class ExecutionSteps(RunCore):
             context["steps"][outcome["step_id"]] = outcome
             if not later:
                 # the contents behind the ToolTrace's argument/result hashes, for replay (A5)
-                save(context)
+                save(context, records, values)
                 return
             snapshot = {**context, "steps": dict(context["steps"])}
-        self.units.defer(lambda: save(snapshot))
+            drive = DRIVE.get()
+            if drive is not None and drive.run_id == run_id:
+                with drive.waiting_lock:
+                    drive.waiting.append((records, values))
+                    drive.waiting_context = snapshot
+        if drive is None or drive.run_id != run_id:
+            self.units.defer(lambda: save(snapshot, records, values))
+            return
+        waiting = drive
+
+        def save_waiting() -> None:
+            # run when the drive's next transaction opens, maybe under the context lock (a started mark)
+            with waiting.waiting_lock:
+                taken, latest = list(waiting.waiting), waiting.waiting_context
+                waiting.waiting.clear()
+                waiting.waiting_context = None
+            if taken and latest is not None:  # else an earlier result's turn wrote this one too
+                save(latest, [r for rs, _ in taken for r in rs], tuple(v for _, vs in taken for v in vs))
+
+        self.units.defer(save_waiting)
