@@ -136,8 +136,12 @@ def read_retried(engine: sa.Engine, read: Callable[[sa.Connection], _T]) -> _T:
 
 
 def _dead(conn: sa.Connection, exc: sa.exc.DBAPIError) -> bool:
-    """Whether `exc` says that `conn`'s session has ended."""
-    if exc.connection_invalidated:
+    """Whether `exc` may say that `conn`'s session has ended: the driver found it so, or the failure is one
+    of the connection (OperationalError, InterfaceError: a socket closed before the driver marked the
+    connection broken says only that). A read that can run twice loses nothing by running again for a
+    failure that was not a dead session after all; one the database refused (bad SQL, a constraint) is
+    none of these, and is the caller's at once."""
+    if exc.connection_invalidated or isinstance(exc, (sa.exc.OperationalError, sa.exc.InterfaceError)):
         return True
     dbapi = conn.connection.dbapi_connection
     return isinstance(exc.orig, conn.dialect.loaded_dbapi.Error) and \
