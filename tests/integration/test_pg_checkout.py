@@ -52,6 +52,17 @@ def _terminate(pid: int, *, wait: bool = True) -> None:
         assert admin.execute("SELECT pg_terminate_backend(%s, %s)", (pid, timeout)).fetchone() == (True,)
 
 
+def _terminate_pooled_sessions(engine: sa.Engine, n: int) -> list[int]:
+    """Pool `n` sessions, then end them all, as a restart or failover does; their backend pids."""
+    held = [engine.connect() for _ in range(n)]
+    pids = [int(c.execute(sa.text("SELECT pg_backend_pid()")).scalar_one()) for c in held]
+    for conn in held:
+        conn.close()
+    for pid in pids:
+        _terminate(pid)
+    return pids
+
+
 def test_a_terminated_session_is_replaced_at_checkout(engine: sa.Engine, pings: list[Any]) -> None:
     """The pooled connection whose backend was terminated is discarded at checkout; the caller's first
     statement, a write in a transaction, runs on a new session and nothing fails."""
@@ -67,12 +78,7 @@ def test_a_terminated_session_is_replaced_at_checkout(engine: sa.Engine, pings: 
 def test_every_pooled_session_terminated_at_once_is_replaced(engine: sa.Engine) -> None:
     """A restart or failover ends every session: each pooled connection is replaced as it is checked
     out, however many there are."""
-    held = [engine.connect() for _ in range(3)]
-    pids = [int(c.execute(sa.text("SELECT pg_backend_pid()")).scalar_one()) for c in held]
-    for conn in held:
-        conn.close()
-    for pid in pids:
-        _terminate(pid)
+    pids = _terminate_pooled_sessions(engine, 3)
     again = [engine.connect() for _ in range(3)]
     try:
         now = {int(c.execute(sa.text("SELECT pg_backend_pid()")).scalar_one()) for c in again}
@@ -120,12 +126,7 @@ def test_a_read_on_a_session_terminated_a_moment_before_runs_again_on_a_live_one
         _terminate(dead, wait=False)
         assert read_retried(engine, _pid_read(calls)) != dead
         assert len(calls) in (1, 2)  # 1: the termination had not yet ended the session when the read ran
-    held = [engine.connect() for _ in range(3)]
-    pids = [int(c.execute(sa.text("SELECT pg_backend_pid()")).scalar_one()) for c in held]
-    for conn in held:
-        conn.close()
-    for pid in pids:
-        _terminate(pid)
+    pids = _terminate_pooled_sessions(engine, 3)
     calls = []
     assert read_retried(engine, _pid_read(calls)) not in pids and calls == [1, 1]
     assert _backend_pid(engine) not in pids
