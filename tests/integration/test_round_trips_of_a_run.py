@@ -22,19 +22,13 @@ from harness.adapters.sql.blobs import blobs, put
 from harness.adapters.sql.ledger import CostLedger
 from harness.adapters.sql.memory import SqlMemoryRows
 from harness.adapters.sql.store import SqlStore
-from harness.clock import FakeClock
 from harness.domain.records import TraceRecordIn
 from harness.domain.traces import CostTrace
 from tests.integration.test_pipeline_round_trips import _waits
+from tests.integration.test_reads_autocommit import store
 
 BACKENDS = ("postgresql",)
-
-
-@pytest.fixture
-def store(backend_url: str) -> Iterator[SqlStore]:
-    s = SqlStore.open(backend_url, FakeClock())
-    yield s
-    s.close()
+__all__ = ["store"]  # the fixture: a store on a fresh, migrated PostgreSQL database
 
 
 @contextlib.contextmanager

@@ -48,6 +48,27 @@ _CANCEL_ATTEMPTS = 8
 
 
 @dataclasses.dataclass
+class Waiting:
+    """Step results waiting for one transaction, written together, once: each one's trace records and
+    contents, and the RunContext as of it (the last one's is written)."""
+
+    results: list[tuple[list[TraceRecordIn], tuple[Any, ...], dict[str, Any]]] = dataclasses.field(
+        default_factory=list)
+    #: guards `results` alone: taken when the wait ends, which may be inside a block holding other locks
+    lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+
+    def add(self, records: list[TraceRecordIn], values: tuple[Any, ...], context: dict[str, Any]) -> None:
+        with self.lock:
+            self.results.append((records, values, context))
+
+    def take(self) -> list[tuple[list[TraceRecordIn], tuple[Any, ...], dict[str, Any]]]:
+        """What waits, emptied (nothing when an earlier result's turn took this one too)."""
+        with self.lock:
+            taken, self.results = self.results, []
+        return taken
+
+
+@dataclasses.dataclass
 class Drive:
     """One drive of one Run: its fence (lease) and the RunContext it executes with. Held in a context
     variable, not keyed by run_id on the manager: two drives of the same Run in one process (a paused
@@ -56,12 +77,8 @@ class Drive:
     run_id: str
     fence: Fence | None
     context: dict[str, Any] | None = None
-    #: step results waiting for the drive's next transaction (calls that may run again): their trace
-    #: records and contents, and the RunContext as of the last of them; written together, once
-    waiting: list[tuple[list[TraceRecordIn], tuple[Any, ...]]] = dataclasses.field(default_factory=list)
-    waiting_context: dict[str, Any] | None = None
-    #: guards `waiting` alone: taken when the wait ends, which may be inside a block holding other locks
-    waiting_lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+    #: step results waiting for the drive's next transaction (calls that may run again)
+    waiting: Waiting = dataclasses.field(default_factory=Waiting)
 
 
 DRIVE: contextvars.ContextVar[Drive | None] = contextvars.ContextVar("harness_drive", default=None)

@@ -24,7 +24,7 @@ from harness.domain.traces import ToolTrace, TraceModel, error_trace, step_trace
 from harness.kernel.events import LOST_RACE
 from harness.pipeline import rounds
 from harness.pipeline.plan_orchestrator import StepRun, resolve
-from harness.pipeline.run_core import DRIVE, MANAGER, RunCore, S, fence_for, trace_records
+from harness.pipeline.run_core import DRIVE, MANAGER, RunCore, S, Waiting, fence_for, trace_records
 from harness.pipeline.tool_kinds import StepTimeoutError, ToolCallError
 from harness.skills import Skill
 
@@ -298,24 +298,14 @@ class ExecutionSteps(RunCore):
                 # the contents behind the ToolTrace's argument/result hashes, for replay (A5)
                 save(context, records, values)
                 return
-            snapshot = {**context, "steps": dict(context["steps"])}
             drive = DRIVE.get()
-            if drive is not None and drive.run_id == run_id:
-                with drive.waiting_lock:
-                    drive.waiting.append((records, values))
-                    drive.waiting_context = snapshot
-        if drive is None or drive.run_id != run_id:
-            self.units.defer(lambda: save(snapshot, records, values))
-            return
-        waiting = drive
+            waiting = drive.waiting if drive is not None and drive.run_id == run_id else Waiting()
+            # added under the context lock: the last result added is the one whose RunContext has them all
+            waiting.add(records, values, {**context, "steps": dict(context["steps"])})
 
         def save_waiting() -> None:
             # run when the drive's next transaction opens, maybe under the context lock (a started mark)
-            with waiting.waiting_lock:
-                taken, latest = list(waiting.waiting), waiting.waiting_context
-                waiting.waiting.clear()
-                waiting.waiting_context = None
-            if taken and latest is not None:  # else an earlier result's turn wrote this one too
-                save(latest, [r for rs, _ in taken for r in rs], tuple(v for _, vs in taken for v in vs))
+            if taken := waiting.take():
+                save(taken[-1][2], [r for rs, _, _ in taken for r in rs], tuple(v for _, vs, _ in taken for v in vs))
 
         self.units.defer(save_waiting)

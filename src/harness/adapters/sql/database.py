@@ -128,24 +128,14 @@ def read_retried(engine: sa.Engine, read: Callable[[sa.Connection], _T]) -> _T:
         try:
             return read(conn)
         except sa.exc.DBAPIError as exc:
-            if not unpinged or not _dead(conn, exc):
+            # a failure of the connection, not of the read (bad SQL, a constraint): its session may have
+            # ended before the driver marked it so (a socket closed right after a termination); a read
+            # that can run twice loses nothing by running again if it was not
+            if not unpinged or not is_outage(exc):
                 raise
             conn.invalidate()  # never handed out again
     with engine.connect() as conn:
         return read(conn)
-
-
-def _dead(conn: sa.Connection, exc: sa.exc.DBAPIError) -> bool:
-    """Whether `exc` may say that `conn`'s session has ended: the driver found it so, or the failure is one
-    of the connection (OperationalError, InterfaceError: a socket closed before the driver marked the
-    connection broken says only that). A read that can run twice loses nothing by running again for a
-    failure that was not a dead session after all; one the database refused (bad SQL, a constraint) is
-    none of these, and is the caller's at once."""
-    if exc.connection_invalidated or isinstance(exc, (sa.exc.OperationalError, sa.exc.InterfaceError)):
-        return True
-    dbapi = conn.connection.dbapi_connection
-    return isinstance(exc.orig, conn.dialect.loaded_dbapi.Error) and \
-        conn.dialect.is_disconnect(exc.orig, dbapi, None)
 
 
 def read_only(engine: sa.Engine) -> sa.Engine:

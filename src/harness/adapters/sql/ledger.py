@@ -161,7 +161,7 @@ class CostLedger:
     def unpriced_calls(self, run_id: str) -> list[str]:
         """The models of the Run's calls recorded without a price."""
         with self.store.reader.connect() as conn:
-            return sorted({str(row[0]) for row in self._raw.fetchall(conn, _UNPRICED, {"p_run": run_id})})
+            return list(_models(self._raw.fetchall(conn, _UNPRICED, {"p_run": run_id})))
 
     def spend(self, *, tenant_id: str, user_id: str, run_id: str) -> Spend:
         """What a budget check reads — the Run's, its user's and its tenant's spend, and the Run's models
@@ -171,8 +171,7 @@ class CostLedger:
                 conn, (_BY_SCOPE, {"p_tenant": tenant_id, "p_user": user_id, "p_run": run_id}),
                 (_UNPRICED, {"p_run": run_id}))
         run_usd, user_usd, tenant_usd = by_scope[0]
-        return Spend(float(run_usd), float(user_usd), float(tenant_usd),
-                     tuple(sorted({str(row[0]) for row in unpriced})))
+        return Spend(float(run_usd), float(user_usd), float(tenant_usd), _models(unpriced))
 
     def by_group(self, group_by: GroupBy, *, tenant_id: str | None, since: float | None = None,
                  until: float | None = None, limit: int = 1000) -> list[CostGroup]:
@@ -281,3 +280,8 @@ def _tree_totals(*, until: bool) -> sa.Select[Any]:
 _TREE_TOTALS = _tree_totals(until=False)
 _TREE_TOTALS_UNTIL = _tree_totals(until=True)
 _UNPRICED = sa.select(costs.c.model).where(costs.c.run_id == b("p_run"), costs.c.priced.is_(False))
+
+
+def _models(rows: Sequence[Any]) -> tuple[str, ...]:
+    """The distinct models of `_UNPRICED`'s rows, sorted."""
+    return tuple(sorted({str(row[0]) for row in rows}))
