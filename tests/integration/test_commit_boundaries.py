@@ -47,11 +47,11 @@ def _example(tmp: Path, db: str | None = None, **settings: Any) -> Runtime:
 def test_a_plain_run_commits_at_its_effect_boundaries_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                            ) -> None:
     """The bundled example's order-status Run (two read-only lookups, then a note that is not idempotent),
-    asked for and driven in one call, makes 5 commits: its acceptance with its lease and CREATED→PREPARING,
-    before the context is assembled (its caller gets its id only with its result); PREPARING→PLANNING,
-    before the model; the plan through EXECUTING, before the first call; the lookups' results with the
-    note's started mark, before the note; the note's result with the close and the lease's release. One
-    commit per write makes 13."""
+    asked for and driven in one call, makes 4 commits: its acceptance with its lease, CREATED→PREPARING and
+    PREPARING→PLANNING, before the model (its context was assembled before anything was written, and its
+    caller gets its id only with its result); the plan through EXECUTING, before the first call; the
+    lookups' results with the note's started mark, before the note; the note's result with the close and
+    the lease's release. One commit per write makes 13."""
     monkeypatch.setenv("HARNESS_EXAMPLE_LEDGER", str(tmp_path / "ledger.jsonl"))
     rt = _example(tmp_path)
     try:
@@ -59,7 +59,7 @@ def test_a_plain_run_commits_at_its_effect_boundaries_only(tmp_path: Path, monke
         commits = _commits(rt)
         result = rt.runs.create_run(PLAIN)
         assert result.state == "SUCCEEDED", result
-        assert len(commits) == 5
+        assert len(commits) == 4
         path = [t.to_state.value for t in rt.store.transitions_of(result.run_id)]
         assert path == ["CREATED", "PREPARING", "PLANNING", "POLICY_CHECK", "EXECUTING", "TRACING", "SUCCEEDED"]
         assert rt.store.get_run(result.run_id).lease_owner is None
@@ -110,26 +110,30 @@ def test_results_waiting_for_one_transaction_are_saved_together(backend_url: str
         rt.close()
 
 
-def _kill_before_the_first_commit(tmp: str, db: str) -> None:
+def _kill_before_the_first_commit(tmp: str, db: str, at: str) -> None:
     os.environ["HARNESS_EXAMPLE_LEDGER"] = str(Path(tmp) / "ledger.jsonl")
     rt = _example(Path(tmp), db)
 
     def die(_run_id: str, _source: RunState, target: RunState) -> None:
-        if target == RunState.PREPARING:  # accepted, leased, transitioned: nothing committed yet
+        if target == RunState(at):  # accepted, leased, transitioned: nothing committed yet
             os.kill(os.getpid(), signal.SIGKILL)
 
     rt.machine.subscribe(die, at_commit=False)
     rt.runs.create_run(PLAIN)
 
 
+@pytest.mark.parametrize("at", ["PREPARING", "PLANNING"])
 def test_a_run_asked_for_and_killed_before_its_first_commit_leaves_nothing(backend_url: str, tmp_path: Path,
-                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+                                                                          monkeypatch: pytest.MonkeyPatch,
+                                                                          at: str) -> None:
     """The process that asked for a Run and drives it is killed after the Run was accepted, leased and
-    moved to PREPARING, before that one transaction committed: no Run, transition, audit event or trace
-    record is left, the chain verifies, and the next request is served. Its caller never had its id."""
+    moved to PREPARING, or on to PLANNING with its context (the model not yet called), before that one
+    transaction committed: no Run, transition, audit event or trace record is left, the chain verifies,
+    and the next request is served. Its caller never had its id."""
     monkeypatch.setenv("HARNESS_EXAMPLE_LEDGER", str(tmp_path / "ledger.jsonl"))
     _example(tmp_path, backend_url).close()  # migrated before the child starts
-    proc = mp.get_context("spawn").Process(target=_kill_before_the_first_commit, args=(str(tmp_path), backend_url))
+    proc = mp.get_context("spawn").Process(target=_kill_before_the_first_commit,
+                                           args=(str(tmp_path), backend_url, at))
     proc.start()
     proc.join(120)
     assert proc.exitcode == -signal.SIGKILL

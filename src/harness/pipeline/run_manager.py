@@ -35,7 +35,7 @@ from harness.pipeline.plan_orchestrator import PlanOrchestrator
 from harness.pipeline.run_core import DRIVE, Drive, S, fence_for, trace_records
 from harness.pipeline.run_decisions import Decisions
 from harness.pipeline.run_execution import ExecutionSteps
-from harness.pipeline.run_steps import PreparingSteps
+from harness.pipeline.run_steps import PREPARED, PreparingSteps
 from harness.pipeline.tool_controller import ToolController
 from harness.pipeline.tool_kinds import ChildWait
 from harness.policy.hitl import Decision, HitlDesk, HitlRequest
@@ -101,15 +101,22 @@ class RunManager(PreparingSteps, ExecutionSteps, Decisions):
         — an idempotency key the caller (tenant and user) already used returns that Run with created
         False, or raises IdempotencyConflictError if it came with another request. A request over its
         limits (harness.pipeline.intake) creates nothing."""
+        return self._accept(self._admitted(raw), run_id or ordered_id())
+
+    def _admitted(self, raw: RunRequest | dict[str, Any]) -> RunRequest:
+        """The request as it will be stored, or the error that refuses it (nothing is written)."""
         request = self._with_chain_budget(admit(parse_request(raw), self.limits, self.assembler.filter, self.roles_of))
         if request.callback is not None and self.check_callback is not None:
             self.check_callback(request)
         if request.retry_of is not None:
             self.store.get_run(request.retry_of)  # a retry must name a Run that exists
+        return request
+
+    def _accept(self, request: RunRequest, run_id: str) -> tuple[RunRecord, bool]:
         return self.store.create_run(NewRun(
             tenant_id=request.tenant_id, user_id=request.user_id, session_id=request.session_id,
             request=request.model_dump(mode="json"), idempotency_key=request.idempotency_key,
-            retry_of=request.retry_of, request_hash=body_hash(request), run_id=run_id or ordered_id(),
+            retry_of=request.retry_of, request_hash=body_hash(request), run_id=run_id,
         ))
 
     def _with_chain_budget(self, request: RunRequest) -> RunRequest:
@@ -127,14 +134,20 @@ class RunManager(PreparingSteps, ExecutionSteps, Decisions):
         """Submit and drive a Run until it is final or waits for a human.
 
         Its caller gets its id only with its result, so the Run's acceptance commits with what its drive
-        writes first (its lease and its first transition), before anything leaves the process: in one
-        transaction, not two. A crash before that commit leaves nothing, as if the Run had never been
-        asked for, and nobody holds its id."""
+        writes up to the model's call (its lease, CREATED→PREPARING→PLANNING): in one transaction, not
+        three. Its context is assembled first, before anything is written (steps ② and ③ only read), so
+        that transaction is never held while the assembly runs. A crash before that commit leaves
+        nothing, as if the Run had never been asked for, and nobody holds its id."""
         run_id = ordered_id()
-        with self.units.unit(run_id):
-            run, created = self.submit(raw, run_id=run_id)
-            if created:
-                return self.drive(run_id)
+        request = self._admitted(raw)
+        token = PREPARED.set(self._preparation(run_id, request))
+        try:
+            with self.units.unit(run_id):
+                run, created = self._accept(request, run_id)
+                if created:
+                    return self.drive(run_id)
+        finally:
+            PREPARED.reset(token)
         return self.result(run.run_id)
 
     def drive(self, run_id: str, *, fence: Fence | None = None) -> RunResult:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import time
 from typing import Any
@@ -25,28 +26,60 @@ from harness.pipeline import rounds
 from harness.pipeline.run_core import RunCore, S, trace_records
 from harness.policy.hitl import plan_actions
 from harness.ports import Tx
+from harness.skills import Skill
 from harness.timefmt import approvals_needed
+
+
+@dataclasses.dataclass(frozen=True)
+class Prepared:
+    """Steps ② and ③ done for a request: the skills its caller may see and its assembled context, or the
+    error that stopped the assembly, and how long that took."""
+
+    run_id: str
+    skills: list[Skill]
+    assembled: AssembledContext | None
+    failure: BaseException | None
+    elapsed_ms: float
+
+
+#: steps ② and ③ done before the Run was accepted (`RunManager.create_run`), for its drive's PREPARING
+PREPARED: contextvars.ContextVar[Prepared | None] = contextvars.ContextVar("harness_prepared", default=None)
 
 
 class PreparingSteps(RunCore):
     """Steps ② to ⑤: PREPARING → PLANNING → POLICY_CHECK → EXECUTING, AWAITING_HITL or REJECTED."""
 
+    def _preparation(self, run_id: str, request: RunRequest) -> Prepared:
+        """Steps ② and ③ for `request`: they read (skills, memory) and write nothing, so they may run before
+        the Run is accepted, holding no transaction. Any failure is kept for the drive to record."""
+        started = time.perf_counter()
+        skills: list[Skill] = []
+        try:
+            skills = self.tools.visible_skills(request.caller, self.policy.may_call)
+            assembled = self.assembler.assemble(request, self.tools.tool_specs(skills))
+        except Exception as exc:  # recorded (ContextError) or raised (anything else) where the drive is
+            return Prepared(run_id, skills, None, exc, (time.perf_counter() - started) * 1000)
+        return Prepared(run_id, skills, assembled, None, (time.perf_counter() - started) * 1000)
+
     def _prepare(self, run: RunRecord, request: RunRequest) -> RunRecord:
         if run.state != S.PREPARING:
             return run
-        # the lease and the acceptance commit before the context is assembled: a slow assembly (memory
-        # recall, embeddings, the secret filter) must not hold the drive's transaction, or the lease's
-        # heartbeat, which writes the same row, would wait behind it until the lease ran out
-        self.units.release()
-        started = time.perf_counter()
+        prepared = PREPARED.get()
+        if prepared is None or prepared.run_id != run.run_id:
+            # the lease and the acceptance commit before the context is assembled: a slow assembly (memory
+            # recall, embeddings, the secret filter) must not hold the drive's transaction, or the lease's
+            # heartbeat, which writes the same row, would wait behind it until the lease ran out. A Run
+            # asked for and driven in one call had its context assembled before it was accepted: its
+            # acceptance through PREPARING→PLANNING is one commit, before the model is called.
+            self.units.release()
+            prepared = self._preparation(run.run_id, request)
         caller = request.caller
-        try:
-            skills = self.tools.visible_skills(caller, self.policy.may_call)
-            specs = self.tools.tool_specs(skills)
-            assembled = self.assembler.assemble(request, specs)
-        except ContextError as exc:
-            return self._fail(run, S.PREPARING, 2, exc.code, exc, inputs=run.request)
-        elapsed = (time.perf_counter() - started) * 1000
+        if isinstance(prepared.failure, ContextError):
+            return self._fail(run, S.PREPARING, 2, prepared.failure.code, prepared.failure, inputs=run.request)
+        if prepared.failure is not None:
+            raise prepared.failure
+        skills, assembled, elapsed = prepared.skills, prepared.assembled, prepared.elapsed_ms
+        assert assembled is not None
         context = {
             "caller": caller.model_dump(mode="json"),
             "manifests": {s.id: {"version": s.manifest.version, "hash": s.manifest_hash} for s in skills},
