@@ -1,0 +1,93 @@
+"""Client instructions per Run, counted by valgrind (callgrind): unlike time, the count does not move with
+the machine's load, so a change worth a few percent shows up on a shared 2-core machine.
+
+    python benchmarks/instructions_per_run.py                          # SQLite file
+    python benchmarks/instructions_per_run.py --db-url postgresql+psycopg://postgres@127.0.0.1:5432/test
+    python benchmarks/instructions_per_run.py --src /tmp/base/src       # another source tree (a baseline)
+
+One process makes `--warmup` untimed Runs (imports, caches, the tokenizer's vocabulary) and then `--runs`
+Runs of `profile_run.py`'s benchmark Run; another the same with `--more` Runs more. The difference of
+their totals divided by `--more` is what one steady-state Run costs, start-up and warm-up cancelled out.
+On PostgreSQL each process gets a fresh database of its own (the server's work is not counted: it is
+another process).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+#: the server's `test` database only creates and drops the processes' own
+SERVER = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+
+
+def _child(runs: int, warmup: int, db_url: str | None) -> None:
+    """Inside valgrind: warm up, then make `runs` Runs."""
+    sys.path.insert(0, str(HERE))
+    from profile_run import runtime
+
+    with tempfile.TemporaryDirectory() as tmp:
+        rt, one = runtime(Path(tmp), db_url)
+        for _ in range(warmup + runs):
+            one()
+        rt.close()
+
+
+def _fresh_database(server: str, name: str) -> str:
+    import sqlalchemy as sa
+
+    engine = sa.create_engine(server, isolation_level="AUTOCOMMIT")
+    with engine.connect() as conn:
+        conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}"'))
+        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+    engine.dispose()
+    return server.rsplit("/", 1)[0] + "/" + name
+
+
+def _count(runs: int, args: argparse.Namespace) -> int:
+    """Instructions of a process making `warmup + runs` Runs (all its threads together)."""
+    db_url = _fresh_database(args.db_url, f"instructions_{os.getpid()}_{runs}") if args.db_url else None
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (args.src, os.environ.get("PYTHONPATH")) if p))
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "callgrind.out"
+        command = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", sys.executable, __file__,
+                   "--child", str(runs), "--warmup", str(args.warmup)]
+        if db_url:
+            command += ["--db-url", db_url]
+        done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            raise SystemExit(f"the counted process failed:\n{done.stderr[-3000:]}")
+        found = re.search(r"Collected\s*:\s*(\d+)", done.stderr)
+        if found is None:
+            raise SystemExit(f"valgrind printed no total:\n{done.stderr[-3000:]}")
+        return int(found.group(1))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=10, help="Runs after the warm-up in the first process")
+    parser.add_argument("--more", type=int, default=30, help="Runs more in the second process")
+    parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--db-url", help="a PostgreSQL server URL (a database of its own is made per process)")
+    parser.add_argument("--src", help="put this source tree first on the path (the code before a change)")
+    parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child is not None:
+        _child(args.child, args.warmup, args.db_url)
+        return
+    if args.db_url == "":
+        args.db_url = SERVER
+    fewer, more = _count(args.runs, args), _count(args.runs + args.more, args)
+    per_run = (more - fewer) / args.more
+    print(f"{per_run / 1e6:.2f} M instructions per Run ({'PostgreSQL' if args.db_url else 'SQLite'}, "
+          f"{args.src or 'this source tree'}; {fewer:,} for {args.runs} Runs, {more:,} for {args.runs + args.more})")
+
+
+if __name__ == "__main__":
+    main()
