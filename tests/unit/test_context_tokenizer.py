@@ -76,3 +76,18 @@ def test_the_vocabulary_loads_on_the_first_count_only() -> None:
             "print('bpe_openai' in sys.modules); print(t.count('hello world')); print('bpe_openai' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["False", "2", "True"]
+
+
+def test_remembered_counts_are_the_encodings_own() -> None:
+    """Counts of texts seen before (a system prompt, tool schemas: at every Run) are looked up, per
+    encoding: the same numbers as counting afresh, for texts below and above the remembered length."""
+    from harness.context.tokenizer import _REMEMBERED_CHARS, _load
+
+    texts = ["hello world", "Привет, как дела? 東京の天気は晴れです。 " * 40, "x y " * (_REMEMBERED_CHARS // 4 + 10)]
+    for encoding in ("cl100k_base", "o200k_base"):
+        tok = BpeTokenizer(encoding)
+        for text in texts:
+            fresh = int(_load(encoding).count(text))
+            assert tok.count(text) == fresh
+            assert tok.count(text) == fresh  # the second time from memory
+    assert BpeTokenizer("o200k_base").count(texts[1]) != BpeTokenizer("cl100k_base").count(texts[1])

@@ -10,7 +10,7 @@ for a budget check.
 from __future__ import annotations
 
 import math
-from functools import cache
+from functools import cache, lru_cache
 from typing import Any, Protocol
 
 from harness.domain.errors import InvalidRequestError
@@ -43,7 +43,11 @@ class BpeTokenizer:
 
     def count(self, text: str) -> int:
         """Exact token count of `text` in this encoding (special-token text counts as plain text)."""
-        return int(_load(self.name).count(text)) if text else 0
+        if not text:
+            return 0
+        if len(text) <= _REMEMBERED_CHARS:  # the system prompt, tool schemas, recalled notes: counted again
+            return _counted(self.name, text)  # at every Run, they are looked up instead
+        return int(_load(self.name).count(text))
 
 
 class ScaledTokenizer:
@@ -67,6 +71,16 @@ class ApproxTokenizer:
     def count(self, text: str) -> int:
         """Approximate number of tokens."""
         return (len(text) + 3) // 4 if text else 0
+
+
+#: texts up to this length have their counts remembered (the last `_REMEMBERED` of them: at most ~16 MB)
+_REMEMBERED_CHARS = 65_536
+_REMEMBERED = 256
+
+
+@lru_cache(maxsize=_REMEMBERED)
+def _counted(encoding: str, text: str) -> int:
+    return int(_load(encoding).count(text))
 
 
 @cache
