@@ -321,3 +321,75 @@ def test_a_step_result_saved_under_a_lease_taken_over_writes_nothing(backend_url
         assert rt.store.get_run(run.run_id).context == {"steps": {"a": {"status": "done"}}}
     finally:
         rt.close()
+
+
+def _standing_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The Run ids whose standing (state and lease, in one read) a drive reads from now on."""
+    from harness.adapters.sql.leases import Leases
+
+    read: list[str] = []
+    real = Leases.standing
+
+    def counted(self: Leases, lease: Any) -> Any:
+        read.append(lease.run_id)
+        return real(self, lease)
+
+    monkeypatch.setattr(Leases, "standing", counted)
+    return read
+
+
+def test_the_first_step_after_the_drives_own_move_to_executing_reads_no_standing(
+        backend_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The drive that has just committed POLICY_CHECK→EXECUTING under its lease knows the Run's standing as
+    of that commit: its first step does not read it again; the second and the third do. A drive resumed
+    in EXECUTING (after an approval) reads it before its first step too."""
+    monkeypatch.setenv("HARNESS_EXAMPLE_LEDGER", str(tmp_path / "ledger.jsonl"))
+    rt = _example(tmp_path, backend_url)
+    try:
+        read = _standing_reads(monkeypatch)
+        result = rt.runs.create_run(PLAIN)
+        assert result.state == "SUCCEEDED", result
+        assert read == [result.run_id] * 2
+        parked = rt.runs.create_run({"task": "bench-hitl A-1001", "user_id": "ana", "roles": ["support_agent"]})
+        assert parked.state == "AWAITING_HITL", parked
+        read.clear()
+        # an L2 refund: its requester confirms it
+        confirms = rt.identities.resolve("alice").model_copy(update={"user_id": "ana"})
+        _, resumed = rt.runs.decide(parked.approval_request_id or "", confirms, "approve")
+        assert resumed.state == "SUCCEEDED", resumed
+        assert read == [parked.run_id] * 3  # not its own move to EXECUTING: every step reads
+    finally:
+        rt.close()
+
+
+def test_a_cancel_landing_as_the_drive_commits_executing_stops_the_run_before_its_side_effect(
+        backend_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Cancelled by another runtime on the same database the moment the drive's move to EXECUTING has
+    committed: the first lookup may still run (it only reads), the next step finds the Run cancelled and
+    nothing after it runs — the note, the one side effect, is never written — and the Run closes
+    CANCELLED with a chain that verifies (the lookup's trace, if any, is a record after the close)."""
+    ledger = tmp_path / "ledger.jsonl"
+    monkeypatch.setenv("HARNESS_EXAMPLE_LEDGER", str(ledger))
+    rt = _example(tmp_path, backend_url)
+    other = _example(tmp_path, backend_url)
+    cancelled: list[str] = []
+
+    def cancel_at_executing(run_id: str, _source: RunState, target: RunState) -> None:
+        if target == RunState.EXECUTING and not cancelled:
+            cancelled.append(other.runs.cancel(run_id, by="t1/op", reason="changed my mind").state)
+
+    try:
+        rt.runs.create_run(PLAIN)  # one plain Run first: its note is the ledger's only line
+        notes = ledger.read_text().splitlines()
+        rt.machine.subscribe(cancel_at_executing)  # told once the change has committed
+        result = rt.runs.create_run(PLAIN)
+        assert cancelled == ["CLOSED_CANCELLED"]
+        assert result.state == "CLOSED_CANCELLED", result
+        assert ledger.read_text().splitlines() == notes  # no note for the cancelled Run
+        steps = (rt.store.get_run(result.run_id).context or {}).get("steps", {})
+        assert "note" not in steps and steps.get("customer", {}).get("status") != "ok"
+        rt.store.drain_all()
+        assert verify_chain(SqlAuditReads(rt.store)).ok
+    finally:
+        other.close()
+        rt.close()

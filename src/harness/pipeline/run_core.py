@@ -79,6 +79,8 @@ class Drive:
     context: dict[str, Any] | None = None
     #: step results waiting for the drive's next transaction (calls that may run again)
     waiting: Waiting = dataclasses.field(default_factory=Waiting)
+    #: this drive moved the Run into EXECUTING itself (under its lease) and has not executed a step since
+    entered_executing: bool = False
 
 
 DRIVE: contextvars.ContextVar[Drive | None] = contextvars.ContextVar("harness_drive", default=None)
@@ -174,6 +176,8 @@ class RunCore:
                                           records=records or [], lease_epoch=self._epoch(run.run_id), **kwargs)
         if not outcome.applied:
             return self.store.get_run(run.run_id)
+        if target == S.EXECUTING and (drive := DRIVE.get()) is not None and drive.run_id == run.run_id:
+            drive.entered_executing = True
         changes: dict[str, Any] = {"state": target, "version": outcome.seq, "close_reason": outcome.close_reason,
                                    "last_state_change_at": self.store.clock.now()}
         for key in ("context", "result"):

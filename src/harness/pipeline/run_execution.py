@@ -47,11 +47,17 @@ class ExecutionSteps(RunCore):
         deadline = self._deadline(run, rounds.executing_spent(context))
         started = time.perf_counter()
 
-        def run_step(step: PlanStep, available: dict[str, Any]) -> StepRun:
-            return self._run_step(run, request, step, available, approved, deadline)
-
         # before the first tool call: the plan, its verdicts and the move to EXECUTING are durable
         self.units.boundary()
+        # when this drive has just committed that move itself, under its lease, the Run's standing is known
+        # as of that commit: the first step does not read it again (a cancel landing now is one landing
+        # a moment after that read; the steps after it, and a non-idempotent call's mark, still check)
+        known = [self._entered_executing(run.run_id)]
+
+        def run_step(step: PlanStep, available: dict[str, Any]) -> StepRun:
+            standing_known, known[0] = known[0], False
+            return self._run_step(run, request, step, available, approved, deadline, standing_known)
+
         report = self.orchestrator.execute(plan, bool(context.get("flattened")), outputs, run_step,
                                            before_parallel=self.units.boundary)
         elapsed = (time.perf_counter() - started) * 1000
@@ -161,12 +167,20 @@ class ExecutionSteps(RunCore):
             return {}
         return {a["step_id"]: a for a in request.actions}
 
+    def _entered_executing(self, run_id: str) -> bool:
+        """Whether this drive moved the Run into EXECUTING itself and has run no step since (cleared)."""
+        drive = DRIVE.get()
+        if drive is None or drive.run_id != run_id:
+            return False
+        entered, drive.entered_executing = drive.entered_executing, False
+        return entered
+
     def _run_step(self, run: RunRecord, request: RunRequest, step: PlanStep, available: dict[str, Any],
-                  approved: dict[str, dict[str, Any]] | None, deadline: float) -> StepRun:
+                  approved: dict[str, dict[str, Any]] | None, deadline: float, standing_known: bool = False) -> StepRun:
         def fail(code: str, message: str) -> StepRun:
             return StepRun(step.id, step.output_key, False, error=message, error_code=code)
 
-        stopped = self._stopped(run.run_id)
+        stopped = None if standing_known else self._stopped(run.run_id)
         if stopped == "left":
             return fail("superseded", "the Run left EXECUTING (cancelled or swept)")
         if stopped == "fenced":
