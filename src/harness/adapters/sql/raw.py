@@ -135,20 +135,21 @@ class RawStatements:
         begin = _begins(conn)
         try:
             with dbapi.pipeline():
-                if begin:
-                    dbapi._autocommit = True  # read only as a statement is sent; restored below
-                    opener = dbapi.cursor()
-                    sent.append(opener)
-                    opener.execute(dbapi._get_tx_start_command())  # its isolation level, as psycopg's own
-                for q_sql, q_args, q_many in queued:
-                    other = dbapi.cursor()
-                    sent.append(other)
-                    if q_args is None:
-                        other.execute(q_sql)
-                    elif q_many:
-                        other.executemany(q_sql, q_args)
-                    else:
-                        other.execute(q_sql, q_args)
+                # the BEGIN and the queued writes, whose results nobody reads, share one cursor (each
+                # execute in a pipeline queues its own result; a cursor is a dozen Python objects to make)
+                if begin or queued:
+                    writes = dbapi.cursor()
+                    sent.append(writes)
+                    if begin:
+                        dbapi._autocommit = True  # read only as a statement is sent; restored below
+                        writes.execute(dbapi._get_tx_start_command())  # its isolation level, as psycopg's own
+                    for q_sql, q_args, q_many in queued:
+                        if q_args is None:
+                            writes.execute(q_sql)
+                        elif q_many:
+                            writes.executemany(q_sql, q_args)
+                        else:
+                            writes.execute(q_sql, q_args)
                 for sql, args, many in statements:
                     cursor = conn.connection.cursor()
                     mine.append(cursor)
