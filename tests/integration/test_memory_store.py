@@ -164,3 +164,11 @@ def test_a_row_from_another_scope_is_a_hard_failure() -> None:
     for row in (foreign, other_user):
         with pytest.raises(ScopeViolationError, match="refused"):
             ALICE.check([row])
+
+
+def test_a_ranked_row_names_the_columns_the_full_text_reads_select() -> None:
+    """The full-text reads run on the DBAPI cursor and name their columns by position: the row type
+    follows the statement's columns, then the rank."""
+    from harness.adapters.sql.memory import Ranked, _columns
+
+    assert list(Ranked._fields) == [c.key for c in _columns()] + ["rank"]

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import sqlalchemy as sa
 
 from harness.adapters.sql import schema as t
 from harness.adapters.sql.database import read_only, read_retried
-from harness.adapters.sql.raw import RawStatements
+from harness.adapters.sql.raw import RawStatements, statements_for
 from harness.adapters.sql.units import guarded, joins
 from harness.memory.lexical import bm25, terms
 from harness.ports.memory import MemoryScope
@@ -96,6 +96,20 @@ def _built(build: Any, scope: sa.ColumnElement[bool]) -> sa.Select[Any]:
     return _BUILT[key]
 
 
+class Ranked(NamedTuple):
+    """A ranked entry as the full-text reads return it: `_columns()`, then its rank."""
+
+    entry_id: str
+    tenant_id: str
+    scope: str
+    team_id: str | None
+    user_id: str | None
+    session_id: str | None
+    content: str
+    source_run_id: str | None
+    rank: float
+
+
 def search(conn: sa.Connection, query: str, scope: MemoryScope, k: int) -> list[tuple[Any, float]]:
     """The best `k` (row, score) pairs for `query` within `scope`; higher score is better."""
     words = terms(query)
@@ -106,8 +120,10 @@ def search(conn: sa.Connection, query: str, scope: MemoryScope, k: int) -> list[
     if dialect in ("sqlite", "postgresql"):
         build, match = ((sqlite_query, " OR ".join(f'"{w}"' for w in words)) if dialect == "sqlite"
                         else (postgres_query, " | ".join(words)))
-        rows = conn.execute(_built(build, clause), {**params, "p_match": match, "p_limit": k})
-        return [(row, -float(row.rank)) for row in rows]
+        # on the DBAPI cursor: the statement's parameters are plain strings and an int (issue 20)
+        found = statements_for(conn.dialect).fetchall(conn, _built(build, clause),
+                                                      {**params, "p_match": match, "p_limit": k})
+        return [(row, -float(row.rank)) for row in map(Ranked._make, found)]
     return bm25(words, conn.execute(_built(scan_query, clause), params).all(), k)
 
 
