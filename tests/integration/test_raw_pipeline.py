@@ -5,11 +5,13 @@ nothing queued ever leaks into the next transaction of a pooled connection."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 
 import pytest
 import sqlalchemy as sa
 
+from harness.adapters.sql import schema as t
 from harness.adapters.sql.database import create_engine, resolve_url
 from harness.adapters.sql.raw import RawStatements, has_queued
 from harness.adapters.sql.store import SqlStore
@@ -242,5 +244,29 @@ def test_a_long_batch_of_records_chains_in_one_drain(backend_url: str) -> None:
         assert store.outbox_backlog() == 0
         report = verify_chain(SqlAuditReads(store))
         assert report.ok, report
+    finally:
+        store.close()
+
+
+def test_a_drain_takes_its_batch_from_the_outbox_and_nothing_else(backend_url: str) -> None:
+    """A batch smaller than the outbox chains the oldest records and removes exactly those from the outbox;
+    the rest wait, in order, for the next drain."""
+    from harness.adapters.sql.audit_reads import SqlAuditReads
+    from harness.audit.verify import verify_chain
+    from harness.domain.records import TraceRecordIn
+
+    store = SqlStore.open(backend_url)
+    try:
+        store.drain_all()
+        store.record([TraceRecordIn("note", {"n": i}, None) for i in range(10)])
+        assert store.drain(batch_size=4) == 4
+        assert store.outbox_backlog() == 6
+        with store.engine.connect() as conn:
+            left = [json.loads(p)["n"] for p in conn.execute(
+                sa.select(t.outbox.c.payload).order_by(t.outbox.c.id)).scalars()]
+        assert left == list(range(4, 10))
+        assert store.drain(batch_size=4) == 4 and store.outbox_backlog() == 2
+        assert store.drain(batch_size=4) == 2 and store.outbox_backlog() == 0
+        assert verify_chain(SqlAuditReads(store)).ok
     finally:
         store.close()

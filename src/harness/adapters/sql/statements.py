@@ -78,6 +78,8 @@ RECORDS_OF_RUN = sa.union_all(
     sa.select(t.outbox.c.record_id, t.outbox.c.kind).where(t.outbox.c.run_id == b("p_run_id")),
 )
 OUTBOX_DELETE_ONE = t.outbox.delete().where(t.outbox.c.id == b("p_id"))
+#: SQLite: a batch is every row from its first id to its last (read under the one writer's lock, in id order)
+OUTBOX_DELETE_RANGE = t.outbox.delete().where(t.outbox.c.id.between(b("p_first"), b("p_last")))
 #: PostgreSQL: a whole batch in one statement (an array parameter), where each row would be a round trip
 CHAINED_IDS_ANY = sa.select(t.trace_records.c.record_id).where(
     t.trace_records.c.record_id == sa.any_(b("p_ids", type_=pg.ARRAY(sa.String))))

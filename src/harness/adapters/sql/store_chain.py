@@ -147,6 +147,9 @@ class TraceChain(StoreBase):
                                    chained={r[1] for r in batch if r[5] is not None})
         if self._batches_by_array:
             self._raw.later(conn, q.OUTBOX_DELETE_ANY, {"p_ids": [p.id for p in pending]})
+        elif not self._locks_rows:  # SQLite: nobody else writes while this transaction holds the write lock,
+            # so the batch (the outbox's first rows, in id order) is exactly the rows from its first id to its last
+            self._raw.later(conn, q.OUTBOX_DELETE_RANGE, {"p_first": pending[0].id, "p_last": pending[-1].id})
         else:
             self._raw.executemany(conn, q.OUTBOX_DELETE_ONE, [{"p_id": p.id} for p in pending])
         return chained, len(pending)
