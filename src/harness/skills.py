@@ -43,6 +43,7 @@ from harness import skill_code
 from harness.domain.chain import content_hash
 from harness.domain.contracts import SKILL_ID
 from harness.domain.errors import ManifestError
+from harness.domain.llm import ToolSpec
 from harness.domain.sandbox import Limits
 from harness.policy.config import LEVEL_RANK
 from harness.policy.risk import Risk, level_for
@@ -188,6 +189,11 @@ class Skill:
             return None
         where = ".".join(str(p) for p in error.absolute_path) or "(the output)"
         return f"{where}: {error.message}"
+
+    @functools.cached_property
+    def tool_spec(self) -> ToolSpec:
+        """The skill as a provider-neutral tool spec (built once per loaded skill: its manifest is fixed)."""
+        return ToolSpec(name=self.id, description=self.manifest.description, parameters=self.manifest.input_schema)
 
     @functools.cached_property
     def _output_validator(self) -> jsonschema.Draft202012Validator:

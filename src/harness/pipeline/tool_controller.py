@@ -174,8 +174,7 @@ class ToolController:
     @staticmethod
     def tool_specs(skills: Sequence[Skill]) -> list[ToolSpec]:
         """The skills as provider-neutral tool specs."""
-        return [ToolSpec(name=s.id, description=s.manifest.description, parameters=s.manifest.input_schema)
-                for s in skills]
+        return [s.tool_spec for s in skills]
 
     def release(self, run_id: str) -> bool:
         """Remove the Run's working directory (when it reached its final state); False if it had none."""
