@@ -133,6 +133,6 @@ def test_langgraph_comparison_runs_on_postgresql_and_counts_round_trips() -> Non
     profile = harness["profile"]
     # the context is assembled (a memory read) before the Run is accepted; its acceptance commits first
     first = next(t for t in profile if t["end"] == "COMMIT")
-    assert first["caller"].startswith("run_manager._accept") and "INSERT runs" in first["what"]
+    assert "run_manager.create_run" in first["caller"] and "INSERT runs" in first["what"]
     assert sum(t["end"] == "COMMIT" for t in profile) >= 4  # acceptance, model, tools, close at the least
     assert "harness/langgraph-sync" in report["ratios"]

@@ -140,11 +140,13 @@ class RunManager(PreparingSteps, ExecutionSteps, Decisions):
         nothing, as if the Run had never been asked for, and nobody holds its id."""
         run_id = ordered_id()
         request = self._admitted(raw)
-        token = PREPARED.set(self._preparation(run_id, request))
+        prepared = self._preparation(run_id, request)
+        token = PREPARED.set(prepared)
         try:
             with self.units.unit(run_id):
                 run, created = self._accept(request, run_id)
                 if created:
+                    prepared.accepted = run  # nobody else sees it before this unit commits: its drive starts here
                     return self.drive(run_id)
         finally:
             PREPARED.reset(token)
@@ -175,8 +177,16 @@ class RunManager(PreparingSteps, ExecutionSteps, Decisions):
         return self.children.await_child(parent_id, child_id, until, fence_for(parent_id))
 
     def _drive(self, run_id: str) -> None:
-        run = self.store.get_run(run_id)
-        request = RunRequest.model_validate(run.request)
+        prepared = PREPARED.get()
+        if prepared is not None and prepared.run_id == run_id and prepared.accepted is not None \
+                and prepared.request is not None:
+            # accepted in this unit, not yet committed: the Run is as its acceptance wrote it (the drive reads
+            # none of its lease columns: its fence holds the lease)
+            run, request = prepared.accepted, prepared.request
+            prepared.accepted = None
+        else:
+            run = self.store.get_run(run_id)
+            request = RunRequest.model_validate(run.request)
         if run.state in TRANSIENT or run.state == S.TRACING:
             # a worker died between a failure (or success) and the close: finish the funnel
             self.machine.advance(run_id, run.state, lease_epoch=self._epoch(run_id))

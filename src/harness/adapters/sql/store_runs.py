@@ -63,7 +63,10 @@ class RunWrites(TraceChain):
         request = canonical_json(new.request)
         try:
             with self.engine.begin() as conn:
-                self._raw.execute(
+                # without an idempotency key nothing can conflict (the id is new): the row goes with the
+                # transaction's next statement (one round trip fewer on PostgreSQL); a key's conflict must
+                # be seen here
+                (self._raw.execute if new.idempotency_key is not None else self._raw.later)(
                     conn,
                     q.RUN_INSERT,
                     {
