@@ -85,7 +85,7 @@ def make_app(broker: str | None = None) -> Celery:
     @app.task(name="harness.drive")
     def drive(run_id: str) -> str | None:
         rt = runtime()
-        result = RunWorker(rt, ttl_s=lease_ttl).execute(run_id)
+        result = RunWorker(rt, ttl_s=lease_ttl).execute(run_id, fresh=True)  # sent when it was accepted
         _prune_now_and_then(rt)
         return result.state if result else None
 

@@ -10,6 +10,7 @@ further tool call is made. A Run whose workers keep dying is failed after `max_s
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import itertools
 import logging
@@ -190,15 +191,18 @@ class LeasedDrive:
         self.max_stalls = max_stalls
         self.heartbeats = heartbeats
 
-    def execute(self, run_id: str) -> RunResult | None:
+    def execute(self, run_id: str, *, fresh: bool = False) -> RunResult | None:
         """Drive the Run if this worker can take its lease; the Run's result when it is final or waits for
-        a human; None when another live worker holds it."""
+        a human; None when another live worker holds it. `fresh`: the Run was just accepted (a queue hands
+        it over), so it is most likely still in CREATED: one read first tells, and its context is then
+        assembled before the lease is taken (RunManager.prepared_ahead): one commit fewer."""
         # the lease is taken in the transaction of the drive's first transitions and given back in that
         # of its park or close (the unit of work's first and last commits), not in commits of its own;
         # it is taken only while the Run has something to drive, so no read of the Run comes first
         beat: _Beat | None = None
         try:
-            with self.runs.units.unit(run_id):
+            with self.runs.prepared_ahead(run_id) if fresh else contextlib.nullcontext(), \
+                    self.runs.units.unit(run_id):
                 lease = self.leases.acquire(run_id, self.owner, to_drive=True)
                 if lease is not None:
                     fence = Fence(lease, self.leases)

@@ -393,3 +393,71 @@ def test_a_cancel_landing_as_the_drive_commits_executing_stops_the_run_before_it
     finally:
         other.close()
         rt.close()
+
+
+def test_a_fresh_run_handed_to_a_worker_commits_its_lease_through_planning_at_once(
+        backend_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Run accepted on its own (the HTTP API, Celery) and handed to a worker as fresh has its context
+    assembled before the lease is taken: the lease, CREATED→PREPARING and PREPARING→PLANNING are one
+    commit, so the drive makes 4 (5 without the hint). Handed over as fresh when it is past CREATED (a
+    resumed Run), it is driven as ever, after one read."""
+    monkeypatch.setenv("HARNESS_EXAMPLE_LEDGER", str(tmp_path / "ledger.jsonl"))
+    rt = _example(tmp_path, backend_url)
+    try:
+        for fresh, expected in ((True, 4), (False, 5)):
+            run, _ = rt.runs.submit(PLAIN)
+            commits = _commits(rt)
+            result = RunWorker(rt, owner="w1").execute(run.run_id, fresh=fresh)
+            assert result is not None and result.state == "SUCCEEDED", result
+            assert len(commits) == expected, (fresh, len(commits))
+            path = [t.to_state.value for t in rt.store.transitions_of(run.run_id)]
+            assert path == ["CREATED", "PREPARING", "PLANNING", "POLICY_CHECK", "EXECUTING", "TRACING", "SUCCEEDED"]
+        parked, _ = rt.runs.submit({"task": "bench-hitl A-1001", "user_id": "ana", "roles": ["support_agent"]})
+        assert RunWorker(rt, owner="w1").execute(parked.run_id, fresh=True).state == "AWAITING_HITL"
+        confirms = rt.identities.resolve("alice").model_copy(update={"user_id": "ana"})
+        request_id = rt.runs.result(parked.run_id).approval_request_id or ""
+        rt.runs.decide(request_id, confirms, "approve", resume=False)
+        result = RunWorker(rt, owner="w2").execute(parked.run_id, fresh=True)  # EXECUTING: nothing ahead
+        assert result is not None and result.state == "SUCCEEDED", result
+        rt.store.drain_all()
+        assert verify_chain(SqlAuditReads(rt.store)).ok
+    finally:
+        rt.close()
+
+
+def _kill_a_fresh_drive_before_its_first_commit(tmp: str, db: str, run_id: str) -> None:
+    os.environ["HARNESS_EXAMPLE_LEDGER"] = str(Path(tmp) / "ledger.jsonl")
+    rt = _example(Path(tmp), db)
+
+    def die(_run_id: str, _source: RunState, target: RunState) -> None:
+        if target == RunState.PLANNING:  # leased, PREPARING, PLANNING: nothing of the drive committed yet
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    rt.machine.subscribe(die, at_commit=False)
+    RunWorker(rt, owner="doomed", ttl_s=1.0).execute(run_id, fresh=True)
+
+
+def test_a_fresh_drive_killed_before_its_first_commit_leaves_the_run_accepted(
+        backend_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Killed after the lease, CREATED→PREPARING and PREPARING→PLANNING, before they committed: the Run is
+    as its acceptance left it (CREATED, no lease, its one transition), and the next worker drives it."""
+    monkeypatch.setenv("HARNESS_EXAMPLE_LEDGER", str(tmp_path / "ledger.jsonl"))
+    rt = _example(tmp_path, backend_url)
+    run, _ = rt.runs.submit(PLAIN)
+    rt.close()
+    proc = mp.get_context("spawn").Process(target=_kill_a_fresh_drive_before_its_first_commit,
+                                           args=(str(tmp_path), backend_url, run.run_id))
+    proc.start()
+    proc.join(120)
+    assert proc.exitcode == -signal.SIGKILL
+    rt = _example(tmp_path, backend_url)
+    try:
+        stored = rt.store.get_run(run.run_id)
+        assert stored.state == RunState.CREATED and stored.lease_owner is None
+        assert [t.to_state.value for t in rt.store.transitions_of(run.run_id)] == ["CREATED"]
+        result = RunWorker(rt, owner="rescuer").execute(run.run_id, fresh=True)
+        assert result is not None and result.state == "SUCCEEDED", result
+        rt.store.drain_all()
+        assert verify_chain(SqlAuditReads(rt.store)).ok
+    finally:
+        rt.close()

@@ -8,8 +8,9 @@ decision and `drive` resumes from the persisted RunContext, skipping completed s
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from pydantic import ValidationError
@@ -21,6 +22,7 @@ from harness.domain.contracts import (
 )
 from harness.domain.errors import (
     InvalidRequestError,
+    UnknownRunError,
 )
 from harness.domain.ids import ordered_id
 from harness.domain.limits import RequestLimits
@@ -151,6 +153,31 @@ class RunManager(PreparingSteps, ExecutionSteps, Decisions):
         finally:
             PREPARED.reset(token)
         return self.result(run.run_id)
+
+    @contextlib.contextmanager
+    def prepared_ahead(self, run_id: str) -> Iterator[None]:
+        """Around a drive that has yet to take the Run's lease: a Run still in CREATED (accepted, never
+        driven) has its context assembled now, before anything is written or locked (steps ② and ③ only
+        read, and a request never changes), so its lease, CREATED→PREPARING and PREPARING→PLANNING are one
+        commit, before the model is called, instead of two. A Run anywhere else is driven as it is; so is
+        one another worker moved on meanwhile (its drive reads the Run again under the lease and finds
+        it past CREATED, leaving the work done here unused)."""
+        ahead = PREPARED.get()
+        if ahead is not None and ahead.run_id == run_id:  # create_run's own
+            yield
+            return
+        try:
+            run = self.store.get_run(run_id)
+        except UnknownRunError:
+            run = None  # the drive says so, as it always has
+        if run is None or run.state != S.CREATED:
+            yield
+            return
+        token = PREPARED.set(self._preparation(run_id, RunRequest.model_validate(run.request)))
+        try:
+            yield
+        finally:
+            PREPARED.reset(token)
 
     def drive(self, run_id: str, *, fence: Fence | None = None) -> RunResult:
         """Carry the Run forward from wherever it is; returns its result when it stops.

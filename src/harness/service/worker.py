@@ -154,7 +154,7 @@ class EmbeddedWorker:
             try:
                 # under a lease (K5b), so this service and any Celery workers on the same database never
                 # drive one Run twice; None means another live worker has it
-                result = RunWorker(self.runtime).execute(run_id)
+                result = RunWorker(self.runtime).execute(run_id, fresh=holds_slot)  # a new Run: still CREATED
                 if result is not None:
                     log.info("run stopped", extra={"run_id": run_id, "state": result.state})
             except Exception:  # one Run's failure must not take the worker down
