@@ -14,6 +14,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from harness.adapters.sql import schema as t
+from harness.adapters.sql.documents import pack, unpack
 from harness.adapters.sql.store import SqlStore
 from harness.audit import commitment
 from harness.domain.chain import canonical_json, record_hash
@@ -55,6 +56,7 @@ def clone(store: SqlStore, template: str, n: int, *, tenant: str | None = None, 
         transitions = _rows(conn, t.transitions, t.transitions.c.run_id, template)
         events = _rows(conn, t.audit_events, t.audit_events.c.run_id, template)
     records = store.trace_of(template)
+    packs = store.engine.dialect.name == "sqlite"
     ids: list[str] = []
     for start in range(0, n, batch):
         runs, jobs, trans, audits = [], [], [], []
@@ -68,7 +70,8 @@ def clone(store: SqlStore, template: str, n: int, *, tenant: str | None = None, 
                 return _UUID.sub(lambda m: mapping.get(m.group(0), m.group(0)), text)
 
             runs.append({**run, "run_id": new, "tenant_id": tenant or run["tenant_id"], "idempotency_key": None,
-                         "request": swap(run["request"]), "context": run["context"] and swap(run["context"]),
+                         "request": swap(run["request"]),
+                         "context": _swapped_context(run["context"], swap, packs=packs),
                          "result": run["result"] and swap(run["result"])})
             jobs.append({**job, "job_id": new})
             trans += [{**r, "run_id": new} for r in transitions]
@@ -88,6 +91,12 @@ def clone(store: SqlStore, template: str, n: int, *, tenant: str | None = None, 
                 _insert(conn, table, rows)
             _chain(conn, chained)
     return ids
+
+
+def _swapped_context(stored: str | bytes | None, swap: Any, *, packs: bool) -> str | bytes | None:
+    """A stored RunContext with the template's ids swapped, stored as the store stores it."""
+    context = unpack(stored)
+    return None if context is None else pack(swap(canonical_json(context)), packs=packs)
 
 
 def _insert(conn: sa.Connection, table: sa.Table, rows: list[dict[str, Any]]) -> None:

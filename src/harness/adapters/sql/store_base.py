@@ -11,6 +11,7 @@ from typing import Any, NamedTuple
 import sqlalchemy as sa
 
 from harness.adapters.sql.database import read_only
+from harness.adapters.sql.documents import unpack
 from harness.adapters.sql.raw import statements_for
 from harness.adapters.sql.schema import digest_hex
 from harness.adapters.sql.units import MODES, JoiningEngine, Units, joining
@@ -92,7 +93,7 @@ def run_of(m: Mapping[Any, Any]) -> RunRecord:
         lease_epoch=m["lease_epoch"],
         stall_count=m["stall_count"],
         request=json.loads(m["request"]),
-        context=json.loads(m["context"]) if m["context"] else None,
+        context=unpack(m["context"], m["run_id"]),
         result=json.loads(m["result"]) if m["result"] else None,
     )
 
@@ -122,6 +123,8 @@ class StoreBase:
         self._batches_by_array = engine.dialect.name == "postgresql"
         self.clock: Clock = clock or SystemClock()
         self._locks_rows = engine.dialect.name != "sqlite"  # SQLite serializes with BEGIN IMMEDIATE
+        #: a long RunContext is stored compressed where the database keeps long text in its rows (SQLite)
+        self._packs_context = engine.dialect.name == "sqlite"
         # the compare-and-set as one UPDATE … RETURNING where the database has it (PostgreSQL, SQLite from
         # 3.35; MariaDB has none for UPDATE: there it reads the row under a lock first)
         self._cas_returns = bool(engine.dialect.update_returning)

@@ -12,6 +12,7 @@ import sqlalchemy as sa
 from harness.adapters.sql import schema as t
 from harness.adapters.sql import statements as q
 from harness.adapters.sql.database import connection_of
+from harness.adapters.sql.documents import pack, unpack
 from harness.adapters.sql.store_base import (
     CasRow,
     WrongExitError,
@@ -264,7 +265,7 @@ class RunWrites(TraceChain):
             "close_reason": new_reason.value if new_reason else None,
             "version": seq,
             "last_state_change_at": now,
-            **_documents(context, result),
+            **_documents(context, result, packs=self._packs_context),
         }
         cas = q.run_cas_update(context is not UNSET, result is not UNSET)
         updated = self._raw.execute(conn, cas, values)
@@ -300,7 +301,7 @@ class RunWrites(TraceChain):
             values["p_epoch"] = lease_epoch
         if expected_version is not None:
             values["p_version"] = expected_version
-        values.update(_documents(context, result))
+        values.update(_documents(context, result, packs=self._packs_context))
         cas = q.run_cas_returning(context is not UNSET, result is not UNSET, not keeps, lease_epoch is not None,
                                   expected_version is not None, len(exits))
         row = self._raw.fetchone(conn, cas, values)
@@ -380,7 +381,7 @@ class RunWrites(TraceChain):
         With `lease_epoch`, only while the Run's lease is still at that epoch (K5b): False, and nothing
         written, when it was taken over."""
         with self.engine.begin() as conn:
-            values = {"p_run_id": run_id, "context": canonical_json(context)}
+            values = {"p_run_id": run_id, "context": pack(canonical_json(context), packs=self._packs_context)}
             if lease_epoch is None:
                 self._raw.later(conn, q.CONTEXT_UPDATE, values)
             elif self._raw.execute(conn, q.CONTEXT_UPDATE_FENCED, {**values, "p_epoch": lease_epoch}).rowcount != 1:
@@ -404,15 +405,22 @@ class RunWrites(TraceChain):
             state, epoch, stored = found
             if state != RunState.EXECUTING.value or (lease_epoch is not None and epoch != lease_epoch):
                 return "superseded"
-            entry = (json.loads(stored) if stored else {}).get("steps", {}).get(step_id)
+            entry = (unpack(stored, run_id) or {}).get("steps", {}).get(step_id)
             if entry is not None:
                 return str(entry.get("status") or "started")
-            self._raw.execute(conn, q.CONTEXT_UPDATE, {"p_run_id": run_id, "context": canonical_json(context)})
+            packed = pack(canonical_json(context), packs=self._packs_context)
+            self._raw.execute(conn, q.CONTEXT_UPDATE, {"p_run_id": run_id, "context": packed})
         return None
 
 
-def _documents(context: dict[str, Any] | None, result: dict[str, Any] | None) -> dict[str, str | None]:
+def _documents(context: dict[str, Any] | None, result: dict[str, Any] | None, *,
+               packs: bool) -> dict[str, str | bytes | None]:
     """The RunContext and result columns a compare-and-set writes: those given (UNSET: left as they are),
-    as canonical JSON, None clearing one."""
-    given = {"context": context, "result": result}
-    return {k: canonical_json(v) if v is not None else None for k, v in given.items() if v is not UNSET}
+    as canonical JSON (a long context packed where `packs`, harness.adapters.sql.documents), None
+    clearing one."""
+    values: dict[str, str | bytes | None] = {}
+    if context is not UNSET:
+        values["context"] = None if context is None else pack(canonical_json(context), packs=packs)
+    if result is not UNSET:
+        values["result"] = None if result is None else canonical_json(result)
+    return values

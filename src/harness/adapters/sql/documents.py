@@ -1,0 +1,46 @@
+"""How a Run's RunContext is kept in its `runs.context` column.
+
+PostgreSQL compresses a value of more than about 2 KB on its own (TOAST) and InnoDB moves a long one off
+the row's page, but SQLite keeps the whole text in the row: a finished Run's ~2.2 KB context made its row
+~3 KB, so one row took a 4 KB page of its own and a quarter of that page stayed empty. On SQLite a context
+of at least `PACK_FROM` bytes is therefore stored as zlib-compressed canonical JSON (a BLOB; ~45 % of the
+text), which lets two such rows share a page. A smaller one stays readable text.
+
+Reading takes either form (a BLOB is a packed context, text is JSON), so a database written before
+keeps working. The trace is never packed: its records are the audit's, read as they are written."""
+
+from __future__ import annotations
+
+import json
+import zlib
+from typing import Any
+
+from harness.domain.errors import StoreError
+
+#: contexts of at least this many bytes of canonical JSON are packed (on SQLite)
+PACK_FROM = 1024
+
+
+def pack(text: str, *, packs: bool) -> str | bytes:
+    """The stored form of a RunContext's canonical JSON `text`: compressed when `packs` (the backend
+    keeps long text in its rows) and the text is long enough to gain from it."""
+    if not packs:
+        return text
+    data = text.encode()
+    return zlib.compress(data) if len(data) >= PACK_FROM else text
+
+
+def unpack(stored: str | bytes | memoryview | None, run_id: str = "") -> dict[str, Any] | None:
+    """The RunContext a `runs.context` value holds (None for none). StoreError naming the Run when the
+    value is neither a compressed context nor a JSON object (the row was changed outside harness)."""
+    if stored is None or stored == "":
+        return None
+    try:
+        context = json.loads(stored if isinstance(stored, str) else zlib.decompress(bytes(stored)))
+    except (zlib.error, ValueError) as exc:
+        form = "text" if isinstance(stored, str) else "compressed"
+        raise StoreError(f"Run {run_id}'s stored context is damaged: its {form} form does not decode ({exc})") \
+            from None
+    if not isinstance(context, dict):
+        raise StoreError(f"Run {run_id}'s stored context is damaged: it is not a JSON object")
+    return context
