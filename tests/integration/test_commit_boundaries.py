@@ -110,16 +110,22 @@ def test_results_waiting_for_one_transaction_are_saved_together(backend_url: str
         rt.close()
 
 
-def _kill_before_the_first_commit(tmp: str, db: str, at: str) -> None:
+def _dying_at(tmp: str, db: str, at: str) -> Runtime:
+    """The example's runtime in this (child) process, SIGKILLed as a transition to `at` is written (before
+    its transaction commits)."""
     os.environ["HARNESS_EXAMPLE_LEDGER"] = str(Path(tmp) / "ledger.jsonl")
     rt = _example(Path(tmp), db)
 
     def die(_run_id: str, _source: RunState, target: RunState) -> None:
-        if target == RunState(at):  # accepted, leased, transitioned: nothing committed yet
+        if target == RunState(at):
             os.kill(os.getpid(), signal.SIGKILL)
 
     rt.machine.subscribe(die, at_commit=False)
-    rt.runs.create_run(PLAIN)
+    return rt
+
+
+def _kill_before_the_first_commit(tmp: str, db: str, at: str) -> None:
+    _dying_at(tmp, db, at).runs.create_run(PLAIN)  # accepted, leased, transitioned: nothing committed yet
 
 
 @pytest.mark.parametrize("at", ["PREPARING", "PLANNING"])
@@ -426,14 +432,7 @@ def test_a_fresh_run_handed_to_a_worker_commits_its_lease_through_planning_at_on
 
 
 def _kill_a_fresh_drive_before_its_first_commit(tmp: str, db: str, run_id: str) -> None:
-    os.environ["HARNESS_EXAMPLE_LEDGER"] = str(Path(tmp) / "ledger.jsonl")
-    rt = _example(Path(tmp), db)
-
-    def die(_run_id: str, _source: RunState, target: RunState) -> None:
-        if target == RunState.PLANNING:  # leased, PREPARING, PLANNING: nothing of the drive committed yet
-            os.kill(os.getpid(), signal.SIGKILL)
-
-    rt.machine.subscribe(die, at_commit=False)
+    rt = _dying_at(tmp, db, "PLANNING")  # leased, PREPARING, PLANNING: nothing of the drive committed yet
     RunWorker(rt, owner="doomed", ttl_s=1.0).execute(run_id, fresh=True)
 
 

@@ -60,7 +60,7 @@ def test_a_context_reads_back_as_written_in_the_form_its_backend_keeps(store: Sq
     """A long context is a compressed BLOB on SQLite (less than half its text) and text elsewhere; a short
     one is text everywhere; both read back equal, through the store and through a transition's write."""
     run_id = _executing(store)
-    assert canonical_json(LONG).encode().__len__() >= PACK_FROM
+    assert len(canonical_json(LONG).encode()) >= PACK_FROM  # the case under test
     assert store.save_context(run_id, LONG)
     stored = _stored(store, run_id)
     if backend == "sqlite":

@@ -12,10 +12,13 @@ import pytest
 import sqlalchemy as sa
 
 from harness.adapters.sql import schema as t
+from harness.adapters.sql.audit_reads import SqlAuditReads
 from harness.adapters.sql.database import create_engine, resolve_url
 from harness.adapters.sql.raw import RawStatements, has_queued
 from harness.adapters.sql.store import SqlStore
 from harness.adapters.sql.units import guarded
+from harness.audit.verify import verify_chain
+from harness.domain.records import TraceRecordIn
 
 _meta = sa.MetaData()
 probe = sa.Table("pipeline_probe", _meta, sa.Column("id", sa.Integer, primary_key=True, autoincrement=False),
@@ -232,10 +235,6 @@ def test_a_row_that_fails_among_many_writes_none_of_its_transaction(engine: sa.E
 def test_a_long_batch_of_records_chains_in_one_drain(backend_url: str) -> None:
     """A drain of hundreds of records links each to the one before it (the linear-chain trigger passes
     every one) and the chain verifies."""
-    from harness.adapters.sql.audit_reads import SqlAuditReads
-    from harness.audit.verify import verify_chain
-    from harness.domain.records import TraceRecordIn
-
     store = SqlStore.open(backend_url)
     try:
         store.drain()
@@ -251,10 +250,6 @@ def test_a_long_batch_of_records_chains_in_one_drain(backend_url: str) -> None:
 def test_a_drain_takes_its_batch_from_the_outbox_and_nothing_else(backend_url: str) -> None:
     """A batch smaller than the outbox chains the oldest records and removes exactly those from the outbox;
     the rest wait, in order, for the next drain."""
-    from harness.adapters.sql.audit_reads import SqlAuditReads
-    from harness.audit.verify import verify_chain
-    from harness.domain.records import TraceRecordIn
-
     store = SqlStore.open(backend_url)
     try:
         store.drain_all()

@@ -205,15 +205,15 @@ class RunManager(PreparingSteps, ExecutionSteps, Decisions):
 
     def _drive(self, run_id: str) -> None:
         prepared = PREPARED.get()
-        if prepared is not None and prepared.run_id == run_id and prepared.accepted is not None \
-                and prepared.request is not None:
-            # accepted in this unit, not yet committed: the Run is as its acceptance wrote it (the drive reads
-            # none of its lease columns: its fence holds the lease)
-            run, request = prepared.accepted, prepared.request
-            prepared.accepted = None
-        else:
+        if prepared is None or prepared.run_id != run_id:
             run = self.store.get_run(run_id)
             request = RunRequest.model_validate(run.request)
+        elif prepared.accepted is not None:
+            # accepted in this unit, not yet committed: the Run is as its acceptance wrote it (the drive reads
+            # none of its lease columns: its fence holds the lease)
+            run, request, prepared.accepted = prepared.accepted, prepared.request, None
+        else:  # read under the lease: another worker may have moved it on since it was prepared
+            run, request = self.store.get_run(run_id), prepared.request
         if run.state in TRANSIENT or run.state == S.TRACING:
             # a worker died between a failure (or success) and the close: finish the funnel
             self.machine.advance(run_id, run.state, lease_epoch=self._epoch(run_id))

@@ -32,16 +32,17 @@ from harness.timefmt import approvals_needed
 
 @dataclasses.dataclass
 class Prepared:
-    """Steps ② and ③ done for a request: the skills its caller may see and its assembled context, or the
-    error that stopped the assembly, and how long that took; once the Run is accepted, the Run as its
-    acceptance wrote it and the request (its drive starts from them instead of reading them back)."""
+    """Steps ② and ③ done for a Run's request: the skills its caller may see and its assembled context, or
+    the error that stopped the assembly, and how long that took; the request itself (it never changes,
+    so the drive need not read it back); once the Run is accepted in this unit, the Run as its acceptance
+    wrote it."""
 
     run_id: str
+    request: RunRequest
     skills: list[Skill]
     assembled: AssembledContext | None
     failure: BaseException | None
     elapsed_ms: float
-    request: RunRequest | None = None
     accepted: RunRecord | None = None
 
 
@@ -61,8 +62,8 @@ class PreparingSteps(RunCore):
             skills = self.tools.visible_skills(request.caller, self.policy.may_call)
             assembled = self.assembler.assemble(request, self.tools.tool_specs(skills))
         except Exception as exc:  # recorded (ContextError) or raised (anything else) where the drive is
-            return Prepared(run_id, skills, None, exc, (time.perf_counter() - started) * 1000, request)
-        return Prepared(run_id, skills, assembled, None, (time.perf_counter() - started) * 1000, request)
+            return Prepared(run_id, request, skills, None, exc, (time.perf_counter() - started) * 1000)
+        return Prepared(run_id, request, skills, assembled, None, (time.perf_counter() - started) * 1000)
 
     def _prepare(self, run: RunRecord, request: RunRequest) -> RunRecord:
         if run.state != S.PREPARING:

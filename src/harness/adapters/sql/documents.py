@@ -15,11 +15,17 @@ import json
 import zlib
 from typing import Any
 
+from harness.domain.chain import canonical_json
 from harness.domain.errors import StoreError
 
 #: contexts of at least this many bytes of canonical JSON are packed (on SQLite)
 PACK_FROM = 1024
 _LEVEL, _WINDOW_BITS, _MEM_LEVEL = 1, 12, 4
+
+
+def encode_context(context: dict[str, Any], *, packs: bool) -> str | bytes:
+    """What `runs.context` holds for `context`: its canonical JSON, packed where `packs`."""
+    return pack(canonical_json(context), packs=packs)
 
 
 def pack(text: str, *, packs: bool) -> str | bytes:

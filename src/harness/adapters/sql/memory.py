@@ -120,7 +120,8 @@ def search(conn: sa.Connection, query: str, scope: MemoryScope, k: int) -> list[
     if dialect in ("sqlite", "postgresql"):
         build, match = ((sqlite_query, " OR ".join(f'"{w}"' for w in words)) if dialect == "sqlite"
                         else (postgres_query, " | ".join(words)))
-        # on the DBAPI cursor: the statement's parameters are plain strings and an int (issue 20)
+        # on the DBAPI cursor (SQLAlchemy's execution path costs more than the read): the statement's
+        # parameters are plain strings and an int
         found = statements_for(conn.dialect).fetchall(conn, _built(build, clause),
                                                       {**params, "p_match": match, "p_limit": k})
         return [(row, -float(row.rank)) for row in map(Ranked._make, found)]

@@ -12,7 +12,7 @@ import sqlalchemy as sa
 from harness.adapters.sql import schema as t
 from harness.adapters.sql import statements as q
 from harness.adapters.sql.database import connection_of
-from harness.adapters.sql.documents import pack, unpack
+from harness.adapters.sql.documents import encode_context, unpack
 from harness.adapters.sql.store_base import (
     CasRow,
     WrongExitError,
@@ -381,7 +381,7 @@ class RunWrites(TraceChain):
         With `lease_epoch`, only while the Run's lease is still at that epoch (K5b): False, and nothing
         written, when it was taken over."""
         with self.engine.begin() as conn:
-            values = {"p_run_id": run_id, "context": pack(canonical_json(context), packs=self._packs_context)}
+            values = {"p_run_id": run_id, "context": encode_context(context, packs=self._packs_context)}
             if lease_epoch is None:
                 self._raw.later(conn, q.CONTEXT_UPDATE, values)
             elif self._raw.execute(conn, q.CONTEXT_UPDATE_FENCED, {**values, "p_epoch": lease_epoch}).rowcount != 1:
@@ -408,8 +408,8 @@ class RunWrites(TraceChain):
             entry = (unpack(stored, run_id) or {}).get("steps", {}).get(step_id)
             if entry is not None:
                 return str(entry.get("status") or "started")
-            packed = pack(canonical_json(context), packs=self._packs_context)
-            self._raw.execute(conn, q.CONTEXT_UPDATE, {"p_run_id": run_id, "context": packed})
+            self._raw.execute(conn, q.CONTEXT_UPDATE,
+                              {"p_run_id": run_id, "context": encode_context(context, packs=self._packs_context)})
         return None
 
 
@@ -420,7 +420,7 @@ def _documents(context: dict[str, Any] | None, result: dict[str, Any] | None, *,
     clearing one."""
     values: dict[str, str | bytes | None] = {}
     if context is not UNSET:
-        values["context"] = None if context is None else pack(canonical_json(context), packs=packs)
+        values["context"] = None if context is None else encode_context(context, packs=packs)
     if result is not UNSET:
         values["result"] = None if result is None else canonical_json(result)
     return values
