@@ -4,9 +4,13 @@ the machine's load, so a change worth a few percent shows up on a shared 2-core 
     python benchmarks/instructions_per_run.py                          # SQLite file
     python benchmarks/instructions_per_run.py --db-url postgresql+psycopg://postgres@127.0.0.1:5432/test
     python benchmarks/instructions_per_run.py --src /tmp/base/src       # another source tree (a baseline)
+    python benchmarks/instructions_per_run.py --contender langgraph    # LangGraph's Run of bench_vs_langgraph.py
+    python benchmarks/instructions_per_run.py --by-object              # and where they go: the interpreter, SQLite…
 
 One process makes `--warmup` untimed Runs (imports, caches, the tokenizer's vocabulary) and then `--runs`
-Runs of `profile_run.py`'s benchmark Run; another the same with `--more` Runs more. The difference of
+Runs of `profile_run.py`'s benchmark Run (or, with `--contender langgraph`, of the same Run as
+bench_vs_langgraph.py's LangGraph graph with its SqliteSaver or PostgresSaver, durability "async" unless
+`--durability sync`); another the same with `--more` Runs more. The difference of
 their totals divided by `--more` is what one steady-state Run costs, start-up and warm-up cancelled out.
 On PostgreSQL each process gets a fresh database of its own (the server's work is not counted: it is
 another process).
@@ -15,6 +19,7 @@ another process).
 from __future__ import annotations
 
 import argparse
+import collections
 import os
 import re
 import subprocess
@@ -27,9 +32,15 @@ HERE = Path(__file__).resolve().parent
 SERVER = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 
 
-def _child(runs: int, warmup: int, db_url: str | None) -> None:
+def _child(runs: int, warmup: int, db_url: str | None, contender: str, durability: str) -> None:
     """Inside valgrind: warm up, then make `runs` Runs."""
     sys.path.insert(0, str(HERE))
+    if contender == "langgraph":
+        from bench_vs_langgraph import _langgraph
+
+        with tempfile.TemporaryDirectory() as tmp:
+            _langgraph(warmup + runs, Path(tmp), False, "NORMAL", durability, db_url)
+        return
     from profile_run import runtime
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -50,14 +61,33 @@ def _fresh_database(server: str, name: str) -> str:
     return server.rsplit("/", 1)[0] + "/" + name
 
 
-def _count(runs: int, args: argparse.Namespace) -> int:
-    """Instructions of a process making `warmup + runs` Runs (all its threads together)."""
+def _by_object(out: Path) -> collections.Counter[str]:
+    """Self instructions per shared object (the interpreter, libsqlite3, libpq, orjson…) of a callgrind
+    output, as callgrind_annotate lists them."""
+    listed = subprocess.run(["callgrind_annotate", "--threshold=100", "--auto=no", "--show-percs=no", str(out)],
+                            capture_output=True, text=True, check=True).stdout
+    totals: collections.Counter[str] = collections.Counter()
+    for line in listed.splitlines():
+        found = _ANNOTATED.match(line)
+        if found is not None:
+            totals[Path(found.group(2)).name] += int(found.group(1).replace(",", ""))
+    return totals
+
+
+#: a line of callgrind_annotate's function list: `1,234  file:function [/path/to/object.so]`
+_ANNOTATED = re.compile(r"^\s*([\d,]+)\s+.*\[(.+)\]\s*$")
+
+
+def _count(runs: int, args: argparse.Namespace) -> tuple[int, collections.Counter[str]]:
+    """Instructions of a process making `warmup + runs` Runs (all its threads together), and, with
+    `--by-object`, how they divide among shared objects."""
     db_url = _fresh_database(args.db_url, f"instructions_{os.getpid()}_{runs}") if args.db_url else None
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (args.src, os.environ.get("PYTHONPATH")) if p))
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "callgrind.out"
         command = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", sys.executable, __file__,
-                   "--child", str(runs), "--warmup", str(args.warmup)]
+                   "--child", str(runs), "--warmup", str(args.warmup), "--contender", args.contender,
+                   "--durability", args.durability]
         if db_url:
             command += ["--db-url", db_url]
         done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
@@ -66,7 +96,7 @@ def _count(runs: int, args: argparse.Namespace) -> int:
         found = re.search(r"Collected\s*:\s*(\d+)", done.stderr)
         if found is None:
             raise SystemExit(f"valgrind printed no total:\n{done.stderr[-3000:]}")
-        return int(found.group(1))
+        return int(found.group(1)), _by_object(out) if args.by_object else collections.Counter()
 
 
 def main() -> None:
@@ -76,17 +106,26 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--db-url", help="a PostgreSQL server URL (a database of its own is made per process)")
     parser.add_argument("--src", help="put this source tree first on the path (the code before a change)")
+    parser.add_argument("--contender", choices=("harness", "langgraph"), default="harness")
+    parser.add_argument("--durability", choices=("async", "sync"), default="async",
+                        help="LangGraph's checkpoint durability (--contender langgraph)")
+    parser.add_argument("--by-object", action="store_true", help="also per shared object, per Run")
     parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child is not None:
-        _child(args.child, args.warmup, args.db_url)
+        _child(args.child, args.warmup, args.db_url, args.contender, args.durability)
         return
     if args.db_url == "":
         args.db_url = SERVER
-    fewer, more = _count(args.runs, args), _count(args.runs + args.more, args)
+    (fewer, objects_fewer), (more, objects_more) = _count(args.runs, args), _count(args.runs + args.more, args)
     per_run = (more - fewer) / args.more
+    who = (args.src or "this source tree") if args.contender == "harness" else f"langgraph, {args.durability}"
     print(f"{per_run / 1e6:.2f} M instructions per Run ({'PostgreSQL' if args.db_url else 'SQLite'}, "
-          f"{args.src or 'this source tree'}; {fewer:,} for {args.runs} Runs, {more:,} for {args.runs + args.more})")
+          f"{who}; {fewer:,} for {args.runs} Runs, {more:,} for {args.runs + args.more})")
+    if args.by_object:
+        objects_more.subtract(objects_fewer)
+        for name, count in objects_more.most_common(12):
+            print(f"  {count / args.more / 1e6:6.2f} M  {name}")
 
 
 if __name__ == "__main__":
