@@ -80,32 +80,74 @@ def test_a_plain_run_commits_at_its_effect_boundaries_only(tmp_path: Path, monke
 def test_results_waiting_for_one_transaction_are_saved_together(backend_url: str, tmp_path: Path,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """The two read-only lookups' results wait for the note's started mark (nothing leaves the process
-    before it): they are written in one save, the RunContext as of the second with both steps' records
-    and contents; the note's result is the other save. Every step's ToolTrace is chained and each
-    result's content is stored (replay reads them by hash)."""
+    before it): their records and contents are written in one save, in the mark's transaction, and the
+    RunContext once, by the mark, with both results in it (not first as of the lookups, only to be
+    replaced in the same transaction); the note's result is the other save. Every step's ToolTrace is
+    chained and each result's content is stored (replay reads them by hash)."""
     monkeypatch.setenv("HARNESS_EXAMPLE_LEDGER", str(tmp_path / "ledger.jsonl"))
     rt = _example(tmp_path, backend_url)
-    saves: list[tuple[list[str], int, int]] = []
-    real = rt.runs.writes.save_context
+    saves: list[tuple[list[str] | None, int, int]] = []
+    marks: list[list[str]] = []
+    real, real_mark = rt.runs.writes.save_context, rt.store.mark_step_started
 
-    def counted(run_id: str, context: dict[str, Any], records: Any, values: Any, **kwargs: Any) -> bool:
+    def counted(run_id: str, context: dict[str, Any] | None, records: Any, values: Any, **kwargs: Any) -> bool:
         values = tuple(values)
-        saves.append((sorted(context.get("steps", {})), len(records), len(values)))
+        saves.append((None if context is None else sorted(context.get("steps", {})), len(records), len(values)))
         return real(run_id, context, records, values, **kwargs)
+
+    def marked(run_id: str, step_id: str, context: dict[str, Any], **kwargs: Any) -> str | None:
+        marks.append(sorted(context["steps"]))
+        return real_mark(run_id, step_id, context, **kwargs)
 
     try:
         rt.runs.writes.save_context = counted  # type: ignore[method-assign]
+        monkeypatch.setattr(rt.store, "mark_step_started", marked)
         result = rt.runs.create_run(PLAIN)
         assert result.state == "SUCCEEDED", result
         steps = sorted((rt.store.get_run(result.run_id).context or {})["steps"])
         assert len(steps) == 3 and len(saves) == 2, saves
         lookups, note = saves
-        assert lookups[0] == steps[:2] and lookups[2] == 4  # both lookups: their arguments and outputs
+        assert lookups[0] is None and lookups[1] == 2 and lookups[2] == 4  # both lookups: arguments, outputs
+        assert marks == [steps]  # the note's mark writes the RunContext with both lookups' results
         assert note[0] == steps
         rt.store.drain_all()
         tools = [r for r in rt.store.trace_of(result.run_id) if r.kind == "tool"]
         assert len(tools) == 3
         assert verify_chain(SqlAuditReads(rt.store)).ok
+    finally:
+        rt.close()
+
+
+def test_results_waiting_for_a_refused_started_mark_are_saved_with_their_context(
+        backend_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Cancelled while the lookups' results wait, the Run refuses the note's started mark (it left
+    EXECUTING): the mark writes nothing, and the lookups' records, contents and RunContext are saved all the
+    same, so the calls that ran keep their trace and the note never runs."""
+    monkeypatch.setenv("HARNESS_EXAMPLE_LEDGER", str(tmp_path / "ledger.jsonl"))
+    rt = _example(tmp_path, backend_url)
+    real_mark = rt.store.mark_step_started
+    refusals: list[str | None] = []
+
+    def cancelled_first(run_id: str, step_id: str, context: dict[str, Any], **kwargs: Any) -> str | None:
+        # another caller's cancel, on its own connection and thread, lands just before the mark
+        canceller = threading.Thread(target=rt.runs.cancel, args=(run_id,), kwargs={"by": "tess"})
+        canceller.start()
+        canceller.join(30)
+        refusals.append(real_mark(run_id, step_id, context, **kwargs))
+        return refusals[-1]
+
+    try:
+        monkeypatch.setattr(rt.store, "mark_step_started", cancelled_first)
+        result = rt.runs.create_run(PLAIN)
+        assert result.state == "CLOSED_CANCELLED", result
+        assert refusals == ["superseded"]
+        steps = (rt.store.get_run(result.run_id).context or {})["steps"]
+        assert sorted(steps) == ["customer", "lookup"] and all(s["status"] == "ok" for s in steps.values()), steps
+        rt.store.drain_all()
+        tools = [r for r in rt.store.trace_of(result.run_id) if r.kind == "tool"]
+        assert len(tools) == 2
+        assert verify_chain(SqlAuditReads(rt.store)).ok
+        assert not (tmp_path / "ledger.jsonl").exists() or "status asked" not in (tmp_path / "ledger.jsonl").read_text()
     finally:
         rt.close()
 

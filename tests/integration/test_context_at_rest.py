@@ -20,7 +20,7 @@ from harness.clock import FakeClock
 from harness.config import Settings, build_runtime
 from harness.domain.chain import canonical_json
 from harness.domain.errors import StoreError
-from harness.domain.records import NewRun
+from harness.domain.records import NewRun, TraceRecordIn
 from harness.kernel import RunState as S
 from harness.state_machine import StateMachine
 
@@ -91,6 +91,21 @@ def test_a_started_mark_reads_a_packed_context_and_a_text_one(store: SqlStore) -
         conn.execute(t.runs.update().where(t.runs.c.run_id == run_id).values(context=canonical_json(reached)))
     assert store.mark_step_started(run_id, "note", reached, lease_epoch=None) == "started"
     assert store.get_run(run_id).context == reached
+
+
+def test_a_save_without_a_context_keeps_the_stored_one_and_is_never_fenced_by_itself(store: SqlStore) -> None:
+    """Step results saved in a started mark's transaction (which writes the RunContext itself) append their
+    records and leave the stored context as it is; asked to fence a write it does not make, the save is
+    refused naming why, and writes nothing."""
+    run_id = _executing(store)
+    store.save_context(run_id, LONG)
+    record = TraceRecordIn(kind="tool", payload={"step_id": "s1"}, run_id=run_id, record_id="r-without-context")
+    assert store.save_context(run_id, None, [record])
+    assert store.get_run(run_id).context == LONG
+    store.drain_all()
+    assert [r.record_id for r in store.trace_of(run_id) if r.kind == "tool"] == ["r-without-context"]
+    with pytest.raises(ValueError, match="no write to fence"):
+        store.save_context(run_id, None, [record], lease_epoch=1)
 
 
 def test_a_damaged_packed_context_is_named(tmp_path: Path) -> None:

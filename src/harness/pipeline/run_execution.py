@@ -26,6 +26,7 @@ from harness.pipeline import rounds
 from harness.pipeline.plan_orchestrator import StepRun, resolve
 from harness.pipeline.run_core import DRIVE, MANAGER, RunCore, S, Waiting, fence_for, trace_records
 from harness.pipeline.tool_kinds import StepTimeoutError, ToolCallError
+from harness.ports import Fence
 from harness.skills import Skill
 
 
@@ -280,10 +281,17 @@ class ExecutionSteps(RunCore):
         with self._context_lock:
             context = self._live_context(run_id)
             entry = {"step_id": step.id, "output_key": step.output_key, "status": "started"}
+            # taken before the mark opens the transaction they wait for: the RunContext it writes already
+            # holds their results (the live one), so theirs is not written first only to be replaced
+            waiting = self._waiting(run_id).take()
             refusal = self.store.mark_step_started(run_id, step.id, {**context, "steps": {
                 **context["steps"], step.id: entry}}, lease_epoch=self._epoch(run_id))
             if refusal is None:
                 context["steps"][step.id] = entry
+            if waiting:
+                # marked: their records and contents, in the mark's transaction; refused (nothing written):
+                # the RunContext as of the last of them too, fenced, as when no mark follows them
+                self._save_waiting(run_id, fence_for(run_id), waiting, with_context=refusal is not None)
             return refusal
 
     def _record_step(self, run_id: str, outcome: dict[str, Any], traces: list[TraceModel],
@@ -296,30 +304,46 @@ class ExecutionSteps(RunCore):
         if fence is not None and fence.lost:
             return  # the Run was taken over: its new worker owns the RunContext now
         records = [t.to_record() for t in traces]
-        epoch = fence.epoch if fence is not None else None
-
-        def save(context: dict[str, Any], records: list[TraceRecordIn], values: tuple[Any, ...]) -> None:
-            # fenced in the write itself: a lease taken over meanwhile writes nothing (its new worker owns
-            # the RunContext now), and this drive stops before its next effect
-            saved = self.writes.save_context(run_id, context, records, values, lease_epoch=epoch)
-            if not saved and fence is not None:
-                fence.lose()
-
         with self._context_lock:
             context = self._live_context(run_id)
             context["steps"][outcome["step_id"]] = outcome
             if not later:
                 # the contents behind the ToolTrace's argument/result hashes, for replay (A5)
-                save(context, records, values)
+                self._save(run_id, fence, context, records, values)
                 return
-            drive = DRIVE.get()
-            waiting = drive.waiting if drive is not None and drive.run_id == run_id else Waiting()
+            waiting = self._waiting(run_id)
             # added under the context lock: the last result added is the one whose RunContext has them all
             waiting.add(records, values, {**context, "steps": dict(context["steps"])})
 
         def save_waiting() -> None:
-            # run when the drive's next transaction opens, maybe under the context lock (a started mark)
+            # run when the drive's next transaction opens, maybe under the context lock (a started mark,
+            # which takes what waits itself first, leaving nothing here)
             if taken := waiting.take():
-                save(taken[-1][2], [r for rs, _, _ in taken for r in rs], tuple(v for _, vs, _ in taken for v in vs))
+                self._save_waiting(run_id, fence, taken, with_context=True)
 
         self.units.defer(save_waiting)
+
+    def _waiting(self, run_id: str) -> Waiting:
+        """The results of this drive of Run `run_id` that wait for its next transaction (none outside one)."""
+        drive = DRIVE.get()
+        return drive.waiting if drive is not None and drive.run_id == run_id else Waiting()
+
+    def _save_waiting(self, run_id: str, fence: Fence | None,
+                      taken: list[tuple[list[TraceRecordIn], tuple[Any, ...], dict[str, Any]]], *,
+                      with_context: bool) -> None:
+        """Write waiting results in one save: all their records and contents, with the RunContext as of the
+        last of them, or without it when the transaction writes a later one (a started mark)."""
+        records = [r for rs, _, _ in taken for r in rs]
+        values = tuple(v for _, vs, _ in taken for v in vs)
+        self._save(run_id, fence, taken[-1][2] if with_context else None, records, values)
+
+    def _save(self, run_id: str, fence: Fence | None, context: dict[str, Any] | None,
+              records: list[TraceRecordIn], values: tuple[Any, ...]) -> None:
+        """Save step results: their records and contents, and the RunContext unless None. Fenced in the
+        write itself: a lease taken over meanwhile writes nothing (its new worker owns the RunContext
+        now), and this drive stops before its next effect. Without a RunContext the caller's transaction
+        has just checked the fence (a started mark)."""
+        epoch = fence.epoch if fence is not None and context is not None else None
+        saved = self.writes.save_context(run_id, context, records, values, lease_epoch=epoch)
+        if not saved and fence is not None:
+            fence.lose()

@@ -103,10 +103,12 @@ class RunWrites(Protocol):
         """Book a cost in its own transaction."""
         ...
 
-    def save_context(self, run_id: str, context: dict[str, Any], records: Sequence[TraceRecordIn],
+    def save_context(self, run_id: str, context: dict[str, Any] | None, records: Sequence[TraceRecordIn],
                      values: Iterable[Any], *, lease_epoch: int | None = None) -> bool:
         """Save the RunContext, its trace records and the contents they reference, in one transaction;
-        with `lease_epoch`, only while the Run's lease is at that epoch (False, nothing written, if not)."""
+        with `lease_epoch`, only while the Run's lease is at that epoch (False, nothing written, if not).
+        A None context saves the records and contents alone, within a transaction that writes the
+        RunContext itself and has checked the lease (so `lease_epoch` must then be None)."""
         ...
 
     def verified_content(self, digest: str) -> str | None:

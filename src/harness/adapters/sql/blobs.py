@@ -62,7 +62,7 @@ def record_with_blobs(store: SqlStore, records: Sequence[TraceRecordIn], values:
         store.enqueue(conn, records, store.clock.now())
 
 
-def save_context_with_blobs(store: SqlStore, run_id: str, context: dict[str, Any],
+def save_context_with_blobs(store: SqlStore, run_id: str, context: dict[str, Any] | None,
                             records: Sequence[TraceRecordIn], values: Iterable[Any], *,
                             lease_epoch: int | None = None) -> bool:
     """SqlStore.save_context (the RunContext and its trace records in one transaction), plus the

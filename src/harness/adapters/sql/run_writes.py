@@ -57,7 +57,7 @@ class SqlRunWrites:
     def record_cost(self, cost: CostTrace) -> None:
         self.ledger.record(cost)
 
-    def save_context(self, run_id: str, context: dict[str, Any], records: Sequence[TraceRecordIn],
+    def save_context(self, run_id: str, context: dict[str, Any] | None, records: Sequence[TraceRecordIn],
                      values: Iterable[Any], *, lease_epoch: int | None = None) -> bool:
         return save_context_with_blobs(self.store, run_id, context, records, values, lease_epoch=lease_epoch)
 

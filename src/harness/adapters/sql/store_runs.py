@@ -371,7 +371,7 @@ class RunWrites(TraceChain):
 
     # ------------------------------------------------------------------ context and steps
 
-    def save_context(self, run_id: str, context: dict[str, Any], records: Sequence[TraceRecordIn] = (),
+    def save_context(self, run_id: str, context: dict[str, Any] | None, records: Sequence[TraceRecordIn] = (),
                      also: Callable[[sa.Connection], object] | None = None, *,
                      lease_epoch: int | None = None) -> bool:
         """Persist the RunContext (never Run.state) with trace records, in one transaction — e.g. a
@@ -379,13 +379,18 @@ class RunWrites(TraceChain):
         transaction, for writes that must commit with it (the contents the records reference).
 
         With `lease_epoch`, only while the Run's lease is still at that epoch (K5b): False, and nothing
-        written, when it was taken over."""
+        written, when it was taken over. A None context writes the records alone, in a transaction that
+        writes the RunContext itself (a started mark, which has checked the lease): no `lease_epoch`."""
+        if context is None and lease_epoch is not None:
+            raise ValueError("a save without a RunContext has no write to fence: check the lease in its transaction")
         with self.engine.begin() as conn:
-            values = {"p_run_id": run_id, "context": encode_context(context, packs=self._packs_context)}
-            if lease_epoch is None:
-                self._raw.later(conn, q.CONTEXT_UPDATE, values)
-            elif self._raw.execute(conn, q.CONTEXT_UPDATE_FENCED, {**values, "p_epoch": lease_epoch}).rowcount != 1:
-                return False
+            if context is not None:
+                values = {"p_run_id": run_id, "context": encode_context(context, packs=self._packs_context)}
+                if lease_epoch is None:
+                    self._raw.later(conn, q.CONTEXT_UPDATE, values)
+                elif self._raw.execute(conn, q.CONTEXT_UPDATE_FENCED,
+                                       {**values, "p_epoch": lease_epoch}).rowcount != 1:
+                    return False
             if also is not None:
                 also(conn)
             self.enqueue(conn, records, self.clock.now())
