@@ -152,6 +152,28 @@ def test_results_waiting_for_a_refused_started_mark_are_saved_with_their_context
         rt.close()
 
 
+def test_only_the_drives_own_thread_joins_its_unit(tmp_path: Path) -> None:
+    """A started mark carries waiting results only where it and their records commit together: on the
+    drive's thread, in its unit. A parallel step's thread, an effect and code outside a drive do not join
+    (their writes commit one by one), so a mark made there leaves the waiting results to their own save."""
+    store = SqlStore.open(str(tmp_path / "units.db"))
+    try:
+        assert not store.joined()
+        with store.unit("run-1"):
+            assert store.joined()
+            seen: list[bool] = []
+            other = threading.Thread(target=lambda: seen.append(store.joined()))
+            other.start()
+            other.join(10)
+            assert seen == [False]
+            with store.effect():
+                assert not store.joined()
+            assert store.joined()
+        assert not store.joined()
+    finally:
+        store.close()
+
+
 def _dying_at(tmp: str, db: str, at: str) -> Runtime:
     """The example's runtime in this (child) process, SIGKILLed as a transition to `at` is written (before
     its transaction commits)."""

@@ -282,8 +282,10 @@ class ExecutionSteps(RunCore):
             context = self._live_context(run_id)
             entry = {"step_id": step.id, "output_key": step.output_key, "status": "started"}
             # taken before the mark opens the transaction they wait for: the RunContext it writes already
-            # holds their results (the live one), so theirs is not written first only to be replaced
-            waiting = self._waiting(run_id).take()
+            # holds their results (the live one), so theirs is not written first only to be replaced. Only
+            # in the drive's own unit, where the mark and their records commit together: a parallel step's
+            # mark commits alone, and a crash after it would leave results in the RunContext without records
+            waiting = self._waiting(run_id).take() if self.units.joined() else []
             refusal = self.store.mark_step_started(run_id, step.id, {**context, "steps": {
                 **context["steps"], step.id: entry}}, lease_epoch=self._epoch(run_id))
             if refusal is None:

@@ -31,6 +31,11 @@ class UnitOfWork(Protocol):
         results of calls that may run again, which ride with the next boundary."""
         ...
 
+    def joined(self) -> bool:
+        """Whether this thread's writes join a drive's open unit now: its next writes commit together, at
+        the next boundary (False on another thread, inside an effect, outside a drive)."""
+        ...
+
     def boundary(self) -> None:
         """Commit what the drive wrote since its last boundary: called before anything leaves the
         process (an LLM call, a tool call, a child Run, parallel steps) and before a Run is answered."""

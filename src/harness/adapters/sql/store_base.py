@@ -151,6 +151,10 @@ class StoreBase:
         """Run `write` in the drive's next transaction (now when one is open or outside a drive)."""
         self.units.defer(write)
 
+    def joined(self) -> bool:
+        """Whether this thread's writes join a drive's open unit now (they commit together at its boundary)."""
+        return self.units.current() is not None
+
     def boundary(self) -> None:
         """Commit what this drive wrote since its last boundary, before an effect leaves the process."""
         self.units.boundary()
