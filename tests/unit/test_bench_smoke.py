@@ -136,3 +136,16 @@ def test_langgraph_comparison_runs_on_postgresql_and_counts_round_trips() -> Non
     assert "run_manager.create_run" in first["caller"] and "INSERT runs" in first["what"]
     assert sum(t["end"] == "COMMIT" for t in profile) >= 4  # acceptance, model, tools, close at the least
     assert "harness/langgraph-sync" in report["ratios"]
+
+
+def test_the_cpu_share_tool_names_what_kept_the_cores_busy() -> None:
+    """cpu_share.py runs a command, passes its output through, and puts a busy process's CPU under its
+    name: a child spinning for three seconds keeps about one core busy."""
+    spin = "import time\nend = time.monotonic() + 3\nwhile time.monotonic() < end: pass\nprint('spun')"
+    done = subprocess.run([sys.executable, str(BENCH.parent / "cpu_share.py"), sys.executable, "-c", spin],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == "spun" and "cores busy" in lines[1]
+    kind, cores = lines[2].split()[0], float(lines[2].split()[1])
+    assert kind.startswith("python") and cores > 0.3, done.stdout
