@@ -24,7 +24,7 @@ def _kind(comm: str, cmdline: str) -> str:
         return "celery workers"
     if "bench_workers" in cmdline:
         return "benchmark driver"
-    if comm.startswith("postgres") or "postgres" in cmdline:
+    if comm.startswith("postgres"):  # the server and its backends (a client's URL names it too)
         return "postgresql"
     return comm
 

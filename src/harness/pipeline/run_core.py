@@ -47,13 +47,17 @@ MANAGER = "run_manager"
 _CANCEL_ATTEMPTS = 8
 
 
+#: one step result waiting for the drive's next transaction: its trace records, the contents they reference,
+#: and the RunContext as of it
+WaitingResult = tuple[list[TraceRecordIn], tuple[Any, ...], dict[str, Any]]
+
+
 @dataclasses.dataclass
 class Waiting:
     """Step results waiting for one transaction, written together, once: each one's trace records and
     contents, and the RunContext as of it (the last one's is written)."""
 
-    results: list[tuple[list[TraceRecordIn], tuple[Any, ...], dict[str, Any]]] = dataclasses.field(
-        default_factory=list)
+    results: list[WaitingResult] = dataclasses.field(default_factory=list)
     #: guards `results` alone: taken when the wait ends, which may be inside a block holding other locks
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
 
@@ -61,7 +65,7 @@ class Waiting:
         with self.lock:
             self.results.append((records, values, context))
 
-    def take(self) -> list[tuple[list[TraceRecordIn], tuple[Any, ...], dict[str, Any]]]:
+    def take(self) -> list[WaitingResult]:
         """What waits, emptied (nothing when an earlier result's turn took this one too)."""
         with self.lock:
             taken, self.results = self.results, []

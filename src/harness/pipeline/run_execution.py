@@ -24,7 +24,16 @@ from harness.domain.traces import ToolTrace, TraceModel, error_trace, step_trace
 from harness.kernel.events import LOST_RACE
 from harness.pipeline import rounds
 from harness.pipeline.plan_orchestrator import StepRun, resolve
-from harness.pipeline.run_core import DRIVE, MANAGER, RunCore, S, Waiting, fence_for, trace_records
+from harness.pipeline.run_core import (
+    DRIVE,
+    MANAGER,
+    RunCore,
+    S,
+    Waiting,
+    WaitingResult,
+    fence_for,
+    trace_records,
+)
 from harness.pipeline.tool_kinds import StepTimeoutError, ToolCallError
 from harness.ports import Fence
 from harness.skills import Skill
@@ -330,8 +339,7 @@ class ExecutionSteps(RunCore):
         drive = DRIVE.get()
         return drive.waiting if drive is not None and drive.run_id == run_id else Waiting()
 
-    def _save_waiting(self, run_id: str, fence: Fence | None,
-                      taken: list[tuple[list[TraceRecordIn], tuple[Any, ...], dict[str, Any]]], *,
+    def _save_waiting(self, run_id: str, fence: Fence | None, taken: list[WaitingResult], *,
                       with_context: bool) -> None:
         """Write waiting results in one save: all their records and contents, with the RunContext as of the
         last of them, or without it when the transaction writes a later one (a started mark)."""
