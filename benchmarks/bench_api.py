@@ -48,7 +48,7 @@ def start_server(folder: Path, threads: int) -> tuple[subprocess.Popen[bytes], s
         **os.environ,
         "HARNESS_EXAMPLE_LEDGER": str(folder / "ledger.jsonl"),
         "HARNESS_DATA_DIR": str(folder / "data"),
-        "HARNESS_WORKER_THREADS": str(threads),
+        "HARNESS_DRIVE_CONCURRENCY": str(threads),
     }
     proc = subprocess.Popen(
         [
@@ -206,7 +206,7 @@ def main() -> None:
         },
         "setup": {
             "concurrency": args.concurrency,
-            "worker_threads": args.threads,
+            "worker_concurrency": args.threads,
             "cpus": os.cpu_count(),
             "python": sys.version.split()[0],
             "database": "SQLite file (WAL)",

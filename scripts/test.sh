@@ -6,4 +6,4 @@ python -m pip install --quiet -e ".[test]"
 bash scripts/services.sh
 # The architecture's import contracts (pyproject.toml [tool.importlinter]): a violation fails here.
 lint-imports --no-cache
-python -m pytest -q -n 2 "$@"
+python -m pytest -q -n 2 --durations=25 "$@"

@@ -9,15 +9,24 @@
     identities: identities.yaml   # optional: who is who
     llm_rules: llm_rules.yaml     # optional: the scripted model's rules (the offline default)
     max_rounds: 4                 # optional: rounds a Run may plan
+    system_history: false         # optional: whether a caller's history may hold system messages
 
 The agent's instructions are the system prompt the context assembler builds on: they come first, then
 how to answer with a plan (PLAN_FORMAT). In code, `skills` may also hold functions declared with
 `@skill` (harness.code_skills). Settings a deployment gives explicitly (an environment variable, a
 config file, an argument) win over the agent's.
+
+Every process (`harness serve`, `harness worker`, the CLI, `Harness`) finds its agent the same way,
+`load_agent`: a reference is an agent file's path or `module:attr`, the attribute of an importable
+module that holds an `Agent` (`HARNESS_AGENT=helpdesk_agent:helpdesk`, `--agent`), so an agent written
+in Python is served, driven and approved by any process that imports it.
 """
 
 from __future__ import annotations
 
+import importlib
+import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -27,9 +36,10 @@ from harness.code_skills import CodeSkill
 from harness.domain.errors import BadInputError
 from harness.examples.support import EXAMPLE_DIR
 from harness.pipeline.context_assembler import PLAN_FORMAT, system_prompt_for
+from harness.settings import AGENT_REFERENCE
 from harness.yamlfile import read_yaml
 
-__all__ = ["PLAN_FORMAT", "Agent", "support_agent", "system_prompt"]
+__all__ = ["PLAN_FORMAT", "Agent", "load_agent", "support_agent", "system_prompt"]
 
 def system_prompt(instructions: str) -> str:
     """The system prompt for an agent with these instructions."""
@@ -48,6 +58,9 @@ class Agent(BaseModel):
     identities: Path | None = None
     llm_rules: Path | None = None
     max_rounds: int | None = Field(default=None, ge=1, le=64)
+    #: whether a caller's `history` may hold messages with role system (by default they are refused: a
+    #: caller speaking as the system would sit beside the agent's own instructions)
+    system_history: bool = False
 
     @classmethod
     def from_file(cls, path: str | Path) -> Agent:
@@ -98,3 +111,37 @@ class Agent(BaseModel):
 def support_agent() -> Agent:
     """The bundled support example, as an agent."""
     return Agent.from_file(EXAMPLE_DIR / "agent.yaml")
+
+
+def load_agent(reference: str | Path) -> Agent:
+    """The agent a reference names: `module:attr` (an `Agent` held by an importable module; the working
+    directory is importable, as for uvicorn and celery) or the path of an agent file. BadInputError names
+    what is wrong: the module or attribute missing, the module failing to import, or no Agent there."""
+    text = str(reference)
+    match = None if isinstance(reference, Path) else AGENT_REFERENCE.match(text.strip())
+    if match is None:
+        return Agent.from_file(reference)
+    module_name, attr = match["module"], match["attr"]
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and (module_name + ".").startswith(exc.name + "."):
+            raise BadInputError(f"agent {text!r}: no module named {exc.name!r} (is it on PYTHONPATH, or in the "
+                                "working directory?)") from None
+        raise BadInputError(f"agent {text!r}: importing {module_name} failed: {exc}") from None
+    except Exception as exc:
+        raise BadInputError(f"agent {text!r}: importing {module_name} failed: {type(exc).__name__}: {exc}") from None
+    value: object = module
+    for part in attr.split("."):
+        if not hasattr(value, part):
+            raise BadInputError(f"agent {text!r}: module {module_name} has no attribute {attr!r}")
+        value = getattr(value, part)
+    if isinstance(value, type):
+        raise BadInputError(f"agent {text!r}: {module_name}.{attr} is a class; name an Agent instance "
+                            "(helpdesk = Agent(...) in the module, then module:helpdesk)")
+    if not isinstance(value, Agent):
+        raise BadInputError(f"agent {text!r}: {module_name}.{attr} is a {type(value).__name__}, not a "
+                            "harness.Agent")
+    return value

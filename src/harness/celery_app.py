@@ -1,9 +1,14 @@
 """Scale-out with Celery (SPEC D2, S1): workers drive Runs under leases; beat runs the sweeper.
 
 Tasks carry only a run_id: everything else is in the database, so any worker can take any Run —
-including a Run resumed after a human decision in another process (G6). Tasks are acknowledged late
-and re-queued if a worker dies; the lease makes a second delivery harmless (only one worker drives a
-Run at a time) and the sweep task re-queues Runs whose worker died without the broker noticing.
+including a Run resumed after a human decision in another process (G6). A worker process drives many
+Runs at once: the `harness.drive` task hands its Run to the process's drive loop (greenlets on one
+asyncio loop, harness.pipeline.drive_loop: a Run waiting for its model or a skill holds no thread) and
+returns, and it waits for a place first while the process already drives HARNESS_DRIVE_CONCURRENCY
+Runs, so a full worker takes no more messages. The message is acknowledged once the Run is handed over:
+if the process then dies, its Runs' leases lapse and the sweep task re-queues them (as it re-queues
+Runs whose worker died without the broker noticing); the lease makes a second delivery harmless (only
+one worker drives a Run at a time).
 
 Broker: HARNESS_BROKER_URL (Redis or RabbitMQ), default redis://127.0.0.1:6379/0.
 """
@@ -14,15 +19,27 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from celery import Celery
-from celery.signals import worker_process_init
+from celery.signals import worker_process_init, worker_process_shutdown, worker_shutting_down
 
 from harness.audit.publisher import CheckpointPublisher
-from harness.config import Runtime, Settings, archiver_factory, audit_reads, build_runtime
+from harness.config import (
+    Runtime,
+    Settings,
+    archiver_factory,
+    audit_reads,
+    build_runtime,
+    checkpoint_signer,
+    is_outage,
+)
+from harness.domain.errors import DatabaseUnavailableError, SkillsElsewhereError
+from harness.domain.ids import ordered_id
 from harness.kernel import RunState
 from harness.kernel.thresholds import SWEEP_INTERVAL_S
+from harness.pipeline.drive_loop import DriveLoop
 from harness.retention.policy import RetentionPolicy
 from harness.retention.scheduled import archive_once
 from harness.sweeper import ZombieSweeper
@@ -33,13 +50,67 @@ S = RunState
 
 
 class _Process:
-    """What this worker process holds: its runtime, built on first use (after the fork)."""
+    """What this worker process holds: its runtime and its drives, made on first use (after the fork)."""
 
     runtime: Runtime | None = None
+    drives: ProcessDrives | None = None
     lock = threading.Lock()
 
 
+class ProcessDrives:
+    """The Runs one worker process drives at once, on its drive loop."""
+
+    def __init__(self, concurrency: int, threads: int = 1, max_lag_s: float = 0.5) -> None:
+        self.concurrency = concurrency
+        self.loop = DriveLoop(concurrency=concurrency, threads=threads, max_lag_s=max_lag_s, name="harness-drives")
+        self._places = threading.BoundedSemaphore(concurrency)
+        self._lock = threading.Lock()
+        self._driving: set[str] = set()
+
+    @property
+    def driving(self) -> int:
+        """Runs handed over and not yet done."""
+        return len(self._driving)
+
+    def hand_over(self, run_id: str, drive: Callable[[], object]) -> str:
+        """Start `drive` for the Run on the loop once there is a place ("driving"), or "already" when this
+        process drives the Run now (a second delivery)."""
+        with self._lock:
+            if run_id in self._driving:
+                return "already"
+            self._driving.add(run_id)
+        self._places.acquire()  # a full process waits here, and its worker takes no further message
+
+        def run() -> None:
+            try:
+                drive()
+            except SkillsElsewhereError as exc:  # another agent's Run: left for a worker that runs it
+                log.warning(str(exc), extra={"run_id": run_id})
+            except Exception:  # one Run's failure must not end the worker; its lease lapses, the sweep resumes it
+                log.exception("driving the run failed", extra={"run_id": run_id})
+            finally:
+                with self._lock:
+                    self._driving.discard(run_id)
+                self._places.release()
+
+        self.loop.submit(run)
+        return "driving"
+
+    def stop(self, timeout_s: float) -> None:
+        """Let the Runs in flight reach their next stop for up to `timeout_s`, then stop."""
+        self.loop.stop(timeout_s)
+
+
 _process = _Process()
+
+
+def drives(rt: Runtime) -> ProcessDrives:
+    """This worker process's drives (made on first use, after the fork)."""
+    with _process.lock:
+        if _process.drives is None:
+            _process.drives = ProcessDrives(rt.settings.drive_concurrency, rt.settings.drive_loop_threads(),
+                                            rt.settings.drive_max_lag_s)
+        return _process.drives
 
 
 def runtime() -> Runtime:
@@ -54,6 +125,15 @@ def runtime() -> Runtime:
 @worker_process_init.connect
 def _reset_after_fork(**_: Any) -> None:
     _process.runtime = None  # never share a parent's connections with a forked child
+    _process.drives = None
+
+
+@worker_shutting_down.connect
+@worker_process_shutdown.connect
+def _stop_driving(**_: Any) -> None:
+    """A worker asked to stop lets its Runs reach their next stop (then gives their leases back)."""
+    if _process.drives is not None:
+        _process.drives.stop(10.0)
 
 
 def orphans(rt: Runtime, grace_s: float, limit: int = 1000) -> list[str]:
@@ -83,11 +163,12 @@ def make_app(broker: str | None = None) -> Celery:
     _schedule_archive(app)
 
     @app.task(name="harness.drive")
-    def drive(run_id: str) -> str | None:
+    def drive(run_id: str) -> str:
         rt = runtime()
-        result = RunWorker(rt, ttl_s=lease_ttl).execute(run_id, fresh=True)  # sent when it was accepted
+        handed = drives(rt).hand_over(  # sent when it was accepted: most likely still in CREATED
+            run_id, lambda: RunWorker(rt, ttl_s=lease_ttl).execute(run_id, fresh=True))
         _prune_now_and_then(rt)
-        return result.state if result else None
+        return handed
 
     @app.task(name="harness.sweep")
     def sweep() -> dict[str, int]:
@@ -96,11 +177,13 @@ def make_app(broker: str | None = None) -> Celery:
                                expire_approvals=rt.runs.expire_approvals, resume=drive.delay,
                                resume_decisions=rt.runs.resume_decisions,
                                max_stalls=rt.settings.max_stalls).sweep_once()
-        requeued = orphans(rt, grace_s=lease_ttl)
+        handed_back = set(report.requeued)  # queued Runs the sweep just sent: one message each, not two
+        requeued = [r for r in orphans(rt, grace_s=lease_ttl) if r not in handed_back]
         for run_id in requeued:
             drive.delay(run_id)
         pruned = rt.runs.prune_workdirs()
         return {"recovered": len(report.recovered), "requeued": len(requeued), "resumed": len(report.resumed),
+                "queued_requeued": len(report.requeued), "not_started": len(report.not_started),
                 "approvals_expired": len(report.approvals_expired), "workdirs_removed": len(pruned)}
 
     @app.task(name="harness.webhooks.deliver")
@@ -127,7 +210,8 @@ def _schedule_checkpoints(app: Celery) -> None:
         rt = runtime()
         s = rt.settings
         published = CheckpointPublisher.from_settings(audit_reads(rt.store), s.checkpoint_interval_s,
-                                                      s.checkpoint_dir, s.checkpoint_witnesses).publish_if_due()
+                                                      s.checkpoint_dir, s.checkpoint_witnesses,
+                                                      signer=checkpoint_signer(s)).publish_if_due()
         if published is None:
             return {"published": None}
         return {"published": str(published.path), "tree_size": published.tree_size,
@@ -144,7 +228,8 @@ def _schedule_archive(app: Celery) -> None:
     @app.task(name="harness.archive")
     def archive() -> dict[str, object]:
         rt = runtime()
-        report = archive_once(archiver_factory(rt.store, rt.settings.checkpoint_dir, rt.settings.checkpoint_witnesses))
+        report = archive_once(archiver_factory(rt.store, rt.settings.checkpoint_dir, rt.settings.checkpoint_witnesses,
+                                               checkpoint_signer(rt.settings)))
         return {"archived": None} if report is None else report.to_dict()
 
 
@@ -163,13 +248,38 @@ def _prune_now_and_then(rt: Runtime) -> None:
         rt.runs.prune_workdirs()
 
 
+#: how many times submit() tries when the database drops its connection, and the first pause between
+#: tries (doubling): about 3 s in all, a failover's usual length
+SUBMIT_ATTEMPTS = 6
+SUBMIT_RETRY_S = 0.1
+
+
 def submit(request: dict[str, Any], rt: Runtime | None = None) -> str:
-    """Create the Run durably (CREATED) and queue it for a worker; returns the run_id."""
+    """Create the Run durably (CREATED) and queue it for a worker; returns the run_id.
+
+    A connection the database drops or refuses (a failover, a restart, a terminated session) is tried
+    again. That is safe because the request carries an idempotency key (the caller's, else one made
+    here for this call): a try whose Run was committed before its connection broke finds that Run, so no
+    Run is made twice, and a Run found still CREATED is queued. A database unavailable on every try
+    raises DatabaseUnavailableError; the same request, with its key, may be sent again later."""
     rt = rt or runtime()
-    run, created = rt.runs.submit(request)
-    if created:
-        app.send_task("harness.drive", args=[run.run_id])
-    return run.run_id
+    request = {**request, "idempotency_key": request.get("idempotency_key") or f"submit-{ordered_id()}"}
+    for attempt in range(SUBMIT_ATTEMPTS):
+        try:
+            run, created = rt.runs.submit(request)
+        except Exception as exc:
+            if not is_outage(exc):
+                raise
+            if attempt == SUBMIT_ATTEMPTS - 1:
+                raise DatabaseUnavailableError(f"the database was unavailable on {SUBMIT_ATTEMPTS} tries to submit "
+                                               f"the Run: {type(exc).__name__}") from exc
+            log.warning("submit: the database is unavailable (%s); trying again", type(exc).__name__)
+            time.sleep(SUBMIT_RETRY_S * 2**attempt)
+            continue
+        if created or (attempt > 0 and run.state is RunState.CREATED):
+            app.send_task("harness.drive", args=[run.run_id])
+        return run.run_id
+    raise AssertionError("unreachable: the last try returns or raises")
 
 
 def enqueue(run_id: str) -> None:

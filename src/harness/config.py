@@ -8,12 +8,13 @@ get an adapter without naming one.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from harness import settings as _settings
+from harness.adapters.change_feed import LocalChangeFeed
 from harness.adapters.llm.factory import make_provider
 from harness.adapters.llm.pricing import PricingTable
 from harness.adapters.llm.resilient import GuardedProvider, ProviderSettings
@@ -23,12 +24,12 @@ from harness.adapters.sandbox import Workdirs, select_sandbox
 from harness.adapters.sandbox.instance import HolderProcesses
 from harness.adapters.sql import database
 from harness.adapters.sql.approvals import SqlApprovals
-from harness.adapters.sql.audit_mirrors import check_archived_run
 from harness.adapters.sql.audit_reads import SqlAuditReads
 from harness.adapters.sql.erasure import ErasureStore
 from harness.adapters.sql.leases import Leases
 from harness.adapters.sql.ledger import CostLedger
 from harness.adapters.sql.memory import SqlMemoryRows
+from harness.adapters.sql.pg_listen import PgChangeFeed, listens
 from harness.adapters.sql.reconcile_reads import SqlReconcileReads
 from harness.adapters.sql.replay_reads import ReplayReads
 from harness.adapters.sql.replay_reads import set_deadline as replay_set_deadline
@@ -38,38 +39,42 @@ from harness.adapters.sql.run_writes import SqlRunWrites
 from harness.adapters.sql.sandbox_instances import InstanceTable
 from harness.adapters.sql.store import SqlStore, open_existing
 from harness.adapters.sql.webhooks import WebhookOutbox
-from harness.adapters.webhook_http import WebhookSender
-from harness.agents import Agent, support_agent
+from harness.adapters.webhook_http import WebhookSender, system_resolver
+from harness.agents import Agent, load_agent, support_agent
 from harness.audit.checkpoint import checkpoint_dir
 from harness.audit.witness import Witness, open_witness
 from harness.context.secrets import SecretFilter
 from harness.context.tokenizer import tokenizer_for
-from harness.domain.audit import ChainReport
 from harness.domain.contracts import RunResult
 from harness.domain.errors import InvalidRequestError
-from harness.domain.retention import ArchivedRun
+from harness.domain.llm import LLMRequest
+from harness.domain.outbound import OutboundGuard
 from harness.domain.sandbox import PoolSettings
 from harness.identity import IdentityDirectory
 from harness.kernel import FINAL, RunState
 from harness.leased_drive import LeasedDrive, default_owner
 from harness.memory.store import open_memory
 from harness.memory.writeback import MemoryWriteBack
+from harness.pipeline.call_budget import CallBudget, TokenPrice
 from harness.pipeline.context_assembler import ContextAssembler
 from harness.pipeline.gatekeeper import PolicyEngine
 from harness.pipeline.plan_orchestrator import PlanOrchestrator
+from harness.pipeline.queue import QueueLimits
 from harness.pipeline.run_manager import RunManager
 from harness.pipeline.sandbox_pool import SandboxPool
 from harness.pipeline.tool_controller import Executor, ToolController
-from harness.pipeline.trace_recorder import TraceRecorder
+from harness.pipeline.tool_kinds import Lanes
 from harness.policy.hitl import HitlDesk
 from harness.ports import Clock, LLMProvider, ResultSink, TraceBuffer
 from harness.ports.audit import AuditReads, ReconcileReads
+from harness.ports.changes import ChangeFeed
 from harness.ports.leases import RunLeases
 from harness.ports.ledger import CostBook
 from harness.ports.queries import ReadModel
 from harness.ports.retention import ArchiveRows, ErasureRows
 from harness.ports.sandboxes import SandboxInstances
 from harness.ports.segments import SegmentLocator, SegmentStore
+from harness.ports.signer import Signer
 from harness.retention import storage
 from harness.retention.archiver import Archiver
 from harness.retention.erase import EraseReport
@@ -78,11 +83,19 @@ from harness.retention.policy import RetentionPolicy
 from harness.retention.scheduled import ArchiverFactory
 from harness.skills import SkillRegistry
 from harness.state_machine import Listener, StateMachine
+
+# the read side lives in harness.stores (a command that only reads starts on it alone); offered here too
+from harness.stores import DatabaseError as DatabaseError  # noqa: PLC0414 (re-exported)
+from harness.stores import approval_rows as approval_rows  # noqa: PLC0414 (re-exported)
+from harness.stores import archived_run as archived_run  # noqa: PLC0414 (re-exported)
+from harness.stores import cost_ledger as cost_ledger  # noqa: PLC0414 (re-exported)
+from harness.stores import open_store as open_store  # noqa: PLC0414 (re-exported)
 from harness.webhooks.config import WebhookConfig, load_webhook_config
 from harness.webhooks.delivery import WebhookDispatcher
 from harness.webhooks.notifier import PushEvents, WebhookNotifier, WebhookResultSink
 
 if TYPE_CHECKING:
+    from harness.adapters.signer_socket import SignerServer
     from harness.mcp_skills import McpServers
 
 
@@ -106,13 +119,15 @@ class Runtime:
     policy: PolicyEngine
     hitl: HitlDesk
     tools: ToolController
-    recorder: TraceRecorder
     runs: RunManager
     identities: IdentityDirectory
     webhooks: WebhookConfig | None = None
     webhook_outbox: WebhookOutbox | None = None
     agent: Agent | None = None
     mcp: McpServers | None = None
+    #: wakes callers waiting for a Run to change (`Harness.events`, the service's SSE): this process's
+    #: changes everywhere, every process's on PostgreSQL
+    feed: ChangeFeed = field(default_factory=LocalChangeFeed)
 
     @property
     def reads(self) -> ReadModel:
@@ -130,18 +145,19 @@ class Runtime:
         self.tools.close()
         if self.mcp is not None:
             self.mcp.close()  # stdio servers are stopped, not orphaned
+        self.feed.close()
         self.store.close()
 
 
 #: what the store raises when its database fails (the shells answer 503 or exit 2), and whether a failure is
 #: an outage (down, locked, read-only: a retry later may succeed) rather than a bug
-DatabaseError = database.DatabaseError
 is_outage = database.is_outage
 
 
-def cost_ledger(store: SqlStore) -> CostLedger:
-    """The cost ledger over a store (spend by Run, tenant, user, skill, day)."""
-    return CostLedger(store)
+def skill_data_dir(settings: Settings, store: SqlStore) -> Path:
+    """Where skills keep files of their own: a folder per database in the data directory, so that two
+    databases (two checkouts, a test and a demo) never share the example's ledger."""
+    return settings.data_dir / store.database_id()
 
 
 def webhook_outbox(store: SqlStore) -> WebhookOutbox:
@@ -165,17 +181,6 @@ def sandbox_pool(store: SqlStore, pool: PoolSettings, *, owner: str, ledger: Cos
 #: the store the composition root opens: shells name it in signatures where they hand a store on to code
 #: typed against it, and never build one themselves
 Store = SqlStore
-
-
-def archived_rows_check(line: Mapping[str, Any], report: ChainReport) -> None:
-    """Check an archived Run's rows, as its segment line holds them, against its records (what a
-    read-back shows is proven only through them): the row-mirror check of `harness audit verify`."""
-    check_archived_run(line, report)
-
-
-def archived_run(store: SqlStore, run_id: str) -> ArchivedRun | None:
-    """Where an archived Run is (segment, location, checkpoint), when it was archived."""
-    return RetentionStore(store).archived(run_id)
 
 
 # ---------------------------------------------------------------------- retention: archive and erasure
@@ -207,26 +212,46 @@ def read_location(location: str, endpoint: str | None = None) -> bytes:
     return segment_locator(endpoint)(location).get(location)
 
 
+def checkpoint_signer(settings: Settings) -> Signer | None:
+    """The signer process HARNESS_SIGNER_SOCKET names; None: this process signs with its own key file."""
+    if settings.signer_socket is None:
+        return None
+    from harness.adapters.signer_socket import SocketSigner
+
+    return SocketSigner(settings.signer_socket)
+
+
+def signer_server(socket_path: Path, key_file: Path, allowed_uids: Sequence[int] = (),
+                  databases: Sequence[str] = ()) -> SignerServer:
+    """The `harness signer serve` process's server: the key read from `key_file` (mode 0600)."""
+    from harness.adapters.signer_socket import SignerServer
+    from harness.audit.keys import read_private_key
+
+    return SignerServer(socket_path, read_private_key(key_file), allowed_uids=allowed_uids, databases=databases)
+
+
 def make_archiver(store: SqlStore, directory: Path | None, witnesses: Sequence[str],
-                  policy: RetentionPolicy | None = None, segments: SegmentStore | None = None) -> Archiver:
-    """An archiver as the settings describe it (HARNESS_ARCHIVE_URL, the checkpoint directory)."""
+                  policy: RetentionPolicy | None = None, segments: SegmentStore | None = None,
+                  signer: Signer | None = None) -> Archiver:
+    """An archiver as the settings describe it (HARNESS_ARCHIVE_URL, the checkpoint directory, the signer)."""
     ws: list[Witness] = [open_witness(w) for w in witnesses]
     return Archiver(RetentionStore(store), segments or open_segment_store(),
                     directory or checkpoint_dir(None, store.database_id()),
-                    policy=policy or RetentionPolicy.from_env(), witnesses=ws)
+                    policy=policy or RetentionPolicy.from_env(), witnesses=ws, signer=signer)
 
 
 def archiver_factory(store: SqlStore, directory: Path | None,
-                     witnesses: Sequence[str]) -> ArchiverFactory:
+                     witnesses: Sequence[str], signer: Signer | None = None) -> ArchiverFactory:
     """Makes the archiver of each scheduled pass (the segment store is opened per pass, from the settings)."""
-    return lambda policy: make_archiver(store, directory, witnesses, policy)
+    return lambda policy: make_archiver(store, directory, witnesses, policy, signer=signer)
 
 
 def erase_user(store: SqlStore, tenant_id: str, user_id: str, *, salt: bytes | None = None,
-               endpoint: str | None = None, segments: SegmentStore | None = None) -> EraseReport:
+               endpoint: str | None = None, segments: SegmentStore | None = None, vacuum: bool = True,
+               vacuum_full: bool = False) -> EraseReport:
     """Erase a person's data from the database and the archive (harness.retention.erase.erase_user)."""
     return _erase_user(ErasureStore(store), tenant_id, user_id, salt=salt, segments=segments,
-                       locate=segment_locator(endpoint))
+                       locate=segment_locator(endpoint), vacuum=vacuum, vacuum_full=vacuum_full)
 
 
 def replay_reads(store: SqlStore) -> ReplayReads:
@@ -237,12 +262,6 @@ def replay_reads(store: SqlStore) -> ReplayReads:
 def set_deadline(store: SqlStore, run_id: str, deadline_at: float) -> None:
     """Give a replayed Run the deadline its recorded original had."""
     replay_set_deadline(store, run_id, deadline_at)
-
-
-def open_store(db: str | None = None, clock: Clock | None = None, *, migrate_schema: bool = True) -> SqlStore:
-    """The store named by `db` (a database URL or SQLite file path), HARNESS_DATABASE_URL or the default;
-    created and migrated on first use unless `migrate_schema` is false."""
-    return SqlStore.open(db, clock, migrate_schema=migrate_schema)
 
 
 def open_existing_store(db: str | None) -> SqlStore:
@@ -288,6 +307,29 @@ def llm_provider(settings: Settings, clock: Clock) -> LLMProvider:
         tools_in_prompt=local if settings.llm_tools_in_prompt is None else settings.llm_tools_in_prompt,
         max_output_tokens=settings.llm_max_tokens or (512 if local else None),
         plan_max_steps=settings.llm_plan_max_steps or (1 if local else 8)), clock=clock)
+
+
+def call_budget(settings: Settings, provider: LLMProvider, policy: PolicyEngine,
+                assembler: ContextAssembler) -> CallBudget:
+    """The check of a model call's worst case against the budget caps, made before the call, at the price
+    the provider says (the scripted rules' or the price table's), or, for a provider that says none (a
+    replay's), at the price the settings give the deployment's model."""
+    if isinstance(provider, ScriptedProvider | GuardedProvider):
+        priced = provider.token_price
+    elif settings.llm == "scripted":
+        priced = ScriptedProvider.from_file(settings.llm_rules).token_price
+    else:
+        table = PricingTable.for_deployment(settings.llm_pricing)
+        model = settings.llm_model or (LOCAL_MODEL if settings.llm == "local" else "")
+
+        def priced(request: LLMRequest) -> tuple[float, float] | None:
+            return table.token_price(request.model or model, settings.llm_fallback_model)
+
+    def price(request: LLMRequest) -> TokenPrice | None:
+        rates = priced(request)
+        return TokenPrice(*rates) if rates is not None else None
+
+    return CallBudget(policy.budget_room, price, assembler.tokenizer.count)
 
 
 def check_priced(settings: Settings, pricing: PricingTable, unpriced: str) -> None:
@@ -357,7 +399,7 @@ def resolve_agent(settings: Settings, agent: Agent | None = None) -> tuple[Setti
     """The agent a process runs (given, named by the settings, or the bundled support agent when the
     settings assemble none) and the settings with the agent's values under the explicit ones."""
     if agent is None and settings.agent is not None:
-        agent = Agent.from_file(settings.agent)
+        agent = load_agent(settings.agent)
     if agent is None and not settings.model_fields_set & _AGENT_FIELDS:
         agent = support_agent()
     if agent is None:
@@ -368,6 +410,14 @@ def resolve_agent(settings: Settings, agent: Agent | None = None) -> tuple[Setti
     # same agent again
     object.__setattr__(resolved, "__pydantic_fields_set__", set(settings.model_fields_set))
     return resolved, agent
+
+
+def change_feed(store: SqlStore, push: bool = True) -> ChangeFeed:
+    """What wakes this process's waiters for a Run's changes: on PostgreSQL (through psycopg 3) with
+    `push`, every process's changes (NOTIFY with each change, LISTEN here); elsewhere this process's only,
+    the others' seen by polling. The store sends NOTIFY only when `push`."""
+    store.notify_changes = push and listens(store.engine)
+    return PgChangeFeed(store.engine) if store.notify_changes else LocalChangeFeed()
 
 
 def open_leases(runtime: Runtime, ttl_s: float) -> RunLeases:
@@ -400,10 +450,14 @@ def build_runtime(settings: Settings | None = None, *, clock: Clock | None = Non
     secret_filter = SecretFilter()
     sandboxes = sandbox_pool(store, settings.pool_settings(), owner=f"{settings.sandbox_host}:{os.getpid()}",
                              ledger=ledger, price_per_s=pricing.sandbox_price, price_table=pricing.as_of)
-    tools = ToolController(registry, workdirs=Workdirs(settings.data_dir / "runs"), data_dir=settings.data_dir,
+    tools = ToolController(registry, workdirs=Workdirs(settings.data_dir / "runs"),
+                           data_dir=skill_data_dir(settings, store),
+                           lanes=Lanes.sized(settings.local_skill_threads, settings.sandbox_threads,
+                                             settings.llm_threads),
                            choose_sandbox=lambda: select_sandbox(settings.sandbox),
                            clock=store.clock, provider=provider, record_cost=ledger.record,
-                           scrub=lambda text: secret_filter.scrub(text).text, sandbox_price=pricing.sandbox_price,
+                           scrub=lambda text: secret_filter.scrub(text).text,
+                           redact=lambda value: secret_filter.scrub_json(value)[0], sandbox_price=pricing.sandbox_price,
                            price_table=pricing.as_of, sandbox_pool=sandboxes, kinds=mcp_kinds(mcp, ledger, store))
     machine.in_transaction(sandboxes.on_transition)  # instances end (and are billed) as their Run closes
     machine.subscribe(sandboxes.after_change)  # then their processes are stopped
@@ -427,16 +481,22 @@ def build_runtime(settings: Settings | None = None, *, clock: Clock | None = Non
     runs = RunManager(
         store=store, writes=SqlRunWrites(store, ledger), units=store, machine=machine, assembler=assembler,
         orchestrator=PlanOrchestrator(
-            provider, registry, max_attempts=1 if isinstance(provider, GuardedProvider) else 3),
+            provider, registry, max_attempts=1 if isinstance(provider, GuardedProvider) else 3,
+            lane=tools.lanes.llm),
         policy=policy, tools=tools, hitl=hitl, ledger=ledger, execution_limit_s=settings.execution_limit_s,
         chain_depth=settings.chain_depth, max_rounds=settings.max_rounds, limits=settings.limits,
         roles_of=identities.roles_of,
-        check_callback=lambda request: webhooks.check_callback(request.tenant_id, request.callback or ""),
+        check_callback=lambda request: webhooks.check_callback(request.tenant_id, request.callback or "",
+                                                               OutboundGuard(system_resolver)),
         child_leases=Leases(store, ttl_s=60.0),
+        queue=QueueLimits(settings.max_backlog, settings.backlog_retry_after_s, settings.queue_max_wait_s),
+        system_history=agent is not None and agent.system_history,
+        call_budget=call_budget(settings, provider, policy, assembler),
     )
     tools.child_runs = runs  # AgentInvoke creates child Runs through the same kernel (T4)
-    runtime = Runtime(settings, store, machine, registry, policy, hitl, tools, TraceRecorder(store), runs, identities,
-                      webhooks, outbox, agent, mcp)
+    runtime = Runtime(settings, store, machine, registry, policy, hitl, tools, runs, identities,
+                      webhooks, outbox, agent, mcp, change_feed(store, settings.events_push))
+    machine.subscribe(lambda run_id, _source, _target: runtime.feed.changed(run_id))
 
     # every drive holds the Run's lease (K5b, T6), as the thread that drives it (owner host:pid:thread)
     def drive(run_id: str) -> RunResult | None:

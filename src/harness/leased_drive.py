@@ -5,11 +5,14 @@ driven (`Heartbeats`: one scheduling thread per process, a renewal on a thread o
 due), and releases it when the Run is final or parked. If a
 heartbeat finds the lease gone (the worker was paused past its lease and the Run was taken over or
 swept), the drive is fenced: every later transition carries the stale epoch and is refused, and no
-further tool call is made. A Run whose workers keep dying is failed after `max_stalls` takeovers.
+further tool call is made. A Run whose workers keep dying is failed after `max_stalls` takeovers; a death
+while the drive waited on a call outside the process (a model's answer, a sandboxed skill, a child Run)
+counts none, so restarts of a busy service never fail the Runs that were waiting.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import heapq
 import itertools
@@ -23,6 +26,7 @@ from dataclasses import dataclass, field
 from harness.domain.contracts import RunResult
 from harness.domain.leases import Lease, Standing
 from harness.kernel import FINAL, NOTHING_TO_DRIVE, RunState
+from harness.pipeline import waits
 from harness.pipeline.run_manager import RunManager
 from harness.ports.leases import RunLeases, RunLookup
 from harness.state_machine import StateMachine
@@ -75,12 +79,18 @@ class Fence:
 
 @dataclass(eq=False)
 class _Beat:
-    """One drive's heartbeat: its fence, how often it is renewed, and the renewal under way, if any."""
+    """One drive's heartbeat: its fence, how often it is renewed, the renewal under way, if any, and
+    whether the drive waits outside the process now (`out`) and the Run's row says so (`marked`)."""
 
     fence: Fence
     interval: float
     stopped: bool = False
-    renewal: threading.Thread | None = field(default=None, repr=False)
+    renewal: concurrent.futures.Future[None] | None = field(default=None, repr=False)
+    out: bool = False
+    marked: bool = False
+    #: held while a renewal writes the lease, so the drive switched back in sees whether the row says
+    #: it waits, and clears that before it runs on
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
 
 class Heartbeats:
@@ -89,10 +99,17 @@ class Heartbeats:
     A drive used to start a heartbeat thread of its own and join it at the end. Most drives end long
     before their first beat is due (a third of the lease), and on a loaded machine starting and joining
     that thread cost a short Run more than a quarter of its time. Here one daemon thread keeps the due
-    times; a beat that falls due is made on a thread of its own, so a renewal that waits (for the Run's
-    row, which the drive's own open transaction may hold, or for a database that is away) holds up no
-    other Run's renewal, and the next beat of that Run waits until it is done.
+    times; a beat that falls due is made on a small pool of renewal threads (`RENEWERS`; a thousand Runs
+    on a drive loop would otherwise start a thread per beat), so a renewal that waits (for the Run's row,
+    which the drive's own open transaction may hold, or for a database that is away) holds up no other
+    Run's renewal while a thread is free, and the next beat of that Run waits until it is done.
     """
+
+    #: threads that make the renewals that fall due (each holds a pooled connection while it renews)
+    RENEWERS = 8
+    #: how long a drive waits outside the process before a renewal says so in the Run's row (a shorter
+    #: wait, such as most skill calls, costs no write; a death in its first moments counts a stall)
+    MARK_AFTER_S = 0.1
 
     def __init__(self) -> None:
         self._reset()
@@ -100,15 +117,17 @@ class Heartbeats:
 
     def _reset(self) -> None:
         self._cond = threading.Condition()
-        self._due: list[tuple[float, int, _Beat]] = []
+        #: (due, order, beat, mark): a beat's regular renewal, or (mark) the one that says it waits
+        self._due: list[tuple[float, int, _Beat, bool]] = []
         self._order = itertools.count()
         self._thread: threading.Thread | None = None
+        self._renewers = concurrent.futures.ThreadPoolExecutor(self.RENEWERS, thread_name_prefix="lease-renewal")
 
     def hold(self, fence: Fence) -> _Beat:
         """Start renewing the fence's lease every third of its time to live."""
         beat = _Beat(fence, fence.leases.ttl_s / 3)
         with self._cond:
-            heapq.heappush(self._due, (time.monotonic() + beat.interval, next(self._order), beat))
+            heapq.heappush(self._due, (time.monotonic() + beat.interval, next(self._order), beat, False))
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._schedule, daemon=True, name="lease-heartbeats")
                 self._thread.start()
@@ -120,13 +139,42 @@ class Heartbeats:
         with self._cond:
             beat.stopped = True
 
+    def switched(self, beat: _Beat, out: bool) -> None:
+        """The beat's drive switched out on a wait outside the process (`out`) or back in. A wait that
+        lasts gets a renewal that marks the Run's row, so that a takeover after this process dies counts
+        no stall against the Run (the Run did not kill it); switched back in, the drive clears the mark
+        before it runs on, so a death while it works still counts."""
+        if beat.stopped:
+            return
+        if out:
+            beat.out = True
+            with self._cond:
+                heapq.heappush(self._due, (time.monotonic() + self.MARK_AFTER_S, next(self._order), beat, True))
+                self._cond.notify()
+            return
+        beat.out = False
+        with beat.lock:  # a renewal writing now finishes first
+            if not beat.marked:
+                return
+            beat.marked = False
+            try:
+                renewed = beat.fence.leases.heartbeat(beat.fence.lease, waiting=False)
+            except Exception as exc:  # the drive runs on; a death now would not count a stall
+                log.warning("lease on run %s still says its drive waits (%s)", beat.fence.lease.run_id,
+                            exc.__class__.__name__)
+                return
+            if renewed is None:
+                beat.fence.lost = True
+            else:
+                beat.fence.lease = renewed
+
     def wait(self, beat: _Beat) -> None:
         """Wait for the beat's renewal under way, if any: called once the drive's last transaction has
         committed (a renewal waiting for the Run's row that transaction holds would otherwise never end)."""
         with self._cond:
             renewal = beat.renewal
         if renewal is not None:
-            renewal.join()
+            waits.result(renewal)  # a drive on a drive loop switches out meanwhile
 
     def _schedule(self) -> None:
         with self._cond:
@@ -134,8 +182,8 @@ class Heartbeats:
                 if not self._due:
                     self._cond.wait()
                     continue
-                due, _, beat = self._due[0]
-                if beat.stopped:
+                due, _, beat, mark = self._due[0]
+                if beat.stopped or (mark and (not beat.out or beat.marked)):
                     heapq.heappop(self._due)
                     continue
                 delay = due - time.monotonic()
@@ -143,21 +191,22 @@ class Heartbeats:
                     self._cond.wait(delay)
                     continue
                 heapq.heappop(self._due)
-                if beat.renewal is None or not beat.renewal.is_alive():  # else the last one still waits
-                    renewal = threading.Thread(target=self._renew, args=(beat,), daemon=True,
-                                               name=f"heartbeat-{beat.fence.lease.run_id}")
+                if beat.renewal is None or beat.renewal.done():  # else the last one still waits
                     try:
-                        renewal.start()
+                        beat.renewal = self._renewers.submit(self._renew, beat)
                     except RuntimeError as exc:  # no thread to be had now: the next beat tries again
                         log.warning("heartbeat for run %s not started (%s)", beat.fence.lease.run_id, exc)
-                    else:
-                        beat.renewal = renewal
-                heapq.heappush(self._due, (time.monotonic() + beat.interval, next(self._order), beat))
+                if not mark:  # a mark is one renewal more; the beat keeps its own cadence
+                    heapq.heappush(self._due, (time.monotonic() + beat.interval, next(self._order), beat, False))
 
     def _renew(self, beat: _Beat) -> None:
         fence = beat.fence
         try:
-            renewed = fence.leases.heartbeat(fence.lease)
+            with beat.lock:
+                waiting = beat.out
+                beat.marked = beat.marked or waiting  # set first: a failed write is cleared all the same
+                renewed = fence.leases.heartbeat(fence.lease, waiting=waiting)
+                beat.marked = waiting if renewed is not None else beat.marked
         except Exception as exc:  # a database outage must not end the heartbeat
             # the next beat tries again; if none succeeds in time the lease expires, another worker
             # takes the Run over and this drive's writes are fenced by the epoch they carry
@@ -203,14 +252,17 @@ class LeasedDrive:
         try:
             with self.runs.prepared_ahead(run_id) if fresh else contextlib.nullcontext(), \
                     self.runs.units.unit(run_id):
-                lease = self.leases.acquire(run_id, self.owner, to_drive=True)
+                # one owner per drive: drives sharing a drive loop's thread must not take each other's lease
+                lease = self.leases.acquire(run_id, self.owner + waits.strand_tag(), to_drive=True)
                 if lease is not None:
                     fence = Fence(lease, self.leases)
                     if lease.stalls >= self.max_stalls:
                         return self._poisoned(run_id, fence)
                     beat = self.heartbeats.hold(fence)
+                    held = beat
                     try:
-                        return self.runs.drive(run_id, fence=fence)
+                        with waits.watched(lambda out: self.heartbeats.switched(held, out)):
+                            return self.runs.drive(run_id, fence=fence)
                     finally:
                         self.heartbeats.stop(beat)
                         if not fence.lost:

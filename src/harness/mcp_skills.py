@@ -2,6 +2,7 @@
 
 The deployment names its servers in a YAML file (HARNESS_MCP_FILE, or `mcp_file` in the config file)::
 
+    untrusted_tools: approve                 # or refuse: unconfigured tools of untrusted servers
     servers:
       git:                                   # skills are git.<tool>; Cedar sees SkillGroup::"git"
         command: [mcp-server-git, --repository, /srv/repo]   # stdio: the program and its arguments
@@ -12,15 +13,20 @@ The deployment names its servers in a YAML file (HARNESS_MCP_FILE, or `mcp_file`
         include: [notes_read, notes_add]     # only these tools become skills (default: every tool)
         timeout_s: 20                        # the default time limit of each call
         price_per_call_usd: 0.0001           # what one call costs (its CostTrace)
+        trusted: true                        # believe its tools' annotations (readOnlyHint → L1)
         tools:
           notes_add:                         # per tool: risk, idempotent, timeout_s, retry, breaker
             risk: {access: write, space: personal, impact: low}
             idempotent: false
 
-A tool's risk is its config's; else it follows the tool's annotations: readOnlyHint → a read (L1);
+A tool's annotations are its server's word, not the operator's. A tool's risk is its config's; else, on a
+server the file marks `trusted: true`, it follows the tool's annotations: readOnlyHint → a read (L1);
 otherwise a write, in production space when openWorldHint is set (it reaches outside), else in project
-space, high impact unless destructiveHint is false, idempotent only when idempotentHint says so. A tool
-with neither config nor annotations is a non-idempotent write in project space — never silently L1.
+space, high impact unless destructiveHint is false, idempotent only when idempotentHint says so. On a server
+not marked trusted (the default) an unconfigured tool is a non-idempotent write whatever it claims (only
+the hints that raise its risk are kept: openWorldHint → production, destructiveHint → high impact), so it
+waits for approval; with `untrusted_tools: refuse` (for the file, or one server) it is not offered at all.
+A tool with neither config nor annotations is a non-idempotent write in project space — never silently L1.
 
 A skill's manifest hash is pinned from the server's identity (its name in the config, its transport
 and target, the name and version it reports) and the tool's name, description, schemas and
@@ -41,7 +47,7 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import mcp_types
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -55,7 +61,7 @@ from harness.ports.mcp import Listing, McpConnection, McpConnector, McpError, Ta
 from harness.skills import BreakerSettings, Manifest, RetryPolicy, Skill
 from harness.yamlfile import read_yaml
 
-__all__ = ["McpCalls", "McpServers", "McpUnavailableError", "ServerConfig", "ToolConfig", "load_mcp_file",
+__all__ = ["McpCalls", "McpServers", "McpUnavailableError", "ServerConfig", "ToolConfig", "Withheld", "load_mcp_file",
            "risk_for"]
 
 _SERVER_NAME = r"^[a-z][a-z0-9_]*$"
@@ -68,6 +74,10 @@ class McpUnavailableError(ContextError):
     """An MCP server whose tools a Run would see could not be listed: the Run fails at PREPARING."""
 
     code = "mcp_unavailable"
+
+
+#: approve: an unconfigured tool of an untrusted server is a write that waits for approval; refuse: not offered
+UntrustedTools = Literal["approve", "refuse"]
 
 
 class ToolConfig(BaseModel):
@@ -93,6 +103,10 @@ class ServerConfig(BaseModel):
     timeout_s: float = Field(default=30.0, gt=0, le=3_600)
     connect_timeout_s: float = Field(default=30.0, gt=0, le=600)
     price_per_call_usd: float = Field(default=0.0, ge=0)
+    #: believe the tools' annotations (readOnlyHint, idempotentHint, ...): the operator vouches for the server
+    trusted: bool = False
+    #: what becomes of a tool of an untrusted server whose risk the file does not give (None: the file's rule)
+    untrusted_tools: UntrustedTools | None = None
     tools: dict[str, ToolConfig] = Field(default_factory=dict)
 
     @model_validator(mode="after")
@@ -108,11 +122,13 @@ class McpFile(BaseModel):
     """The MCP config file."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+    untrusted_tools: UntrustedTools = "approve"
     servers: dict[str, ServerConfig] = Field(default_factory=dict)
 
 
 def load_mcp_file(path: Path) -> dict[str, ServerConfig]:
-    """The servers an MCP config file names; InvalidRequestError naming the file and field otherwise."""
+    """The servers an MCP config file names (each with the file's `untrusted_tools` unless it says its own);
+    InvalidRequestError naming the file and field otherwise."""
     raw = read_yaml(path, InvalidRequestError, "the MCP config file")
     try:
         parsed = McpFile.model_validate(raw or {})
@@ -125,28 +141,36 @@ def load_mcp_file(path: Path) -> dict[str, ServerConfig]:
             raise InvalidRequestError(f"{path}: servers.{name}: a server name is lower case letters, digits and "
                                       "_ (it is the first part of its skills' ids)")
     base = path.resolve().parent
-    return {name: s.model_copy(update={"cwd": str(base / s.cwd)}) if s.cwd else s
+    return {name: s.model_copy(update={"cwd": str(base / s.cwd) if s.cwd else None,
+                                       "untrusted_tools": s.untrusted_tools or parsed.untrusted_tools})
             for name, s in parsed.servers.items()}
 
 
-def risk_for(annotations: mcp_types.ToolAnnotations | None, config: ToolConfig | None) -> tuple[Risk, bool, str]:
-    """(risk, idempotent, where it came from: "config", "annotations" or "default") of one tool."""
+def risk_for(annotations: mcp_types.ToolAnnotations | None, config: ToolConfig | None, *,
+             trusted: bool) -> tuple[Risk, bool, str]:
+    """(risk, idempotent, where the risk came from) of one tool. Where: "config" (the operator rated it),
+    "annotations" (a trusted server's word), "untrusted" (an untrusted server's annotations, not believed:
+    a write, raised by openWorldHint / destructiveHint only) or "default" (nothing said: a write)."""
     hinted = annotations is not None and any(
         getattr(annotations, h) is not None
         for h in ("read_only_hint", "destructive_hint", "idempotent_hint", "open_world_hint"))
-    if hinted and annotations is not None and annotations.read_only_hint:
-        risk, idempotent = Risk(access="read"), True
-    elif hinted and annotations is not None:
+    if not hinted or annotations is None:
+        risk, idempotent, source = Risk(access="write", space="project", impact="medium"), False, "default"
+    elif not trusted:
+        risk = Risk(access="write", space="production" if annotations.open_world_hint else "project",
+                    impact="high" if annotations.destructive_hint else "medium")
+        idempotent, source = False, "untrusted"
+    elif annotations.read_only_hint:
+        risk, idempotent, source = Risk(access="read"), True, "annotations"
+    else:
         risk = Risk(access="write", space="production" if annotations.open_world_hint else "project",
                     impact="medium" if annotations.destructive_hint is False else "high")
-        idempotent = bool(annotations.idempotent_hint)
-    else:
-        risk, idempotent = Risk(access="write", space="project", impact="medium"), False
-    source = "annotations" if hinted else "default"
-    if config is not None and (config.risk is not None or config.idempotent is not None):
-        source = "config"
-        risk = config.risk or risk
-        idempotent = config.idempotent if config.idempotent is not None else (idempotent and risk.access == "read")
+        idempotent, source = bool(annotations.idempotent_hint), "annotations"
+    if config is not None and config.risk is not None:
+        risk, source = config.risk, "config"
+        idempotent = idempotent and risk.access == "read"
+    if config is not None and config.idempotent is not None:
+        idempotent = config.idempotent
     return risk, idempotent, source
 
 
@@ -163,6 +187,15 @@ class McpTool:
     server: str
     tool: str
     risk_source: str
+
+
+@dataclass(frozen=True)
+class Withheld:
+    """A tool of a server that is not offered as a skill, and why (`harness skills list` names it)."""
+
+    server: str
+    tool: str
+    reason: str
 
 
 class McpServers:
@@ -185,6 +218,7 @@ class McpServers:
         self.audit: Callable[[str | None, str, dict[str, Any]], None] | None = None
         self._lock = threading.Lock()
         self._skills: dict[str, dict[str, Skill]] = {}
+        self._withheld: dict[str, list[Withheld]] = {}
         self.tools: dict[str, McpTool] = {}
 
     # ------------------------------------------------------------------ the SkillSource
@@ -216,9 +250,10 @@ class McpServers:
     def refresh(self, server: str) -> dict[str, Skill]:
         """List one server's tools now and keep them as its skills."""
         listing = self.connections[server].listing(_LIST_TIMEOUT_S)
-        skills = self._to_skills(server, listing)
+        skills, withheld = self._to_skills(server, listing)
         with self._lock:
             self._skills[server] = skills
+            self._withheld[server] = withheld
         return skills
 
     def describe(self, skill: Skill) -> tuple[str, str]:
@@ -226,6 +261,15 @@ class McpServers:
         tool = self.tools[skill.id]
         target = self.connections[tool.server].target
         return f"mcp:{tool.server} ({target.transport})", tool.risk_source
+
+    def trusted(self, skill: Skill) -> bool:
+        """Whether the file marks the skill's server trusted (its annotations are believed)."""
+        return self.configs[self.tools[skill.id].server].trusted
+
+    def withheld(self) -> list[Withheld]:
+        """The tools of the servers listed so far that are not offered (untrusted and unconfigured, refused)."""
+        with self._lock:
+            return [w for server in self.configs for w in self._withheld.get(server, [])]
 
     def _restarted(self, server: str, reason: str) -> None:
         calling = _CALLING.get()
@@ -243,12 +287,13 @@ class McpServers:
         self._connector.close()
 
     # ------------------------------------------------------------------ tools into skills
-    def _to_skills(self, server: str, listing: Listing) -> dict[str, Skill]:
+    def _to_skills(self, server: str, listing: Listing) -> tuple[dict[str, Skill], list[Withheld]]:
         cfg = self.configs[server]
         target = self.connections[server].target
         identity = {"server": server, "transport": target.transport, "target": target.describe(),
                     "name": listing.server_name, "version": listing.server_version}
         skills: dict[str, Skill] = {}
+        withheld: list[Withheld] = []
         for tool in listing.tools:
             if cfg.include is not None and tool.name not in cfg.include:
                 continue
@@ -257,9 +302,13 @@ class McpServers:
                 raise McpError(f"MCP server {server!r}: tools {tool.name!r} and "
                                f"{self.tools[skill_id].tool!r} both become skill {skill_id}", "protocol")
             override = cfg.tools.get(tool.name)
-            risk, idempotent, source = risk_for(tool.annotations, override)
+            risk, idempotent, source = risk_for(tool.annotations, override, trusted=cfg.trusted)
+            if source != "config" and not cfg.trusted and cfg.untrusted_tools == "refuse":
+                withheld.append(Withheld(server, tool.name, "the server is not trusted and the MCP file gives no "
+                                                            "risk for the tool (untrusted_tools: refuse)"))
+                continue
             described = tool.model_dump(mode="json", by_alias=True, exclude_none=True, exclude={"meta"})
-            digest = content_hash({"mcp": identity, "tool": described,
+            digest = content_hash({"mcp": identity, "tool": described, "trusted": cfg.trusted,
                                    "config": override.model_dump(mode="json") if override else None})
             try:
                 manifest = Manifest(
@@ -274,7 +323,7 @@ class McpServers:
                                f"{exc.errors()[0]['msg']}", "protocol") from exc
             skills[skill_id] = Skill(manifest, digest, self.path, _through_the_server)
             self.tools[skill_id] = McpTool(server, tool.name, source)
-        return skills
+        return skills, withheld
 
 
 def _through_the_server(args: dict[str, Any], ctx: Any) -> Any:

@@ -60,10 +60,15 @@ class ReplayError(BadInputError):
 class Divergence:
     """One place where the replay did not do what the Run did."""
 
+    #: what was compared (the path, a step's call, the answer, ...)
     check: str
+    #: the step or state it concerns
     where: str
+    #: what the Run did
     expected: Any
+    #: what the replay did
     actual: Any
+    #: more words on it
     detail: str = ""
 
 
@@ -71,9 +76,13 @@ class Divergence:
 class ReplayReport:
     """The outcome of one replay."""
 
+    #: the Run replayed
     run_id: str
+    #: the Run the replay made on the scratch database
     replay_run_id: str | None
+    #: every place the replay did not do what the Run did (none: it is faithful)
     divergences: list[Divergence]
+    #: counts of what was compared
     summary: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -208,6 +217,8 @@ class ReplayProvider:
     """An LLM that answers from the recording, in order; it never reaches a network."""
 
     name = "replay"
+    #: answers at once, from the recording: a drive calls it without a thread hop
+    waits_itself = True
 
     def __init__(self, recording: Recording, events: OutsideEvents) -> None:
         self.recording = recording

@@ -1,12 +1,13 @@
 """What a replay re-applies from outside the Run's own pipeline (SPEC A5), where the recording says it came.
 
-A Run's path is not only its pipeline's doing: a user cancels it, the zombie sweeper forces it on, a
-worker that keeps dying gets it failed as poison input, a worker dies during a call whose outcome is
-then unknown. Like the human decisions a replay re-submits, these are inputs from outside, read from
-the recording (the transition rows, the sweeper's `zombie_detected` observation, the steps marked
-started) and re-applied through the same code paths — `RunManager.cancel`, `ZombieSweeper.force`, the
-worker's poison close, a drive that stops mid-call and a new drive — at the point of the pipeline where
-they landed:
+A Run's path is not only its pipeline's doing: a user cancels it, the zombie sweeper forces it on, its
+start deadline passes while it waits in the queue, a worker that keeps dying gets it failed as poison
+input, a worker dies during a call whose outcome is then unknown. Like the human decisions a replay
+re-submits, these are inputs from outside, read from the recording (the transition rows, the sweeper's
+`zombie_detected` observation, the steps marked started) and re-applied through the same code paths —
+`RunManager.cancel`, `ZombieSweeper.force`, the queue's close of a Run not started by its deadline (at
+the recorded moment), the worker's poison close, a drive that stops mid-call and a new drive — at the
+point of the pipeline where they landed:
 
 - entering the state the Run was in (before the funnel, for TRACING and the transient states);
 - in PLANNING, before the model call, when the recording has no planning answer (the answer of a call
@@ -26,7 +27,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from harness.clock import FakeClock
+from harness.domain.contracts import RunRequest
 from harness.kernel import FINAL, RunState
+from harness.pipeline.queue import START_DEADLINE, close_not_started, start_deadline
 from harness.ports.queries import RunHistory
 from harness.sweeper import SWEEPER, ZombieSweeper
 
@@ -52,7 +55,7 @@ class WorkerDied(BaseException):
 class OutsideEvent:
     """One recorded change of the Run that came from outside its pipeline."""
 
-    kind: Literal["cancel", "sweep", "stalled"]
+    kind: Literal["cancel", "sweep", "stalled", "not_started"]
     state: RunState
     at: float
     actor: str
@@ -76,6 +79,8 @@ def outside_events(source: RunHistory, run_id: str) -> list[OutsideEvent]:
                                            float(found["stuck_for_s"]), float(found["threshold_s"])))
         elif x.to_state == S.CANCELLED:
             events.append(OutsideEvent("cancel", x.from_state, x.at, x.actor, x.reason))
+        elif x.actor == START_DEADLINE:
+            events.append(OutsideEvent("not_started", x.from_state, x.at, x.actor, x.reason))
         elif x.to_state == S.FAILED and x.reason.startswith(f"{STALLED}:"):
             events.append(OutsideEvent("stalled", x.from_state, x.at, x.actor, x.reason))
     return events
@@ -173,6 +178,12 @@ class OutsideEvents:
             rt.runs.cancel(run_id, by=event.actor, reason=event.reason)
         elif event.kind == "sweep":
             ZombieSweeper(rt.store, rt.machine).force(run_id, event.state, event.stuck_for_s, event.threshold_s)
+        elif event.kind == "not_started":
+            run = rt.store.get_run(run_id)
+            deadline = start_deadline(RunRequest.model_validate(run.request))
+            if deadline is not None:
+                close_not_started(rt.store, rt.machine, run_id, version=run.version, deadline=deadline,
+                                  created_at=run.created_at, noticed_by="replay")
         else:  # the worker's poison close (leased_drive.LeasedDrive._poisoned)
             rt.machine.transition(run_id, event.state, S.FAILED, actor=event.actor, reason=event.reason,
                                   result={"error": event.reason})

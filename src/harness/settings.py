@@ -8,6 +8,7 @@ the working directory, the scripted LLM and the bundled support example's skills
 from __future__ import annotations
 
 import os
+import re
 import socket
 from pathlib import Path
 from typing import Literal
@@ -29,9 +30,10 @@ class Settings(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     db: str | None = None
-    #: the agent file (YAML: name, instructions, model, skills, policy); None: the bundled support agent,
-    #: unless skills, policy, rules or identities are set one by one
-    agent: Path | None = None
+    #: the agent: `module:attr` (an Agent in Python) or the path of an agent file (YAML: name, instructions,
+    #: model, skills, policy); None: the bundled support agent, unless skills, policy, rules or identities
+    #: are set one by one
+    agent: Path | str | None = None
     skills_dirs: tuple[Path, ...] = (EXAMPLE_DIR / "skills",)
     #: installed packages whose modules may be skill entrypoints (besides files in a skill's folder)
     skill_packages: tuple[str, ...] = ()
@@ -111,6 +113,41 @@ class Settings(BaseModel):
     decided_approval_s: float = Field(default=30.0, gt=0)
     #: a Run nobody drives is picked up by the embedded worker once it has not moved for this long
     redrive_grace_s: float = Field(default=2.0, ge=0)
+    #: the queue of accepted Runs not yet started (CREATED): at `max_backlog` of them (counted in the
+    #: database, every replica together) a new Run is refused, told to retry after `backlog_retry_after_s`;
+    #: `queue_max_wait_s` is the start deadline of a Run whose request names no `start_by`, in seconds after
+    #: its acceptance (None: it waits as long as it takes; a queued Run is never failed for waiting)
+    max_backlog: int = Field(default=10_000, ge=1)
+    backlog_retry_after_s: int = Field(default=5, ge=1, le=3_600)
+    queue_max_wait_s: float | None = Field(default=None, gt=0)
+    #: the threads of each kind of call that cannot wait without one, each kind its own lane so that
+    #: none starves another: local (in-process) skills, sandboxed skills (each waits for its process),
+    #: and model calls of a provider without asynchronous I/O (a local model, a custom provider); the
+    #: OpenAI-compatible provider waits without a thread. A call's timeout starts when it starts running.
+    #: Runs one process drives at once (`harness serve`'s embedded worker, a Celery worker process): each
+    #: waits for its model, skills and child Runs without a thread (HARNESS_WORKER_THREADS, its name
+    #: before Runs stopped needing a thread each, is read too)
+    drive_concurrency: int = Field(default=1000, ge=1, le=100_000)
+    #: the threads those Runs are driven on, each an asyncio loop of its own (HARNESS_DRIVE_THREADS); a
+    #: statement to a database server holds its loop's thread for the round trip, and the other loops run
+    #: meanwhile. None: 1 on SQLite (no round trip), 4 on PostgreSQL and MySQL
+    drive_threads: int | None = Field(default=None, ge=1, le=64)
+    #: a drive loop later than this (how late its timers fire) starts no new drive until it catches up:
+    #: when the CPU is the limit, Runs wait queued in CREATED instead of all crawling at once
+    drive_max_lag_s: float = Field(default=0.5, gt=0)
+    local_skill_threads: int = Field(default=32, ge=1, le=4_096)
+    sandbox_threads: int = Field(default=32, ge=1, le=4_096)
+    llm_threads: int = Field(default=32, ge=1, le=4_096)
+    #: on PostgreSQL every state change sends a NOTIFY and each process listens, so that a caller waiting
+    #: for a Run (`events`, `wait`, the service's SSE) wakes when any process changes it; off: waits poll
+    events_push: bool = True
+
+    def drive_loop_threads(self) -> int:
+        """The threads a process drives its Runs on (drive_threads, or what suits the database)."""
+        if self.drive_threads is not None:
+            return self.drive_threads
+        scheme = (self.db or "").split(":", 1)[0].split("+", 1)[0]
+        return 4 if scheme in ("postgresql", "postgres", "mysql", "mariadb") else 1
 
     def thresholds(self) -> Thresholds:
         """The sweeper's thresholds these settings describe."""
@@ -130,6 +167,9 @@ class Settings(BaseModel):
     checkpoint_interval_s: float = Field(default=300.0, ge=0.0)
     checkpoint_dir: Path | None = None
     checkpoint_witnesses: tuple[str, ...] = ()
+    #: the Unix socket of a `harness signer serve` process that signs checkpoints (harness.ports.signer), so
+    #: this process holds no key; None: this process signs with its key file (harness.audit.keys)
+    signer_socket: Path | None = None
     #: MCP servers whose tools are skills (HARNESS_MCP_FILE, harness.mcp_skills); None: no MCP server
     mcp_file: Path | None = None
 
@@ -156,7 +196,7 @@ class Settings(BaseModel):
             if env.get(name):
                 values[key] = env[name]
         for key, name in (("checkpoint_interval_s", "HARNESS_CHECKPOINT_INTERVAL_S"),
-                          ("checkpoint_dir", "HARNESS_CHECKPOINT_DIR")):
+                          ("checkpoint_dir", "HARNESS_CHECKPOINT_DIR"), ("signer_socket", "HARNESS_SIGNER_SOCKET")):
             if env.get(name):
                 values[key] = env[name]
         if env.get("HARNESS_CHECKPOINT_WITNESS"):
@@ -170,9 +210,17 @@ class Settings(BaseModel):
         for key in ("llm_model", "llm_fallback_model", "llm_base_url", "llm_api_key_env", "llm_pricing",
                     "llm_stream", "llm_plan_mode", "llm_timeout_s", "llm_plan_format", "llm_tools_in_prompt",
                     "llm_max_tokens", "llm_plan_max_steps", "lease_ttl_s", "max_stalls", "sweep_interval_s",
-                    "heartbeat_ceiling_factor", "decided_approval_s", "redrive_grace_s"):
+                    "heartbeat_ceiling_factor", "decided_approval_s", "redrive_grace_s", "local_skill_threads",
+                    "sandbox_threads", "llm_threads", "drive_concurrency", "drive_threads", "drive_max_lag_s"):
             if env.get(f"HARNESS_{key.upper()}"):
                 values[key] = env[f"HARNESS_{key.upper()}"]
+        for key in ("max_backlog", "backlog_retry_after_s", "queue_max_wait_s"):
+            if env.get(f"HARNESS_{key.upper()}"):
+                values[key] = env[f"HARNESS_{key.upper()}"]
+        if env.get("HARNESS_EVENTS_PUSH"):
+            values["events_push"] = env["HARNESS_EVENTS_PUSH"]
+        if "drive_concurrency" not in values and env.get("HARNESS_WORKER_THREADS"):
+            values["drive_concurrency"] = env["HARNESS_WORKER_THREADS"]
         if env.get("HARNESS_STATE_THRESHOLDS"):
             try:
                 values["state_thresholds"] = parse_overrides(env["HARNESS_STATE_THRESHOLDS"])
@@ -202,6 +250,10 @@ def parse_port_range(text: str) -> tuple[int, int] | None:
     return pair
 
 
+#: how a setting names an agent written in Python, `module:attr` (dotted names on both sides of one colon);
+#: anything else names an agent file
+AGENT_REFERENCE = re.compile(r"^(?P<module>[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*):(?P<attr>[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)$")
+
 #: fields of Settings that are paths: in a config file they are relative to the file's folder
 _PATH_FIELDS = ("skills_dirs", "policy_file", "llm_rules", "llm_pricing", "identities_file", "data_dir", "agent",
                 "mcp_file")
@@ -221,6 +273,8 @@ def _config_file(name: str | None) -> dict[str, object]:
     base = path.resolve().parent
     for key in _PATH_FIELDS:
         value = values.get(key)
+        if key == "agent" and isinstance(value, str) and AGENT_REFERENCE.match(value.strip()):
+            continue  # an importable module's attribute, not a file beside this one
         if isinstance(value, str):
             values[key] = str(base / value)
         elif isinstance(value, list):

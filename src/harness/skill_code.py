@@ -38,6 +38,10 @@ class Entrypoint:
     sha256: str | None = None
     #: what the manifest hash covers besides the manifest: the code's pin
     pin: tuple[tuple[str, str], ...] = ()
+    #: sys.path entries a sandboxed call needs first (a code skill's root, and the harness package's)
+    python_path: tuple[Path, ...] = ()
+    #: folders or files a sandboxed call must see besides the Python installation (read-only)
+    code_paths: tuple[Path, ...] = ()
 
 
 def _field(manifest_path: Path, message: str) -> ManifestError:

@@ -1,6 +1,7 @@
 """Skill manifests and the registry that loads them (SPEC T1).
 
-A manifest is a YAML file::
+A manifest is a YAML file (an amount of money in the input schema names its currency, `x-currency`, which
+the console shows with the amount)::
 
     id: orders.lookup
     version: 1.0.0
@@ -31,6 +32,7 @@ A broken manifest is refused at load with the file and the field named.
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,6 +73,26 @@ class BreakerSettings(BaseModel):
     reset_timeout_s: float = Field(default=30.0, ge=0, le=86_400)
 
 
+CURRENCY_CODE = re.compile(r"^[A-Z]{3}$")
+
+
+def currency_fields(schema: dict[str, Any]) -> dict[str, str]:
+    """The top-level properties of an input schema that are amounts of money, each with its currency: a
+    number or integer property annotated `x-currency: EUR` (an ISO 4217 code). A property without the
+    annotation has no currency: nothing guesses one."""
+    found: dict[str, str] = {}
+    for name, prop in (schema.get("properties") or {}).items():
+        code = prop.get("x-currency") if isinstance(prop, dict) else None
+        if code is None:
+            continue
+        if not isinstance(code, str) or not CURRENCY_CODE.match(code):
+            raise ValueError(f"properties.{name}.x-currency: {code!r} is not an ISO 4217 code such as EUR")
+        if prop.get("type") not in ("number", "integer"):
+            raise ValueError(f"properties.{name}.x-currency: only a number or integer is an amount of money")
+        found[name] = code
+    return found
+
+
 class Manifest(BaseModel):
     """A skill's declaration."""
 
@@ -109,6 +131,7 @@ class Manifest(BaseModel):
                 raise ValueError(f"not a valid JSON Schema: {exc.message}") from exc
             if value.get("type") != "object":
                 raise ValueError("must describe an object (type: object)")
+            currency_fields(value)
         return value
 
     @model_validator(mode="after")
@@ -149,7 +172,8 @@ class SkillContext:
     tenant_id: str
     user_id: str
     workdir: Path
-    #: the deployment's data directory (HARNESS_DATA_DIR), where a skill may keep files of its own
+    #: this database's folder in the data directory (HARNESS_DATA_DIR/<database id>), where a skill may
+    #: keep files of its own
     data_dir: Path | None = None
 
 

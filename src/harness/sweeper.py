@@ -1,6 +1,13 @@
 """The zombie sweeper (SPEC S1-S3, seed 000 §6): finds Runs that outlived their state's threshold and
 moves them on through the same compare-and-set every other writer uses.
 
+A Run in CREATED has not started (nothing has left the process for it): it is queued, not stuck, and is
+never forced. Past the CREATED threshold with no live lease it is handed back to a driver (`resume`),
+whatever its age, with one `run_requeued` audit event the first time; with no `resume` (`harness sweep`
+without a worker) it is left queued for a worker's re-drive. Only its start deadline closes it
+(harness.pipeline.queue): the sweeper closes every queued Run whose deadline passed, CLOSED_FAILED
+`not_started`, the first thing in each pass.
+
 A stuck Run that can still be resumed (its worker died before it finished a side-effect-free step, or
 between steps) is handed back to a driver (`resume`: the embedded worker, or a Celery queue) rather
 than failed: sweeping is the backstop for Runs nobody can resume. A Run stuck in a transient state only
@@ -29,8 +36,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
+from harness.domain.records import StuckRun
 from harness.kernel import TRANSIENT, RunState, final_state_for
+from harness.kernel.events import RUN_REQUEUED
 from harness.kernel.thresholds import DEFAULT, Thresholds
+from harness.pipeline.queue import close_not_started
 from harness.ports.runs import RunStore
 from harness.state_machine import StateMachine
 
@@ -38,7 +48,8 @@ S = RunState
 log = logging.getLogger(__name__)
 SWEEPER = "zombie_sweeper"
 
-#: seed 000 §6.1: where each stuck state is forced
+#: seed 000 §6.1: where each stuck state is forced. A sweep never forces CREATED (a queued Run is not stuck);
+#: the entry is how a replay re-applies a close an older sweeper recorded
 FORCED: Mapping[RunState, RunState] = {
     S.CREATED: S.FAILED,
     S.PREPARING: S.FAILED,
@@ -64,6 +75,12 @@ class SweepReport:
     approvals_expired: list[str] = field(default_factory=list)
     #: decided approval requests whose Run had not moved, now carried out
     decisions_resumed: list[str] = field(default_factory=list)
+    #: queued (CREATED, never started) past the CREATED threshold and handed back to a driver
+    requeued: list[str] = field(default_factory=list)
+    #: queued past the CREATED threshold and left waiting: no driver to hand them to in this sweep
+    queued: list[str] = field(default_factory=list)
+    #: queued past their start deadline: closed CLOSED_FAILED `not_started`, never run
+    not_started: list[str] = field(default_factory=list)
 
 
 class ZombieSweeper:
@@ -87,11 +104,15 @@ class ZombieSweeper:
         """One pass over every non-final state."""
         report = SweepReport()
         now = self.store.clock.now()
+        self._close_overdue(now, report)
         for state, threshold in self.thresholds.per_state.items():
             if threshold is None:
                 continue
             ceiling = self.thresholds.ceiling(state) or threshold
             rows = self.store.stuck_runs(state, now - threshold, self.batch)
+            if state == S.CREATED:
+                self._requeue(rows, now, threshold, report)
+                continue
             for row in rows:
                 age = round(now - row.last_state_change_at, 3)  # rounded once, as recorded: a replay re-applies it
                 leased = row.lease_expires_at is not None and row.lease_expires_at > now
@@ -114,6 +135,31 @@ class ZombieSweeper:
                 if self.resume is not None:
                     self.resume(run_id)
         return report
+
+    def _close_overdue(self, now: float, report: SweepReport) -> None:
+        """Close the queued Runs whose start deadline passed before a driver started them."""
+        for run in self.store.overdue_unstarted(now, self.batch):
+            if close_not_started(self.store, self.machine, run.run_id, version=run.version, deadline=run.start_by,
+                                 created_at=run.created_at, noticed_by=SWEEPER):
+                report.not_started.append(run.run_id)
+            else:
+                report.lost.append(run.run_id)
+
+    def _requeue(self, rows: list[StuckRun], now: float, threshold: float, report: SweepReport) -> None:
+        """Queued Runs waiting past the CREATED threshold: handed back to a driver (audited the first time),
+        or left queued when there is none here; never forced, however long they have waited."""
+        waiting = [r for r in rows if r.lease_expires_at is None or r.lease_expires_at <= now]
+        report.healthy.extend(r.run_id for r in rows if r not in waiting)  # a driver is starting it now
+        if self.resume is None:
+            report.queued.extend(r.run_id for r in waiting)
+            return
+        announced = self.store.audited([r.run_id for r in waiting], RUN_REQUEUED)
+        for row in waiting:
+            if row.run_id not in announced:
+                self.store.audit(row.run_id, RUN_REQUEUED, SWEEPER, {
+                    "waited_s": round(now - row.last_state_change_at, 3), "threshold_s": threshold})
+            self.resume(row.run_id)
+            report.requeued.append(row.run_id)
 
     def force(self, run_id: str, state: RunState, stuck_for_s: float, threshold_s: float) -> bool:
         """Force one Run on as a sweep that found it stuck in `state` for `stuck_for_s` would: how a replay

@@ -16,15 +16,28 @@ from tests.acceptance.api_helpers import (  # noqa: F401 - fixtures
     runtime_fixture,
 )
 
+#: the one route that answers without a credential: a load balancer's liveness probe, which says only
+#: that the process answers (no data, no database)
+UNAUTHENTICATED = {("GET", "/livez")}
+
 
 def _api_routes(client: TestClient) -> list[tuple[str, str]]:
-    """Every (method, path) in the OpenAPI document, with ids filled in."""
+    """Every (method, path) in the OpenAPI document that needs a credential, with ids filled in."""
     paths = client.get("/openapi.json").json()["paths"]
-    return [
+    routes = [
         (method.upper(), re.sub(r"\{[^}]+\}", "00000000-0000-0000-0000-000000000000", path))
         for path, operations in paths.items()
         for method in operations
     ]
+    assert set(routes) >= UNAUTHENTICATED
+    return [route for route in routes if route not in UNAUTHENTICATED]
+
+
+def test_the_liveness_route_answers_without_a_credential_and_says_nothing_else(client: TestClient) -> None:
+    """GET /livez is for load balancers: 200 without a key, and its body holds no data of the service."""
+    response = client.get("/livez")
+    assert response.status_code == 200
+    assert response.json() == {"status": "ok"}
 
 
 @pytest.mark.parametrize(

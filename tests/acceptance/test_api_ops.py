@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -100,6 +101,14 @@ def test_metrics_count_runs_transitions_and_approvals(client: TestClient) -> Non
     assert _metric(text, "harness_hitl_oldest_wait_seconds") >= 0
     assert _metric(text, "harness_cancel_ratio") == 0.5
     assert _metric(text, "harness_trace_backlog") >= 0
+    deadline = time.monotonic() + 10  # the drives end a moment after their Runs park or close
+    while _metric(text, "harness_drives") and time.monotonic() < deadline:
+        time.sleep(0.05)
+        text = client.get("/metrics", headers=OPERATOR).text
+    assert _metric(text, "harness_drives") == 0 and _metric(text, "harness_drives_queued") == 0
+    for lane in ("local", "sandbox", "llm"):
+        assert _metric(text, f'harness_lane_calls_running{{lane="{lane}"}}') == 0
+        assert _metric(text, f'harness_lane_calls_queued{{lane="{lane}"}}') == 0
     assert (
         'harness_http_request_duration_seconds_count{method="POST",route="/api/v1/runs",status="202"}' in text
     )

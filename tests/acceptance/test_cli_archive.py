@@ -212,3 +212,21 @@ def test_the_api_refuses_a_tampered_segment_on_read_back(old_runs: tuple[str, li
                 assert "rows differ from its proven records" in body["detail"] and "'FAILED'" in body["detail"]
     finally:
         runtime.close()
+
+
+def test_erase_reports_the_space_it_overwrote(old_runs: tuple[str, list[str], Path]) -> None:
+    """erase --json on SQLite says it ran VACUUM and truncated the WAL; --no-vacuum leaves out the VACUUM;
+    both exit 0, and audit verify and reconcile still pass after the archive and the erasure."""
+    db, _ids, tmp = old_runs
+    assert cli("archive", *_args(db, tmp), "--older-than-days", "0", "--json").exit_code == 0
+    erased = cli("erase", "--user", "ana", "--tenant", "acme", "--db", db, "--json")
+    assert erased.exit_code == 0, erased.output
+    report = doc(erased)
+    assert report["archived_runs"] == 2 and report["space"] == ["VACUUM", "wal_checkpoint(TRUNCATE)"], report
+    again = cli("erase", "--user", "ana", "--tenant", "beta", "--db", db, "--no-vacuum")
+    assert again.exit_code == 0, again.output
+    assert "freed space: wal_checkpoint(TRUNCATE)" in again.stdout and "VACUUM" not in again.stdout
+    verify = cli("audit", "verify", "--db", db, "--checkpoint-dir", str(tmp / "cp"), "--json")
+    assert verify.exit_code == 0, verify.output
+    reconciled = cli("audit", "reconcile", "--db", db, "--json")
+    assert reconciled.exit_code == 0, reconciled.output

@@ -52,7 +52,7 @@ def seeded(server: str) -> Iterator[str]:
     store.close()
     done = httpx.post(f"{server}/api/v1/runs", json={"task": "Where is order A-1001?"},
                       headers={"X-API-Key": "demo-alice-key"}, params={"wait": "true"}, timeout=30).json()
-    assert done["state"] == "SUCCEEDED" and done["cost"]["usd"] > 0
+    assert done["state"] == "SUCCEEDED" and done["cost"]["usd"] == 0  # the offline scripted model costs nothing
     yield server
 
 

@@ -141,8 +141,9 @@ def test_a_plan_with_no_steps_and_no_answer_fails_naming_it(rounds_runtime: Runt
 
 def test_the_model_sees_filtered_results_and_later_rounds_read_earlier_outputs(
         rounds_runtime: Runtime, recording: Recording, call_log: Path) -> None:
-    """Round 2's plan comes from round 1's results, which reach the model with the secret a skill returned
-    filtered out; a later step reads an earlier round's output; the answer call is secret-filtered too."""
+    """Round 2's plan comes from round 1's results, which reach the model (and the Run's result) with the
+    secret a skill returned filtered out; a later step reads an earlier round's output; the answer call is
+    secret-filtered too."""
     done = rounds_runtime.runs.create_run({"task": "rounds hello", **TESTER})
     assert done.state == "SUCCEEDED", done.error
     assert done.answer == "round 1 said hello; round 2 saw hello and hello"
@@ -153,7 +154,7 @@ def test_the_model_sees_filtered_results_and_later_rounds_read_earlier_outputs(
     for request in (second_plan, answer):
         seen = request.system + "".join(m.content for m in request.messages)
         assert "hello" in seen and SECRET not in seen and "[REDACTED" in seen
-    assert done.artifacts["a"]["token"] == SECRET  # the recorded result keeps it; only the model is spared
+    assert done.artifacts["a"]["token"] == "[REDACTED:github_token]"  # filtered before it was recorded
     # what the model was sent is recorded (by hash, for replay) without the secret either
     rounds_runtime.store.drain_all()
     llm = [r.data() for r in rounds_runtime.store.trace_of(done.run_id) if r.kind == "llm"]

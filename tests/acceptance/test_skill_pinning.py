@@ -40,24 +40,32 @@ def support_copy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def test_a_skill_edited_while_its_approval_waits_is_refused_not_run(support_copy: Path, tmp_path: Path) -> None:
-    """An L3 refund parks; the skill's Python file is edited (the refund would pay 1.0); the lead approves:
-    the decision is recorded, the Run fails with manifest_changed, and no refund reaches the ledger."""
+    """An L3 refund parks; the skill's Python file is edited (the refund would pay 1.0); the lead approves
+    from a process that loaded the edited code: the approval is refused before it is recorded (exit 1,
+    naming refunds.issue as changed), the Run still waits with its request pending, and no refund reaches
+    the ledger. With the code as the Run pinned it, the same approval goes through and pays once."""
     parked = doc(harness("run", REFUND_L3, "--user", "alice", "--json"))
     assert parked["state"] == "AWAITING_HITL" and parked["approval_request_id"]
     code = support_copy / "skills" / "support_skills.py"
+    original = code.read_text()
     paid = '"amount": args["amount"],\n             "run_id"'
-    edited = code.read_text().replace(paid, paid.replace('args["amount"]', "1.0"))
-    assert edited != code.read_text()
+    edited = original.replace(paid, paid.replace('args["amount"]', "1.0"))
+    assert edited != original
     code.write_text(edited)
-    decided = doc(harness("approve", parked["approval_request_id"], "--as", "carol", "--reason", "ok", "--json"))
-    assert decided["accepted"] is True
-    run = decided["run"]
-    assert run["state"] == "CLOSED_FAILED" and "manifest_changed" in run["error"], run
+    refused = harness("approve", parked["approval_request_id"], "--as", "carol", "--reason", "ok", "--json")
+    assert refused.exit_code == 1, refused.output
+    changed = refused.stderr.split("changed since the Run started: ", 1)[1].split(")", 1)[0]
+    assert "refunds.issue" in changed.split(", "), refused.stderr  # every skill of the edited file, in fact
+    assert doc(harness("runs", "show", parked["run_id"], "--json"))["state"] == "AWAITING_HITL"
+    pending = doc(harness("approvals", "--json"))["pending"]
+    assert [p["request_id"] for p in pending] == [parked["approval_request_id"]]
     ledger = tmp_path / "ledger.jsonl"
     assert not ledger.exists() or "refund" not in ledger.read_text()
-    trace = doc(harness("trace", run["run_id"], "--json"))
-    tools = [r for r in trace["records"] if r["kind"] == "tool"]
-    assert [(t["status"], t["error_code"]) for t in tools] == [("refused", "manifest_changed")]
+
+    code.write_text(original)
+    decided = doc(harness("approve", parked["approval_request_id"], "--as", "carol", "--reason", "ok", "--json"))
+    assert decided["accepted"] is True and decided["run"]["state"] == "SUCCEEDED", decided["run"]
+    assert ledger.read_text().count('"kind": "refund"') == 1
 
 
 def test_an_unedited_skill_still_runs_after_approval_in_another_process(support_copy: Path, tmp_path: Path) -> None:

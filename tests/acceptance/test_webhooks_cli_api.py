@@ -52,6 +52,7 @@ def rt(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, call_log: Path) -> Itera
     (tmp_path / "identities.yaml").write_text(yaml.safe_dump(identities))
     (tmp_path / "webhooks.yaml").write_text(yaml.safe_dump({
         "callback_secrets": {"*": {"secret_env": "HARNESS_WEBHOOK_SECRET"}},
+        "internal_callbacks": {"t1": ["127.0.0.1"]},  # the loopback receiver of these tests
         "delivery": {"max_attempts": 2, "backoff_s": 0.3, "timeout_s": 2}}))
     runtime = build_runtime(Settings(
         db=str(tmp_path / "w.db"), skills_dirs=(FIXTURES / "skills",), policy_file=FIXTURES / "policy.yaml",
@@ -102,7 +103,7 @@ def test_dead_letters_through_the_cli_and_the_api(rt: Runtime, tmp_path: Path) -
             tess, olga, mallory = ({"X-API-Key": KEYS[w]} for w in ("t1/tess", "t1/olga", "t2/mallory"))
             page = client.get("/api/v1/webhooks/deliveries", params={"status": "dead"}, headers=tess).json()
             assert [d["delivery_id"] for d in page["deliveries"]] == [dead_id]
-            assert page["deliveries"][0]["last_error"] == "answered HTTP 500"
+            assert page["deliveries"][0]["last_error"] == "HTTP 5xx"
             assert client.get("/api/v1/webhooks/deliveries", headers=mallory).json()["deliveries"] == []
             assert client.post(f"/api/v1/webhooks/deliveries/{dead_id}/redeliver", headers=tess).status_code == 403
             assert client.post(f"/api/v1/webhooks/deliveries/{dead_id}/redeliver",
@@ -154,3 +155,17 @@ def test_harness_costs_and_the_cost_api(rt: Runtime, tmp_path: Path) -> None:
         assert client.get("/api/v1/costs", params={"group_by": "planet"}, headers=tess).status_code == 422
         assert client.get("/api/v1/costs", params={"group_by": "day", "from": "2999-01-01"},
                           headers=tess).json()["groups"] == []
+
+
+def test_the_api_refuses_a_callback_inside_the_network(rt: Runtime) -> None:
+    """A tenant without an allowance gets a 422 naming the opt-in for a callback to a loopback service
+    (Redis here), however spelled; the tenant allowed loopback receivers is accepted."""
+    with make_client(rt, webhook_interval_s=0) as client:
+        mallory, tess = {"X-API-Key": KEYS["t2/mallory"]}, {"X-API-Key": KEYS["t1/tess"]}
+        for url in ("http://localhost:6379/", "http://2130706433:5432/", "http://169.254.169.254/latest/"):
+            refused = client.post("/api/v1/runs", json={"task": "echo hi", "callback": url}, headers=mallory)
+            assert refused.status_code == 422, refused.text
+            assert "internal" in refused.text and "internal_callbacks" in refused.text
+        accepted = client.post("/api/v1/runs", json={"task": "echo hi", "callback": "http://127.0.0.1:9/x"},
+                               headers=tess)
+        assert accepted.status_code == 202, accepted.text

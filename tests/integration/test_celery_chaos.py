@@ -101,11 +101,14 @@ def _worker(environ: dict[str, str], name: str) -> subprocess.Popen[bytes]:
 #: Retried once rather than hidden; a second failure fails the suite.
 @pytest.mark.flaky(reruns=1)
 def test_chaos_every_run_ends_once_and_no_side_effect_repeats(env: dict[str, str], tmp_path: Path,
-                                                                call_log: Path, backend: str) -> None:
+                                                                call_log: Path, backend: str,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """SIGKILL, SIGSTOP past the lease, a broker restart and (on PostgreSQL) every database connection
     dropped: every Run final exactly once, audit clean, no non-idempotent call duplicated, and the
     stopped worker adds no side effect after it resumes."""
-    os.environ.update({k: v for k, v in env.items() if k.startswith("HARNESS_")})
+    for key, value in env.items():  # undone after the test: later tests in this process see their own
+        if key.startswith("HARNESS_"):
+            monkeypatch.setenv(key, value)
     from harness import celery_app
 
     app = celery_app.make_app(env["HARNESS_BROKER_URL"])

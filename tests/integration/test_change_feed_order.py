@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 import sqlalchemy as sa
 
+from harness.adapters.change_feed import LocalChangeFeed
 from harness.adapters.sql import schema as t
 from harness.adapters.sql.store import SqlStore
 from harness.clock import FakeClock
@@ -57,8 +58,8 @@ def test_a_change_that_commits_after_a_later_one_is_still_delivered(store: SqlSt
     start = read_model(store).latest_cursor()
 
     async def scenario() -> tuple[list[str], list[str]]:
-        collector = Collector(change_stream(ChangeHub(), read_model(store), "acme", run_id=None, cursor=start,
-                                            lifetime_s=30, poll_s=0.05, stop=lambda: False))
+        collector = Collector(change_stream(ChangeHub(LocalChangeFeed()), read_model(store), "acme", run_id=None,
+                                            cursor=start, lifetime_s=30, poll_s=0.05, stop=lambda: False))
         with store.engine.connect() as held:
             held.execute(t.transitions.insert().values(
                 run_id=slow.run_id, seq=1, from_state="CREATED", to_state="PREPARING", actor="test",
@@ -94,8 +95,8 @@ def test_a_rolled_back_change_id_holds_the_stream_only_for_the_grace(store: SqlS
         assert conn.execute(sa.select(sa.func.max(t.transitions.c.id))).scalar_one() > start + 1  # a hole
 
     async def scenario() -> list[str]:
-        collector = Collector(change_stream(ChangeHub(), read_model(store), "acme", run_id=None, cursor=start,
-                                            lifetime_s=30, poll_s=0.05, stop=lambda: False))
+        collector = Collector(change_stream(ChangeHub(LocalChangeFeed()), read_model(store), "acme", run_id=None,
+                                            cursor=start, lifetime_s=30, poll_s=0.05, stop=lambda: False))
         await asyncio.sleep(1.2)
         await collector.stop()
         return collector.frames

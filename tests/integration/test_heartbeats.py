@@ -8,7 +8,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -23,6 +23,8 @@ from harness.domain.leases import Lease
 from harness.domain.records import NewRun
 from harness.kernel import RunState
 from harness.leased_drive import Fence, Heartbeats
+from harness.pipeline import waits
+from harness.pipeline.waits import Lane
 from harness.state_machine import StateMachine
 from harness.worker import RunWorker
 from tests.integration.test_child_runs import eventually
@@ -84,11 +86,11 @@ class _Stuck(Leases):
         self.go = threading.Event()
         self.tries: dict[str, int] = {}
 
-    def heartbeat(self, lease: Lease) -> Lease | None:
+    def heartbeat(self, lease: Lease, *, waiting: bool = False) -> Lease | None:
         self.tries[lease.run_id] = self.tries.get(lease.run_id, 0) + 1
         if lease.run_id == self.stuck_run:
             self.go.wait(30)
-        return super().heartbeat(lease)
+        return super().heartbeat(lease, waiting=waiting)
 
 
 def test_a_renewal_that_waits_holds_up_no_other_run(store: SqlStore, clock: FakeClock) -> None:
@@ -212,3 +214,67 @@ def test_a_drive_of_a_final_run_answers_its_result_and_of_an_unknown_one_names_i
             RunWorker(rt, owner="w2").execute("no-such-run")
     finally:
         rt.close()
+
+
+def _waiting(store: SqlStore, run_id: str) -> int:
+    with store.engine.connect() as conn:
+        return int(conn.execute(sa.select(t.runs.c.lease_waiting).where(t.runs.c.run_id == run_id)).scalar_one())
+
+
+def _stalls_after_takeover(store: SqlStore, clock: FakeClock, leases: Leases, run_id: str) -> int:
+    """The stall count a new worker finds when it takes over the Run's lapsed lease (its holder died)."""
+    clock.advance(1000)
+    lease = leases.acquire(run_id, "successor")
+    assert lease is not None
+    return lease.stalls
+
+
+def test_a_death_while_the_drive_waits_outside_the_process_counts_no_stall(store: SqlStore,
+                                                                           clock: FakeClock) -> None:
+    """A drive switched out on a wait outside the process (a model's answer) has its row marked soon after
+    it switches out, and clears the mark before it runs on; a takeover of a lease marked so counts no
+    stall, one taken while the drive worked (or waited on its own process's code) counts one."""
+    from harness.pipeline.drive_loop import DriveLoop
+
+    leases = Leases(store, ttl_s=30)
+    heartbeats = Heartbeats()
+    loop = DriveLoop(concurrency=10, name="stalls")
+    loop.start()
+    local = Lane("local", 1, in_process=True)
+    try:
+        def drive(fence: Fence, wait: Callable[[], None], seen: list[int]) -> None:
+            beat = heartbeats.hold(fence)
+            with waits.watched(lambda out: heartbeats.switched(beat, out)):
+                wait()
+                seen.append(_waiting(store, fence.lease.run_id))  # as the drive runs on
+            heartbeats.stop(beat)  # the process "dies" here: the lease is never released
+
+        outside, inside, working = (_held(store, leases, f"w{i}") for i in range(3))
+        seen: dict[str, list[int]] = {"outside": [], "inside": []}
+        during: list[int] = []
+
+        def model_call() -> None:
+            waits.sleep(0.6)
+
+        def look() -> None:  # while the drive waits outside, its row says so
+            time.sleep(0.4)
+            during.append(_waiting(store, outside.lease.run_id))
+
+        watcher = threading.Thread(target=look)
+        watcher.start()
+        loop.submit(lambda: drive(outside, model_call, seen["outside"])).result(10)
+        watcher.join()
+        loop.submit(lambda: drive(inside, lambda: local.run(lambda: time.sleep(0.6), timeout=5),
+                                  seen["inside"])).result(10)
+        assert during == [1], "the row did not say the drive waited on its model call"
+        assert seen == {"outside": [0], "inside": [0]}, "the mark outlived the wait, or a local skill set it"
+        # deaths: the first while its drive waited on the model (marked again by hand, as a renewal would
+        # leave it), the other two while their drives worked
+        leases.heartbeat(outside.lease, waiting=True)
+        assert _stalls_after_takeover(store, clock, leases, outside.lease.run_id) == 0
+        assert _stalls_after_takeover(store, clock, leases, inside.lease.run_id) == 1
+        assert _stalls_after_takeover(store, clock, leases, working.lease.run_id) == 1
+        assert _waiting(store, outside.lease.run_id) == 0  # a takeover starts the new lease unmarked
+    finally:
+        local.close()
+        loop.stop(5.0)

@@ -68,7 +68,8 @@ def _racer(db: str, tmp: str, log: str, action: str, args: list[Any], start: Any
                                 "state": result.state})
             elif action == "cancel":
                 result = rt.runs.cancel(arg, by="t1/op")
-                answers.append({"cancelled": True, "state": result.state, "run_id": arg})
+                answers.append({"cancelled": True, "state": result.state, "run_id": arg,
+                                "effects": [e["step_id"] for e in result.effects]})
             elif action == "orphan_sweep":  # what Celery beat's orphan sweep and a worker do, for `arg` seconds
                 import time
 
@@ -171,7 +172,8 @@ def test_a_cancel_racing_an_approval_takes_effect_or_says_it_lost(rt: Runtime, t
                                                                   call_log: Path) -> None:
     """A cancel racing the approval (and the drive it starts) of parked Runs either ends the Run
     CLOSED_CANCELLED or is refused naming the state it lost to; a refused cancel's Run ran its step once,
-    and a Run cancelled while it still waited ran nothing."""
+    a Run cancelled while it still waited ran nothing, and a cancel's answer lists exactly the calls with
+    side effects that had started before it took effect."""
     users = [{**TESS, "user_id": f"tess{i}"} for i in range(8)]  # at most 3 waiting requests per requester
     parked = [rt.runs.create_run({"task": f"update T-{i}", **user}) for i, user in enumerate(users)]
     answers = race(rt, tmp_path, call_log, [
@@ -184,6 +186,7 @@ def test_a_cancel_racing_an_approval_takes_effect_or_says_it_lost(rt: Runtime, t
         if answer["cancelled"]:
             assert answer["state"] == final == "CLOSED_CANCELLED"
             assert ran[answer["run_id"]] <= 1  # a call in flight when the cancel committed finished, no more
+            assert answer["effects"] == ["a"] * ran[answer["run_id"]], answer  # and the answer says so
         else:
             assert final != "CLOSED_CANCELLED" and answer["state"] in ("TRACING", "SUCCEEDED"), answer
             assert final == "SUCCEEDED" and ran[answer["run_id"]] == 1

@@ -92,12 +92,12 @@ def notes_url() -> Iterator[str]:
 
 def write_mcp_file(folder: Path, repo: Path | None, notes_url: str) -> Path:
     """The MCP config of these tests: git over stdio (unless `repo` is None), notes over HTTP (slow: 0.5 s,
-    its breaker opens at the first failure)."""
+    its breaker opens at the first failure); both trusted, so their annotations decide their tools' risk."""
     path = folder / "mcp.yaml"
     servers: dict[str, object] = {} if repo is None else {
-        "git": {"command": [sys.executable, "-m", "mcp_server_git", "--repository", str(repo)]}}
+        "git": {"command": [sys.executable, "-m", "mcp_server_git", "--repository", str(repo)], "trusted": True}}
     servers["notes"] = {
-        "url": notes_url, "include": ["notes_read", "notes_add", "slow"], "price_per_call_usd": 0.001,
+        "url": notes_url, "trusted": True, "include": ["notes_read", "notes_add", "slow"], "price_per_call_usd": 0.001,
         "tools": {"slow": {"timeout_s": 0.5, "breaker": {"failure_threshold": 1, "reset_timeout_s": 600}}}}
     path.write_text(json.dumps({"servers": servers}))
     return path

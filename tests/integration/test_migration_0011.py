@@ -23,7 +23,8 @@ from .test_migration_0006 import _to, _version
 
 BEFORE = "0009_approval_uniqueness"
 #: the columns runs had at 0008, in order
-COLUMNS_0008 = [c.name for c in t.runs.columns if c.name != "request_hash"]
+COLUMNS_0008 = [c.name for c in t.runs.columns  # added by 0011, 0017, 0020
+                if c.name not in ("request_hash", "start_by", "lease_waiting")]
 
 
 def _create_directly(engine: sa.Engine, count: int) -> None:

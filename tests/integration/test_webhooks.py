@@ -79,8 +79,8 @@ def test_an_approval_and_its_run_are_pushed_at_every_step(rt: Runtime) -> None:
 
 
 def test_every_ending_pushes_its_result_whoever_closes_the_run(rt: Runtime, clock: FakeClock) -> None:
-    """A reject, a cancel, an approval timeout and a sweeper's close each push the final result, not only
-    a drive; a Run with no callback pushes nothing to a caller."""
+    """A reject, a cancel, an approval timeout and a sweeper's close (a queued Run past its start deadline)
+    each push the final result, not only a drive; a Run with no callback pushes nothing to a caller."""
     rejected = rt.runs.create_run({"task": "purge cache", **TESS})
     rt.runs.decide(rejected.approval_request_id or "", LEE, "reject", reason="not now")
     cancelled = rt.runs.create_run({"task": "update T-5", **TESS})
@@ -88,9 +88,11 @@ def test_every_ending_pushes_its_result_whoever_closes_the_run(rt: Runtime, cloc
     timed_out = rt.runs.create_run({"task": "update T-6", **TESS})
     clock.advance(3601)
     rt.runs.expire_approvals()
-    stuck, _ = rt.store.create_run(NewRun("t1", "tess", "s", {"task": "echo x", **TESS}))
+    # a queued Run is never failed for waiting: the sweeper closes it only past its start deadline
+    stuck, _ = rt.store.create_run(NewRun("t1", "tess", "s", {"task": "echo x", **TESS},
+                                          start_by=clock.now() + 60))
     clock.advance(10_000)
-    assert stuck.run_id in ZombieSweeper(rt.store, rt.machine).sweep_once().recovered
+    assert stuck.run_id in ZombieSweeper(rt.store, rt.machine).sweep_once().not_started
     silent = rt.runs.create_run({"task": "echo quiet", "tenant_id": "t1", "user_id": "tess", "roles": ["tester"]})
     finals = {run_id: payloads(rt, run_id, "run.finished") for run_id in
               (rejected.run_id, cancelled.run_id, timed_out.run_id, stuck.run_id)}
@@ -191,7 +193,7 @@ def test_a_delivery_is_dead_after_its_attempts_and_can_be_redelivered(rt: Runtim
                 clock.advance(200)
             dead = rt.webhook_outbox.list(status="dead")
             assert [d.run_id for d in dead] == [result.run_id] and dead[0].attempts == 4
-            assert dead[0].last_error == "answered HTTP 500" and dead[0].last_status == 500
+            assert dead[0].last_error == "HTTP 5xx" and dead[0].last_status == 500
             assert dispatcher.deliver_once().attempted == 0
             receiver.mode = "ok"
             again = rt.webhook_outbox.redeliver(dead[0].delivery_id, tenant_id="t2", actor="x")

@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import base64
 import copy
+import json
 import multiprocessing as mp
 import os
+import shutil
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -30,7 +33,7 @@ from harness.clock import FakeClock
 
 from . import witness_child
 from .test_checkpoint_export import key_of
-from .test_checkpoint_trust import rewrite, runs_with_steps, step_seq
+from .test_checkpoint_trust import audit, rewrite, runs_with_steps, step_seq
 
 TOKEN = "witness-test-token"
 
@@ -171,3 +174,80 @@ def test_publishers_racing_leave_the_witness_one_consistent_history(backend_url:
         assert verify_chain(SqlAuditReads(store), witnesses=[DirectoryWitness(tmp_path / "witness")]).ok
     finally:
         store.close()
+
+
+def _grow(db: Path, runs: int) -> None:
+    store = SqlStore.open(str(db), FakeClock())
+    try:
+        runs_with_steps(store, runs)
+    finally:
+        store.close()
+
+
+def _copy_db(source: Path, target: Path) -> None:
+    """A consistent copy of a SQLite database (as a backup, a snapshot or a forked copy is)."""
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{target}{suffix}").unlink(missing_ok=True)
+    with sqlite3.connect(source) as src, sqlite3.connect(target) as dst:
+        src.backup(dst)
+    dst.close()
+    src.close()
+
+
+def _checkpoint(db: Path, cpdir: Path, url: str) -> Any:
+    return audit("checkpoint", "--db", str(db), "--dir", str(cpdir), "--witness", url, "--json")
+
+
+def _verify_kinds(db: Path, cpdir: Path, url: str) -> tuple[int, list[str], str]:
+    result = audit("verify", "--db", str(db), "--checkpoint-dir", str(cpdir), "--witness", url, "--json")
+    problems = json.loads(result.stdout)["problems"]
+    return result.exit_code, [p["kind"] for p in problems], " ".join(p["detail"] for p in problems)
+
+
+def test_a_forked_copy_that_published_first_is_reported_as_a_fork(tmp_path: Path, witness_url: str,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A copy of the database grows further and publishes first: the original's next checkpoint is not
+    called kept (its history is no prefix of the witness's), the fork is named and the command exits 1;
+    verify against the witness names a fork, not deleted records."""
+    monkeypatch.setenv("HARNESS_WITNESS_TOKEN", TOKEN)
+    original, copy_, here, there = tmp_path / "a.db", tmp_path / "b.db", tmp_path / "cps-a", tmp_path / "cps-b"
+    _grow(original, 1)
+    assert _checkpoint(original, here, witness_url).exit_code == 0
+    _copy_db(original, copy_)
+    shutil.copytree(here, there)
+    _grow(copy_, 2)
+    published = _checkpoint(copy_, there, witness_url)
+    assert published.exit_code == 0 and json.loads(published.stdout)["witnesses"][0]["ok"], published.output
+    _grow(original, 1)
+    refused = _checkpoint(original, here, witness_url)
+    assert refused.exit_code == 1, refused.output
+    assert "fork" in refused.output and '"ok": true' not in refused.output, refused.output
+    code, kinds, details = _verify_kinds(original, here, witness_url)
+    assert code == 1 and "forked" in kinds and "deleted" not in kinds, (kinds, details)
+
+
+def test_a_restored_snapshot_is_reported_as_a_rollback(tmp_path: Path, witness_url: str,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """The database and its checkpoint folder restored from a snapshot older than what the witness keeps:
+    the next checkpoint is refused as a rollback (exit 1); once the restored database has gone on with
+    other records, as a fork."""
+    monkeypatch.setenv("HARNESS_WITNESS_TOKEN", TOKEN)
+    db, cpdir, snapshot, snapshot_dir = tmp_path / "a.db", tmp_path / "cps", tmp_path / "snap.db", tmp_path / "snap"
+    _grow(db, 2)
+    assert _checkpoint(db, cpdir, witness_url).exit_code == 0
+    _copy_db(db, snapshot)
+    shutil.copytree(cpdir, snapshot_dir)
+    _grow(db, 2)
+    assert _checkpoint(db, cpdir, witness_url).exit_code == 0
+    _copy_db(snapshot, db)
+    shutil.rmtree(cpdir)
+    shutil.copytree(snapshot_dir, cpdir)
+    rolled_back = _checkpoint(db, cpdir, witness_url)
+    assert rolled_back.exit_code == 1 and "rolled back" in rolled_back.output, rolled_back.output
+    code, kinds, _ = _verify_kinds(db, cpdir, witness_url)
+    assert code == 1 and kinds == ["deleted"], kinds
+    _grow(db, 1)
+    forked = _checkpoint(db, cpdir, witness_url)
+    assert forked.exit_code == 1 and "fork" in forked.output, forked.output
+    code, kinds, _ = _verify_kinds(db, cpdir, witness_url)
+    assert code == 1 and "forked" in kinds, kinds

@@ -10,6 +10,7 @@ process would have died, leaving the Run where it was), then replays it from the
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import json
 import os
 import threading
@@ -129,10 +130,19 @@ def swept_from(state: RunState, task: str = "echo hi") -> Scenario:
     return make
 
 
-def swept_created(rt: Runtime, clock: FakeClock) -> str:
-    run = rt.runs.submit({"task": "echo hi", **TESS})[0]
-    sweep(rt, clock)
-    return run.run_id
+def not_started(by_driver: bool) -> Scenario:
+    """A queued Run whose start deadline passed before anyone started it: closed by the sweeper, or by the
+    driver that reached it late (a queued Run is never swept as a zombie)."""
+    def make(rt: Runtime, clock: FakeClock) -> str:
+        start_by = dt.datetime.fromtimestamp(clock.now() + 60, dt.UTC).isoformat()
+        run = rt.runs.submit({"task": "echo hi", "start_by": start_by, **TESS})[0]
+        clock.advance(700)
+        if by_driver:
+            rt.runs.drive(run.run_id)
+        else:
+            assert ZombieSweeper(rt.store, rt.machine).sweep_once().not_started == [run.run_id]
+        return run.run_id
+    return make
 
 
 def driven_dying_in(rt: Runtime, task: str, step_id: str) -> str:
@@ -229,7 +239,8 @@ SCENARIOS: dict[str, tuple[Scenario, str]] = {
     "cancelled in AWAITING_HITL": (cancelled_waiting, "CLOSED_CANCELLED"),
     "cancelled entering EXECUTING": (cancelled_in(S.EXECUTING, "fail"), "CLOSED_CANCELLED"),
     "cancelled during a call": (cancelled_during_a_call, "CLOSED_CANCELLED"),
-    "swept from CREATED": (swept_created, "CLOSED_FAILED"),
+    "not started by its deadline, closed by the sweeper": (not_started(by_driver=False), "CLOSED_FAILED"),
+    "not started by its deadline, refused by the driver": (not_started(by_driver=True), "CLOSED_FAILED"),
     "swept from PREPARING": (swept_from(S.PREPARING), "CLOSED_FAILED"),
     "swept from PLANNING": (swept_from(S.PLANNING), "CLOSED_FAILED"),
     "swept from POLICY_CHECK": (swept_from(S.POLICY_CHECK), "CLOSED_FAILED"),

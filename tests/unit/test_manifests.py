@@ -13,7 +13,7 @@ import yaml
 from harness.clock import FakeClock
 from harness.config import Settings, build_runtime
 from harness.domain.contracts import CallerIdentity
-from harness.domain.errors import ManifestError
+from harness.domain.errors import ManifestError, SkillsUnavailableError
 from harness.skills import SkillRegistry, load_manifest
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -175,8 +175,10 @@ def test_the_hash_is_pinned_at_start_and_recorded(tmp_path: Path, clock: FakeClo
 
 
 def test_an_upgrade_mid_run_is_refused(tmp_path: Path, clock: FakeClock, call_log: Path) -> None:
-    """A Run that started under one manifest version refuses to run the skill after an upgrade: the step
-    is refused with manifest_changed, the Run fails, and the upgraded skill never runs."""
+    """A Run that started under one manifest version refuses to run the skill after an upgrade: an approval
+    the upgraded process would drive is refused before it is recorded (naming the skill, the request still
+    pending); one recorded without driving and then driven there has its step refused with
+    manifest_changed, the Run fails, and the upgraded skill never runs."""
     skills = skills_copy(tmp_path)
     first = build_runtime(settings(tmp_path, skills), clock=clock)
     try:
@@ -188,7 +190,14 @@ def test_an_upgrade_mid_run_is_refused(tmp_path: Path, clock: FakeClock, call_lo
     manifest.write_text(manifest.read_text().replace("version: 1.0.0", "version: 1.1.0"))
     upgraded = build_runtime(settings(tmp_path, skills), clock=clock)
     try:
-        _, done = upgraded.runs.decide(parked.approval_request_id or "", CallerIdentity(**TESTER), "approve")
+        request_id = parked.approval_request_id or ""
+        with pytest.raises(SkillsUnavailableError, match=r"changed since the Run started: test\.update\)"):
+            upgraded.runs.decide(request_id, CallerIdentity(**TESTER), "approve")
+        assert upgraded.hitl.get(request_id).status == "pending"
+        assert upgraded.store.get_run(parked.run_id).state.value == "AWAITING_HITL"
+        verdict, _ = upgraded.runs.decide(request_id, CallerIdentity(**TESTER), "approve", resume=False)
+        assert verdict.accepted
+        done = upgraded.runs.drive(parked.run_id)
         assert done.state == "CLOSED_FAILED" and "manifest_changed" in (done.error or "")
         upgraded.store.drain_all()
         tools = [r.data() for r in upgraded.store.trace_of(parked.run_id) if r.kind == "tool"]

@@ -19,18 +19,32 @@ from harness.policy.risk import Risk, level_for
 def test_a_tool_without_annotations_or_config_is_a_non_idempotent_write() -> None:
     """Nothing said about a tool never makes it L1: it is a write that needs approval and is not retried."""
     for hints in (None, ToolAnnotations(title="only a title")):
-        risk, idempotent, source = risk_for(hints, None)
+        risk, idempotent, source = risk_for(hints, None, trusted=True)
         assert (risk.access, level_for(risk), idempotent, source) == ("write", "L2", False, "default")
 
 
+def test_an_untrusted_servers_annotations_never_lower_the_risk() -> None:
+    """On a server not marked trusted, readOnlyHint / idempotentHint / destructiveHint=false are not believed: the
+    tool is a non-idempotent write (L2); the hints that raise its risk are kept (openWorldHint: production, L4)."""
+    claims = ToolAnnotations(read_only_hint=True, destructive_hint=False, idempotent_hint=True, open_world_hint=False)
+    risk, idempotent, source = risk_for(claims, None, trusted=False)
+    assert (risk.access, level_for(risk), idempotent, source) == ("write", "L2", False, "untrusted")
+    world, _, _ = risk_for(ToolAnnotations(read_only_hint=True, open_world_hint=True), None, trusted=False)
+    assert (world.space, level_for(world)) == ("production", "L4")
+    rated, idempotent, source = risk_for(claims, ToolConfig(idempotent=True), trusted=False)
+    assert (level_for(rated), idempotent, source) == ("L2", True, "untrusted")
+
+
 def test_annotations_decide_the_risk_when_the_config_is_silent() -> None:
-    """readOnlyHint reads at L1; a write reaching the open world is a production write; idempotentHint is kept."""
-    read, idem, _ = risk_for(ToolAnnotations(read_only_hint=True), None)
+    """On a trusted server, readOnlyHint reads at L1; a write reaching the open world is a production write;
+    idempotentHint is kept."""
+    read, idem, _ = risk_for(ToolAnnotations(read_only_hint=True), None, trusted=True)
     assert (level_for(read), idem) == ("L1", True)
     local, idem, _ = risk_for(ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=True,
-                                              open_world_hint=False), None)
+                                              open_world_hint=False), None, trusted=True)
     assert (local.space, local.impact, level_for(local), idem) == ("project", "medium", "L2", True)
-    world, idem, source = risk_for(ToolAnnotations(read_only_hint=False, open_world_hint=True), None)
+    world, idem, source = risk_for(ToolAnnotations(read_only_hint=False, open_world_hint=True), None,
+                                       trusted=True)
     assert (world.space, world.impact, level_for(world), idem, source) == ("production", "high", "L4", False,
                                                                            "annotations")
 
@@ -39,9 +53,9 @@ def test_the_config_overrides_the_annotations() -> None:
     """A deployment may rate a tool otherwise than its server does; a write it rates is not idempotent unless
     it says so."""
     config = ToolConfig(risk=Risk(access="write", space="production", impact="high"))
-    risk, idempotent, source = risk_for(ToolAnnotations(read_only_hint=True), config)
+    risk, idempotent, source = risk_for(ToolAnnotations(read_only_hint=True), config, trusted=False)
     assert (level_for(risk), idempotent, source) == ("L4", False, "config")
-    risk, idempotent, _ = risk_for(None, ToolConfig(risk=Risk(access="read"), idempotent=True))
+    risk, idempotent, _ = risk_for(None, ToolConfig(risk=Risk(access="read"), idempotent=True), trusted=False)
     assert (level_for(risk), idempotent) == ("L1", True)
 
 
@@ -59,6 +73,8 @@ def test_tool_names_become_skill_ids() -> None:
     ("servers: {git: {url: 'ftp://x'}}", "servers.git.url"),
     ("servers: {git: {command: [x], tools: {t: {risk: {access: maybe}}}}}", "servers.git.tools.t.risk.access"),
     ("servers: {git: {command: [x], colour: red}}", "servers.git.colour"),
+    ("servers: {git: {command: [x], trusted: perhaps}}", "servers.git.trusted"),
+    ("untrusted_tools: ignore\nservers: {}", "untrusted_tools"),
 ])
 def test_a_broken_mcp_file_names_the_field(tmp_path: Path, text: str, named: str) -> None:
     """Each mistake in the MCP config file is refused with the file and the field named."""

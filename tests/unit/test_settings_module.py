@@ -5,9 +5,12 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 import harness
 import harness.config
 import harness.settings
+from harness.settings import Settings
 
 
 def test_settings_are_one_class_wherever_they_are_imported_from() -> None:
@@ -25,3 +28,18 @@ def test_reading_settings_loads_no_adapter() -> None:
     done = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True,
                           timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_drives_run_on_one_thread_on_sqlite_and_four_on_a_database_server(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server's round trip holds a drive loop's thread, so a server database gets four loops; SQLite
+    has no round trip and one. HARNESS_DRIVE_THREADS sets it; the Runs in flight stay HARNESS_DRIVE_CONCURRENCY."""
+    for key in ("HARNESS_DB", "HARNESS_DRIVE_THREADS", "HARNESS_DRIVE_CONCURRENCY", "HARNESS_CONFIG_FILE"):
+        monkeypatch.delenv(key, raising=False)
+    assert Settings.from_env().drive_loop_threads() == 1
+    for db, threads in (("/tmp/x.db", 1), ("sqlite:////tmp/x.db", 1), ("postgresql+psycopg://u@h/db", 4),
+                        ("mysql+pymysql://u@h/db", 4)):
+        assert Settings.from_env(db=db).drive_loop_threads() == threads, db
+    monkeypatch.setenv("HARNESS_DRIVE_THREADS", "2")
+    monkeypatch.setenv("HARNESS_DRIVE_CONCURRENCY", "300")
+    tuned = Settings.from_env(db="postgresql+psycopg://u@h/db")
+    assert (tuned.drive_loop_threads(), tuned.drive_concurrency) == (2, 300)

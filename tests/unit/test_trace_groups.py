@@ -17,7 +17,8 @@ def _rec(kind: str, **data: Any) -> dict[str, Any]:
 
 def test_every_record_is_in_one_group_and_steps_follow_the_runs_order() -> None:
     """Transitions, audit events and kinds of no step get groups of their own after the steps; the
-    approval (step 7 as recorded) is numbered 6, before the tools it approves (recorded 6, numbered 7)."""
+    approval (step 7 as recorded) comes before the tools it approves (recorded 6), and the steps shown are
+    numbered 1, 2, 3, … in that order (this trace has no record of loading skills)."""
     records = [_rec("transition"), _rec("step", step=1), _rec("context"), _rec("step", step=2),
                _rec("llm", purpose="plan"), _rec("cost", source="llm:x:plan"), _rec("step", step=4),
                _rec("policy"), _rec("step", step=5), _rec("hitl"), _rec("hitl_request"), _rec("hitl_decision"),
@@ -26,8 +27,8 @@ def test_every_record_is_in_one_group_and_steps_follow_the_runs_order() -> None:
     groups = group_records(records, lambda r: (r["kind"], r))
     assert sum(len(g.records) for g in groups) == len(records)
     assert [(g.number, g.label) for g in groups] == [
-        (1, "Create run"), (2, "Assemble context"), (4, "Plan"), (5, "Policy"), (6, "Human approval"),
-        (7, "Tools"), (8, "Trace"), (None, "State changes"), (None, "Audit events"), (None, "something_new records")]
+        (1, "Create run"), (2, "Assemble context"), (3, "Plan"), (4, "Policy"), (5, "Human approval"),
+        (6, "Tools"), (7, "Trace"), (None, "State changes"), (None, "Audit events"), (None, "something_new records")]
     assert [r["kind"] for r in groups[4].records] == ["hitl", "hitl_request", "hitl_decision", "step"]
 
 

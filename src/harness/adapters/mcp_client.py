@@ -25,6 +25,7 @@ from mcp import Client, StdioServerParameters
 from mcp.client.stdio import stdio_client
 from mcp.shared.exceptions import MCPError
 
+from harness.pipeline import waits
 from harness.ports.mcp import Listing, McpError, Target
 
 __all__ = ["Listing", "McpClient", "McpConnection", "McpError", "McpLoop", "Target"]
@@ -47,11 +48,13 @@ class McpLoop:
                 self._loop = loop
             return self._loop
 
-    def run(self, coro: Coroutine[Any, Any, Any], timeout: float) -> Any:
-        """Run `coro` on the loop and wait at most `timeout` seconds (then cancel it: TimeoutError)."""
+    def run(self, coro: Coroutine[Any, Any, Any], timeout: float, *, switch_out: bool = False) -> Any:
+        """Run `coro` on the loop and wait at most `timeout` seconds (then cancel it: TimeoutError).
+        `switch_out`: a drive on a drive loop switches out meanwhile — only for a caller that holds no
+        lock (another drive on the same thread would block on it for ever)."""
         future = asyncio.run_coroutine_threadsafe(coro, self.loop())
         try:
-            return future.result(timeout=timeout)
+            return waits.result(future, timeout) if switch_out else future.result(timeout)
         except concurrent.futures.TimeoutError:
             future.cancel()
             raise TimeoutError(f"no answer within {timeout:.3g}s") from None
@@ -237,7 +240,7 @@ class McpConnection:
     def _request(self, coro: Coroutine[Any, Any, Any], timeout: float, what: str) -> Any:
         name = self.target.name
         try:
-            return self._loop.run(coro, timeout)
+            return self._loop.run(coro, timeout, switch_out=True)  # no lock is held here
         except TimeoutError as exc:
             self._broken = f"a request timed out ({what})"
             raise McpError(f"MCP server {name!r}: {what} got no answer within {timeout:.3g}s", "timeout") from exc

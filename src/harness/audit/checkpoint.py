@@ -25,11 +25,12 @@ import base64
 import hashlib
 import os
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
@@ -53,21 +54,24 @@ from harness.audit.keys import (
     KEY_ENV,
     LEGACY_KEY_FILE,
     CheckpointError,
+    KeySigner,
     create_private_key,
     default_key_path,
     read_private_key,
     signing_key,
 )
+from harness.audit.places import DEFAULT_DIR, DIR_ENV, checkpoint_dir
 from harness.audit.witness import Witness, WitnessError, WitnessRefusedError
+from harness.audit.witness_history import HistoryDivergedError, prove_prefix
 from harness.domain.audit import PrunedRecord
 from harness.domain.chain import GENESIS_HASH, record_bytes
 from harness.domain.errors import StoreError
 from harness.ports.audit import ChainReads
+from harness.ports.signer import Signer
 
-__all__ = ["KEY_ENV", "KEY_FILE", "CheckpointError", "json_dumps", "json_load"]
+__all__ = ["DEFAULT_DIR", "DIR_ENV", "KEY_ENV", "KEY_FILE", "CheckpointError", "checkpoint_dir", "json_dumps",
+           "json_load"]
 
-DEFAULT_DIR = "harness-checkpoints"
-DIR_ENV = "HARNESS_CHECKPOINT_DIR"
 KEY_FILE = LEGACY_KEY_FILE
 PUBLIC_KEYS_DIR = "public-keys"
 #: a checkpoint signs the leaf prefixes of at most this many new records (8 bytes each); a first checkpoint
@@ -115,15 +119,6 @@ class Checkpoint:
         fields = ("tree_size", "root_hash", "chain_head_hash", "timestamp", "key_id")
         return {"file": self.path.name, "serial": self.serial, "database_id": self.database_id,
                 **{f: self.doc[f] for f in fields}}
-
-
-def checkpoint_dir(option: str | Path | None = None, database_id: str | None = None) -> Path:
-    """The checkpoint directory: the option, HARNESS_CHECKPOINT_DIR, else ./harness-checkpoints/<database
-    id> (./harness-checkpoints itself when no database is named: the layout of earlier versions)."""
-    chosen = option or os.environ.get(DIR_ENV)
-    if chosen:
-        return Path(chosen).expanduser()
-    return Path(DEFAULT_DIR) / database_id if database_id else Path(DEFAULT_DIR)
 
 
 def public_key(directory: Path) -> Ed25519PublicKey:
@@ -262,18 +257,19 @@ def _leaves(tree: merkle.MerkleTree, start: int) -> dict[str, Any] | None:
     return {"start": start, "prefix_bytes": LEAF_PREFIX_BYTES, "prefixes": base64.b64encode(prefixes).decode()}
 
 
-def _check_witnesses(witnesses: Sequence[Witness], database_id: str, tree: merkle.MerkleTree) -> None:
-    """Refuse to sign a chain whose history no longer matches what a witness keeps."""
+def _check_witnesses(witnesses: Sequence[Witness], database_id: str, tree: merkle.MerkleTree,
+                     grow: Callable[[], merkle.MerkleTree]) -> merkle.MerkleTree:
+    """Refuse to sign a chain whose history is no prefix of what a witness keeps (rewritten, forked or
+    rolled back); the tree to sign, grown to the witness's size when a replica published a bigger one."""
     for witness in witnesses:
         try:
-            latest = witness.latest(database_id)
+            tree = prove_prefix(witness, database_id, tree, grow)
+        except HistoryDivergedError as exc:
+            raise TamperedHistoryError(f"the history parted from the one witness {witness.name} keeps "
+                                       f"({exc.kind}): {exc}") from None
         except WitnessError:
             continue  # unreachable now: the checkpoint is offered to it again next time
-        if latest is None or int(latest["tree_size"]) > tree.size:
-            continue
-        if tree.root(int(latest["tree_size"])).hex() != latest["root_hash"]:
-            raise TamperedHistoryError(f"the first {latest['tree_size']} records differ from the checkpoint "
-                                       f"witness {witness.name} keeps: the history was rewritten")
+    return tree
 
 
 #: how often a publisher offers again after a witness answered that another publisher was first (stale)
@@ -281,17 +277,20 @@ _STALE_RETRIES = 5
 
 
 def _offer(witness: Witness, database_id: str, tree: merkle.MerkleTree, checkpoints: list[Checkpoint],
-           signer: Ed25519PublicKey) -> str | None:
+           signer: Ed25519PublicKey, grow: Callable[[], merkle.MerkleTree]) -> str | None:
     """Give the witness every checkpoint of this database it does not hold yet, oldest first (only the
     newest to a witness that holds none), each with a consistency proof from its newest one; None when
-    it kept them, else why not. Publishers racing each other are told "stale" and offer again."""
+    it kept them, or holds a tree head proven to extend them, else why not. Publishers racing each other
+    are told "stale" and offer again."""
     for attempt in range(_STALE_RETRIES + 1):
         try:
-            _offer_once(witness, database_id, tree, checkpoints, signer)
+            _offer_once(witness, database_id, tree, checkpoints, signer, grow)
         except WitnessRefusedError as exc:
             if exc.status == 409 and "stale" in str(exc) and attempt < _STALE_RETRIES:
                 continue
             return f"refused: {exc}"
+        except HistoryDivergedError as exc:
+            return f"{exc.kind}: {exc}"
         except WitnessError as exc:
             return str(exc)
         return None
@@ -299,11 +298,13 @@ def _offer(witness: Witness, database_id: str, tree: merkle.MerkleTree, checkpoi
 
 
 def _offer_once(witness: Witness, database_id: str, tree: merkle.MerkleTree, checkpoints: list[Checkpoint],
-                signer: Ed25519PublicKey) -> None:
+                signer: Ed25519PublicKey, grow: Callable[[], merkle.MerkleTree]) -> None:
     latest = witness.latest(database_id)
     base = int(latest["tree_size"]) if latest else 0
     if base > tree.size:
-        return  # another publisher gave it a newer checkpoint of this chain already
+        # another publisher was first: kept only if its tree head is proven to extend ours
+        prove_prefix(witness, database_id, tree, grow)
+        return
     ours = [cp for cp in checkpoints if cp.database_id == database_id and cp.tree_size >= base]
     for cp in ours if latest else ours[-1:]:
         proof = {"tree_size": base, "root_hash": tree.root(base).hex(),
@@ -315,35 +316,43 @@ def _offer_once(witness: Witness, database_id: str, tree: merkle.MerkleTree, che
 def publish_checkpoint(store: ChainReads, directory: Path, *, key: Ed25519PrivateKey | None = None,
                        endorsed_by: Ed25519PrivateKey | None = None,
                        witnesses: Sequence[Witness] = (),
-                       trees: list[merkle.MerkleTree] | None = None) -> Checkpoint:
+                       trees: list[merkle.MerkleTree] | None = None, signer: Signer | None = None) -> Checkpoint:
     """Drain the outbox, sign the tree head of the whole chain and write it as the next checkpoint, then
     offer it to the witnesses (their answers are in `Checkpoint.witnessed`).
 
-    The signing key is `key`, else the configured one (keys.signing_key). It must be the key of the newest
+    The signer is `signer` (a signer process, harness.ports.signer), else `key`, else the configured key
+    (keys.signing_key) held by this process. Its key must be the key of the newest
     checkpoint, unless `endorsed_by` is that key: then the checkpoint carries its endorsement of the new
     key (a rotation, see rotate_key). A chain that no longer matches the newest checkpoint, or what a
     witness keeps, is not signed (TamperedHistoryError)."""
     database_id = store.database_id()
     directory.mkdir(parents=True, exist_ok=True)
-    key = key or signing_key(directory, database_id)
-    pub = key.public_key()
+    if signer is None:
+        signer = KeySigner(key or signing_key(directory, database_id))
+    pub = Ed25519PublicKey.from_public_bytes(signer.public_key())
     checkpoints = list_checkpoints(directory)
     _refuse_other_database(directory, checkpoints, database_id)
-    signer = current_key(directory, checkpoints)
-    if endorsed_by is not None and (signer is None or key_id_of(endorsed_by.public_key()) != key_id_of(signer)):
+    current = current_key(directory, checkpoints)
+    if endorsed_by is not None and (current is None or key_id_of(endorsed_by.public_key()) != key_id_of(current)):
         raise CheckpointError("only the key that signed the newest checkpoint can endorse the next key")
-    if signer is not None and endorsed_by is None and key_id_of(signer) != key_id_of(pub):
+    if current is not None and endorsed_by is None and key_id_of(current) != key_id_of(pub):
         raise CheckpointError(
             f"the signing key {key_id_of(pub)[:16]}… is not the key of {checkpoints[-1].path.name} "
-            f"({key_id_of(signer)[:16]}…): to change keys, rotate with `harness audit rotate-key`; after a "
+            f"({key_id_of(current)[:16]}…): to change keys, rotate with `harness audit rotate-key`; after a "
             f"rotation, point {KEY_ENV} at the new key")
     _publish_public_key(directory, pub)
     store.drain_all()
-    size, head_hash = store.chain_head()
-    tree = build_tree(store, size, head_hash)
+    heads = [store.chain_head()]
+
+    def grow() -> merkle.MerkleTree:  # the chain as it is now, when a witness holds more than we read
+        store.drain_all()
+        heads.append(store.chain_head())
+        return build_tree(store, *heads[-1])
+
+    tree = _check_witnesses(witnesses, database_id, build_tree(store, *heads[0]), grow)
+    size, head_hash = next(head for head in reversed(heads) if head[0] == tree.size)
     if trees is not None:  # the caller proves records against this checkpoint next (the archiver)
         trees.append(tree)
-    _check_witnesses(witnesses, database_id, tree)
     previous = checkpoints[-1] if checkpoints else None
     head: dict[str, Any] = {
         "format": CHECKPOINT_FORMAT_V2,
@@ -357,7 +366,7 @@ def publish_checkpoint(store: ChainReads, directory: Path, *, key: Ed25519Privat
     }
     doc: dict[str, Any] = {
         **head,
-        "signature": base64.b64encode(key.sign(signed_message(head))).decode("ascii"),
+        "signature": base64.b64encode(_signed(signer, pub, signed_message(head))).decode("ascii"),
         "previous": _previous_block(previous, tree),
     }
     if endorsed_by is not None:
@@ -370,8 +379,19 @@ def publish_checkpoint(store: ChainReads, directory: Path, *, key: Ed25519Privat
     path = directory / f"checkpoint-{serial:08d}.json"
     write_new(path, (json_dumps(doc) + "\n").encode("utf-8"))
     published = [*checkpoints, Checkpoint(serial, path, doc)]
-    witnessed = tuple((w.name, _offer(w, database_id, tree, published, pub)) for w in witnesses)
+    witnessed = tuple((w.name, _offer(w, database_id, tree, published, pub, grow)) for w in witnesses)
     return Checkpoint(serial, path, doc, witnessed)
+
+
+def _signed(signer: Signer, pub: Ed25519PublicKey, message: bytes) -> bytes:
+    """The signer's signature of `message`, checked: a signer answering with another key's signature (or
+    none) signs nothing."""
+    signature = signer.sign(message)
+    try:
+        pub.verify(signature, message)
+    except InvalidSignature:
+        raise CheckpointError("the signer's signature does not verify with its public key") from None
+    return signature
 
 
 def rotate_key(store: ChainReads, directory: Path, new_key: Path | None = None,

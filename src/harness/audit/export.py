@@ -4,7 +4,9 @@ The export carries every field needed to recompute each record's canonical bytes
 verifier (harness.audit.standalone) checks it with the checkpoint and the public key alone. Records
 chained after the checkpoint cannot be proven against it: they are listed under ``not_covered`` and
 ``complete`` is false. ``closed`` says whether the Run's RunTrace is among the proven records: it names
-every record of the Run up to its close, which is how the verifier proves that none is withheld.
+every record of the Run up to its close, which is how the verifier proves that none is withheld. A
+record an erasure redacted carries its original leaf hash (``redacted``: erase id and leaf), as in an
+archive segment: its place in the tree is still proven, its content no longer is.
 The documented flow is ``harness audit checkpoint`` then ``harness audit export``.
 """
 
@@ -43,12 +45,16 @@ def export_run(store: ChainReads, run_id: str, checkpoint: Checkpoint) -> dict[s
     if tree.root().hex() != checkpoint.root_hash:
         raise TamperedHistoryError(f"the first {size} records differ from {checkpoint.path.name}")
     covered, later = [], []
+    redacted = store.redactions_of(run_id)
     for rec in records:
+        doc = _record_doc(rec)
+        if rec.seq in redacted:
+            doc["redacted"] = redacted[rec.seq]
         if rec.seq > size:
-            later.append(_record_doc(rec))
+            later.append(doc)
             continue
         proof = [p.hex() for p in tree.inclusion_proof(rec.seq - 1)]
-        covered.append({**_record_doc(rec), "leaf_index": rec.seq - 1, "inclusion_proof": proof})
+        covered.append({**doc, "leaf_index": rec.seq - 1, "inclusion_proof": proof})
     pending = store.pending_of_run(run_id)
     return {
         "format": EXPORT_FORMAT,

@@ -7,6 +7,11 @@ database in a private key folder, ``HARNESS_CHECKPOINT_KEY_DIR`` (default
 ``<database id>.pem`` and generated on first use with mode 0600. A key readable by anyone but its owner
 is refused, and so is a key inside the checkpoint directory.
 
+Or the key lives in another process: with HARNESS_SIGNER_SOCKET set, a `harness signer serve` process
+holding the key signs over a Unix socket (harness.adapters.signer_socket), and this process reads no key
+at all (`signing_key` refuses, so no path of it creates one by mistake). `KeySigner` is the in-process
+signer (harness.ports.signer.Signer) over a key this process holds.
+
 Versions before this one kept ``checkpoint-key.pem`` in the checkpoint directory. Such a key is
 refused with the command that moves it (`harness audit move-key`), so nobody signs with it by accident
 from the old place; the key itself stays valid (it signed the directory's checkpoints).
@@ -25,6 +30,7 @@ from harness.domain.errors import BadInputError
 
 KEY_ENV = "HARNESS_CHECKPOINT_KEY"
 KEY_DIR_ENV = "HARNESS_CHECKPOINT_KEY_DIR"
+SIGNER_SOCKET_ENV = "HARNESS_SIGNER_SOCKET"
 #: where versions before 0013 kept the key: inside the checkpoint directory
 LEGACY_KEY_FILE = "checkpoint-key.pem"
 
@@ -110,9 +116,29 @@ def create_private_key(path: Path) -> Ed25519PrivateKey:
     return key
 
 
+class KeySigner:
+    """The in-process signer (harness.ports.signer.Signer): a private key this process holds."""
+
+    def __init__(self, key: Ed25519PrivateKey) -> None:
+        self._key = key
+
+    def public_key(self) -> bytes:
+        """The raw 32 bytes of the public key."""
+        return self._key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+
+    def sign(self, message: bytes) -> bytes:
+        """The Ed25519 signature of `message`."""
+        return self._key.sign(message)
+
+
 def signing_key(directory: Path, database_id: str) -> Ed25519PrivateKey:
     """The key that signs this database's checkpoints in `directory` (generated on first use, unless
-    HARNESS_CHECKPOINT_KEY names it: then it must exist)."""
+    HARNESS_CHECKPOINT_KEY names it: then it must exist). Refused when HARNESS_SIGNER_SOCKET says the key
+    lives in a signer process."""
+    if os.environ.get(SIGNER_SOCKET_ENV):
+        raise CheckpointError(f"{SIGNER_SOCKET_ENV} is set: the signing key lives in the signer process "
+                              f"({os.environ[SIGNER_SOCKET_ENV]}), and this process reads no key file; run this "
+                              "where the key is (with HARNESS_CHECKPOINT_KEY), or unset it")
     path = key_path(directory, database_id)
     if os.environ.get(KEY_ENV):
         if not path.is_file():

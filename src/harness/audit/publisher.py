@@ -25,6 +25,7 @@ from harness.audit.checkpoint import Checkpoint, checkpoint_dir, latest_checkpoi
 from harness.audit.keys import CheckpointError
 from harness.audit.witness import Witness, open_witness
 from harness.ports.audit import ChainReads
+from harness.ports.signer import Signer
 
 log = logging.getLogger("harness.checkpoints")
 
@@ -33,8 +34,10 @@ class CheckpointPublisher:
     """Publishes this database's checkpoint when one is due."""
 
     def __init__(self, store: ChainReads, *, interval_s: float, directory: Path | None = None,
-                 witnesses: Sequence[Witness] = (), wait_first: bool = False) -> None:
+                 witnesses: Sequence[Witness] = (), wait_first: bool = False, signer: Signer | None = None) -> None:
         self.store = store
+        #: who signs (a signer process, harness.ports.signer); None: this process's key file
+        self.signer = signer
         self.interval_s = interval_s
         self.directory = directory
         self.witnesses = list(witnesses)
@@ -50,10 +53,11 @@ class CheckpointPublisher:
 
     @classmethod
     def from_settings(cls, store: ChainReads, interval_s: float, directory: Path | None,
-                      witnesses: Sequence[str], *, wait_first: bool = False) -> CheckpointPublisher:
+                      witnesses: Sequence[str], *, wait_first: bool = False,
+                      signer: Signer | None = None) -> CheckpointPublisher:
         """A publisher as the settings describe it."""
         return cls(store, interval_s=interval_s, directory=directory,
-                   witnesses=[open_witness(w) for w in witnesses], wait_first=wait_first)
+                   witnesses=[open_witness(w) for w in witnesses], wait_first=wait_first, signer=signer)
 
     def folder(self) -> Path:
         """Where this database's checkpoints go."""
@@ -79,7 +83,7 @@ class CheckpointPublisher:
         if not self.due():
             return None
         try:
-            cp = publish_checkpoint(self.store, self.folder(), witnesses=self.witnesses)
+            cp = publish_checkpoint(self.store, self.folder(), witnesses=self.witnesses, signer=self.signer)
         except CheckpointError as exc:
             if "exists" in str(exc):  # another replica published this serial a moment ago
                 log.info("checkpoint published by another process first: %s", exc)

@@ -4,8 +4,9 @@ For each final state, count(runs in it) == count(its FINAL_EVENT audit events). 
 the last transition's target, the legacy job row mirrors it, it has at most one final transition and
 its transition seqs run 0, 1, 2, … without a hole, and a final Run has exactly one final event. Apart
 from Runs (run_id None): every user's and tenant's spend total (SPEC G1) counts its recorded costs and
-sums their USD, the float sums to within a relative SPEND_TOLERANCE (the same amounts added in another
-order); a total with no recorded cost is named too. A non-idempotent step called more than once (its
+sums their USD (the live costs plus what pruned Runs' costs added, kept per archive segment), the float
+sums to within a relative SPEND_TOLERANCE (the same amounts added in another order); a total with no
+recorded cost is named too. A non-idempotent step called more than once (its
 ToolTraces) is named: the duplicate side effect the lease and the start mark exist to prevent.
 
 Every check is one set-based query (GROUP BY / joins), never a loop over Runs, so it scales to a

@@ -10,6 +10,9 @@ A segment is one immutable gzip-compressed JSON Lines file:
 3. the trailer: one Merkle multiproof (harness.audit.multiproof) that takes every record of the segment
    and the manifest record to the checkpoint's signed root.
 
+The rows of a Run line are not in the proof: they are checked against the Run's proven records
+(harness.audit.row_check), as `harness audit verify` checks a live Run's rows.
+
 The digest is SHA-256 over, for each Run in segment order, the canonical JSON `[run_id, [record hash,
 ...]]` and a newline. The manifest record fixes it in the chain, so an edited record fails its hash or
 the root, and a Run removed, added, swapped or cut off (a truncated file) changes the digest or the
@@ -32,7 +35,7 @@ from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from harness.audit import completeness, merkle, multiproof
+from harness.audit import completeness, merkle, multiproof, row_check
 from harness.audit.formats import (
     RECORD_FIELDS,
     FormatError,
@@ -42,6 +45,7 @@ from harness.audit.formats import (
     hex_proof,
     signed_by_trusted,
 )
+from harness.domain.audit import ChainReport
 from harness.domain.chain import canonical_json, record_bytes
 
 SEGMENT_FORMAT = "harness-archive-segment/1"
@@ -170,6 +174,7 @@ class _Runs:
         if not isinstance(records, list):
             failures.append(f"Run {name}: no records")
             return
+        before = len(failures)
         for rec in records:
             leaf = _leaf(rec, f"Run {name}")
             if isinstance(leaf, str):
@@ -189,6 +194,8 @@ class _Runs:
             found = completeness.check(records, [])
             failures += [f"Run {name}: {m}" for m in found.missing]
             self.result.notes += [f"Run {name}: completeness unproven: {u}" for u in found.unproven]
+            if len(failures) == before:  # the records hold: the row copies must say what they say
+                failures += _row_failures(name, line)
         self.digest.add(name, [str(r.get("hash")) for r in records if isinstance(r, dict)])
         self.result.checked += 1
         if name == self.run_id:
@@ -196,12 +203,20 @@ class _Runs:
             self.result.notes.append(f"Run {name} is at line {i + 2}: {len(records)} record(s)")
 
 
+def _row_failures(name: str, line: dict[str, Any]) -> list[str]:
+    """The Run's row copies (what a read-back shows) that differ from its records, which the segment
+    proves; an erasure replaced a person's data in both, so a redacted Run's rows prove nothing."""
+    report = ChainReport()
+    row_check.check_archived_run(line, report)
+    return [f"Run {name}: its rows differ from its proven records: {p.detail}" for p in report.problems]
+
+
 def verify_segment(data: bytes, trusted: Sequence[Ed25519PublicKey], *, checkpoint: dict[str, Any] | None = None,
                    run_id: str | None = None) -> VerifyResult:
     """Check a segment with no database: the checkpoint's signature, every record's hash, one multiproof
-    taking all of them and the manifest record to the signed root, each Run's completeness, and the digest
-    over the whole (an edit, a cut, a reordering). `checkpoint`, when given, must be the one the segment
-    was proven against; `run_id` names a Run that must be in it."""
+    taking all of them and the manifest record to the signed root, each Run's completeness and its rows
+    against its records, and the digest over the whole (an edit, a cut, a reordering). `checkpoint`, when
+    given, must be the one the segment was proven against; `run_id` names a Run that must be in it."""
     result = VerifyResult("segment")
     try:
         docs = list(decode(data))

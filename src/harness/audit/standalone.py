@@ -1,9 +1,9 @@
 """The standalone verifier (SPEC A3b): checks exports, checkpoints and archive segments with no database.
 
 It imports only the standard library, `cryptography` and the pure audit modules (formats, merkle,
-completeness, segment) with harness.domain.chain, so an auditor can run it with a copy of the export, the
-checkpoints and the public key, and nothing else. The document formats themselves are described in
-harness.audit.formats.
+completeness, segment, row_check) with the pure domain and kernel they use, so an auditor can run it
+with a copy of the export, the checkpoints and the public key, and nothing else. The document formats
+themselves are described in harness.audit.formats.
 
 Console script ``harness-verify``: exit 0 valid, 1 invalid, 2 bad input.
 """
@@ -37,7 +37,7 @@ from harness.audit.formats import (
     trusted_keys,
     walk_keys,
 )
-from harness.audit.segment import verify_segment
+from harness.audit.segment import decode, verify_segment
 from harness.domain.chain import record_bytes, record_hash
 
 
@@ -50,14 +50,20 @@ def _check_record(rec: Any, i: int, run_id: str, size: int, root: bytes) -> str 
     if rec["run_id"] != run_id:
         return f"{name} belongs to run {rec['run_id']!r}, not {run_id!r}"
     fields = (seq, rec["record_id"], rec["run_id"], rec["kind"], rec["prev_hash"], rec["payload"])
-    if record_hash(*fields) != rec["hash"]:
+    redacted = rec.get("redacted")
+    if redacted is not None:  # an erasure replaced its content: its original leaf hash proves its place
+        leaf = hex_proof([redacted.get("leaf") if isinstance(redacted, dict) else None],
+                         f"records[{i}].redacted.leaf")[0]
+    elif record_hash(*fields) != rec["hash"]:
         return f"{name}: content does not match its chain hash (edited)"
+    else:
+        leaf = merkle.leaf_hash(record_bytes(*fields))
     if rec.get("leaf_index", seq - 1) != seq - 1:
         return f"{name}: leaf_index {rec.get('leaf_index')} is not seq - 1"
     if seq > size:
         return f"{name} is beyond the checkpoint's tree size {size}"
     proof = hex_proof(rec.get("inclusion_proof"), f"records[{i}].inclusion_proof")
-    if not merkle.verify_inclusion(merkle.leaf_hash(record_bytes(*fields)), seq - 1, size, proof, root):
+    if not merkle.verify_inclusion(leaf, seq - 1, size, proof, root):
         return f"{name}: inclusion proof does not lead to the checkpoint's root"
     return None
 
@@ -100,7 +106,12 @@ def verify_export(export: Any, checkpoint: Any, public_key: Ed25519PublicKey | S
             result.failures.append(record_problem)
         result.checked += 1
     pending = export.get("not_covered") or []
-    if result.ok:
+    erased = [r["redacted"] for r in records if isinstance(r, dict) and isinstance(r.get("redacted"), dict)]
+    if result.ok and erased:
+        # as in a segment: the RunTrace that names the Run's records was redacted with the rest
+        result.notes.append(f"{len(erased)} record(s) redacted on an erasure request ({erased[0].get('erase_id')}): "
+                            "their places are proven, their content and the Run's completeness no longer")
+    elif result.ok:
         found = completeness.check(records, pending if isinstance(pending, list) else [])
         result.complete = found.complete
         result.failures.extend(found.missing)
@@ -192,6 +203,28 @@ def _read_json(path: str, what: str = "file") -> Any:
         raise FormatError(f"{path} is not valid JSON: {exc}") from None
 
 
+def _checkpoint_file(given: str, made_against: Any, database_id: Any, what: str) -> str:
+    """The checkpoint file to check `what` against: `given` itself when it is a file; when it is a folder
+    (a database's checkpoint folder, or the folder of such folders), the checkpoint in it that `what` was
+    made against: the one with the tree size and root hash `made_against` names."""
+    folder = Path(given)
+    if not folder.is_dir():
+        return given
+    if not isinstance(made_against, dict) or "tree_size" not in made_against:
+        raise FormatError(f"the {what} names no checkpoint to look for in {given}: pass the checkpoint file")
+    homes = [folder] + ([folder / database_id] if isinstance(database_id, str) and database_id else [])
+    for path in sorted(p for home in homes for p in home.glob("checkpoint-*.json")):
+        try:
+            doc = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue  # not a checkpoint this one could be; the one named is checked in full below
+        if isinstance(doc, dict) and (doc.get("tree_size"), doc.get("root_hash")) == (
+                made_against["tree_size"], made_against.get("root_hash")):
+            return str(path)
+    raise FormatError(f"no checkpoint in {given} has tree size {made_against['tree_size']} and the root hash "
+                      f"the {what} was made against: give the folder its database publishes checkpoints to")
+
+
 def _public_keys(options: Sequence[str] | None, checkpoint_path: str, notes: list[str]) -> list[Ed25519PublicKey]:
     """The trusted keys: every --public-key, else the first key published beside the checkpoint."""
     paths = [Path(o) for o in options] if options else [Path(checkpoint_path).parent / PUBLIC_KEY_FILE]
@@ -234,7 +267,8 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     exp = sub.add_parser("export", help="check an exported Run against a checkpoint")
     exp.add_argument("export")
-    exp.add_argument("--checkpoint", required=True)
+    exp.add_argument("--checkpoint", required=True,
+                     help="the checkpoint file, or its folder: then the checkpoint the export was made against")
     exp.add_argument("--allow-incomplete", action="store_true",
                      help="accept an export whose completeness cannot be proven (no RunTrace, or a Run recorded "
                           "by a version that did not commit to its records); it is still reported")
@@ -242,8 +276,8 @@ def _parser() -> argparse.ArgumentParser:
     cons.add_argument("checkpoints", nargs="+", metavar="CHECKPOINT")
     seg = sub.add_parser("segment", help="check an archive segment (and a Run in it) against its checkpoint")
     seg.add_argument("segment")
-    seg.add_argument("--checkpoint", help="the checkpoint the segment names (default: the copy it carries, "
-                                          "still checked against the trusted public key)")
+    seg.add_argument("--checkpoint", help="the checkpoint the segment names, or its folder (default: the copy it "
+                                          "carries, still checked against the trusted public key)")
     seg.add_argument("--run", help="a Run that must be in the segment")
     for p in (exp, cons, seg):
         p.add_argument("--public-key", action="append",
@@ -257,7 +291,12 @@ def _run(args: argparse.Namespace) -> VerifyResult:
     notes: list[str] = []
     if args.command == "export":
         # the documents first: a missing file is named as such, not as a missing public key beside it
-        export, checkpoint = _read_json(args.export, "export"), _read_json(args.checkpoint, "checkpoint")
+        export = _read_json(args.export, "export")
+        if isinstance(export, dict) and Path(args.checkpoint).is_dir():
+            args.checkpoint = _checkpoint_file(args.checkpoint, export.get("checkpoint"), export.get("database_id"),
+                                               "export")
+            notes.append(f"checked against {args.checkpoint}, the checkpoint the export was made against")
+        checkpoint = _read_json(args.checkpoint, "checkpoint")
         keys = _through_rotations(_public_keys(args.public_key, args.checkpoint, notes), args.checkpoint, notes)
         result = verify_export(export, checkpoint, keys, allow_incomplete=args.allow_incomplete)
     elif args.command == "segment":
@@ -277,6 +316,12 @@ def _run_segment(args: argparse.Namespace, notes: list[str]) -> VerifyResult:
         data = Path(args.segment).read_bytes()
     except OSError as exc:
         raise FormatError(f"cannot read segment file {args.segment}: {exc.strerror}") from None
+    if args.checkpoint and Path(args.checkpoint).is_dir():
+        header = _segment_header(data)
+        made_against = header.get("checkpoint")
+        database_id = made_against.get("database_id") if isinstance(made_against, dict) else None
+        args.checkpoint = _checkpoint_file(args.checkpoint, made_against, database_id, "segment")
+        notes.append(f"checked against {args.checkpoint}, the checkpoint the segment was proven against")
     checkpoint = _read_json(args.checkpoint, "checkpoint") if args.checkpoint else None
     if args.checkpoint is None and not args.public_key:
         raise FormatError("give --public-key (the key you trust), or --checkpoint with public-key.pem beside it")
@@ -284,6 +329,15 @@ def _run_segment(args: argparse.Namespace, notes: list[str]) -> VerifyResult:
     if args.checkpoint:
         keys = _through_rotations(keys, args.checkpoint, notes)
     return verify_segment(data, keys, checkpoint=checkpoint, run_id=args.run)
+
+
+def _segment_header(data: bytes) -> dict[str, Any]:
+    """A segment's header line (the first), or {} when it cannot be read; verify_segment names why."""
+    try:
+        header = next(iter(decode(data)), {})
+    except FormatError:
+        return {}
+    return header if isinstance(header, dict) else {}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

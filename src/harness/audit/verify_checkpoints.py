@@ -147,11 +147,27 @@ def _check_source(source: Source, roots: dict[int, tuple[str, str]], size: int, 
         if key is None:
             report.add(Problem("checkpoint_invalid", None, None, f"{label}: {problem}"))
         elif tree_size > size:
-            report.add(Problem("deleted", size + 1, None, f"{label} covers {tree_size} records, the chain {size}"))
+            report.add(_beyond(source, label, size, tree_size))
         elif roots.get(tree_size) != (doc["root_hash"], doc["chain_head_hash"]):
             report.add(_mismatch(source, label, good, tree_size))
         else:
             good = max(good, tree_size)
+
+
+def _beyond(source: Source, label: str, size: int, tree_size: int) -> Problem:
+    """A signed tree bigger than the chain: records deleted (or the database rolled back), unless a record
+    the chain holds differs from what was signed, and then the chain forked from the signed history."""
+    found = source.first_diff
+    if found is None or found[0] >= size:
+        return Problem("deleted", size + 1, None, f"{label} covers {tree_size} records, the chain {size}: records "
+                                                  f"{size + 1}..{tree_size} were deleted, or the database rolled back "
+                                                  "to an older copy")
+    index, rec = found
+    return Problem("forked", rec.seq, rec.record_id,
+                   f"the chain forked from the history {label} signs: record {index + 1} is the first that differs "
+                   f"(here {rec.kind} record {rec.record_id} of run {rec.run_id}) and {label} covers {tree_size} "
+                   f"records, the chain {size} (another copy of this database published it, or this one was "
+                   "restored and went on)", rec.run_id)
 
 
 def _mismatch(source: Source, label: str, good: int, tree_size: int) -> Problem:

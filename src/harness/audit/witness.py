@@ -22,9 +22,8 @@ import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-import httpx
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
@@ -43,9 +42,11 @@ from harness.audit.formats import (
     signature_problem,
 )
 from harness.audit.keys import CheckpointError
+from harness.audit.places import TOKEN_ENV, WITNESS_ENV
 
-WITNESS_ENV = "HARNESS_CHECKPOINT_WITNESS"
-TOKEN_ENV = "HARNESS_WITNESS_TOKEN"
+if TYPE_CHECKING:
+    import httpx
+
 _DATABASE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _NAME = re.compile(r"^checkpoint-(\d{8})\.json$")
 
@@ -245,9 +246,13 @@ class HttpWitness:
         self.name = url.rstrip("/")
         token = token if token is not None else os.environ.get(TOKEN_ENV)
         headers = {"Authorization": f"Bearer {token}"} if token else {}
+        import httpx  # loaded by the processes that talk to an HTTP witness only
+
         self._client = httpx.Client(base_url=self.name, timeout=timeout_s, headers=headers, transport=transport)
 
     def _get(self, path: str) -> httpx.Response | None:
+        import httpx
+
         try:
             response = self._client.get(path)
         except httpx.HTTPError as exc:
@@ -273,6 +278,8 @@ class HttpWitness:
     def submit(self, database_id: str, checkpoint: dict[str, Any], public_key_pem: str | None,
                consistency: dict[str, Any] | None) -> Receipt:
         body = {"checkpoint": checkpoint, "public_key": public_key_pem, "consistency": consistency}
+        import httpx
+
         try:
             response = self._client.post(f"/v1/{database_id}/checkpoints", json=body)
         except httpx.HTTPError as exc:

@@ -1,7 +1,7 @@
 """The `harness` command line: a thin shell over the library (SPEC U1).
 
 One module per topic: runs (run, trace, cancel, approvals, demo), show (runs show), audit, archive,
-webhooks (and costs), ops (sweep, worker), serve, replay, skills, witness; support holds the options,
+webhooks (and costs), ops (sweep, worker), serve, replay, skills, witness, signer; support holds the options,
 the output helpers and the error handling they share.
 """
 
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from harness.cli import archive, ops, replay, runs, serve, show, webhooks
 from harness.cli.audit import audit_app
+from harness.cli.signer import signer_app
 from harness.cli.skills import skills_app
 from harness.cli.support import cli_errors, make_app
 from harness.cli.witness import witness_app
@@ -20,6 +21,7 @@ app.add_typer(webhooks.webhooks_app, name="webhooks")
 app.command("costs")(webhooks.costs)
 app.add_typer(witness_app, name="witness")
 app.add_typer(skills_app, name="skills")
+app.add_typer(signer_app, name="signer")
 for _name, _fn in (("run", runs.run), ("trace", runs.trace), ("cancel", runs.cancel),
                    ("approve", runs.approve), ("reject", runs.reject), ("approvals", runs.approvals),
                    ("demo", runs.demo), ("sweep", ops.sweep), ("serve", serve.serve),

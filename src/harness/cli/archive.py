@@ -8,30 +8,18 @@ from __future__ import annotations
 
 import datetime as dt
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.console import Console
 
-from harness.audit.checkpoint import DIR_ENV, checkpoint_dir
-from harness.audit.witness import configured_witnesses
-from harness.cli.support import EXIT_CHECK_FAILED, DbOption, JsonOption, emit, fail
-from harness.config import (
-    Store,
-    archive_rows,
-    archived_rows_check,
-    archived_run,
-    erase_user,
-    open_segment_store,
-    open_store,
-    segment_locator,
-)
-from harness.domain.retention import ArchivedRun
+from harness.audit.places import DIR_ENV, checkpoint_dir
+from harness.cli.support import EXIT_CHECK_FAILED, DbOption, JsonOption, emit, fail, screen
 from harness.ports.segments import SegmentStoreError
-from harness.retention import readback
-from harness.retention.archiver import ArchiveError, Archiver
-from harness.retention.policy import RetentionPolicy
 from harness.retention.storage import ENDPOINT_ENV, URL_ENV
+
+if TYPE_CHECKING:
+    from harness.config import Store
+    from harness.domain.retention import ArchivedRun
 
 ToOption = Annotated[str | None, typer.Option(
     "--to", envvar=URL_ENV, show_envvar=True,
@@ -61,6 +49,11 @@ def archive(
 ) -> None:
     """Move final Runs past the retention period into an archive segment, proven against a new signed
     checkpoint, then prune them from the database (the chain keeps their hashes, so it still verifies)."""
+    from harness.audit.witness import configured_witnesses
+    from harness.config import Settings, archive_rows, checkpoint_signer, open_segment_store, open_store
+    from harness.retention.archiver import ArchiveError, Archiver
+    from harness.retention.policy import RetentionPolicy
+
     policy = RetentionPolicy.from_env()
     if older_than_days is not None:
         policy = policy.model_copy(update={"days": older_than_days})
@@ -69,10 +62,10 @@ def archive(
     store = open_store(db)
     directory = checkpoint_dir(checkpoint_dir_, store.database_id())
     archiver = Archiver(archive_rows(store), open_segment_store(to, s3_endpoint), directory, policy=policy,
-                        witnesses=configured_witnesses(witness))
+                        witnesses=configured_witnesses(witness), signer=checkpoint_signer(Settings.from_env()))
     if dry_run:
         due = archiver.choose(limit)
-        emit({"due": due, "policy": policy.describe()}) if json_ else Console().print(
+        emit({"due": due, "policy": policy.describe()}) if json_ else screen().print(
             f"{len(due)} Run(s) due ({policy.describe()})")
         return
     try:
@@ -82,9 +75,9 @@ def archive(
     if json_:
         emit(report.to_dict())
     elif not report.runs:
-        Console().print(f"nothing to archive ({policy.describe()})")
+        screen().print(f"nothing to archive ({policy.describe()})")
     else:
-        Console().print(
+        screen().print(
             f"archived {report.runs} Run(s), {report.records} record(s) to {report.location} "
             f"({report.bytes / 1e6:.1f} MB), proven against {report.checkpoint}; pruned {report.pruned_runs} "
             f"Run(s) in {report.seconds:.1f} s" + (f"; {len(report.kept)} kept (changed meanwhile)" if report.kept
@@ -97,13 +90,18 @@ def _ts(seconds: float) -> str:
 
 def archived_or_none(store: Store, run_id: str) -> ArchivedRun | None:
     """Where an archived Run is, when it was archived."""
+    from harness.stores import archived_run
+
     return archived_run(store, run_id)
 
 
 def read_back(archived: ArchivedRun, directory: Path, endpoint: str | None) -> dict[str, Any]:
     """The archived Run's line of its segment, after the segment is checked against its checkpoint."""
+    from harness.config import segment_locator
+    from harness.retention import readback
+
     try:
-        return readback.read_back(archived, directory, archived_rows_check, segment_locator(endpoint))
+        return readback.read_back(archived, directory, segment_locator(endpoint))
     except readback.SegmentUnavailableError as exc:
         fail(str(exc))
     except readback.SegmentUnverifiedError as exc:
@@ -113,7 +111,8 @@ def read_back(archived: ArchivedRun, directory: Path, endpoint: str | None) -> d
 def show_archived(store: Store, archived: ArchivedRun, *, json_: bool, from_archive: bool,
                   checkpoint_dir_: str | None, endpoint: str | None) -> None:
     """`runs show` of an archived Run: where it is, and with --from-archive what it held."""
-    doc: dict[str, Any] = {"run_id": archived.run_id, "archived": archived.to_dict(), "state": archived.state,
+    where = {k: _ts(v) if k.endswith("_at") else v for k, v in archived.to_dict().items()}
+    doc: dict[str, Any] = {"run_id": archived.run_id, "archived": where, "state": archived.state,
                            "tenant_id": archived.tenant_id, "created_at": _ts(archived.created_at),
                            "last_state_change_at": _ts(archived.closed_at)}
     if from_archive:
@@ -132,7 +131,7 @@ def show_archived(store: Store, archived: ArchivedRun, *, json_: bool, from_arch
     if json_:
         emit(doc)
         return
-    console = Console()
+    console = screen()
     console.print(f"[bold]Run {archived.run_id}[/]  state [bold]{archived.state}[/]  ARCHIVED "
                   f"{_ts(archived.archived_at)} in segment {archived.segment_id}", highlight=False)
     console.print(f"  at {archived.location} (proven against {archived.checkpoint})", highlight=False)
@@ -149,23 +148,36 @@ def erase(
     db: DbOption = None,
     json_: JsonOption = False,
     s3_endpoint: EndpointOption = None,
+    no_vacuum: Annotated[bool, typer.Option(
+        "--no-vacuum", help="SQLite: skip the VACUUM that rewrites the file (long on a large database); the "
+        "erased data is still overwritten in place and the WAL truncated.")] = False,
+    vacuum_full: Annotated[bool, typer.Option(
+        "--vacuum-full", help="PostgreSQL: VACUUM FULL, MariaDB: OPTIMIZE TABLE the tables an erasure touches "
+        "(they are locked while rewritten); without it the freed space waits for autovacuum.")] = False,
 ) -> None:
-    """Honour an erasure request: delete the person's memory entries, replace their personal data in
-    their Runs' live and archived records by a salted hash (the chain and the segments still verify),
-    and audit the erasure under a pseudonym."""
+    """Honour an erasure request: delete the person's memory entries and stored contents, replace their
+    personal data in their Runs' live and archived records by a salted hash (the chain and the segments
+    still verify), overwrite the freed space, and audit the erasure under a pseudonym."""
     if not user.strip():
         fail("--user must not be blank")
+    from harness.config import erase_user, open_store
+    from harness.retention.archiver import ArchiveError
+
     store = open_store(db)
     try:
-        report = erase_user(store, tenant, user, endpoint=s3_endpoint)
+        report = erase_user(store, tenant, user, endpoint=s3_endpoint, vacuum=not no_vacuum,
+                            vacuum_full=vacuum_full)
     except (ArchiveError, SegmentStoreError) as exc:
         fail(str(exc), EXIT_CHECK_FAILED)
     if json_:
         emit(report.to_dict())
         return
-    Console().print(f"erased {report.runs} Run(s) ({report.records} record(s) redacted), {report.archived_runs} "
+    screen().print(f"erased {report.runs} Run(s) ({report.records} record(s) redacted), {report.archived_runs} "
                     f"archived Run(s) in {len(report.segments_rewritten)} segment(s), {report.memory_entries} "
-                    f"memory entr(ies); the person is now {report.subject}", highlight=False)
+                    f"memory entr(ies), {report.blobs} stored content(s); the person is now {report.subject}",
+                    highlight=False)
+    if report.space:
+        screen().print(f"freed space: {', '.join(report.space)}", highlight=False)
     if report.still_running:
-        Console().print(f"{len(report.still_running)} Run(s) still running were left alone: erase again once they "
+        screen().print(f"{len(report.still_running)} Run(s) still running were left alone: erase again once they "
                         "close", highlight=False)

@@ -10,29 +10,20 @@ import functools
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, ParamSpec, TypeVar
 
 import typer
 from rich.table import Table
 
-from harness.audit.checkpoint import (
-    DEFAULT_DIR,
-    DIR_ENV,
-    Checkpoint,
-    TamperedHistoryError,
-    checkpoint_dir,
-    json_dumps,
-    latest_checkpoint,
-    publish_checkpoint,
-    rotate_key,
-)
-from harness.audit.export import export_run
-from harness.audit.keys import move_legacy_key
-from harness.audit.reconcile import ReconcileReport, reconcile
-from harness.audit.verify import ChainReport, verify_chain
-from harness.audit.witness import WITNESS_ENV, configured_witnesses
+from harness.audit.places import DEFAULT_DIR, DIR_ENV, WITNESS_ENV, checkpoint_dir
 from harness.cli.support import EXIT_CHECK_FAILED, DbOption, JsonOption, cli_errors, emit, fail, screen
-from harness.config import DatabaseError, audit_reads, open_existing_store, reconcile_reads
+
+if TYPE_CHECKING:
+    from harness.audit.checkpoint import Checkpoint
+    from harness.audit.reconcile import ReconcileReport
+    from harness.audit.verify import ChainReport
+    from harness.audit.witness import Witness
+    from harness.config import Store
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -58,6 +49,10 @@ def _audit_errors(fn: Callable[P, R]) -> Callable[P, R]:
 
     @functools.wraps(fn)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        # every audit command opens a store: the audit code and the composition root load as it runs
+        from harness.audit.checkpoint import TamperedHistoryError
+        from harness.config import DatabaseError
+
         try:
             return fn(*args, **kwargs)
         except TamperedHistoryError as exc:
@@ -66,6 +61,20 @@ def _audit_errors(fn: Callable[P, R]) -> Callable[P, R]:
             fail(f"database error: {str(exc.orig) if hasattr(exc, 'orig') else exc}")
 
     return wrapper
+
+
+def _store(db: str | None) -> Store:
+    """The store named by `db`, which must exist."""
+    from harness.config import open_existing_store
+
+    return open_existing_store(db)
+
+
+def _witnesses(options: list[str] | None) -> list[Witness]:
+    """The witnesses the options (else HARNESS_CHECKPOINT_WITNESS) name."""
+    from harness.audit.witness import configured_witnesses
+
+    return configured_witnesses(options)
 
 
 def _print_verify(report: ChainReport) -> None:
@@ -108,7 +117,7 @@ def verify(
 ) -> None:
     """Walk the hash chain, check every row people read against it and the chain against the signed
     checkpoints (local and witnessed); exit 1 naming the first bad record, or the table, row and field."""
-    store = open_existing_store(db)
+    store = _store(db)
     directory = checkpoint_dir(checkpoint_dir_, store.database_id())
     # a folder typed on the command line must exist (a typo is bad input); the one HARNESS_CHECKPOINT_DIR
     # names is created by the first checkpoint, and until then there are no checkpoints yet (a warning)
@@ -117,7 +126,10 @@ def verify(
     if typed and not directory.is_dir():
         fail(f"checkpoint directory {directory} does not exist")
     legacy = None if checkpoint_dir_ else Path(DEFAULT_DIR)
-    report = verify_chain(audit_reads(store), directory, limit=limit, witnesses=configured_witnesses(witness),
+    from harness.audit.verify import verify_chain
+    from harness.config import audit_reads
+
+    report = verify_chain(audit_reads(store), directory, limit=limit, witnesses=_witnesses(witness),
                           legacy_dir=legacy)
     if json_:
         emit(report.to_dict())
@@ -147,7 +159,10 @@ def _print_reconcile(report: ReconcileReport) -> None:
 def reconcile_cmd(db: DbOption = None, json_: JsonOption = False, limit: LimitOption = 20) -> None:
     """Check that final-state counts match their audit events, each Run agrees with its transitions and
     spend totals match the recorded costs."""
-    report = reconcile(reconcile_reads(open_existing_store(db)), limit=limit)
+    from harness.audit.reconcile import reconcile
+    from harness.config import reconcile_reads
+
+    report = reconcile(reconcile_reads(_store(db)), limit=limit)
     if json_:
         emit(report.to_dict())
     else:
@@ -163,9 +178,12 @@ def checkpoint_cmd(db: DbOption = None, json_: JsonOption = False, dir_: DirOpti
                    witness: WitnessOption = None) -> None:
     """Drain the outbox, then publish a signed Merkle tree head of the whole chain as a new file, and give
     it to the witnesses; exit 1 when a witness did not keep it."""
-    store = open_existing_store(db)
+    from harness.audit.checkpoint import publish_checkpoint
+    from harness.config import Settings, audit_reads, checkpoint_signer
+
+    store = _store(db)
     cp = publish_checkpoint(audit_reads(store), checkpoint_dir(dir_, store.database_id()),
-                            witnesses=configured_witnesses(witness))
+                            witnesses=_witnesses(witness), signer=checkpoint_signer(Settings.from_env()))
     doc = {**cp.summary(), "path": str(cp.path), "previous": (cp.doc.get("previous") or {}).get("file"),
            "witnesses": _witnessed(cp)}
     if json_:
@@ -198,9 +216,12 @@ def rotate_key_cmd(
 ) -> None:
     """Change the checkpoint signing key: publish a checkpoint signed by the new key and endorsed by the
     current one, so verifiers who trust the first key trust the new one; the old key signs nothing more."""
-    store = open_existing_store(db)
+    from harness.audit.checkpoint import rotate_key
+    from harness.config import audit_reads
+
+    store = _store(db)
     cp, key_path = rotate_key(audit_reads(store), checkpoint_dir(dir_, store.database_id()), new_key,
-                              witnesses=configured_witnesses(witness))
+                              witnesses=_witnesses(witness))
     endorsement = cp.doc["endorsement"]
     doc = {**cp.summary(), "path": str(cp.path), "endorsed_by": endorsement["by_key_id"],
            "key_file": str(key_path), "witnesses": _witnessed(cp)}
@@ -212,6 +233,8 @@ def rotate_key_cmd(
 
 
 def _write_export(doc: dict[str, Any], output: Path, json_: bool) -> None:
+    from harness.audit.checkpoint import json_dumps
+
     output.write_text(json_dumps(doc) + "\n", encoding="utf-8")
     summary = {"file": str(output), "run_id": doc["run_id"], "records": len(doc["records"]),
                "not_covered": len(doc["not_covered"]), "complete": doc["complete"],
@@ -233,7 +256,11 @@ def export_cmd(
     output: Annotated[Path | None, typer.Option("-o", "--output", help="Write the export here.")] = None,
 ) -> None:
     """Export a Run's trace records with inclusion proofs against the newest checkpoint."""
-    store = open_existing_store(db)
+    from harness.audit.checkpoint import latest_checkpoint
+    from harness.audit.export import export_run
+    from harness.config import audit_reads
+
+    store = _store(db)
     directory = checkpoint_dir(dir_, store.database_id())
     cp = latest_checkpoint(directory)
     if cp is None:
@@ -265,7 +292,9 @@ def export_cmd(
 def move_key_cmd(db: DbOption = None, json_: JsonOption = False, dir_: DirOption = None) -> None:
     """Move a signing key an earlier version left in the checkpoint directory to the database's key folder
     (mode 0600), where a checkpoint directory writer cannot take it."""
-    store = open_existing_store(db)
+    from harness.audit.keys import move_legacy_key
+
+    store = _store(db)
     directory = checkpoint_dir(dir_, store.database_id())
     legacy = directory if (directory / "checkpoint-key.pem").exists() or dir_ else Path(DEFAULT_DIR)
     target = move_legacy_key(legacy, store.database_id())
@@ -280,7 +309,7 @@ def move_key_cmd(db: DbOption = None, json_: JsonOption = False, dir_: DirOption
 @_audit_errors
 def drain_cmd(db: DbOption = None, json_: JsonOption = False) -> None:
     """Chain every record waiting in the outbox now."""
-    store = open_existing_store(db)
+    store = _store(db)
     chained = store.drain_all()
     seq, digest = store.chain_head()
     head = {"seq": seq, "hash": digest}

@@ -3,19 +3,22 @@
 from __future__ import annotations
 
 import threading
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from harness.cli.runs import runtime
-from harness.cli.support import DbOption, JsonOption, emit
-from harness.sweeper import SweepReport, ZombieSweeper
+from harness.cli.support import AgentOption, DbOption, JsonOption, agent_reference, emit
+
+if TYPE_CHECKING:
+    from harness.sweeper import SweepReport
 
 
 def _doc(report: SweepReport) -> dict[str, object]:
     return {"detected": report.detected, "recovered": report.recovered, "lost": report.lost,
             "healthy": report.healthy, "resumed": report.resumed, "approvals_expired": report.approvals_expired,
-            "decisions_resumed": report.decisions_resumed}
+            "decisions_resumed": report.decisions_resumed, "requeued": report.requeued, "queued": report.queued,
+            "not_started": report.not_started}
 
 
 def sweep(
@@ -25,13 +28,17 @@ def sweep(
     resume: Annotated[bool, typer.Option(
         "--resume/--no-resume",
         help="Drive stuck Runs that can still be resumed here, instead of closing them (off: this command "
-             "is the backstop that closes what no worker picked up).")] = False,
+             "is the backstop that closes what no worker picked up; queued Runs, never started, are left "
+             "queued for a worker).")] = False,
     db: DbOption = None,
     json_: JsonOption = False,
 ) -> None:
-    """Find Runs stuck past their state's threshold and close (or resume) them; expire overdue approvals;
-    carry out decided approvals whose Run did not move."""
+    """Find Runs stuck past their state's threshold and close (or resume) them; close queued Runs past their
+    start deadline (never a queued Run for waiting); expire overdue approvals; carry out decided approvals
+    whose Run did not move."""
     rt = runtime(db)
+    from harness.sweeper import ZombieSweeper
+
     sweeper = ZombieSweeper(rt.store, rt.machine, thresholds=rt.settings.thresholds(),
                             expire_approvals=rt.runs.expire_approvals,
                             resume=rt.runs.drive if resume else None,
@@ -50,28 +57,48 @@ def sweep(
     else:
         typer.echo(f"detected {len(report.detected)}, recovered {len(report.recovered)}, lost to another writer "
                    f"{len(report.lost)}, healthy (heartbeating) {len(report.healthy)}, resumed "
-                   f"{len(report.resumed)}, approvals expired {len(report.approvals_expired)}, decided approvals "
-                   f"carried out {len(report.decisions_resumed)}, working directories removed {len(pruned)}")
+                   f"{len(report.resumed)}, queued (not started) {len(report.queued) + len(report.requeued)}, "
+                   f"closed past their start deadline {len(report.not_started)}, approvals expired "
+                   f"{len(report.approvals_expired)}, decided approvals carried out {len(report.decisions_resumed)}, "
+                   f"working directories removed {len(pruned)}")
 
 
 def worker(
-    concurrency: Annotated[int, typer.Option("--concurrency", "-c", help="Runs driven at once.")] = 2,
+    concurrency: Annotated[int | None, typer.Option(
+        "--concurrency", "-c", min=1, max=100_000,
+        help="Runs this process drives at once; a waiting Run holds no thread (HARNESS_DRIVE_CONCURRENCY, "
+             "default 1000).")] = None,
     beat: Annotated[bool, typer.Option("--beat", help="Also run Celery beat here (the periodic sweep).")] = False,
     broker: Annotated[str | None, typer.Option("--broker", envvar="HARNESS_BROKER_URL",
                                                 help="Celery broker URL (Redis or RabbitMQ).")] = None,
     db: DbOption = None,
+    agent: AgentOption = None,
 ) -> None:
-    """Run a Celery worker that drives Runs from the queue (scale-out); --beat adds the sweep schedule."""
+    """Run a Celery worker that drives Runs from the queue (scale-out); --beat adds the sweep schedule.
+
+    One process drives many Runs at once on its drive loop; run more processes (on more machines) to
+    use more cores."""
     import os
 
     if db:
         os.environ["HARNESS_DATABASE_URL"] = db
     if broker:
         os.environ["HARNESS_BROKER_URL"] = broker
+    if concurrency is not None:
+        os.environ["HARNESS_DRIVE_CONCURRENCY"] = str(concurrency)
+    reference = agent_reference(agent)
+    if reference:
+        from harness.agents import load_agent
+
+        load_agent(reference)  # a bad reference is named now (exit 2), not in the worker's first task
+        os.environ["HARNESS_AGENT"] = reference
     from harness.celery_app import make_app
 
     app = make_app(broker)
-    argv = ["worker", f"--concurrency={concurrency}", "--loglevel=INFO", "--without-gossip", "--without-mingle"]
+    # two task threads hand Runs over to the drive loop (one may wait for a place while the other takes the
+    # next message); the Runs themselves are driven on the loop, not on these threads
+    argv = ["worker", "--pool=threads", "--concurrency=2", "--loglevel=INFO", "--without-gossip",
+            "--without-mingle"]
     if beat:
         argv.append("--beat")
     app.worker_main(argv)

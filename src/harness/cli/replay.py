@@ -8,15 +8,15 @@ database is only read: the replay runs on a temporary database of its own.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from harness.cli.support import EXIT_CHECK_FAILED, DbOption, JsonOption, emit, screen
-from harness.config import Settings, open_store
+from harness.cli.support import EXIT_CHECK_FAILED, DbOption, JsonOption, agent_reference, emit, screen
 from harness.domain.errors import InvalidRequestError
-from harness.replay import ReplayReport
-from harness.replay import replay as replay_run
+
+if TYPE_CHECKING:
+    from harness.replay import ReplayReport
 
 
 def replay(
@@ -27,9 +27,12 @@ def replay(
     """Re-execute a finished Run with its recorded LLM answers and tool results; report any divergence."""
     if db and "://" not in db and not Path(db).expanduser().exists():
         raise InvalidRequestError(f"no database at {db!r}")
+    from harness.config import Settings, open_store
+    from harness.replay import replay as replay_run
+
     source = open_store(db, migrate_schema=False)  # replay never writes to the Run's database
     try:
-        report = replay_run(run_id, source, Settings.from_env())
+        report = replay_run(run_id, source, Settings.from_env(agent=agent_reference()))
     finally:
         source.close()
     if json_:

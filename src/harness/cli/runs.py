@@ -2,22 +2,24 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import sys
 import time
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.tree import Tree
 
-from harness.cli.support import DbOption, JsonOption, emit, fail, screen
-from harness.config import Runtime, Settings, build_runtime
-from harness.domain.contracts import RunResult
-from harness.domain.traces import policy_passed, policy_verdicts
+from harness.cli.support import DbOption, JsonOption, agent_reference, emit, fail, screen
 from harness.kernel import FINAL, RunState
-from harness.pipeline.trace_groups import group_records
 from harness.timefmt import deadline_reason, human, iso
+
+if TYPE_CHECKING:
+    from rich.tree import Tree
+
+    from harness.config import Runtime
+    from harness.domain.contracts import RunResult
 
 Tenant = Annotated[str, typer.Option("--tenant", help="Tenant of the caller.")]
 User = Annotated[str, typer.Option("--user", help="User id of the caller.")]
@@ -25,16 +27,18 @@ Session = Annotated[str, typer.Option("--session", help="Conversation session id
 
 
 def runtime(db: str | None) -> Runtime:
-    """The composition root for a CLI command."""
-    return build_runtime(Settings.from_env(db=db))
+    """The composition root for a CLI command, for the agent `harness --agent` or HARNESS_AGENT names
+    (imported here: `harness --help` loads none of it)."""
+    from harness.config import Settings, build_runtime
+
+    return build_runtime(Settings.from_env(db=db, agent=agent_reference()))
 
 
 def result_document(rt: Runtime, result: RunResult) -> dict[str, Any]:
-    """The JSON a command prints for a Run's result."""
-    doc = result.model_dump(mode="json")
-    doc["path"] = list(result.path)
-    doc["legacy_status"] = rt.store.legacy_job(result.run_id)[0]
-    return doc
+    """The JSON a command prints for a Run's result: the Run's document, as `runs show --json` prints it."""
+    from harness.cli.documents import run_document
+
+    return run_document(rt.store, result.run_id)
 
 
 def print_result(result: RunResult) -> None:
@@ -49,7 +53,9 @@ def print_result(result: RunResult) -> None:
         console.print(f"  reason: {result.error}")
     if result.approval_request_id:
         console.print(f"  waiting for approval: request [bold]{result.approval_request_id}[/]")
-        console.print(f"  decide with: harness approve {result.approval_request_id} --as <identity>")
+        agent = agent_reference()  # the approving process needs the Run's agent too
+        named = f"--agent {agent} " if agent else ""
+        console.print(f"  decide with: harness {named}approve {result.approval_request_id} --as <identity>")
 
 
 def run(
@@ -68,17 +74,24 @@ def run(
         "--wait", help="If the Run waits for approval, keep waiting for the decision.")] = False,
     timeout: Annotated[float, typer.Option(
         "--timeout", help="With --wait: give up waiting after this many seconds.")] = 3600.0,
+    start_by: Annotated[str | None, typer.Option(
+        "--start-by", help="The latest moment the Run may start, ISO 8601 with its offset "
+                           "(2026-12-05T10:00:00Z); later it is closed not_started instead of run.")] = None,
+    start_within: Annotated[float | None, typer.Option(
+        "--start-within", min=0.001, help="The same as a number of seconds from now.")] = None,
     db: DbOption = None,
     json_: JsonOption = False,
 ) -> None:
-    """Run a task in-process until it is final or waits for a human; show the state path live."""
+    """Run a task in-process until it is final or waits for a human; show the state path live. When too
+    many accepted Runs wait to start (HARNESS_MAX_BACKLOG) the Run is refused, nothing written: exit 1."""
+    deadline = _start_by(start_by, start_within)
     rt = runtime(db)
     rt.runs.assembler.warm()  # the vocabulary loads before the Run, not inside its step 2
     roles = caller_roles(rt, tenant, user, role)
     if not json_:
         rt.machine.subscribe(lambda run_id, source, target: typer.echo(f"  {source.value:>13} → {target.value}"))
     request = {"task": task, "tenant_id": tenant, "user_id": user, "session_id": session, "roles": list(roles),
-               "idempotency_key": idempotency_key, "chain_remaining": chain_remaining}
+               "idempotency_key": idempotency_key, "chain_remaining": chain_remaining, "start_by": deadline}
     result = rt.runs.create_run(request)
     if wait and result.state == RunState.AWAITING_HITL.value:
         result = wait_for_decision(rt, result.run_id, timeout)
@@ -86,6 +99,15 @@ def run(
         emit(result_document(rt, result))
     else:
         print_result(result)
+
+
+def _start_by(start_by: str | None, start_within: float | None) -> str | None:
+    """The request's start_by from --start-by or --start-within (not both), as ISO 8601."""
+    if start_by is not None and start_within is not None:
+        fail("give --start-by or --start-within, not both")
+    if start_within is not None:
+        return (dt.datetime.now(dt.UTC) + dt.timedelta(seconds=start_within)).isoformat()
+    return start_by
 
 
 def caller_roles(rt: Runtime, tenant: str, user: str, narrowed_to: list[str] | None) -> tuple[str, ...]:
@@ -131,6 +153,10 @@ def trace(run_id: Annotated[str, typer.Argument(help="The Run's id.")], db: DbOp
 def trace_tree(run_id: str, state: str, records: list[dict[str, Any]], now: float | None = None) -> Tree:
     """The trace as a tree under the Run: every record under its step, the steps in the order the Run
     passed them, then the state changes and the audit events (the groups add up to the records)."""
+    from rich.tree import Tree
+
+    from harness.pipeline.trace_groups import group_records
+
     now = time.time() if now is None else now
     root = Tree(f"[bold]Run {run_id}[/] [{state}] · {len(records)} hash-chained records", highlight=False)
     for group in group_records(records, lambda r: (r["kind"], r)):
@@ -156,6 +182,8 @@ def _record_lines(r: dict[str, Any], now: float) -> list[str]:
     if kind == "audit":
         return [f"{r['event']} by {r['actor']}"]
     if kind == "policy":
+        from harness.domain.traces import policy_passed, policy_verdicts
+
         lines = [f"policy {v['rule_id']}: {v['decision']} — {v['reason']}" for v in policy_verdicts(r)]
         passed = policy_passed(r)
         if passed:
@@ -208,11 +236,13 @@ def cancel(run_id: Annotated[str, typer.Argument(help="The Run's id.")],
 
 
 def decide(decision: str, request_id: str, as_: str, reason: str, break_glass: bool, db: str | None,
-           json_: bool) -> None:
-    """approve / reject: judge and persist the decision, then drive the Run in this process."""
+           json_: bool, resume: bool = True) -> None:
+    """approve / reject: judge and persist the decision, then (unless not `resume`) drive the Run in this
+    process; an approval this process cannot drive (it lacks the Run's skills) is refused unrecorded."""
     rt = runtime(db)
     approver = rt.identities.resolve(as_)
-    verdict, result = rt.runs.decide(request_id, approver, decision, break_glass=break_glass, reason=reason)
+    verdict, result = rt.runs.decide(request_id, approver, decision, break_glass=break_glass, reason=reason,
+                                     resume=resume)
     doc = {"request_id": request_id, "decision": decision, "accepted": verdict.accepted, "effect": verdict.effect,
            "refusal": verdict.refusal, "approvals": verdict.approvals,
            "required_approvals": verdict.request.required_approvals, "run": result_document(rt, result)}
@@ -222,6 +252,8 @@ def decide(decision: str, request_id: str, as_: str, reason: str, break_glass: b
         typer.echo(f"{decision} accepted ({verdict.effect}; {verdict.approvals}/"
                    f"{verdict.request.required_approvals} approvals)")
         print_result(result)
+        if verdict.effect == "approved" and not resume:
+            typer.echo("  not driven here (--no-resume): a worker or `harness serve` with the Run's agent drives it")
     else:
         typer.echo(f"{decision} refused: {verdict.refusal}", err=True)
     if not verdict.accepted:
@@ -231,12 +263,19 @@ def decide(decision: str, request_id: str, as_: str, reason: str, break_glass: b
 AsOption = Annotated[str, typer.Option("--as", help="The approver's identity (tenant/user).")]
 ReasonOption = Annotated[str, typer.Option("--reason", help="Why.")]
 BreakGlass = Annotated[bool, typer.Option("--break-glass", help="Privileged: complete the approval now (traced).")]
+Resume = Annotated[bool, typer.Option(
+    "--resume/--no-resume",
+    help="Drive the approved Run on in this process (it needs the Run's agent: harness --agent module:attr "
+         "approve ...), or only record the decision and leave the drive to a worker or `harness serve` "
+         "running that agent.")]
 
 
 def approve(request_id: Annotated[str, typer.Argument()], as_: AsOption, reason: ReasonOption = "",
-            break_glass: BreakGlass = False, db: DbOption = None, json_: JsonOption = False) -> None:
-    """Approve a pending request (exit 1 when the decision is refused)."""
-    decide("approve", request_id, as_, reason, break_glass, db, json_)
+            break_glass: BreakGlass = False, resume: Resume = True, db: DbOption = None,
+            json_: JsonOption = False) -> None:
+    """Approve a pending request (exit 1 when the decision is refused, or when this process lacks skills the
+    approved steps call: nothing is recorded then)."""
+    decide("approve", request_id, as_, reason, break_glass, db, json_, resume)
 
 
 def reject(request_id: Annotated[str, typer.Argument()], as_: AsOption, reason: ReasonOption = "",
@@ -297,6 +336,8 @@ def demo(db: DbOption = None, json_: JsonOption = False, llm: DemoLlm = "scripte
     approvals (one left waiting for a support lead), a policy rejection and two failures."""
     if llm not in ("scripted", "local"):
         fail(f"--llm must be scripted or local, not {llm!r}")
+    from harness.config import Settings, build_runtime
+
     if llm == "local" and not os.environ.get("HARNESS_LLM_BASE_URL"):
         from harness.local_model import LocalModelServer
 

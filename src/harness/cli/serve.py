@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from harness.cli.support import DbOption
+from harness.cli.support import AgentOption, DbOption, agent_reference
 
 Host = Annotated[str, typer.Option("--host", help="Interface to listen on.")]
 Port = Annotated[int, typer.Option("--port", min=0, max=65535, help="TCP port (0 picks a free one).")]
@@ -16,9 +16,12 @@ def serve(
     host: Host = "127.0.0.1",
     port: Port = 8000,
     db: DbOption = None,
+    agent: AgentOption = None,
     workers: Annotated[
         int | None,
-        typer.Option("--workers", min=1, max=256, help="Threads that drive Runs (HARNESS_WORKER_THREADS)."),
+        typer.Option("--workers", min=1, max=100_000,
+                     help="Runs driven at once; a waiting Run holds no thread (HARNESS_DRIVE_CONCURRENCY, "
+                          "default 1000)."),
     ] = None,
     log_json: Annotated[
         bool, typer.Option("--log-json", help="Structured logs: one JSON object per line.")
@@ -41,8 +44,8 @@ def serve(
     if log_level.lower() not in ("debug", "info", "warning", "error"):
         raise typer.BadParameter("must be debug, info, warning or error", param_hint="--log-level")
     logs.configure(json_lines=log_json, level=log_level)
-    settings = ServiceSettings.from_env(worker_threads=workers, otel_exporter=otel)
-    runtime = build_runtime(Settings.from_env(db=db))
+    settings = ServiceSettings.from_env(concurrency=workers, otel_exporter=otel)
+    runtime = build_runtime(Settings.from_env(db=db, agent=agent_reference(agent)))
     runtime.runs.assembler.warm()
     app = create_app(runtime, settings)
     app.state.service.owns_runtime = True

@@ -6,20 +6,19 @@ import datetime as dt
 import json
 import os
 import re
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table
 
 from harness.cli.runs import runtime
 from harness.cli.support import EXIT_CHECK_FAILED, DbOption, JsonOption, cli_errors, emit, fail, screen
-from harness.config import webhook_sender
-from harness.domain.contracts import check_callback_url
-from harness.domain.costs import GROUPS, GroupBy
+from harness.domain.costs import GROUPS
 from harness.domain.ids import ordered_id
-from harness.domain.webhooks import STATUSES
-from harness.webhooks.config import DEFAULT_SECRET_ENV, SecretRef, WebhookConfigError
-from harness.webhooks.notifier import iso
+from harness.domain.webhooks import DEFAULT_SECRET_ENV, STATUSES
+
+if TYPE_CHECKING:
+    from harness.domain.costs import GroupBy
 
 webhooks_app = typer.Typer(help="Webhook pushes to callers and approvers: deliver, test, list, redeliver.",
                            no_args_is_help=True)
@@ -52,7 +51,14 @@ def test(
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds to wait for an answer.", min=0.1)] = 10.0,
     json_: JsonOption = False,
 ) -> None:
-    """Send one signed `webhook.ping` event to URL and say how the receiver answered (exit 1 if not 2xx)."""
+    """Send one signed `webhook.ping` event to URL and say how the receiver answered (exit 1 if not 2xx).
+    This is the operator's own check: it may reach internal addresses, which a tenant's callbacks may not."""
+    from harness.config import webhook_sender
+    from harness.domain.contracts import check_callback_url
+    from harness.domain.outbound import OutboundRule
+    from harness.webhooks.config import SecretRef, WebhookConfigError
+    from harness.webhooks.notifier import iso
+
     try:
         check_callback_url(url)
     except ValueError as exc:
@@ -70,7 +76,7 @@ def test(
                       sort_keys=True, separators=(",", ":"))
     sender = webhook_sender(timeout)
     try:
-        outcome = sender.send(url, event_id, body, secret)
+        outcome = sender.send(url, event_id, body, secret, rule=OutboundRule(any_internal=True))
     finally:
         sender.close()
     doc = {"url": url, "webhook_id": event_id, "ok": outcome.ok, "status_code": outcome.status_code,
@@ -97,6 +103,8 @@ def list_(
     """List webhook deliveries, newest first (`--status dead` for the dead letters)."""
     if status is not None and status not in STATUSES:
         fail(f"--status: {status!r} is not one of {', '.join(STATUSES)}")
+    from harness.webhooks.notifier import iso
+
     rt = runtime(db)
     assert rt.webhook_outbox is not None
     rows = rt.webhook_outbox.list(tenant_id=tenant, status=status, limit=limit)

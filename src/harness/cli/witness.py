@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from harness.audit.witness import TOKEN_ENV
+from harness.audit.places import TOKEN_ENV
 
 witness_app = typer.Typer(help="Keep a second, append-only copy of checkpoints.", no_args_is_help=True)
 

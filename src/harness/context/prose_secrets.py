@@ -7,7 +7,10 @@ selectors, fillers). It keeps, for each character it produces, the span of the o
 from, so a finding in the normalised text is redacted in the original one.
 
 `ProseDetector` finds passwords stated in prose ("the password for the root account is …", "pw: …",
-"Passwort: …", "le mot de passe est …", "la contraseña es …", "密码是…", "パスワードは …", …), PINs, and
+"Passwort: …", "le mot de passe est …", "la contraseña es …", "密码是…", "パスワードは …", …), PINs
+("Ihre PIN lautet …", "code confidentiel : …"), passcodes and access, verification and one-time codes
+("Zugangscode …", "code à usage unique …", "código de verificación …"), answers to security questions
+("security answer: …", "Sicherheitsantwort …", "réponse secrète …", "respuesta de seguridad …"), and
 generic secrets ("token: …", "API key is …"). A stated password is taken unless the word after the
 connector is an ordinary word of the sentence ("… is incorrect", "… ist zu kurz"); a generic secret only
 when its value looks like one (a digit and at least 8 characters), so "the secret to good support is
@@ -88,6 +91,32 @@ _GENERIC = _words(
     r"refresh[\s_-]?token", r"bearer\s+token", r"credentials?", r"license[\s_-]?key", "zugangsdaten", "токен",
     "令牌", "密钥", "秘钥",
     "トークン")
+#: a PIN ("PIN", "Geheimzahl", "code confidentiel", "NIP", …)
+_PIN = _words(r"pin(?:[\s_-]?(?:code|nummer|number))?", "geheimzahl", r"code\s+confidentiel", r"code\s+pin", "nip",
+              r"c[oó]digo\s+pin", r"n[uú]mero\s+pin")
+#: a code that lets its holder in: passcodes, access, verification, confirmation and one-time codes, in
+#: English, German, French and Spanish
+_CODE = _words(
+    "passcode", r"access[\s_-]?code", r"security[\s_-]?code", r"confirmation[\s_-]?code", r"otp(?:[\s_-]?code)?",
+    r"one[\s_-]time[\s_-](?:password|code|passcode|pin)", r"verification[\s_-]?code", r"login[\s_-]?code",
+    r"(?:2fa|mfa|sms|auth(?:entication)?)[\s_-]?code",
+    "zugangscode", "einmalcode", r"einmal[\s_-]?passwort", "bestätigungscode", "bestaetigungscode",
+    "verifizierungscode", "sicherheitscode", "freigabecode", "tan", "mtan", "smstan",
+    r"code\s+d['\u2019]acc[eè]s", r"code\s+(?:à|a)\s+usage\s+unique", r"code\s+de\s+v[ée]rification",
+    r"code\s+de\s+s[ée]curit[ée]", r"code\s+de\s+confirmation", r"mot\s+de\s+passe\s+(?:à|a)\s+usage\s+unique",
+    r"code\s+(?:otp|sms)",
+    r"c[oó]digo\s+de\s+acceso", r"c[oó]digo\s+de\s+verificaci[oó]n", r"c[oó]digo\s+de\s+un\s+solo\s+uso",
+    r"c[oó]digo\s+de\s+seguridad", r"c[oó]digo\s+de\s+confirmaci[oó]n", r"c[oó]digo\s+(?:otp|sms)",
+    r"contrase[nñ]a\s+de\s+un\s+solo\s+uso", r"clave\s+de\s+acceso")
+#: the answer to a security question ("security answer", "Sicherheitsantwort", "réponse secrète", …)
+_ANSWER = _words(
+    r"security[\s_-]?answer", r"secret[\s_-]?answer", r"answer\s+to\s+(?:the|your|my)\s+security\s+question",
+    r"memorable\s+word", r"mother['\u2019]?s\s+maiden\s+name",
+    "sicherheitsantwort", r"antwort\s+auf\s+(?:die|ihre|deine|meine)\s+sicherheitsfrage",
+    r"r[ée]ponse\s+secr[eè]te", r"r[ée]ponse\s+de\s+s[ée]curit[ée]",
+    r"r[ée]ponse\s+(?:à|a)\s+(?:la|votre|ma)\s+question\s+(?:secr[eè]te|de\s+s[ée]curit[ée])",
+    r"respuesta\s+de\s+seguridad", r"respuesta\s+secreta",
+    r"respuesta\s+a\s+(?:la|su|tu|mi)\s+pregunta\s+(?:secreta|de\s+seguridad)")
 #: what may stand between the keyword and the connector: "for the root account", "du serveur", …
 _QUALIFIER = (r"(?:\s+(?:for|of|to|on|at|from|für|fürs|von|vom|de|du|des|pour|del|para|do|da|dla|van|voor|för|"
               r"för|til|для|от)\b[^\n.:=?!]{0,60}?)?")
@@ -143,8 +172,15 @@ PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(rf"{_LATIN_BEFORE}(?:{_PASSWORD_LATIN}){_LATIN_AFTER}\s+{_STOP}"
                 r"(?=[^\s]*\d)(?=[^\s]*[A-Za-z])(?P<v>[^\s\"'`,;]{6,200})", re.IGNORECASE), "password"),
     # a PIN: four to eight digits
-    (re.compile(rf"{_LATIN_BEFORE}(?:pin(?:[\s_-]?code)?|pin-nummer|暗証番号){_LATIN_AFTER}"
-                r"(?:\s*(?::|=)|\s+(?:is|was|ist|est|es))?\s*(?P<v>\d{4,8})(?!\d)", re.IGNORECASE), "pin"),
+    (re.compile(rf"(?:{_LATIN_BEFORE}(?:{_PIN}){_LATIN_AFTER}|暗証番号){_KEY_CLOSE}{_QUALIFIER}"
+                rf"(?:{_CONNECTOR})?\s*[\"'`]?(?P<v>\d{{4,8}})(?!\d)", re.IGNORECASE), "pin"),
+    # a passcode, access, verification or one-time code: digits, or letters with a digit
+    (re.compile(rf"{_LATIN_BEFORE}(?:{_CODE}){_LATIN_AFTER}{_KEY_CLOSE}{_QUALIFIER}(?:{_CONNECTOR})?\s*"
+                rf"(?:[\"'`](?=[^\s]))?{_STOP}(?=[^\s\"'`]*\d)(?P<v>[A-Za-z0-9-]{{4,12}})(?![A-Za-z0-9])",
+                re.IGNORECASE), "one_time_code"),
+    # the answer to a security question, stated: quoted, or the words up to the end of the clause
+    (re.compile(rf"{_LATIN_BEFORE}(?:{_ANSWER}){_LATIN_AFTER}{_KEY_CLOSE}{_CONNECTOR}\s*{_STOP}"
+                rf"(?:{_QUOTED}|(?P<v>[^\s\"'`,;.!?][^\n\"'`,;.!?]{{0,60}}))", re.IGNORECASE), "security_answer"),
     # a generic secret right after its keyword, when it plainly looks like one: "bearer token abc123…"
     (re.compile(rf"(?:{_LATIN_BEFORE}(?:{_GENERIC}){_LATIN_AFTER})\s+{_STOP}(?=[^\s]*[A-Za-z])"
                 r"(?=[^\s\"'`]*\d)(?P<v>[^\s\"'`,;]{12,200})", re.IGNORECASE), "secret"),

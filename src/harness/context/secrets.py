@@ -24,39 +24,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
-
-from detect_secrets.plugins.artifactory import ArtifactoryDetector
-from detect_secrets.plugins.aws import AWSKeyDetector
-from detect_secrets.plugins.azure_storage_key import AzureStorageKeyDetector
-from detect_secrets.plugins.base import RegexBasedDetector
-from detect_secrets.plugins.basic_auth import BasicAuthDetector
-from detect_secrets.plugins.discord import DiscordBotTokenDetector
-from detect_secrets.plugins.github_token import GitHubTokenDetector
-from detect_secrets.plugins.gitlab_token import GitLabTokenDetector
-from detect_secrets.plugins.high_entropy_strings import (
-    Base64HighEntropyString,
-    HexHighEntropyString,
-    HighEntropyStringsPlugin,
-)
-from detect_secrets.plugins.jwt import JwtTokenDetector
-from detect_secrets.plugins.keyword import (
-    CONFIG_DENYLIST_REGEX_TO_GROUP,
-    DENYLIST,
-    QUOTES_REQUIRED_DENYLIST_REGEX_TO_GROUP,
-    KeywordDetector,
-)
-from detect_secrets.plugins.mailchimp import MailchimpDetector
-from detect_secrets.plugins.npm import NpmDetector
-from detect_secrets.plugins.openai import OpenAIDetector
-from detect_secrets.plugins.private_key import PrivateKeyDetector
-from detect_secrets.plugins.pypi_token import PypiTokenDetector
-from detect_secrets.plugins.sendgrid import SendGridDetector
-from detect_secrets.plugins.slack import SlackDetector
-from detect_secrets.plugins.square_oauth import SquareOAuthDetector
-from detect_secrets.plugins.stripe import StripeDetector
-from detect_secrets.plugins.telegram_token import TelegramBotTokenDetector
-from detect_secrets.plugins.twilio import TwilioKeyDetector
+from typing import Any, Protocol
 
 from harness.context.errors import SecretFilterError
 from harness.context.prose_secrets import ProseDetector, normalise
@@ -93,77 +61,7 @@ class Scrubbed:
         return len(self.kinds)
 
 
-def _occurrences(text: str, value: str) -> Iterable[tuple[int, int]]:
-    start = text.find(value)
-    while value and start >= 0:
-        yield start, start + len(value)
-        start = text.find(value, start + 1)
-
-
-_LIBRARY_PLUGINS: tuple[tuple[type[RegexBasedDetector], str], ...] = (
-    (AWSKeyDetector, "aws_key"), (ArtifactoryDetector, "artifactory_token"),
-    (AzureStorageKeyDetector, "azure_storage_key"), (BasicAuthDetector, "basic_auth"),
-    (DiscordBotTokenDetector, "discord_token"), (GitHubTokenDetector, "github_token"),
-    (GitLabTokenDetector, "gitlab_token"), (JwtTokenDetector, "jwt"), (MailchimpDetector, "mailchimp_key"),
-    (NpmDetector, "npm_token"), (OpenAIDetector, "openai_key"), (PrivateKeyDetector, "private_key"),
-    (PypiTokenDetector, "pypi_token"), (SendGridDetector, "sendgrid_key"), (SlackDetector, "slack_token"),
-    (SquareOAuthDetector, "square_oauth"), (StripeDetector, "stripe_key"),
-    (TelegramBotTokenDetector, "telegram_token"), (TwilioKeyDetector, "twilio_key"),
-)
-
-
-class DetectSecretsDetector:
-    """The detect-secrets plugins, line by line, with unquoted high-entropy search for long tokens."""
-
-    name = "detect-secrets"
-    #: shortest unquoted token the entropy check looks at; shorter ones are words, ids and codes
-    MIN_B64, MIN_HEX = 20, 32
-
-    def __init__(self) -> None:
-        self._plugins = [(cls(), kind) for cls, kind in _LIBRARY_PLUGINS]
-        self._keyword = KeywordDetector()
-        self._b64 = Base64HighEntropyString(limit=4.5)
-        self._hex = HexHighEntropyString(limit=3.0)
-        # the keyword detector's regexes are the slow part: only run them where a keyword occurs
-        self._keyword_hint = re.compile("|".join(DENYLIST), re.IGNORECASE)
-        self._b64_run = re.compile(rf"[A-Za-z0-9+/_\-]{{{self.MIN_B64},}}={{0,2}}")
-        self._hex_run = re.compile(rf"[0-9a-fA-F]{{{self.MIN_HEX},}}")
-
-    def find(self, text: str) -> Iterable[Span]:
-        """Spans found by any plugin, line by line as the library expects."""
-        offset = 0
-        for line in text.splitlines(keepends=True):
-            for start, end, kind in self._find_in_line(line.rstrip("\r\n")):
-                yield offset + start, offset + end, kind
-            offset += len(line)
-
-    def _find_in_line(self, line: str) -> Iterable[Span]:
-        for plugin, kind in self._plugins:
-            for value in plugin.analyze_string(line):
-                for start, end in _occurrences(line, value):
-                    yield start, end, kind
-        for table in (QUOTES_REQUIRED_DENYLIST_REGEX_TO_GROUP, CONFIG_DENYLIST_REGEX_TO_GROUP):
-            if not self._keyword_hint.search(line):
-                break
-            for value in self._keyword.analyze_string(line, denylist_regex_to_group=table):
-                for start, end in _occurrences(line, value):
-                    yield start, end, "secret_keyword"
-        entropy_checks: tuple[tuple[re.Pattern[str], HighEntropyStringsPlugin, str], ...] = (
-            (self._b64_run, self._b64, "high_entropy"), (self._hex_run, self._hex, "high_entropy_hex"))
-        for regex, entropy, kind in entropy_checks:
-            for match in regex.finditer(line):
-                if kind == "high_entropy_hex" and _DIGEST_CONTEXT.search(line, max(0, match.start() - 48),
-                                                                         match.start()):
-                    continue  # a commit id or a digest named as one ("commit 3f2a…", "sha256: e3b0…")
-                if entropy.calculate_shannon_entropy(match.group()) > entropy.entropy_limit:
-                    yield match.start(), match.end(), kind
-
-
 _I = re.IGNORECASE
-#: words that say a hex string is a content address, not a credential
-_DIGEST_CONTEXT = re.compile(r"\b(?:commit|commits|sha|sha1|sha-1|sha256|sha-256|sha512|digest|hash|checksum|"
-                             r"revision|rev|merged?|cherry-pick(?:ed)?|tree|blob|git|fingerprint|etag|md5)\b"
-                             r"[^\n]{0,40}$", _I)
 _ASSIGN = r"""["']?\s*(?:[:=]|=>)\s*["']?"""
 #: (pattern, kind, group to redact); group 0 means the whole match
 PROJECT_PATTERNS: tuple[tuple[re.Pattern[str], str, int], ...] = (
@@ -248,10 +146,21 @@ class SecretFilter:
     CACHE_SIZE = 4096
 
     def __init__(self, detectors: Sequence[Detector] | None = None) -> None:
-        self.detectors: Sequence[Detector] = (
-            detectors if detectors is not None else (DetectSecretsDetector(), PatternDetector(), ProseDetector()))
+        self._detectors = detectors
         self._cache: OrderedDict[str, Scrubbed] = OrderedDict()
         self._lock = threading.Lock()
+
+    @property
+    def detectors(self) -> Sequence[Detector]:
+        """The detectors given, or the three layers, made on the first scrub: the library's plugins cost
+        a process ~6 MB and a quarter of a second to import, which commands that filter nothing skip."""
+        if self._detectors is None:
+            with self._lock:
+                if self._detectors is None:
+                    from harness.context.library_secrets import DetectSecretsDetector
+
+                    self._detectors = (DetectSecretsDetector(), PatternDetector(), ProseDetector())
+        return self._detectors
 
     def scrub(self, text: str) -> Scrubbed:
         """`text` with every secret replaced; SecretFilterError if a detector fails or one survives."""
@@ -266,6 +175,47 @@ class SecretFilter:
             if len(self._cache) > self.CACHE_SIZE:
                 self._cache.popitem(last=False)
         return result
+
+    def scrub_json(self, value: Any) -> tuple[Any, tuple[str, ...]]:
+        """A JSON value (a tool's output) with its secrets replaced, and the kinds removed. Each string is
+        read after the name of the field it is in ("pin: 4821"), so a value that is a secret only by its
+        field's name is found; a number or a string found to be a secret becomes its placeholder text."""
+        kinds: list[str] = []
+        clean = self._walk(value, None, kinds)
+        return clean, tuple(kinds)
+
+    def _walk(self, value: Any, key: str | None, kinds: list[str]) -> Any:
+        if isinstance(value, dict):
+            out: dict[Any, Any] = {}
+            for name, item in value.items():
+                clean_name = self._field(None, name, kinds) if isinstance(name, str) else name
+                out[clean_name] = self._walk(item, name if isinstance(name, str) else key, kinds)
+            return out
+        if isinstance(value, list | tuple):
+            return [self._walk(item, key, kinds) for item in value]
+        if isinstance(value, str):
+            return self._field(key, value, kinds)
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            text = str(value)
+            clean = self._field(key, text, kinds)
+            return value if clean == text else clean
+        return value
+
+    def _field(self, key: str | None, text: str, kinds: list[str]) -> str:
+        """`text` filtered as the value of field `key` (its name read before it, then taken off again)."""
+        if key is None:
+            found = self.scrub(text)
+        else:
+            prefix = f"{key}: "
+            found = self.scrub(prefix + text)
+            if not found.count:
+                return text
+            if found.text.startswith(prefix):
+                found = Scrubbed(found.text[len(prefix):], found.kinds)
+            else:  # the field's name was taken for a secret itself: the value on its own
+                found = self.scrub(text)
+        kinds.extend(found.kinds)
+        return found.text
 
     def _scrub(self, text: str) -> Scrubbed:
         kinds: list[str] = []
@@ -303,3 +253,12 @@ class SecretFilter:
 def _inside(placeholders: list[tuple[int, int]], start: int, end: int) -> bool:
     at = bisect.bisect_right(placeholders, (start, len(placeholders) and 1 << 62)) - 1
     return at >= 0 and placeholders[at][0] <= start and end <= placeholders[at][1]
+
+
+def __getattr__(name: str) -> Any:
+    """The library's detector, importable from here as before, loaded on first use."""
+    if name == "DetectSecretsDetector":
+        from harness.context.library_secrets import DetectSecretsDetector
+
+        return DetectSecretsDetector
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -13,7 +13,8 @@ class Problem:
     """One thing wrong with the trail. `seq`/`record_id` name the record, when one can be named;
     `table`/`row`/`field` name the operational row that disagrees with its chained record."""
 
-    kind: str  # edited | deleted | inserted | reordered | head_mismatch | run_trace_missing | row_* | checkpoint_*
+    #: edited | deleted | inserted | reordered | forked | head_mismatch | run_trace_missing | row_* | checkpoint_*
+    kind: str
     seq: int | None
     record_id: str | None
     detail: str

@@ -6,11 +6,12 @@ field instead of being half-understood.
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 import urllib.parse
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from harness.domain import limits
 
@@ -57,14 +58,51 @@ class Contract(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class Message(Contract):
+def nul_in(value: Any, where: str = "") -> str | None:
+    """Where in `value` (texts, keys, lists and mappings, nested) a NUL character is; None when nowhere."""
+    if isinstance(value, str):
+        return (where or "the text") if "\x00" in value else None
+    if isinstance(value, dict):
+        for k, v in value.items():
+            path = f"{where}.{k}" if where else str(k)
+            found = path if isinstance(k, str) and "\x00" in k else nul_in(v, path)
+            if found:
+                return found
+    elif isinstance(value, list | tuple):
+        for i, item in enumerate(value):
+            found = nul_in(item, f"{where}[{i}]")
+            if found:
+                return found
+    return None
+
+
+def refuse_nul(value: Any) -> Any:
+    """`value` unchanged; ValueError naming the field when any text in it holds a NUL character (no
+    database stores one in text, and no caller means one)."""
+    found = nul_in(value)
+    if found:
+        where = found.replace("\x00", "\\x00")
+        raise ValueError(f"{where}: text must not contain NUL characters")
+    return value
+
+
+class Input(Contract):
+    """Base of what a caller submits: no text in it holds a NUL character."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_nul(cls, value: Any) -> Any:
+        return refuse_nul(value)
+
+
+class Message(Input):
     """One turn of conversation history."""
 
     role: Literal["user", "assistant", "system", "tool"]
     content: str = Field(max_length=limits.MESSAGE_CHARS_CEILING)
 
 
-class CallerIdentity(Contract):
+class CallerIdentity(Input):
     """Who asks: tenant, user and roles. The gatekeeper's principal."""
 
     tenant_id: Ident
@@ -72,7 +110,7 @@ class CallerIdentity(Contract):
     roles: tuple[Annotated[str, Field(pattern=IDENT)], ...] = ()
 
 
-class MemoryRequest(Contract):
+class MemoryRequest(Input):
     """How a Run wants long-term memory recalled. Naming a tenant, user, session or team
     other than the caller's own fails the Run; it never narrows to what happens to be visible."""
 
@@ -88,7 +126,7 @@ class MemoryRequest(Contract):
 MetadataKey = Annotated[str, Field(min_length=1, max_length=limits.METADATA_KEY_CHARS)]
 
 
-class RunRequest(Contract):
+class RunRequest(Input):
     """What a caller submits to create a Run (step ①). Sizes are bounded by the ceilings here and by the
     configured limits (harness.domain.limits), checked at submit."""
 
@@ -113,6 +151,15 @@ class RunRequest(Contract):
     chain_remaining: int | None = Field(default=None, ge=0, le=MAX_CHAIN_DEPTH)
     #: where the Run's approval requests and results are pushed, signed (SPEC P4 / N1); None: nowhere
     callback: CallbackUrl | None = None
+    #: the latest moment the Run may start (an ISO-8601 time with its offset, kept in UTC): a Run still
+    #: waiting in the queue then is closed CLOSED_FAILED `not_started` instead of running late. None: the
+    #: deployment's HARNESS_QUEUE_MAX_WAIT_S after acceptance, if set; otherwise it waits as long as it takes
+    start_by: AwareDatetime | None = None
+
+    @field_validator("start_by")
+    @classmethod
+    def _start_by_in_utc(cls, value: dt.datetime | None) -> dt.datetime | None:
+        return None if value is None else value.astimezone(dt.UTC)
 
     @field_validator("task")
     @classmethod
@@ -264,14 +311,40 @@ class StepOutcome(Contract):
 class RunResult(Contract):
     """What the ResultSink delivers to the caller: answer, artifacts, trace id, final state."""
 
+    #: the Run's id
     run_id: str
+    #: its state now, one of the 15 (`RunState` values)
     state: str
+    #: the answer, once the Run succeeded
     answer: str | None = None
+    #: the steps' results by their output key
     artifacts: dict[str, Any] = Field(default_factory=dict)
+    #: the id its trace records are filed under (the Run's id)
     trace_id: str
+    #: why it failed or was rejected, when it did
     error: str | None = None
+    #: the request it waits on, while AWAITING_HITL
     approval_request_id: str | None = None
+    #: every state it passed, in order
     path: tuple[str, ...] = ()
+    #: for a cancelled Run, the calls with side effects that had started before the cancel took effect,
+    #: each with its step, skill and status: "completed", "failed", or "in_flight" (it was running when
+    #: the Run was cancelled and is let finish; nothing starts after the cancel)
+    effects: tuple[dict[str, str], ...] = ()
+
+
+#: how a call with side effects stands, by the status of its step in the RunContext
+_EFFECT_STATUS = {"ok": "completed", "error": "failed", "started": "in_flight"}
+
+
+def effects_of(context: dict[str, Any] | None) -> tuple[dict[str, str], ...]:
+    """The calls with side effects a Run started (the RunContext's `effects`, each marked in the database
+    before its call, while the Run was EXECUTING), with their step, skill and status now."""
+    context = context or {}
+    steps = context.get("steps") or {}
+    return tuple({"step_id": str(e.get("step_id")), "skill": str(e.get("skill")),
+                  "status": _EFFECT_STATUS.get(str((steps.get(e.get("step_id")) or {}).get("status")), "in_flight")}
+                 for e in context.get("effects") or ())
 
 
 NotificationType = Literal[

@@ -6,8 +6,6 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-from harness.domain.traces import COST_TRACE_VERSION
-
 GroupBy = Literal["tenant", "user", "skill", "day"]
 GROUPS: tuple[GroupBy, ...] = ("tenant", "user", "skill", "day")
 #: the skill a cost of no skill (a planning call) is grouped under
@@ -69,4 +67,6 @@ class RunTotal:
 
     def to_dict(self) -> dict[str, Any]:
         """The RunTrace's total_cost."""
+        from harness.domain.traces import COST_TRACE_VERSION  # here: the trace models cost a CLI's start
+
         return {"v": COST_TRACE_VERSION, **asdict(self)}

@@ -8,15 +8,20 @@
     │   ├── UnknownRunError           no Run with that id
     │   ├── ManifestError             a skill manifest that cannot be loaded
     │   └── PolicyConfigError         a policy file that cannot be loaded
+    ├── BacklogFullError              too many accepted Runs wait to start; retry later (HTTP 429)
     ├── InvalidTransitionError        (from, to) is not in the transition table
     ├── ConflictError                 the Run moved on first; the request changed nothing (HTTP 409)
-    │   └── CancelRefusedError        a cancel lost to the close it raced (names the state)
+    │   ├── CancelRefusedError        a cancel lost to the close it raced (names the state)
+    │   ├── SkillsUnavailableError    this process lacks skills a parked Run's approved steps call
+    │   └── SkillsElsewhereError      this process lacks skills a Run's plan calls: left to one that has them
     ├── StoreError                    the database failed or holds something it should not
-    │   └── FencedError               this worker's lease on the Run was taken over (K5b)
+    │   ├── FencedError               this worker's lease on the Run was taken over (K5b)
+    │   └── DatabaseUnavailableError  the database stayed unreachable through the retries; try later
     ├── ProviderError                 an LLM provider call failed (retryable or not, SPEC T3)
     └── PipelineError                 a pipeline step failed; carries the state it leads to
         ├── PlanError                 the model's plan is invalid
         ├── ContextError              the context could not be assembled (budget, isolation, filter)
+        ├── BudgetExceededError       a model call's worst case does not fit what a budget cap has left
         └── SkillError                a skill failed
 
 Signals that are not errors (approval needed) live with the gatekeeper, apart from this tree.
@@ -65,6 +70,20 @@ class PolicyConfigError(BadInputError):
     """A policy file is broken; the message names the file and field."""
 
 
+class BacklogFullError(HarnessError):
+    """A new Run was refused, nothing written: `backlog` accepted Runs are waiting to start (state CREATED,
+    counted in the database, so across replicas) and the deployment takes at most `bound`
+    (HARNESS_MAX_BACKLOG). Accepting it would only have it wait past what the workers can start; the caller
+    should retry after `retry_after_s` seconds."""
+
+    def __init__(self, backlog: int, bound: int, retry_after_s: int) -> None:
+        super().__init__(f"the queue is full: {backlog} accepted Runs are waiting to start and this deployment "
+                         f"takes at most {bound} (HARNESS_MAX_BACKLOG); retry after {retry_after_s} s")
+        self.backlog = backlog
+        self.bound = bound
+        self.retry_after_s = retry_after_s
+
+
 class InvalidTransitionError(HarnessError):
     """The requested (from, to) pair is not in the transition table (SPEC K2)."""
 
@@ -88,12 +107,49 @@ class CancelRefusedError(ConflictError):
         self.state = state
 
 
+class SkillsUnavailableError(ConflictError):
+    """An approval refused before it was recorded: this process would drive the approved Run but lacks skills
+    its approved steps call (`missing`), or has other versions of them than the Run pinned at its start
+    (`changed`): another agent, or changed code. The Run stays parked; a process with the Run's agent (or a
+    decision that leaves the drive to one) can take the approval."""
+
+    def __init__(self, run_id: str, missing: list[str], changed: list[str]) -> None:
+        parts = ([f"missing: {', '.join(missing)}"] if missing else []) + (
+            [f"changed since the Run started: {', '.join(changed)}"] if changed else [])
+        super().__init__(f"approval refused, nothing recorded: run {run_id}'s approved steps call skills this "
+                         f"process does not have as the Run pinned them ({'; '.join(parts)}); the Run stays "
+                         "AWAITING_HITL. Approve it where its agent runs (HARNESS_AGENT or --agent module:attr), "
+                         "or record the approval without driving it here (harness approve --no-resume) for a "
+                         "worker that runs that agent")
+        self.run_id = run_id
+        self.missing = missing
+        self.changed = changed
+
+
+class SkillsElsewhereError(ConflictError):
+    """A drive that stopped before its Run's next step, changing nothing: this process has none of some
+    skills the Run's plan calls (it runs another agent). The Run stays where it is, for a process that
+    runs its agent; the sweeper closes it if none ever does."""
+
+    def __init__(self, run_id: str, missing: list[str]) -> None:
+        super().__init__(f"run {run_id} was not driven here: its plan calls skills this process does not have "
+                         f"({', '.join(missing)}); it is left for a process that runs its agent "
+                         "(HARNESS_AGENT or --agent module:attr)")
+        self.run_id = run_id
+        self.missing = missing
+
+
 class StoreError(HarnessError):
     """The store failed, or holds data that breaks an invariant."""
 
 
 class FencedError(StoreError):
     """This worker no longer holds the Run's lease; it must make no further write or side effect."""
+
+
+class DatabaseUnavailableError(StoreError):
+    """The database could not be reached, or dropped the connection, on every try: nothing the caller
+    asked for can be taken as done; the same request (with its idempotency key) may be sent again."""
 
 
 class PipelineError(HarnessError):
@@ -113,6 +169,13 @@ class ContextError(PipelineError):
     """The context could not be assembled."""
 
     code = "context_error"
+
+
+class BudgetExceededError(PipelineError):
+    """A model call was not made: its worst case (its prompt and max_tokens of output at the model's price)
+    does not fit what a budget cap has left."""
+
+    code = "budget_exceeded"
 
 
 class SkillError(PipelineError):

@@ -44,6 +44,8 @@ class NewRun:
     run_id: str = field(default_factory=ordered_id)
     #: digest of the request body, bound to the idempotency key (harness.pipeline.intake.body_hash)
     request_hash: str | None = None
+    #: the latest moment (the store's clock) the Run may start; None: no start deadline
+    start_by: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,3 +157,13 @@ class StuckRun:
     lease_expires_at: float | None
     stall_count: int
     close_reason: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class QueuedRun:
+    """An accepted Run that has not started (CREATED) and whose start deadline has passed."""
+
+    run_id: str
+    version: int
+    created_at: float
+    start_by: float

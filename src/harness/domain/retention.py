@@ -4,6 +4,7 @@ prune and an erasure did, and the pure pieces of an erasure (the pseudonym, the 
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,6 +50,8 @@ class LiveErasure:
     records: int = 0
     memory_entries: int = 0
     still_running: tuple[str, ...] = ()
+    #: the SHA-256s the Runs' records named (among them the blobs they reference)
+    contents: set[str] = field(default_factory=set)
 
 
 def swap_ids(value: Any, user_id: str, subject: str) -> Any:
@@ -70,3 +73,12 @@ def redacted_payload(salt: bytes, erase_id: str, payload: str) -> str:
     """What replaces a record's payload."""
     return canonical_json({"erased": erase_id,
                            "salted_sha256": hashlib.sha256(salt + payload.encode("utf-8")).hexdigest()})
+
+
+#: how a record's payload names a blob: its SHA-256 in hex
+_HASH = re.compile(r"[0-9a-f]{64}")
+
+
+def hashes_in(payload: str) -> set[str]:
+    """Every SHA-256 (hex) a payload names: the blobs a record references are among them."""
+    return set(_HASH.findall(payload))

@@ -41,6 +41,10 @@ class SandboxJob:
     entry_sha256: str | None = None
     #: extra environment variables of the call (the instance's leased ports)
     env: dict[str, str] = field(default_factory=dict)
+    #: sys.path entries the call needs first (a code skill's module root and the harness package's)
+    python_path: tuple[Path, ...] = ()
+    #: code the call must see besides the Python installation, read-only (a code skill's package, harness)
+    code_paths: tuple[Path, ...] = ()
 
     @property
     def run_id(self) -> str:

@@ -248,11 +248,13 @@ class ErrorTrace(TraceModel):
     retries: int = 0
 
 
-def error_trace(run_id: str, step: int, code: str, exc: BaseException | str, retries: int = 0) -> ErrorTrace:
-    """An ErrorTrace for an exception (its stack hashed, so equal failures group) or a message."""
+def error_trace(run_id: str, step: int, code: str, exc: BaseException | str, retries: int = 0,
+                message: str | None = None) -> ErrorTrace:
+    """An ErrorTrace for an exception (its stack hashed, so equal failures group) or a message; `message`
+    stands for the exception's own (one filtered for secrets)."""
     if isinstance(exc, BaseException):
         stack = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-        return ErrorTrace(run_id=run_id, step=step, error_code=code, message=str(exc) or type(exc).__name__,
+        return ErrorTrace(run_id=run_id, step=step, error_code=code, message=message or str(exc) or type(exc).__name__,
                           stack_hash=hashlib.sha256(stack.encode()).hexdigest(), retries=retries)
     return ErrorTrace(run_id=run_id, step=step, error_code=code, message=exc, retries=retries)
 

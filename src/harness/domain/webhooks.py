@@ -9,6 +9,8 @@ from typing import Any
 #: a delivery's states: waiting (and retried), delivered, given up
 PENDING, DELIVERED, DEAD = "pending", "delivered", "dead"
 STATUSES = (PENDING, DELIVERED, DEAD)
+#: the variable holding the Standard Webhooks secret when no webhooks file names one per tenant
+DEFAULT_SECRET_ENV = "HARNESS_WEBHOOK_SECRET"
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,8 +54,10 @@ class Delivery:
 
 @dataclass(frozen=True, slots=True)
 class SendOutcome:
-    """How one attempt went: `ok` for a 2xx answer; otherwise the status (None if there was none) and why."""
+    """How one attempt went: `ok` for a 2xx answer; otherwise the status (None if there was none), why (a
+    category: "refused", "timed out", "HTTP 5xx"), and whether trying again may help."""
 
     ok: bool
     status_code: int | None
     error: str | None = None
+    retry: bool = True

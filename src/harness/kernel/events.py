@@ -14,9 +14,19 @@ FINAL_EVENT: dict[RunState, str] = {
     S.CLOSED_CANCELLED: "run_closed_cancelled",
 }
 
+#: the audit event of a timeout, by the state the Run timed out in
+TIMEOUT_EVENT: dict[RunState, str] = {S.AWAITING_HITL: "hitl_timeout", S.PLANNING: "planning_timeout"}
+#: a tool call failed (its step's ToolTrace and ErrorTrace say how)
+TOOL_CALL_FAILED = "tool_call_failed"
 ILLEGAL_TRANSITION = "illegal_transition"
 LOST_RACE = "transition_lost_race"
 RUN_CREATED = "run_created"
+#: a queued Run (CREATED, never started) handed back to a driver by the sweeper: waiting, not stuck
+RUN_REQUEUED = "run_requeued"
+#: a queued Run closed because its start deadline passed before any driver started it
+RUN_NOT_STARTED = "run_not_started"
+#: a driver took a Run's lease over from another whose lease had lapsed (dead, stopped or cut off): both named
+LEASE_TAKEN_OVER = "lease_taken_over"
 
 
 def audit_events_for(source: RunState | None, target: RunState) -> tuple[str, ...]:
@@ -28,7 +38,7 @@ def audit_events_for(source: RunState | None, target: RunState) -> tuple[str, ..
     if target == S.REJECTED:
         return ("policy_rejected",) if source == S.POLICY_CHECK else ("hitl_rejected",)
     if target == S.TIMEOUT:
-        return ("hitl_timeout",) if source == S.AWAITING_HITL else ("execution_timeout",)
+        return (TIMEOUT_EVENT.get(source, "execution_timeout"),)
     if target == S.CANCELLED:
         return ("run_cancelled",)
     if target == S.FAILED:

@@ -46,7 +46,9 @@ TABLE: tuple[Edge, ...] = (
     Edge(S.TRACING, S.CLOSED_FAILED, "trace_recorder", "entered from FAILED or execution TIMEOUT"),
     Edge(S.TRACING, S.CLOSED_CANCELLED, "trace_recorder", "entered from CANCELLED"),
     # documented extensions (SPEC K2): sweeper-forced
-    Edge(S.CREATED, S.FAILED, "zombie_sweeper", "stuck in CREATED past its threshold"),
+    # a Run in CREATED has not started: it is queued, not stuck, and only its start deadline closes it (by
+    # the driver that finds it late, or the sweeper). Runs an older sweeper closed here keep their record.
+    Edge(S.CREATED, S.FAILED, "start_deadline", "not started by its start deadline"),
     Edge(S.POLICY_CHECK, S.FAILED, "zombie_sweeper", "stuck in POLICY_CHECK past its threshold"),
     Edge(S.TRACING, S.FAILED, "zombie_sweeper", "trace write stuck past its threshold"),
     # documented extensions (SPEC K2): user cancel before execution

@@ -38,6 +38,7 @@ from harness.domain.errors import UnknownRunError
 from harness.domain.leases import Lease
 from harness.domain.records import RunRecord, TraceRecordIn
 from harness.kernel import FINAL, RunState
+from harness.pipeline import waits
 from harness.pipeline.tool_kinds import ChildWait
 from harness.ports import Fence
 from harness.ports.leases import RunLeases
@@ -138,8 +139,11 @@ class ChildRuns:
                                            "the child passed")
                     return ChildWait(None, "deadline")
                 hold.renew()
-                with self._ended:
-                    self._ended.wait(min(left, self.poll_s))
+                if waits.suspendable():  # on a drive loop: switched out, the next look after a poll
+                    waits.sleep(min(left, self.poll_s))
+                else:
+                    with self._ended:
+                        self._ended.wait(min(left, self.poll_s))
         finally:
             if hold is not None:
                 hold.release()
@@ -229,7 +233,7 @@ class _ParentHold:
         self.beat_at = time.monotonic()
         if fence is None:
             self.leases = children.leases
-            owner = f"{socket.gethostname()}:{os.getpid()}:{threading.get_ident()}:waiting"
+            owner = f"{socket.gethostname()}:{os.getpid()}:{threading.get_ident()}{waits.strand_tag()}:waiting"
             self.lease = self.leases.acquire(parent_id, owner)
             self.taken = self.lease is None
 

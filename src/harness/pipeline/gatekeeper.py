@@ -24,6 +24,7 @@ from harness.domain.chain import content_hash
 from harness.domain.contracts import CallerIdentity, Plan, PlanStep, PolicyDecision, Verdict, refs_in
 from harness.domain.costs import Spend
 from harness.domain.traces import PolicyTrace, policy_trace
+from harness.pipeline.call_budget import Room
 from harness.policy.cedar import CedarPermissions
 from harness.policy.config import Level, PolicyFile, load_policy_file
 from harness.policy.guardrails import UNKNOWN, argument_value, matches
@@ -229,6 +230,19 @@ class PolicyEngine:
                                reason=f"{scope} spent {spent:.4f} + plan estimate {estimate:.4f} "
                                       f"{'exceeds' if over else 'within'} cap {cap:.2f} USD"))
         return [*self._unpriced(spend.unpriced_models), *out]
+
+    def budget_room(self, caller: CallerIdentity, run_id: str) -> Room | None:
+        """What the tightest of the caller's budget caps has left for the Run (None without caps or a
+        ledger): what a model call's worst case must fit before the call is made."""
+        caps = self.policy.budgets
+        if self.ledger is None or (caps.per_run_usd is None and caps.per_user_usd is None
+                                   and caps.per_tenant_usd is None):
+            return None
+        spend = self.ledger.spend(tenant_id=caller.tenant_id, user_id=caller.user_id, run_id=run_id)
+        rooms = [Room(scope, cap, spent) for scope, cap, spent in (
+            ("run", caps.per_run_usd, spend.run_usd), ("user", caps.per_user_usd, spend.user_usd),
+            ("tenant", caps.per_tenant_usd, spend.tenant_usd)) if cap is not None]
+        return min(rooms, key=lambda r: r.left_usd)
 
     def _unpriced(self, models: tuple[str, ...]) -> list[Verdict]:
         """A verdict on the Run's calls of models without a price: budgets cannot count them, so the policy

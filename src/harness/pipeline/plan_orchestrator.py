@@ -9,7 +9,7 @@ depends on it starts (T6); steps exchange data only through output keys.
 from __future__ import annotations
 
 import concurrent.futures
-import contextvars
+import functools
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -21,6 +21,9 @@ from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_expo
 from harness.domain.contracts import AssembledContext, Message, Plan, PlanStep, lookup_path, refs_in
 from harness.domain.errors import PlanError, ProviderError
 from harness.domain.llm import LLMRequest, LLMResponse, ToolSpec
+from harness.pipeline import waits
+from harness.pipeline.tool_kinds import complete
+from harness.pipeline.waits import Lane
 from harness.ports import LLMProvider
 from harness.skills import SkillRegistry
 
@@ -118,8 +121,11 @@ class PlanOrchestrator:
     """Gets a valid plan from the model and drives its execution."""
 
     def __init__(self, provider: LLMProvider, registry: SkillRegistry, *, max_attempts: int = 3,
-                 max_parallel: int = 4) -> None:
+                 max_parallel: int = 4, lane: Lane | None = None) -> None:
         self.provider = provider
+        #: where a model call of a provider that cannot wait without a thread runs (the tool controller's
+        #: model lane); a provider with asynchronous I/O waits in the drive, switched out
+        self.lane = lane or Lane("llm", 32)
         self.registry = registry
         self.max_attempts = max_attempts
         self.max_parallel = max_parallel
@@ -127,23 +133,35 @@ class PlanOrchestrator:
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=max_parallel, thread_name_prefix="plan-step")
 
     def plan(self, context: AssembledContext, tools: Sequence[ToolSpec], *, rounds: Sequence[Message] = (),
-             taken: tuple[set[str], set[str]] = (set(), set())) -> PlanOutcome:
+             taken: tuple[set[str], set[str]] = (set(), set()),
+             failures: list[ProviderError] | None = None,
+             fit: Callable[[LLMRequest], LLMRequest] | None = None) -> PlanOutcome:
         """Ask the model for a plan and validate it; PlanError names what is wrong.
 
         For a later round, `rounds` is the conversation of the completed rounds (each plan and its
         results) and `taken` the step ids and output keys they used, which the new plan may not reuse
-        (its steps may read the earlier outputs)."""
+        (its steps may read the earlier outputs). Each attempt the provider failed (retried or the last)
+        is appended to `failures`, so that the caller can record every one. `fit` checks the request
+        against the budget before the call (harness.pipeline.call_budget): it may ask for fewer output
+        tokens, or refuse with BudgetExceededError."""
         request = LLMRequest(
             purpose="plan", system=context.system_prompt,
             messages=(*context.history, Message(role="user", content=context.user_input), *rounds),
             tools=tuple(tools), max_tokens=max(256, min(4_096, context.budget_left)),
         )
+        if fit is not None:
+            request = fit(request)
         response: LLMResponse | None = None
         for attempt in Retrying(stop=stop_after_attempt(self.max_attempts),
                                 wait=wait_exponential_jitter(multiplier=0.05, max=2.0, jitter=0.05),
-                                retry=retry_if_exception(_provider_retryable), reraise=True):
+                                retry=retry_if_exception(_provider_retryable), reraise=True, sleep=waits.sleep):
             with attempt:
-                response = self.provider.complete(request)
+                try:
+                    response = complete(self.provider, request, self.lane)
+                except ProviderError as exc:
+                    if failures is not None:
+                        failures.append(exc)
+                    raise
         assert response is not None
         try:
             plan = self.parse(response.content, {t.name for t in tools}, taken)
@@ -207,9 +225,9 @@ class PlanOrchestrator:
             else:
                 if before_parallel is not None:  # the steps write from other threads: commit first
                     before_parallel()
-                # each step runs in the drive's context (its lease and RunContext), not the pool thread's
-                futures = [self._pool.submit(contextvars.copy_context().run, run_step, s, snapshot) for s in todo]
-                results = [f.result() for f in futures]
+                # each step runs in a copy of the drive's context (its lease and RunContext): on a drive loop
+                # in a greenlet of its own, elsewhere on a pool thread; the drive waits for all of them
+                results = waits.run_all([functools.partial(run_step, s, snapshot) for s in todo], self._pool)
             for result in results:
                 report.runs.append(result)
                 if result.ok:

@@ -16,18 +16,22 @@ from typing import Any
 
 from harness.domain.contracts import (
     AssembledContext,
+    CallerIdentity,
     RunRequest,
     RunResult,
+    effects_of,
 )
 from harness.domain.errors import (
     CancelRefusedError,
     ContextError,
 )
 from harness.domain.limits import RequestLimits
+from harness.domain.llm import LLMRequest
 from harness.domain.records import RunRecord, TraceRecordIn
 from harness.domain.traces import TraceModel, error_trace, step_trace
 from harness.kernel import FINAL, TRANSIENT, RunState
 from harness.kernel.events import LOST_RACE
+from harness.pipeline.call_budget import CallBudget
 from harness.pipeline.child_runs import ChildRuns
 from harness.pipeline.context_assembler import ContextAssembler
 from harness.pipeline.gatekeeper import PolicyEngine
@@ -45,6 +49,7 @@ MANAGER = "run_manager"
 #: a cancel that keeps losing races to the Run's own steps gives up after this many tries (each lost race
 #: means the Run moved one step on, so a handful covers every path to a cancellable state)
 _CANCEL_ATTEMPTS = 8
+_CANCELLED = (S.CANCELLED, S.CLOSED_CANCELLED)
 
 
 #: one step result waiting for the drive's next transaction: its trace records, the contents they reference,
@@ -114,6 +119,8 @@ class RunCore:
     tools: ToolController
     hitl: HitlDesk
     check_callback: Callable[[RunRequest], None] | None
+    system_history: bool
+    call_budget: CallBudget | None
     execution_limit_s: float
     chain_depth: int
     max_rounds: int
@@ -129,11 +136,13 @@ class RunCore:
         stored = stored or {}
         pending = [r for r in self.hitl.for_run(run_id) if r.status == "pending"] \
             if state == S.AWAITING_HITL else []
+        # a cancelled Run's answer says which calls with side effects had started before the cancel
+        effects = effects_of(self.store.get_run(run_id).context) if state in _CANCELLED else ()
         return RunResult(
             run_id=run_id, state=state.value, answer=stored.get("answer"),
             artifacts=stored.get("artifacts", {}), trace_id=run_id, error=stored.get("error"),
             approval_request_id=pending[-1].request_id if pending else None,
-            path=tuple(s.value for s in path),
+            path=tuple(s.value for s in path), effects=effects,
         )
 
     def assembled_context(self, run_id: str) -> AssembledContext:
@@ -211,11 +220,18 @@ class RunCore:
             return "left"
         return None if standing.held else "fenced"
 
+    def _fit(self, caller: CallerIdentity, run_id: str) -> Callable[[LLMRequest], LLMRequest] | None:
+        """The budget's check of a model call of this Run, made before the call (None without one)."""
+        budget = self.call_budget
+        if budget is None:
+            return None
+        return lambda request: budget.fit(request, caller, run_id)
+
     def _fail(self, run: RunRecord, source: RunState, step: int, code: str, exc: BaseException | str,
-              target: RunState = S.FAILED, inputs: Any = None) -> RunRecord:
+              target: RunState = S.FAILED, inputs: Any = None, retries: int = 0) -> RunRecord:
         message = str(exc)
         records = trace_records(step_trace(run.run_id, step, inputs, {"error": message}, 0.0, "error", message),
-                           error_trace(run.run_id, step, code, exc))
+                           error_trace(run.run_id, step, code, exc, retries))
         return self._advance(run, source, target, f"{code}: {message}", records,
                              result={"error": f"{code}: {message}"})
 

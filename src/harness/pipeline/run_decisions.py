@@ -1,9 +1,10 @@
 """Carrying out approval decisions the Run manager did not make in a decision's own call (SPEC G3, G6):
 approval timeouts (default-deny, or escalation) and the sweeper's backstop for decisions whose Run
-did not move."""
+did not move; and, before a decision is recorded, whether this process can drive what it approves."""
 
 from __future__ import annotations
 
+from harness.domain.errors import SkillsUnavailableError
 from harness.domain.records import TransitionResult
 from harness.domain.traces import HITLTrace
 from harness.pipeline.run_core import RunCore, S, trace_records
@@ -13,6 +14,25 @@ from harness.ports import Tx
 
 class Decisions(RunCore):
     """Approval timeouts and stranded decisions."""
+
+    def check_skills_for(self, request_id: str) -> None:
+        """Refuse (SkillsUnavailableError, nothing recorded) to approve a request whose approved steps call a
+        skill this process does not have as the Run pinned it at its start (T1): the drive that follows
+        would refuse the step (not_approved, manifest_changed) and the approval would be used up. A request
+        no longer pending is left to the decision's own refusal."""
+        request = self.hitl.get(request_id)
+        if request.status != "pending":
+            return
+        pinned = (self.store.get_run(request.run_id).context or {}).get("manifests", {})
+        missing, changed = [], []
+        for skill_id in sorted({str(action["skill"]) for action in request.actions}):
+            skill = self.tools.registry.get(skill_id)
+            if skill is None:
+                missing.append(skill_id)
+            elif pinned.get(skill_id, {}).get("hash") != skill.manifest_hash:
+                changed.append(skill_id)
+        if missing or changed:
+            raise SkillsUnavailableError(request.run_id, missing, changed)
 
     def expire_approvals(self) -> list[str]:
         """Apply every due approval timeout (default-deny, G3); L3 may escalate to L4 by config. Each is

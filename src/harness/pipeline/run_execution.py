@@ -15,13 +15,15 @@ from harness.domain.contracts import (
     render_template,
 )
 from harness.domain.errors import (
+    BudgetExceededError,
     ContextError,
     ProviderError,
+    SkillsElsewhereError,
     UnknownRunError,
 )
 from harness.domain.records import RunRecord, TraceRecordIn
 from harness.domain.traces import ToolTrace, TraceModel, error_trace, step_trace
-from harness.kernel.events import LOST_RACE
+from harness.kernel.events import LOST_RACE, TOOL_CALL_FAILED
 from harness.pipeline import rounds
 from harness.pipeline.plan_orchestrator import StepRun, resolve
 from harness.pipeline.run_core import (
@@ -52,6 +54,10 @@ class ExecutionSteps(RunCore):
 
     def _execute_plan(self, run: RunRecord, request: RunRequest, context: dict[str, Any]) -> RunRecord:
         plan = Plan.model_validate(context["plan"])
+        missing = sorted({step.tool_call.skill for step in plan.steps if self.tools.registry.get(step.tool_call.skill)
+                          is None and step.id not in context["steps"]})
+        if missing:  # another agent's Run (a decision recorded elsewhere, a re-drive): not this process's to fail
+            raise SkillsElsewhereError(run.run_id, missing)
         approved = self._approved_actions(run.run_id, context)
         outputs = {**rounds.earlier_outputs(context), **rounds.ok_outputs(context.get("steps", {}))}
         deadline = self._deadline(run, rounds.executing_spent(context))
@@ -129,8 +135,8 @@ class ExecutionSteps(RunCore):
         try:
             with self.units.effect():  # before the model is called, what led here is durable
                 response = self.tools.compose_answer(system, messages, run_id=run.run_id, caller=request.caller,
-                                                     deadline=deadline)
-        except (ProviderError, ContextError, StepTimeoutError, ToolCallError) as exc:
+                                                     deadline=deadline, fit=self._fit(request.caller, run.run_id))
+        except (ProviderError, ContextError, StepTimeoutError, ToolCallError, BudgetExceededError) as exc:
             code = getattr(exc, "code", None) or (f"llm_{exc.kind}" if isinstance(exc, ProviderError) else "timeout")
             if isinstance(exc, ProviderError):
                 self.writes.record_llm_call(run.run_id, "answer", llm_input,
@@ -222,11 +228,14 @@ class ExecutionSteps(RunCore):
             return self._refuse(run, step, "outcome_unknown",
                                 f"outcome of {step.id} unknown: its worker died during the call and "
                                 f"{skill.id} is not idempotent, so it is not run again")
-        if once_only:
-            refusal = self._mark_started(run.run_id, step)
+        # a call with side effects starts only once its mark is in the database while the Run is EXECUTING:
+        # a cancel that commits first stops it, and one that commits after lists it (RunResult.effects)
+        effect = skill.manifest.risk.access != "read" and skill.manifest.call_kind != "agent"
+        if once_only or (effect and earlier.get("status") is None):
+            refusal = self._mark_started(run.run_id, step, effect=effect)
             if refusal == "superseded":
                 return fail("superseded", "the Run left EXECUTING (cancelled or swept) or its lease was taken over")
-            if refusal is not None:
+            if refusal is not None and once_only:
                 return self._refuse(run, step, "outcome_unknown",
                                     f"outcome of {step.id} unknown: the database already records it as "
                                     f"{refusal} by another drive, so {skill.id} is not run again")
@@ -243,9 +252,14 @@ class ExecutionSteps(RunCore):
                                    output_key=step.output_key, caller=request.caller, deadline=deadline,
                                    may_fall_back=self._fallback_check(run, step, arguments))
         self._record_step(run.run_id, call.outcome.model_dump(mode="json"), [*call.traces] + (
-            [error_trace(run.run_id, 6, call.trace.error_code or "error", call.exception, call.outcome.attempts - 1)]
+            [error_trace(run.run_id, 6, call.trace.error_code or "error", call.exception, call.outcome.attempts - 1,
+                         message=(call.outcome.error or "").removeprefix(f"{call.trace.error_code}: ") or None)]
             if call.exception is not None else []), values=(arguments, call.outcome.output), later=rides)
         if call.exception is not None:
+            if not self._fenced(run.run_id):  # a key event of its own, besides the Run's failure that may follow
+                self.store.audit(run.run_id, TOOL_CALL_FAILED, "tool_controller", {
+                    "step_id": step.id, "skill": call.trace.skill_id, "error_code": call.trace.error_code,
+                    "attempts": call.outcome.attempts})
             return StepRun(step.id, step.output_key, False, error=call.outcome.error, error_code=call.trace.error_code)
         return StepRun(step.id, step.output_key, True, output=call.outcome.output)
 
@@ -281,24 +295,32 @@ class ExecutionSteps(RunCore):
             context["steps"] = dict(context.get("steps", {}))
         return context
 
-    def _mark_started(self, run_id: str, step: PlanStep) -> str | None:
-        """Record that a non-idempotent call is about to run, so a worker that takes over after a crash
-        knows its outcome is unknown instead of repeating it (T6). The mark is a conditional write, judged
-        in the database at this moment, not against the Run as read when this drive began: it is refused
+    def _mark_started(self, run_id: str, step: PlanStep, *, effect: bool = False) -> str | None:
+        """Record that a non-idempotent call, or one with side effects (`effect`, also listed in the
+        RunContext's `effects`), is about to run, so a worker that takes over after a crash knows its
+        outcome is unknown instead of repeating it (T6), and a cancel knows what had started. The mark is
+        a conditional write, judged in the database at this moment, not against the Run as read when this
+        drive began: it is refused
         ("superseded") unless the Run is still EXECUTING under this drive's lease, or with the status the
         database already holds for the step when another drive got there first. None: marked."""
         with self._context_lock:
             context = self._live_context(run_id)
             entry = {"step_id": step.id, "output_key": step.output_key, "status": "started"}
+            effects = [*context.get("effects", []), {"step_id": step.id, "skill": step.tool_call.skill}] \
+                if effect else context.get("effects")
             # taken before the mark opens the transaction they wait for: the RunContext it writes already
             # holds their results (the live one), so theirs is not written first only to be replaced. Only
             # in the drive's own unit, where the mark and their records commit together: a parallel step's
             # mark commits alone, and a crash after it would leave results in the RunContext without records
             waiting = self._waiting(run_id).take() if self.units.joined() else []
-            refusal = self.store.mark_step_started(run_id, step.id, {**context, "steps": {
-                **context["steps"], step.id: entry}}, lease_epoch=self._epoch(run_id))
+            marked = {**context, "steps": {**context["steps"], step.id: entry}}
+            if effects is not None:
+                marked["effects"] = effects
+            refusal = self.store.mark_step_started(run_id, step.id, marked, lease_epoch=self._epoch(run_id))
             if refusal is None:
                 context["steps"][step.id] = entry
+                if effects is not None:
+                    context["effects"] = effects
             if waiting:
                 # marked: their records and contents, in the mark's transaction; refused (nothing written):
                 # the RunContext as of the last of them too, fenced, as when no mark follows them

@@ -4,6 +4,12 @@
 the pipeline until it is final or parks in AWAITING_HITL. Every step writes its StepTrace inside the
 transition that ends it. A Run parked for approval holds nothing in memory: `decide` persists the
 decision and `drive` resumes from the persisted RunContext, skipping completed steps (G6, T6).
+
+No Run is left silent: an exception a step did not expect (a provider's KeyError, a bug) ends the Run
+FAILED at once, with an ErrorTrace naming the exception's type and its stack's hash, instead of leaving
+it where it was for the sweeper. Errors that are not the Run's failure still propagate: the database's
+(StoreError, a lease taken over), a Run that moved on first or belongs to another process's agent
+(ConflictError, SkillsElsewhereError), and bad input (BadInputError).
 """
 
 from __future__ import annotations
@@ -21,19 +27,25 @@ from harness.domain.contracts import (
     RunResult,
 )
 from harness.domain.errors import (
+    BadInputError,
+    ConflictError,
     InvalidRequestError,
+    InvalidTransitionError,
+    StoreError,
     UnknownRunError,
 )
 from harness.domain.ids import ordered_id
 from harness.domain.limits import RequestLimits
 from harness.domain.records import NewRun, RunRecord, TransitionResult
-from harness.domain.traces import step_trace
+from harness.domain.traces import error_trace, step_trace
 from harness.kernel import TRANSIENT
+from harness.pipeline.call_budget import CallBudget
 from harness.pipeline.child_runs import ChildRuns
 from harness.pipeline.context_assembler import ContextAssembler
 from harness.pipeline.gatekeeper import PolicyEngine
 from harness.pipeline.intake import RolesOf, admit, body_hash
 from harness.pipeline.plan_orchestrator import PlanOrchestrator
+from harness.pipeline.queue import QueueLimits, close_not_started, is_late, start_deadline, with_start_by
 from harness.pipeline.run_core import DRIVE, Drive, S, fence_for, trace_records
 from harness.pipeline.run_decisions import Decisions
 from harness.pipeline.run_execution import ExecutionSteps
@@ -47,6 +59,11 @@ from harness.ports.ledger import CostLedger
 from harness.ports.runs import RunStore, RunWrites
 from harness.ports.units import UnitOfWork
 from harness.state_machine import StateMachine
+
+#: what a drive raises that is not its Run's failure: left to the caller, as before
+NOT_THE_RUNS_FAILURE = (StoreError, ConflictError, BadInputError, InvalidTransitionError)
+#: the step a Run in each main-path state is at (the states an unexpected failure ends from)
+_STEP_OF = {S.PREPARING: 2, S.PLANNING: 4, S.POLICY_CHECK: 5, S.EXECUTING: 6}
 
 
 def parse_request(raw: RunRequest | dict[str, Any]) -> RunRequest:
@@ -69,7 +86,8 @@ class RunManager(PreparingSteps, ExecutionSteps, Decisions):
                  ledger: CostLedger, execution_limit_s: float = 600.0, chain_depth: int = 4,
                  limits: RequestLimits | None = None, roles_of: RolesOf | None = None,
                  check_callback: Callable[[RunRequest], None] | None = None, max_rounds: int = 4,
-                 child_leases: RunLeases, units: UnitOfWork) -> None:
+                 child_leases: RunLeases, units: UnitOfWork, queue: QueueLimits | None = None,
+                 system_history: bool = False, call_budget: CallBudget | None = None) -> None:
         self.store = store
         self.writes = writes
         self.units = units
@@ -82,12 +100,18 @@ class RunManager(PreparingSteps, ExecutionSteps, Decisions):
         self.ledger = ledger
         #: refuses a callback this deployment cannot sign or does not allow (set by the composition root)
         self.check_callback = check_callback
+        #: whether a caller's history may speak as the system (the agent's `system_history`)
+        self.system_history = system_history
+        #: checks a model call's worst case against the budget caps before the call (None: no check)
+        self.call_budget = call_budget
         self.execution_limit_s = execution_limit_s
         #: the delegation budget of a Run whose caller gives none, and the most a caller may give (§4.1)
         self.chain_depth = chain_depth
         #: how many rounds a Run may plan (SPEC K2, rounds): a plan asking for more is refused by policy
         self.max_rounds = max_rounds
         self.limits = limits or RequestLimits()
+        #: the queue of Runs not yet started: its bound (admission control) and the default start deadline
+        self.queue = queue or QueueLimits()
         self.roles_of = roles_of  # the identity directory's roles for a request that names none
         self._context_lock = threading.Lock()
         #: drives a Run under its lease (the composition root sets a RunWorker's `execute`): every entry
@@ -102,23 +126,39 @@ class RunManager(PreparingSteps, ExecutionSteps, Decisions):
         """Validate and durably create a Run in CREATED (step ①), under `run_id` when given; (run, created)
         — an idempotency key the caller (tenant and user) already used returns that Run with created
         False, or raises IdempotencyConflictError if it came with another request. A request over its
-        limits (harness.pipeline.intake) creates nothing."""
+        limits (harness.pipeline.intake), or one that finds the queue of Runs waiting to start full
+        (BacklogFullError, harness.pipeline.queue), creates nothing."""
         return self._accept(self._admitted(raw), run_id or ordered_id())
 
     def _admitted(self, raw: RunRequest | dict[str, Any]) -> RunRequest:
-        """The request as it will be stored, or the error that refuses it (nothing is written)."""
+        """The request as it will be stored, or the error that refuses it (nothing is written). Every way a
+        Run is asked for passes here — the CLI, the HTTP API, `Harness` — so the queue's bound is checked
+        once, last: a request that is wrong is told so before it is told to come back later."""
         request = self._with_chain_budget(admit(parse_request(raw), self.limits, self.assembler.filter, self.roles_of))
+        if not self.system_history:
+            for i, message in enumerate(request.history):
+                if message.role == "system":
+                    raise InvalidRequestError(
+                        f"invalid run request: history.{i}.role: a caller's history may not hold system messages "
+                        "(the agent's own instructions are the system's; an agent allows them with "
+                        "system_history: true)")
         if request.callback is not None and self.check_callback is not None:
             self.check_callback(request)
         if request.retry_of is not None:
             self.store.get_run(request.retry_of)  # a retry must name a Run that exists
+        self.queue.start_by(request, self.store.clock.now())  # a deadline already passed is bad input
+        self.queue.admit(self.store)
         return request
 
     def _accept(self, request: RunRequest, run_id: str) -> tuple[RunRecord, bool]:
+        # the start deadline is settled now (the default filled in), but the idempotency key stays bound to
+        # the request as the caller sent it: a repeated submit a second later is the same request
+        start_by = self.queue.start_by(request, self.store.clock.now())
         return self.store.create_run(NewRun(
             tenant_id=request.tenant_id, user_id=request.user_id, session_id=request.session_id,
-            request=request.model_dump(mode="json"), idempotency_key=request.idempotency_key,
-            retry_of=request.retry_of, request_hash=body_hash(request), run_id=run_id,
+            request=with_start_by(request, start_by).model_dump(mode="json"),
+            idempotency_key=request.idempotency_key, retry_of=request.retry_of, request_hash=body_hash(request),
+            run_id=run_id, start_by=start_by,
         ))
 
     def _with_chain_budget(self, request: RunRequest) -> RunRequest:
@@ -173,7 +213,11 @@ class RunManager(PreparingSteps, ExecutionSteps, Decisions):
         if run is None or run.state != S.CREATED:
             yield
             return
-        token = PREPARED.set(self._preparation(run_id, RunRequest.model_validate(run.request)))
+        request = RunRequest.model_validate(run.request)
+        if is_late(start_deadline(request), self.store.clock.now()):
+            yield  # not worth preparing: its drive closes it without starting it
+            return
+        token = PREPARED.set(self._preparation(run_id, request))
         try:
             yield
         finally:
@@ -193,11 +237,42 @@ class RunManager(PreparingSteps, ExecutionSteps, Decisions):
         token = DRIVE.set(Drive(run_id, fence))
         try:
             with self.children.driving(run_id):
-                with self.units.unit(run_id):  # its end commits the park or the close
-                    self._drive(run_id)
+                try:
+                    with self.units.unit(run_id):  # its end commits the park or the close
+                        self._drive(run_id)
+                except NOT_THE_RUNS_FAILURE:
+                    raise
+                except Exception as exc:  # unexpected: the Run fails now, named, not later by the sweeper
+                    self._fail_unexpected(run_id, exc)
                 return self.result(run_id)
         finally:
             DRIVE.reset(token)
+
+    def _fail_unexpected(self, run_id: str, exc: Exception) -> None:
+        """End a Run whose drive raised `exc`, which no step expected: FAILED from the step it was in,
+        with an ErrorTrace naming the exception's type and its stack's hash (the drive's unit was rolled
+        back: this is a unit of its own). When that cannot be written either (the database is down, the
+        lease was lost), `exc` propagates as before."""
+        try:
+            with self.units.unit(run_id):
+                run = self.store.get_run(run_id)
+                step = _STEP_OF.get(run.state)
+                if step is None or self._fenced(run_id):
+                    raise exc
+                code = f"unexpected_{type(exc).__name__}"
+                try:
+                    said = self._scrub(str(exc))
+                except Exception:  # the message cannot be filtered: it is not kept
+                    said = "(message withheld)"
+                message = f"{type(exc).__name__}: {said}" if said else type(exc).__name__
+                records = trace_records(step_trace(run_id, step, None, {"error": message}, 0.0, "error", message),
+                                        error_trace(run_id, step, code, exc, message=message))
+                self._advance(run, run.state, S.FAILED, f"{code}: {message}", records,
+                              result={"error": f"{code}: {message}"})
+        except Exception as failing:
+            if failing is exc:
+                raise
+            raise exc from failing
 
     def await_child(self, parent_id: str, child_id: str, until: float) -> ChildWait:
         """Drive or wait for a child Run of the Run this drive executes (AgentInvoke, T4)."""
@@ -218,6 +293,8 @@ class RunManager(PreparingSteps, ExecutionSteps, Decisions):
             # a worker died between a failure (or success) and the close: finish the funnel
             self.machine.advance(run_id, run.state, lease_epoch=self._epoch(run_id))
             run = self.store.get_run(run_id)
+        if run.state == S.CREATED and self._closed_late(run, request):
+            return
         if run.state == S.CREATED:
             run = self._advance(run, S.CREATED, S.PREPARING, "request accepted",
                                 trace_records(step_trace(run_id, 1, run.request, {"run_id": run_id}, 0.0)))
@@ -238,17 +315,34 @@ class RunManager(PreparingSteps, ExecutionSteps, Decisions):
         # the result reaches the caller through the ResultSink the state machine calls inside every close
         # and park (harness.webhooks), whoever makes it: not from here, which only a drive passes through
 
+    def _closed_late(self, run: RunRecord, request: RunRequest) -> bool:
+        """Close a queued Run whose start deadline passed instead of starting it late; True when it was
+        late (closed by this drive, or by whoever moved it first)."""
+        deadline = start_deadline(request)
+        if deadline is None or not is_late(deadline, self.store.clock.now()):
+            return False
+        close_not_started(self.store, self.machine, run.run_id, version=run.version, deadline=deadline,
+                          created_at=run.created_at, noticed_by="driver", lease_epoch=self._epoch(run.run_id))
+        return True
+
     def prune_workdirs(self) -> list[str]:
         """Remove the working directories of final Runs whose close another process made (a sweeper
         elsewhere); this process's own closes remove theirs at once. Returns the Runs pruned."""
         return self.tools.prune(self.store.final_among)
 
     def decide(self, request_id: str, approver: CallerIdentity, decision: str, *, approved_hash: str | None = None,
-               break_glass: bool = False, reason: str = "", resume: bool = True) -> tuple[Decision, RunResult]:
+               break_glass: bool = False, reason: str = "", resume: bool = True,
+               driven_here: bool | None = None) -> tuple[Decision, RunResult]:
         """Record a human decision and the Run's move it causes in one transaction (G4: the decision is
-        durable no later than its effect), then drive the approved Run on."""
+        durable no later than its effect), then drive the approved Run on unless `resume` is false.
+
+        An approval that this process drives (`driven_here`, by default `resume`) is refused before
+        anything is recorded when the process lacks a skill the approved steps call, as the Run pinned it
+        (SkillsUnavailableError): the Run stays parked for a process that runs its agent."""
         if decision not in ("approve", "reject"):
             raise InvalidRequestError(f"decision must be approve or reject, not {decision!r}")
+        if decision == "approve" and (resume if driven_here is None else driven_here):
+            self.check_skills_for(request_id)
         who = f"{approver.tenant_id}/{approver.user_id}"
 
         def move(conn: Tx, request: HitlRequest, effect: str) -> TransitionResult:

@@ -15,6 +15,7 @@ from harness.domain.contracts import (
     RunRequest,
 )
 from harness.domain.errors import (
+    BudgetExceededError,
     ContextError,
     PlanError,
     ProviderError,
@@ -116,21 +117,27 @@ class PreparingSteps(RunCore):
             return self._fail(run, S.PLANNING, 4, exc.code, exc, inputs=request.task)
         if transcript:
             llm_input["rounds"] = [m.model_dump(mode="json") for m in transcript]
+        failures: list[ProviderError] = []
         try:
             with self.units.effect():  # before the model is called, what led here is durable
                 outcome = self.orchestrator.plan(assembled, specs, rounds=transcript,
-                                                 taken=rounds.taken_names(context))
+                                                 taken=rounds.taken_names(context), failures=failures,
+                                                 fit=self._fit(request.caller, run.run_id))
+        except BudgetExceededError as exc:
+            return self._fail(run, S.PLANNING, 4, exc.code, exc, inputs=request.task)
         except PlanError as exc:
+            self._record_failed_attempts(run.run_id, llm_input, failures)
             if isinstance(exc.response, LLMResponse):
                 self.writes.record_llm_call(run.run_id, "plan", llm_input,
                                 response=exc.response.model_dump(mode="json"))
                 self._record_cost(run, exc.response)
             return self._fail(run, S.PLANNING, 4, exc.code, exc, inputs=request.task)
         except ProviderError as exc:
-            self.writes.record_llm_call(run.run_id, "plan", llm_input,
-                            error={"kind": exc.kind, "message": str(exc), "retryable": exc.retryable})
+            self._record_failed_attempts(run.run_id, llm_input, failures or [exc])
             target = S.TIMEOUT if exc.kind == "timeout" else S.FAILED
-            return self._fail(run, S.PLANNING, 4, f"llm_{exc.kind}", exc, target=target, inputs=request.task)
+            return self._fail(run, S.PLANNING, 4, f"llm_{exc.kind}", exc, target=target, inputs=request.task,
+                              retries=max(len(failures), 1) - 1)
+        self._record_failed_attempts(run.run_id, llm_input, failures)
         elapsed = (time.perf_counter() - started) * 1000
         usage = outcome.response.usage
         cost = self._cost(run, outcome.response)
@@ -138,7 +145,10 @@ class PreparingSteps(RunCore):
         context["flattened"] = outcome.flattened
         context["cost"] = {"input_tokens": usage.input_tokens, "output_tokens": usage.output_tokens,
                            "usd": usage.cost_usd}
-        detail = f"flattened to listed order: {outcome.dag_problem}" if outcome.flattened else ""
+        notes = [f"flattened to listed order: {outcome.dag_problem}"] if outcome.flattened else []
+        if failures:
+            notes.append(f"planned after {len(failures)} failed provider attempt{'s' if len(failures) != 1 else ''}")
+        detail = "; ".join(notes)
         records = trace_records(step_trace(run.run_id, 4, llm_input["context"], context["plan"], elapsed,
                                            detail=detail))
         if outcome.flattened:
@@ -153,12 +163,20 @@ class PreparingSteps(RunCore):
         context["plan_request_hash"] = llm_record.payload["request_hash"]
 
         def ledger_and_blobs(tx: Tx) -> None:
-            self.writes.put_contents(tx, llm_contents)
+            self.writes.put_contents(tx, llm_contents, run.run_id)
             self.writes.insert_cost(tx, cost)  # last: it locks the tenant's spend total until the commit
 
-        what = f"plan with {len(outcome.plan.steps)} steps" if outcome.plan.steps else "a direct answer"
+        count = len(outcome.plan.steps)
+        what = f"plan with {count} step{'s' if count != 1 else ''}" if count else "a direct answer"
         return self._advance(run, S.PLANNING, S.POLICY_CHECK, what if round_no == 1 else f"round {round_no}: {what}",
                              records, context=context, also=ledger_and_blobs)
+
+    def _record_failed_attempts(self, run_id: str, llm_input: dict[str, Any], failures: list[ProviderError]) -> None:
+        """One "llm" record for each provider attempt at the plan that failed, numbered from 1 (retried
+        ones included, so that every call made is visible)."""
+        for number, exc in enumerate(failures, start=1):
+            self.writes.record_llm_call(run_id, "plan", llm_input, error={
+                "kind": exc.kind, "message": str(exc), "retryable": exc.retryable, "attempt": number})
 
     def _cost(self, run: RunRecord, response: LLMResponse, purpose: str = "plan") -> CostTrace:
         usage = response.usage

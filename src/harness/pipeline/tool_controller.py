@@ -7,11 +7,15 @@ circuit breaker, bounded by the manifest's timeout and by what is left of the Ru
 (T5), with the deterministic idempotency key (run_id, step id) handed to the skill (T6). When the
 breaker is open, or the retries of a transient failure are spent, the manifest's fallback runs and
 the switch is traced (ToolTrace.fallback_from). Each call yields a StepOutcome and its ToolTraces.
+
+A skill's output, and the message of its failure, pass the secret filter (`redact`) before they leave
+the call: what a Run stores (its RunContext, the blobs behind the hashes, its result), returns, pushes
+and exports is the filtered output, and so is what later steps of the plan are given. The output's
+schema is checked on what the skill returned, before the filter.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import socket
 import threading
 import time
@@ -37,17 +41,20 @@ from harness.domain.contracts import CallerIdentity, Message, StepOutcome
 from harness.domain.errors import ProviderError
 from harness.domain.llm import LLMRequest, LLMResponse, ToolSpec
 from harness.domain.traces import CostTrace, ToolTrace, unit_price
+from harness.pipeline import waits
 from harness.pipeline.sandbox_pool import SandboxPool
 from harness.pipeline.tool_kinds import (
     AgentCalls,
     Attempt,
     ChildDriver,
+    Lanes,
     LlmCalls,
     LocalCalls,
     RetryableSkillError,
     SandboxCalls,
     StepTimeoutError,
     ToolCallError,
+    complete,
 )
 from harness.ports import Clock, LLMProvider, Sandbox
 from harness.ports.workdirs import Workdirs
@@ -120,12 +127,13 @@ Executor = Callable[[Attempt], Any]
 class ToolController:
     """Runs skill calls for Runs."""
 
-    def __init__(self, registry: SkillRegistry, *, workdirs: Workdirs, max_workers: int = 8,
+    def __init__(self, registry: SkillRegistry, *, workdirs: Workdirs, lanes: Lanes | None = None,
                  sandbox: Sandbox | None = None, choose_sandbox: Callable[[], Sandbox] | None = None,
                  clock: Clock | None = None, breakers: BreakerRegistry | None = None,
                  provider: LLMProvider | None = None,
                  record_cost: Callable[[CostTrace], None] | None = None,
-                 scrub: Callable[[str], str] | None = None, sandbox_price: float = 0.0,
+                 scrub: Callable[[str], str] | None = None, redact: Callable[[Any], Any] | None = None,
+                 sandbox_price: float = 0.0,
                  price_table: str | None = None, data_dir: Path | None = None,
                  sandbox_pool: SandboxPool | None = None, kinds: Mapping[str, Executor] | None = None) -> None:
         self.registry = registry
@@ -136,6 +144,8 @@ class ToolController:
         self.provider = provider
         self.record_cost = record_cost
         self.scrub = scrub
+        #: filters a skill's output for secrets (JSON in, JSON out); None: outputs are kept as returned
+        self.redact = redact
         #: set by the composition root once the Run manager exists (it needs this controller first)
         self.child_runs: ChildDriver | None = None
         self._sandbox = sandbox
@@ -143,12 +153,13 @@ class ToolController:
         self._choose_sandbox = choose_sandbox
         self._sandbox_lock = threading.Lock()
         self.sandbox_pool = sandbox_pool
-        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers, thread_name_prefix="skill")
+        #: a lane of threads per kind of call, so that none starves another (harness.pipeline.waits)
+        self.lanes = lanes or Lanes.sized()
         self._kinds: dict[str, Executor] = {
-            "local": LocalCalls(self._pool),
+            "local": LocalCalls(self.lanes.local),
             "sandbox": SandboxCalls(self.sandbox, self.workdirs, record_cost, sandbox_price, price_table,
-                                    sandbox_pool),
-            "llm": LlmCalls(lambda: self.provider, self._pool, record_cost, scrub),
+                                    sandbox_pool, self.lanes.sandbox),
+            "llm": LlmCalls(lambda: self.provider, self.lanes.llm, record_cost, scrub),
             "agent": AgentCalls(lambda: self.child_runs),
             **(kinds or {}),  # e.g. "mcp": tools of MCP servers (harness.mcp_skills)
         }
@@ -219,14 +230,25 @@ class ToolController:
         outcome = StepOutcome(
             step_id=step_id, output_key=output_key, status="ok" if failure is None else "error",
             output=final.output if failure is None else None,
-            error=None if failure is None else f"{error_code(failure)}: {failure}",
+            error=None if failure is None else self.failure_text(failure),
             attempts=max(sum(go.runs for go in attempts), 1),
             duration_ms=round(sum(go.duration_ms for go in attempts), 3),
         )
         return CallResult(outcome, traces[-1], failure, traces)
 
+    def failure_text(self, failure: BaseException) -> str:
+        """What a failed call's outcome says: its code and message, the message filtered for secrets."""
+        message = str(failure)
+        if self.scrub is not None and message:
+            try:
+                message = self.scrub(message)
+            except Exception:  # a message that cannot be filtered is not kept
+                message = "(message withheld: the secret filter failed on it)"
+        return f"{error_code(failure)}: {message}"
+
     def compose_answer(self, system: str, messages: Sequence[Message], *, run_id: str, caller: CallerIdentity,
-                       deadline: float | None = None, max_attempts: int = 3) -> LLMResponse:
+                       deadline: float | None = None, max_attempts: int = 3,
+                       fit: Callable[[LLMRequest], LLMRequest] | None = None) -> LLMResponse:
         """The final answer of a Run written by the model from its results: one completion (purpose
         "answer") with every message filtered for secrets (C4), retried on transient errors (T3), bounded
         by what is left of the Run's execution limit (T5) and recorded as a cost. Raises ProviderError,
@@ -239,18 +261,19 @@ class ToolController:
             system = scrub(system)
             messages = [Message(role=m.role, content=scrub(m.content)) for m in messages]
         request = LLMRequest(purpose="answer", system=system, messages=tuple(messages), max_tokens=1_024)
+        if fit is not None:  # the budget's check before the call (harness.pipeline.call_budget)
+            request = fit(request)
         response: LLMResponse | None = None
         for attempt in Retrying(stop=stop_any(stop_after_attempt(max_attempts), _Past(deadline)),
                                 wait=wait_exponential_jitter(multiplier=0.05, max=2.0, jitter=0.05),
-                                retry=retry_if_exception(is_retryable), reraise=True):
+                                retry=retry_if_exception(is_retryable), reraise=True, sleep=waits.sleep):
             with attempt:
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     raise StepTimeoutError("the answer was not written: the Run's execution limit passed", "run")
-                future = self._pool.submit(provider.complete, request)
                 try:
-                    response = future.result(timeout=remaining)
-                except concurrent.futures.TimeoutError as exc:
+                    response = complete(provider, request, self.lanes.llm, remaining)
+                except TimeoutError as exc:
                     raise StepTimeoutError("writing the answer ran past the Run's execution limit", "run") from exc
         assert response is not None
         if self.record_cost is not None:
@@ -285,23 +308,34 @@ class ToolController:
         def once() -> Any:
             go.runs += 1
             timeout, limit = self._budget(skill, deadline)
-            return run(Attempt(skill, arguments, ctx, caller, timeout, limit, go.info))
+            return run(Attempt(skill, arguments, ctx, caller, timeout, limit, go.info, run_deadline=deadline))
 
         stop = stop_any(stop_after_attempt(skill.manifest.retry.max_attempts), _Past(deadline))
         try:
             skill.validate_arguments(arguments)
             for retry in Retrying(stop=stop, wait=_backoff(skill), retry=retry_if_exception(is_retryable),
-                                  reraise=True):
+                                  reraise=True, sleep=waits.sleep):
                 with retry:
                     go.output = breaker.call(once, counts=counts_against)
             problem = skill.output_problem(go.output)
             if problem is not None:  # a definite answer that breaks the skill's contract: not retried
                 raise ToolCallError("invalid_output", f"{skill.id} returned an output that does not fit its "
                                                       f"output_schema: {problem}")
+            if self.redact is not None:
+                go.output = self._redacted(skill, go.output)
         except Exception as exc:  # a skill's failure fails its step, never the process
             go.failure = exc
         go.duration_ms = (time.perf_counter() - started) * 1000
         return go
+
+    def _redacted(self, skill: Skill, output: Any) -> Any:
+        """The output with its secrets replaced; a filter that fails fails the call (nothing is kept)."""
+        assert self.redact is not None
+        try:
+            return self.redact(output)
+        except Exception as exc:
+            raise ToolCallError("secret_filter_failed", f"{skill.id}'s output could not be filtered for secrets: "
+                                                        f"{type(exc).__name__}") from exc
 
     @staticmethod
     def _budget(skill: Skill, deadline: float | None) -> tuple[float, Literal["step", "run"]]:
@@ -332,7 +366,7 @@ class ToolController:
 
     def close(self) -> None:
         """Stop the worker threads."""
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self.lanes.close()
 
 
 class _Past(stop_base):

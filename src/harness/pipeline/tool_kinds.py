@@ -8,7 +8,6 @@ breakers, fallbacks and tracing are the tool controller's; this module only runs
 
 from __future__ import annotations
 
-import concurrent.futures
 import json
 import time
 from collections.abc import Callable
@@ -17,11 +16,13 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from harness.domain.contracts import CallerIdentity, Message, RunRequest, RunResult, render_template
 from harness.domain.errors import ContextError, SkillError
-from harness.domain.llm import LLMRequest
+from harness.domain.llm import LLMRequest, LLMResponse
 from harness.domain.records import NewRun
 from harness.domain.sandbox import SandboxJob, SandboxOutcome
 from harness.domain.traces import CostTrace, unit_price
+from harness.pipeline import waits
 from harness.pipeline.sandbox_pool import SandboxPool, SandboxUnavailableError
+from harness.pipeline.waits import Lane
 from harness.ports import LLMProvider, Sandbox
 from harness.ports.workdirs import Workdirs
 from harness.skills import Skill, SkillContext
@@ -67,6 +68,8 @@ class Attempt:
     timeout: float
     limit: Literal["step", "run"]
     info: Info = field(default_factory=dict)
+    #: the time.monotonic() at which the Run's execution limit ends (None: no limit)
+    run_deadline: float | None = None
 
     def late(self) -> StepTimeoutError:
         """The error for running out of time."""
@@ -85,25 +88,64 @@ def render_prompt(skill: Skill, arguments: dict[str, Any]) -> str:
         raise ToolCallError("invalid_arguments", f"{skill.id}'s prompt needs {exc}") from exc
 
 
-def bounded(pool: concurrent.futures.ThreadPoolExecutor, fn: Callable[[], Any], call: Attempt) -> Any:
-    """Run `fn` on the pool and give up waiting after `timeout` seconds (the thread cannot be killed;
-    a skill that must be stoppable belongs in the sandbox)."""
-    future = pool.submit(fn)
-    try:
-        return future.result(timeout=call.timeout)
-    except concurrent.futures.TimeoutError as exc:
-        future.cancel()
-        raise call.late() from exc
+@dataclass
+class Lanes:
+    """A lane of threads for each kind of call that cannot wait without one (harness.pipeline.waits):
+    local skills, sandboxed skills and model calls of a provider without asynchronous I/O. Separate lanes,
+    so a burst of one kind never starves another."""
+
+    local: Lane
+    sandbox: Lane
+    llm: Lane
+
+    @classmethod
+    def sized(cls, local: int = 32, sandbox: int = 32, llm: int = 32) -> Lanes:
+        """Lanes of these many threads each."""
+        return cls(Lane("local", local, in_process=True), Lane("sandbox", sandbox), Lane("llm", llm))
+
+    def all(self) -> tuple[Lane, ...]:
+        """Every lane."""
+        return (self.local, self.sandbox, self.llm)
+
+    def close(self) -> None:
+        """Take no more calls on any lane."""
+        for lane in self.all():
+            lane.close()
+
+
+def on_lane(lane: Lane, fn: Callable[[], Any], call: Attempt) -> Any:
+    """Run `fn` on the lane: its timeout starts when a thread picks it up (the thread cannot be killed;
+    a skill that must be stoppable belongs in the sandbox), and the Run's execution limit bounds both the
+    wait for a thread and the call."""
+    return lane.run(fn, timeout=call.timeout, until=call.run_deadline, late=call.late,
+                    queue_late=lambda: StepTimeoutError(
+                        f"{call.skill.id} did not start before the Run's execution limit passed", "run"))
+
+
+def complete(provider: LLMProvider, request: LLMRequest, lane: Lane, timeout: float | None = None) -> LLMResponse:
+    """One completion, waited for without holding a drive's thread: a provider that waits by itself
+    (asynchronous I/O, or none at all: the scripted one) is called in the drive, which switches out while
+    it waits; any other provider runs on the model lane. Past `timeout` seconds from its start: a
+    TimeoutError."""
+    if getattr(provider, "waits_itself", False):
+        if waits.suspendable():
+            with waits.deadline(timeout):
+                return provider.complete(request)
+        if timeout is None:
+            return provider.complete(request)
+    elif timeout is None and not waits.suspendable():
+        return provider.complete(request)
+    return lane.run(lambda: provider.complete(request), timeout=timeout)
 
 
 class LocalCalls:
-    """Skills run in this process, on a thread pool."""
+    """Skills run in this process, on the local lane's threads."""
 
-    def __init__(self, pool: concurrent.futures.ThreadPoolExecutor) -> None:
-        self.pool = pool
+    def __init__(self, lane: Lane) -> None:
+        self.lane = lane
 
     def __call__(self, call: Attempt) -> Any:
-        return bounded(self.pool, lambda: call.skill.fn(dict(call.arguments), call.ctx), call)
+        return on_lane(self.lane, lambda: call.skill.fn(dict(call.arguments), call.ctx), call)
 
 
 class SandboxCalls:
@@ -111,8 +153,11 @@ class SandboxCalls:
 
     def __init__(self, sandbox: Callable[[], Sandbox], workdirs: Workdirs,
                  record_cost: Callable[[CostTrace], None] | None = None, price_per_s: float = 0.0,
-                 price_table: str | None = None, pool: SandboxPool | None = None) -> None:
+                 price_table: str | None = None, pool: SandboxPool | None = None,
+                 lane: Lane | None = None) -> None:
         self.sandbox = sandbox
+        #: the threads that wait for sandboxed processes while drives on a drive loop switch out
+        self.lane = lane
         self.workdirs = workdirs
         #: instances, caps and ports (harness.pipeline.sandbox_pool); None: a fresh sandbox per call
         self.pool = pool
@@ -134,10 +179,12 @@ class SandboxCalls:
             skill_id=skill.id, function=entry.function, arguments=dict(call.arguments), context=context,
             workdir=workdir, wall_s=call.timeout, limits=skill.manifest.limits,
             network=skill.manifest.network, entry_file=entry.file, entry_module=entry.module,
-            entry_sha256=entry.sha256,
+            entry_sha256=entry.sha256, python_path=entry.python_path, code_paths=entry.code_paths,
         )
         persistent = skill.manifest.persistent
-        outcome = sandbox.run(job) if self.pool is None else self._in_instance(call, sandbox, job, persistent)
+        outcome = waits.call_blocking(
+            lambda: sandbox.run(job) if self.pool is None else self._in_instance(call, sandbox, job, persistent),
+            self.lane)
         if not (persistent and self.pool is not None):  # a kept instance's seconds are billed when it ends
             self._record(call, sandbox.isolation, outcome.duration_ms / 1000)
         if outcome.ok:
@@ -178,12 +225,11 @@ class SandboxCalls:
 class LlmCalls:
     """The Runtime's LLM provider as a tool: the manifest's prompt, filled in, is one completion."""
 
-    def __init__(self, provider: Callable[[], LLMProvider | None],
-                 pool: concurrent.futures.ThreadPoolExecutor,
+    def __init__(self, provider: Callable[[], LLMProvider | None], lane: Lane,
                  record_cost: Callable[[CostTrace], None] | None,
                  scrub: Callable[[str], str] | None = None) -> None:
         self.provider = provider
-        self.pool = pool
+        self.lane = lane
         self.record_cost = record_cost
         #: the context assembler's secret filter: a prompt built from earlier tool outputs may carry
         #: secrets, and it goes to a model just like the planning context does (SPEC C4)
@@ -201,7 +247,10 @@ class LlmCalls:
                 raise ToolCallError("secret_filter_failed", f"{skill.id}: {exc}") from exc
         request = LLMRequest(purpose="tool", system=skill.manifest.description,
                              messages=(Message(role="user", content=prompt),))
-        response = bounded(self.pool, lambda: provider.complete(request), call)
+        try:
+            response = complete(provider, request, self.lane, call.timeout)
+        except TimeoutError as exc:
+            raise call.late() from exc
         if self.record_cost is not None:
             usage = response.usage
             self.record_cost(CostTrace(run_id=ctx.run_id, source=f"llm:{response.provider}:tool:{skill.id}",

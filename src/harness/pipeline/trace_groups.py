@@ -17,7 +17,7 @@ from harness.domain.traces import STEP, STEP_NAMES, step_entries
 
 R = TypeVar("R")
 
-#: the pipeline's steps in the order a Run passes them; the position (from 1) is the number people see
+#: the pipeline's steps in the order a Run passes them (a human approval comes before the tools it approves)
 STEP_ORDER = (1, 2, 3, 4, 5, 7, 6, 8)
 STEP_LABELS = {
     "create_run": "Create run",
@@ -47,14 +47,11 @@ def step_of(kind: str, data: Mapping[str, Any]) -> int | None:
     return _STEP_OF_KIND.get(kind)
 
 
-def step_number(step: int) -> int:
-    """The number people see for a pipeline step: its position in the order a Run passes the steps."""
-    return STEP_ORDER.index(step) + 1
-
-
 @dataclass
 class Group(Generic[R]):
-    """The records of one step (number and step set), or of the state changes or audit events."""
+    """The records of one step (number and step set), or of the state changes or audit events. A step's
+    number is its place among the steps this trace shows, so the numbers never skip: a Run that needed no
+    approval has its tools as step 6."""
 
     name: str
     label: str
@@ -72,7 +69,7 @@ def group_records(records: Sequence[R], read: Callable[[R], tuple[str, Mapping[s
 
     def step_group(step: int) -> Group[R]:
         name = STEP_NAMES[step]
-        return steps.setdefault(step, Group(name, STEP_LABELS.get(name, name), step_number(step), step))
+        return steps.setdefault(step, Group(name, STEP_LABELS.get(name, name), None, step))
 
     for record in records:
         kind, data = read(record)
@@ -88,6 +85,8 @@ def group_records(records: Sequence[R], read: Callable[[R], tuple[str, Mapping[s
                 if ended.summary is None:  # a step run again (a later round) shows its first StepTrace
                     ended.summary = entry
     ordered = [steps[s] for s in STEP_ORDER if s in steps]
+    for number, group in enumerate(ordered, start=1):
+        group.number = number
     rest = sorted(others.values(), key=lambda g: (g.name not in OTHER_GROUPS, list(OTHER_GROUPS).index(g.name)
                                                   if g.name in OTHER_GROUPS else 0, g.name))
     return ordered + rest

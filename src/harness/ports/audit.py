@@ -56,6 +56,10 @@ class ChainReads(Protocol):
         """How many of the Run's records the outbox still holds."""
         ...
 
+    def redactions_of(self, run_id: str) -> dict[int, dict[str, str]]:
+        """seq -> {"erase_id", "leaf" (hex)} of each of the Run's records an erasure redacted."""
+        ...
+
 
 class AuditReads(ChainReads, Protocol):
     """What `harness audit verify` reads besides the chain."""

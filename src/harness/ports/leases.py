@@ -26,8 +26,9 @@ class RunLeases(Protocol):
         `to_drive`, while the Run is final or waiting for a human (or when there is no such Run)."""
         ...
 
-    def heartbeat(self, lease: Lease) -> Lease | None:
-        """Extend the lease; None when it was taken over."""
+    def heartbeat(self, lease: Lease, *, waiting: bool = False) -> Lease | None:
+        """Extend the lease, saying whether the holder's drive waits on a call outside the process (a
+        takeover while it does counts no stall); None when it was taken over."""
         ...
 
     def holds(self, lease: Lease) -> bool:

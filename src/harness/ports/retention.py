@@ -80,6 +80,14 @@ class ErasureRows(Protocol):
         """Redact the Runs' records and rows, delete the person's memory, re-key their spend totals."""
         ...
 
+    def erase_contents(self, run_ids: Sequence[str], hashes: set[str]) -> int:
+        """Delete the stored contents (blobs) of the Runs that no other Run references; how many went."""
+        ...
+
+    def reclaim(self, *, vacuum: bool = True, vacuum_full: bool = False) -> list[str]:
+        """Overwrite or give back the space the erasure freed; what was done."""
+        ...
+
     def archived_erased(self, run_ids: Sequence[str], subject: str, segment_id: str, location: str) -> None:
         """The person's archived Runs now carry the pseudonym, and their segment its new location."""
         ...

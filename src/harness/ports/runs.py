@@ -8,7 +8,7 @@ from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from harness.domain.records import NewRun, RunRecord, StuckRun, TraceRecordIn, TransitionRow
+    from harness.domain.records import NewRun, QueuedRun, RunRecord, StuckRun, TraceRecordIn, TransitionRow
     from harness.domain.traces import CostTrace
     from harness.kernel import RunState
     from harness.ports import Clock, Tx
@@ -44,6 +44,18 @@ class RunStore(RunReads, Protocol):
 
     def get_run(self, run_id: str) -> RunRecord:
         """The Run as stored (UnknownRunError if there is none)."""
+        ...
+
+    def backlog(self, bound: int) -> int:
+        """How many accepted Runs wait to start (CREATED) in the whole database, counted up to `bound`."""
+        ...
+
+    def overdue_unstarted(self, now: float, limit: int) -> list[QueuedRun]:
+        """Runs still in CREATED whose start deadline is before `now`, the most overdue first."""
+        ...
+
+    def audited(self, run_ids: Sequence[str], event: str) -> set[str]:
+        """Which of these Runs already have an audit event named `event`."""
         ...
 
     def final_among(self, run_ids: Sequence[str]) -> set[str]:
@@ -91,8 +103,8 @@ class RunWrites(Protocol):
         transaction that appends the record)."""
         ...
 
-    def put_contents(self, tx: Tx, contents: Mapping[str, str]) -> None:
-        """Store contents by hash within `tx`."""
+    def put_contents(self, tx: Tx, contents: Mapping[str, str], run_id: str) -> None:
+        """Store contents by hash within `tx`, noting that `run_id` references them."""
         ...
 
     def insert_cost(self, tx: Tx, cost: CostTrace) -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
+from harness.domain.outbound import PUBLIC_ONLY, OutboundRule
+
 if TYPE_CHECKING:
     from harness.domain.webhooks import Delivery, OutgoingEvent, SendOutcome
     from harness.ports import Clock, Tx
@@ -25,6 +27,10 @@ class WebhookQueue(Protocol):
 
     def run_snapshot(self, tx: Tx, run_id: str) -> tuple[dict[str, Any], list[str]] | None:
         """(run columns, path of states) of a Run as `tx` sees it; None for no such Run."""
+        ...
+
+    def run_context(self, tx: Tx, run_id: str) -> dict[str, Any] | None:
+        """The Run's RunContext as `tx` sees it (None for none)."""
         ...
 
     def latest_request(self, tx: Tx, run_id: str) -> dict[str, Any] | None:
@@ -48,8 +54,10 @@ class WebhookQueue(Protocol):
 class WebhookSending(Protocol):
     """Sends one signed webhook; errors come back in the outcome, never raised."""
 
-    def send(self, url: str, message_id: str, body: str, secret: str) -> SendOutcome:
-        """POST one signed event; the outcome of that one attempt."""
+    def send(self, url: str, message_id: str, body: str, secret: str,
+             rule: OutboundRule = PUBLIC_ONLY) -> SendOutcome:
+        """POST one signed event to a target `rule` allows (public addresses only by default); the outcome
+        of that one attempt."""
         ...
 
     def close(self) -> None:

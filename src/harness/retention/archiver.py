@@ -40,6 +40,7 @@ from harness.domain.records import StoredTraceRecord
 from harness.domain.retention import ARCHIVE_SEGMENT
 from harness.ports.retention import ArchiveRows
 from harness.ports.segments import SegmentStore
+from harness.ports.signer import Signer
 from harness.retention.policy import RetentionPolicy
 
 ACTOR = "archiver"
@@ -86,8 +87,11 @@ class Archiver:
     """Archive passes over one database, into one segment store, proven by one checkpoint directory."""
 
     def __init__(self, retention: ArchiveRows, segments: SegmentStore, checkpoint_dir: Path, *,
-                 policy: RetentionPolicy | None = None, witnesses: Sequence[Witness] = ()) -> None:
+                 policy: RetentionPolicy | None = None, witnesses: Sequence[Witness] = (),
+                 signer: Signer | None = None) -> None:
         self.retention, self.segments, self.checkpoint_dir = retention, segments, checkpoint_dir
+        #: who signs the pass's checkpoint (a signer process); None: this process's key file
+        self.signer = signer
         self.chain = retention.chain
         self.policy = policy or RetentionPolicy.from_env()
         self.witnesses = witnesses
@@ -120,7 +124,8 @@ class Archiver:
             "segment_id": segment_id, "runs": digest.runs, "records": digest.records, "digest": digest.hexdigest(),
             "name": name})
         trees: list[merkle.MerkleTree] = []
-        cp = publish_checkpoint(self.chain, self.checkpoint_dir, witnesses=self.witnesses, trees=trees)
+        cp = publish_checkpoint(self.chain, self.checkpoint_dir, witnesses=self.witnesses, trees=trees,
+                                signer=self.signer)
         manifest = self.retention.manifest_record(head, segment_id)
         if manifest is None:
             raise ArchiveError(f"the manifest record of segment {segment_id} is not in the chain")

@@ -3,30 +3,24 @@
 
 The segment is checked as `harness-verify segment` checks it (the signed checkpoint, every record's
 hash, the one multiproof to the signed root, the digest its chained manifest fixes, the Run's
-completeness), then the Run's rows in the segment, which are what a read-back shows, are checked
-against its proven records as `harness audit verify` checks a live Run's rows. A segment that fails
-either check gives SegmentUnverifiedError naming the first problem, never a Run.
+completeness, and the Run's rows, which are what a read-back shows, against its proven records as
+`harness audit verify` checks a live Run's rows). A segment that fails gives SegmentUnverifiedError
+naming the first problem, never a Run.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from harness.audit.checkpoint import current_key
 from harness.audit.formats import FormatError
 from harness.audit.segment import decode, verify_segment
-from harness.domain.audit import ChainReport
 from harness.domain.errors import HarnessError
 from harness.domain.retention import ArchivedRun
 from harness.ports.segments import SegmentLocator, SegmentStoreError
 from harness.retention.storage import store_of
-
-#: checks an archived Run's rows (as its segment line holds them) against its records, adding Problems
-#: to the report: harness.config.archived_rows_check, the SQL adapters' row-mirror check
-RowsCheck = Callable[[Mapping[str, Any], ChainReport], None]
 
 
 class ReadBackError(HarnessError):
@@ -41,8 +35,7 @@ class SegmentUnverifiedError(ReadBackError):
     """The segment, or the Run's rows in it, do not verify: nothing of it is shown."""
 
 
-def read_back(archived: ArchivedRun, checkpoint_dir: Path, check_rows: RowsCheck,
-              locate: SegmentLocator = store_of) -> dict[str, Any]:
+def read_back(archived: ArchivedRun, checkpoint_dir: Path, locate: SegmentLocator = store_of) -> dict[str, Any]:
     """The archived Run's line of its segment (`run`, `job`, `tables`, `records`), once the segment and
     the Run's rows in it are checked against the checkpoints of `checkpoint_dir`. `locate` gives the store
     holding the segment (harness.config.segment_locator; the default knows local directories only)."""
@@ -62,13 +55,6 @@ def read_back(archived: ArchivedRun, checkpoint_dir: Path, check_rows: RowsCheck
         raise SegmentUnverifiedError(f"segment {archived.location} does not verify: {checked.failures[0]}")
     if line is None:
         raise SegmentUnverifiedError(f"run {archived.run_id} is not in {archived.location}")
-    if not any(isinstance(r, dict) and "redacted" in r for r in line.get("records", [])):
-        # an erasure replaced a person's data in the rows and records alike: the rows prove nothing then
-        report = ChainReport()
-        check_rows(line, report)
-        if not report.ok:
-            raise SegmentUnverifiedError(f"segment {archived.location} does not verify: the Run's rows differ from "
-                                         f"its proven records: {report.problems[0].detail}")
     return line
 
 

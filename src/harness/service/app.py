@@ -14,6 +14,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+import anyio.to_thread
 from fastapi import FastAPI
 from fastapi.responses import FileResponse, RedirectResponse
 from fastapi.staticfiles import StaticFiles
@@ -23,9 +24,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from harness.config import Runtime, Settings, build_runtime
 from harness.identity import IdentityDirectory
 from harness.kernel import RunState
-from harness.service import errors
+from harness.service import entrances, errors
 from harness.service.auth import Authenticator, SessionSigner
-from harness.service.body_limit import BodyLimit
+from harness.service.body_limit import BodyLimit, NulGuard
 from harness.service.core import Service
 from harness.service.metrics import Metrics
 from harness.service.routes import approvals, console, console_more, costs, ops, runs, webhooks
@@ -115,18 +116,19 @@ def build_service(
         auth=Authenticator(directory, SessionSigner(settings.session_secret, settings.session_ttl_s)),
         worker=EmbeddedWorker(
             runtime,
-            threads=settings.worker_threads,
+            concurrency=settings.concurrency or runtime.settings.drive_concurrency,
             queue_limit=settings.queue_limit,
             housekeeping_interval_s=settings.housekeeping_interval_s,
         ),
-        hub=ChangeHub(),
+        hub=ChangeHub(runtime.feed),
         metrics=Metrics(runtime, runtime.settings.thresholds(), runtime.settings.pool_settings()),
         telemetry=telemetry,
         owns_runtime=owns,
         deliveries=DeliveryThread(runtime.dispatcher(), settings.webhook_interval_s)
         if settings.webhook_interval_s > 0 and runtime.webhook_outbox is not None else None,
     )
-    for listener in (svc.hub.publish, svc.metrics.on_transition, _log_transition):
+    svc.metrics.watch_drives(svc.worker, runtime.runs.tools.lanes.all())
+    for listener in (svc.metrics.on_transition, _log_transition):
         runtime.machine.subscribe(listener)
     if telemetry is not None:
         telemetry.instrument(runtime)
@@ -144,6 +146,9 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        # the request handlers that block (database reads and writes) share this many threads, so that
+        # with the drive loop, the lease renewals and the housekeeping they stay within the database pool
+        anyio.to_thread.current_default_thread_limiter().total_tokens = svc.settings.http_threads
         svc.worker.start()
         if svc.deliveries is not None:
             svc.deliveries.start()
@@ -151,15 +156,18 @@ def create_app(
             yield
         finally:
             svc.stopping = True
+            svc.hub.wake_all()  # waiting streams see it now
             await run_in_threadpool(shutdown, svc)
 
-    app = FastAPI(title="harness-kernel", version=_version(), description=DESCRIPTION, lifespan=lifespan)
+    app = FastAPI(title="harness-kernel", version=_version(), description=DESCRIPTION, lifespan=lifespan,
+                  docs_url=None)  # served by entrances, with its assets
     app.state.service = svc
     errors.install(app)
     for router in (runs.router, approvals.router, ops.router, webhooks.router, costs.router, console.router,
                    console_more.router):
         app.include_router(router)
     app.mount("/ui/static", StaticFiles(directory=STATIC_DIR), name="static")
+    entrances.install(app)
 
     @app.get("/", include_in_schema=False)
     def root() -> RedirectResponse:
@@ -170,6 +178,7 @@ def create_app(
         return FileResponse(STATIC_DIR / "favicon.svg", media_type="image/svg+xml")
 
     app.add_middleware(BodyLimit, max_bytes=svc.runtime.settings.limits.max_request_bytes)
+    app.add_middleware(NulGuard)
     app.add_middleware(RequestLog, metrics=svc.metrics)
     return app
 

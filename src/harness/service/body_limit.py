@@ -65,3 +65,28 @@ def _replay(receive: Receive, pending: list[Message]) -> Receive:
         return await receive()
 
     return replayed
+
+
+class NulGuard:
+    """Refuses a request whose path or query holds a NUL character (``%00``) with a 422: no identifier or
+    filter holds one, and a database would fail on it rather than find nothing."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Check the path and the query, then hand the request on."""
+        if scope["type"] == "http" and ("\x00" in scope.get("path", "") or _query_has_nul(scope)):
+            payload = json.dumps({"error": "invalid_request",
+                                  "detail": "the URL must not contain NUL characters (%00)"}).encode()
+            await send({"type": "http.response.start", "status": 422,
+                        "headers": [(b"content-type", b"application/json"),
+                                    (b"content-length", str(len(payload)).encode())]})
+            await send({"type": "http.response.body", "body": payload})
+            return
+        await self.app(scope, receive, send)
+
+
+def _query_has_nul(scope: Scope) -> bool:
+    query = bytes(scope.get("query_string", b""))
+    return b"\x00" in query or b"%00" in query

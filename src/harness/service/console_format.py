@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import math
+from dataclasses import dataclass
 from typing import Any
 
 from harness.domain.traces import policy_verdicts
@@ -93,9 +95,64 @@ def compact(value: Any, limit: int = 80) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+#: ISO 4217 currencies whose amounts have no minor unit
+_NO_CENTS = frozenset({"CLP", "ISK", "JPY", "KRW", "UGX", "VND", "XAF", "XOF"})
+
+
+def amount(value: Any, currency: str | None = None) -> str:
+    """An argument as the console shows it; an amount of money with its currency ("180.00 EUR") when its
+    skill declares one, the bare value otherwise (no currency is guessed)."""
+    if currency is None or isinstance(value, bool) or not isinstance(value, int | float):
+        return compact(value, 60)
+    return f"{value:,.{0 if currency in _NO_CENTS else 2}f} {currency}"
+
+
+def plural(count: int, noun: str, nouns: str | None = None) -> str:
+    """A count with its noun in the right number: "1 API call", "0 API calls", "2 child runs"."""
+    return f"{count} {noun if count == 1 else nouns or noun + 's'}"
+
+
+def axis_ticks(top: float, most: int = 5) -> list[tuple[float, str]]:
+    """Round values for a chart's axis, from 0 to the first at or above `top`: steps of 1, 2, 2.5 or 5 times a
+    power of ten, at most `most` steps, each labelled with just the decimals the step needs ("0.0005")."""
+    top = top if top > 0 else 1.0
+    power = 10.0 ** math.floor(math.log10(top / most))
+    step = next(m * power for m in (1, 2, 2.5, 5, 10) if m * power * most >= top * (1 - 1e-9))
+    decimals = next(d for d in range(16) if abs(round(step, d) - step) <= step * 1e-9)
+    steps = math.ceil(top / step - 1e-9)
+    return [(round(i * step, decimals), f"{i * step:.{decimals}f}" if i else "0") for i in range(steps + 1)]
+
+
+@dataclass(frozen=True)
+class VerdictSummary:
+    """A Run's policy checks counted once: every count is part of `total`. The trace lists the verdicts
+    that did not simply pass (and, in older records, the passes too); the rest it only counts."""
+
+    total: int
+    passing: int
+    waiting: int
+    rejecting: int
+    #: the verdicts that did not pass, for the table shown at once
+    flagged: list[dict[str, Any]]
+    #: passes the trace lists one by one, and passes it only counts
+    listed_passes: list[dict[str, Any]]
+    counted_passes: int
+
+
+def verdict_summary(verdicts: list[dict[str, Any]], passed: int) -> VerdictSummary:
+    """The listed verdicts and the count of passes the trace did not list, as one summary."""
+    flagged = [v for v in verdicts if v["decision"] != "pass"]
+    listed = [v for v in verdicts if v["decision"] == "pass"]
+    return VerdictSummary(
+        total=len(verdicts) + passed, passing=len(listed) + passed,
+        waiting=sum(v["decision"] == "await_hitl" for v in flagged),
+        rejecting=sum(v["decision"] == "reject" for v in flagged),
+        flagged=flagged, listed_passes=listed, counted_passes=passed)
+
+
 def money(usd: float) -> str:
-    """US dollars with enough precision for LLM costs."""
-    return f"${usd:,.4f}" if usd < 1 else f"${usd:,.2f}"
+    """US dollars with enough precision for LLM costs; nothing spent is "$0.00", not a rounded "$0.0000"."""
+    return f"${usd:,.4f}" if 0 < usd < 1 else f"${usd:,.2f}"
 
 
 FILTERS = {
@@ -109,6 +166,9 @@ FILTERS = {
     "deadline_of": parse_deadline_reason,
     "compact": compact,
     "money": money,
+    "amount": amount,
+    "plural": plural,
+    "verdict_summary": verdict_summary,
     "policy_verdicts": policy_verdicts,
 }
 STEP_LABEL = {

@@ -14,6 +14,7 @@ from harness.policy.hitl import HitlRequest, UnknownRequestError
 from harness.service.auth import Authenticator, Principal
 from harness.service.errors import ApiError, not_found
 from harness.service.metrics import Metrics
+from harness.service.schemas import archived_json
 from harness.service.settings import ServiceSettings
 from harness.service.sse import ChangeHub
 from harness.service.telemetry import Telemetry
@@ -46,7 +47,7 @@ class Service:
             if archived is not None and archived.tenant_id == caller.tenant_id:
                 raise ApiError(410, "archived", f"run {run_id!r} was archived and pruned from the database: it is "
                                f"in segment {archived.segment_id} at {archived.location}",
-                               extra={"archived": archived.to_dict()}) from None
+                               extra={"archived": archived_json(archived)}) from None
             raise not_found("run", run_id) from None
         if run.tenant_id != caller.tenant_id:
             raise not_found("run", run_id)

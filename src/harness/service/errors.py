@@ -19,6 +19,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from harness.config import DatabaseError, is_outage
 from harness.domain.errors import (
+    BacklogFullError,
     BadInputError,
     CancelRefusedError,
     ConflictError,
@@ -106,6 +107,12 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(IdempotencyConflictError)
     async def _idempotency_conflict(_request: Request, exc: IdempotencyConflictError) -> JSONResponse:
         return JSONResponse(_body("idempotency_conflict", str(exc), run_id=exc.run_id), status_code=409)
+
+    @app.exception_handler(BacklogFullError)
+    async def _backlog_full(_request: Request, exc: BacklogFullError) -> JSONResponse:
+        return JSONResponse(_body("backlog_full", str(exc), backlog=exc.backlog, bound=exc.bound,
+                                  retry_after_s=exc.retry_after_s),
+                            status_code=429, headers={"Retry-After": str(exc.retry_after_s)})
 
     @app.exception_handler(BadInputError)
     async def _bad_input(_request: Request, exc: BadInputError) -> JSONResponse:

@@ -8,7 +8,8 @@ process saw: transitions applied, HTTP requests, and how long decided approvals 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -18,6 +19,7 @@ from harness.config import Runtime, cost_ledger, sandbox_instances, webhook_outb
 from harness.domain.sandbox import PoolSettings
 from harness.kernel import FINAL, RunState
 from harness.kernel.thresholds import DEFAULT, Thresholds
+from harness.pipeline.waits import Lane
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _WAIT_BUCKETS = (1, 5, 15, 60, 300, 900, 3600, 4 * 3600, 24 * 3600, float("inf"))
@@ -129,6 +131,41 @@ class DatabaseCollector(Collector):
         )
 
 
+class DriveLoad(Protocol):
+    """What the drive gauges read of the embedded worker."""
+
+    @property
+    def driving(self) -> int: ...
+
+    @property
+    def in_flight(self) -> int: ...
+
+
+class DriveCollector(Collector):
+    """This process's drives and lanes, read at each scrape: Runs being driven (waiting ones included),
+    Runs queued here for a place, and the calls running on and waiting for each lane's threads."""
+
+    def __init__(self, worker: DriveLoad, lanes: Sequence[Lane]) -> None:
+        self.worker = worker
+        self.lanes = lanes
+
+    def collect(self) -> Iterator[Metric]:
+        driving = self.worker.driving
+        yield GaugeMetricFamily("harness_drives", "Runs this process drives now, waiting ones included.",
+                                value=driving)
+        yield GaugeMetricFamily("harness_drives_queued", "Runs queued in this process for a place to be driven.",
+                                value=max(self.worker.in_flight - driving, 0))
+        running = GaugeMetricFamily("harness_lane_calls_running", "Calls running on a lane's threads.",
+                                    labels=["lane"])
+        queued = GaugeMetricFamily("harness_lane_calls_queued", "Calls waiting for one of a lane's threads.",
+                                   labels=["lane"])
+        for lane in self.lanes:
+            running.add_metric([lane.name], lane.running)
+            queued.add_metric([lane.name], lane.queued)
+        yield running
+        yield queued
+
+
 class Metrics:
     """This service's metrics registry (one per app, so tests and several apps do not collide)."""
 
@@ -155,6 +192,10 @@ class Metrics:
             registry=self.registry,
         )
         self.registry.register(DatabaseCollector(runtime, thresholds, sandboxes))
+
+    def watch_drives(self, worker: DriveLoad, lanes: Sequence[Lane]) -> None:
+        """Add the gauges of this process's drives and lanes."""
+        self.registry.register(DriveCollector(worker, lanes))
 
     def on_transition(self, _run_id: str, source: RunState, target: RunState) -> None:
         """State machine listener."""

@@ -9,18 +9,25 @@ from __future__ import annotations
 import datetime as dt
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
 
 from harness.domain import limits
-from harness.domain.contracts import MAX_CHAIN_DEPTH, CallbackUrl, Ident, Message, MetadataKey
+from harness.domain.contracts import MAX_CHAIN_DEPTH, CallbackUrl, Ident, Message, MetadataKey, refuse_nul
+from harness.domain.retention import ArchivedRun
 
 HEX64 = r"^[0-9a-f]{64}$"
 
 
 class Body(BaseModel):
-    """Base of request bodies: unknown fields are an error, not silently ignored."""
+    """Base of request bodies: unknown fields are an error, not silently ignored, and so is a NUL
+    character in any text."""
 
     model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_nul(cls, value: Any) -> Any:
+        return refuse_nul(value)
 
 
 class CreateRunBody(Body):
@@ -49,6 +56,15 @@ class CreateRunBody(Body):
         "Standard Webhooks (webhook-id, webhook-timestamp, webhook-signature).",
         examples=["https://hooks.example.com/harness"],
     )
+    start_by: AwareDatetime | None = Field(
+        default=None,
+        description="The latest moment the Run may start, ISO 8601 with its offset (e.g. "
+                    "`2026-12-05T10:00:00Z`). A Run still waiting in the queue then is closed CLOSED_FAILED with "
+                    "an error starting `not_started:` instead of running late. Default: the deployment's "
+                    "HARNESS_QUEUE_MAX_WAIT_S after acceptance, if set; otherwise it waits as long as it takes. "
+                    "A time already past is a 422.",
+        examples=["2026-12-05T10:00:00Z"],
+    )
 
 
 class CancelBody(Body):
@@ -75,6 +91,15 @@ class ErrorDoc(BaseModel):
 
     error: str
     detail: str
+
+
+class BacklogFullDoc(ErrorDoc):
+    """429 `backlog_full`: too many accepted Runs wait to start; nothing was created. Retry after
+    `retry_after_s` seconds (also the Retry-After header)."""
+
+    backlog: int
+    bound: int
+    retry_after_s: int
 
 
 class TransitionDoc(BaseModel):
@@ -133,6 +158,11 @@ class RunDoc(BaseModel):
     error: str | None
     artifacts: dict[str, Any]
     approval_request_id: str | None
+    effects: list[dict[str, str]] = Field(
+        default_factory=list,
+        description="The calls with side effects the Run started, each `{step_id, skill, status}` with status "
+                    "`completed`, `failed` or `in_flight`. After a cancel: what had started before it took "
+                    "effect (a call in flight is let finish; nothing starts after the cancel).")
     cost: CostDoc
     links: RunLinks
 
@@ -144,11 +174,16 @@ class ArchivedDoc(BaseModel):
     segment_id: str
     tenant_id: str
     state: str
-    created_at: float = Field(description="Epoch seconds.")
-    closed_at: float = Field(description="Epoch seconds: the Run's last state change.")
-    archived_at: float = Field(description="Epoch seconds: when the Run was pruned from the database.")
+    created_at: dt.datetime = Field(description="ISO 8601, UTC.")
+    closed_at: dt.datetime = Field(description="ISO 8601, UTC: the Run's last state change.")
+    archived_at: dt.datetime = Field(description="ISO 8601, UTC: when the Run was pruned from the database.")
     location: str = Field(description="The segment's URL (file:// or s3://).")
     checkpoint: str = Field(description="The signed checkpoint the segment is proven against.")
+
+
+def archived_json(archived: ArchivedRun) -> dict[str, Any]:
+    """Where an archived Run is, as an error body carries it (times in ISO 8601, UTC)."""
+    return ArchivedDoc(**archived.to_dict()).model_dump(mode="json")
 
 
 class ArchivedErrorDoc(ErrorDoc):

@@ -11,8 +11,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from harness.domain.errors import InvalidRequestError
 
 _ENV = {
-    "worker_threads": "HARNESS_WORKER_THREADS",
     "queue_limit": "HARNESS_QUEUE_LIMIT",
+    "http_threads": "HARNESS_HTTP_THREADS",
     "housekeeping_interval_s": "HARNESS_HOUSEKEEPING_S",
     "otel_exporter": "HARNESS_OTEL_EXPORTER",
     "session_secret": "HARNESS_SESSION_SECRET",
@@ -25,9 +25,15 @@ class ServiceSettings(BaseModel):
     """The service's own knobs; the Runtime's settings (database, skills, policy) are harness.settings'."""
 
     model_config = ConfigDict(extra="forbid")
-    worker_threads: int = Field(default=4, ge=1, le=256)
-    #: Runs accepted but not yet finished driving; beyond it create-run answers 503 before creating anything
-    queue_limit: int = Field(default=1000, ge=1)
+    #: Runs the embedded worker drives at once (`--workers`); None: the runtime's drive_concurrency
+    #: (HARNESS_DRIVE_CONCURRENCY, harness.settings)
+    concurrency: int | None = Field(default=None, ge=1, le=100_000)
+    #: Runs the embedded worker queues in memory (driven or waiting for a place); an accepted Run beyond it
+    #: is not refused: the re-drive takes it from the database, oldest first, when there is room
+    queue_limit: int = Field(default=10_000, ge=1)
+    #: threads the request handlers that block (on the database) share; the rest of a burst of requests
+    #: waits for one in the event loop instead of queueing for a database connection with the drives
+    http_threads: int = Field(default=16, ge=1, le=1_000)
     #: how often approval timeouts are applied and the trace outbox is drained
     housekeeping_interval_s: float = Field(default=1.0, gt=0)
     #: how often a waiting request or event stream re-reads the database (Runs driven by other processes)

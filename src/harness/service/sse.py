@@ -1,17 +1,18 @@
 """Live Run state for callers: wait for a Run to settle, or follow its changes as server-sent events.
 
-Both read the committed change feed (the transitions table) so they see Runs driven by any process;
-the state machine's listener only wakes them early when the change happened in this process.
+Both read the committed change feed (the transitions table) so they see Runs driven by any process,
+and between reads they wait on the runtime's ChangeFeed: woken by every process's changes on PostgreSQL
+(LISTEN/NOTIFY), by this process's elsewhere, where other processes' changes are seen by reading again
+every poll interval. A wake-up only says "read again": nothing is missed or sent twice.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from typing import Any
 
 from starlette.concurrency import run_in_threadpool
@@ -19,6 +20,7 @@ from starlette.concurrency import run_in_threadpool
 from harness.config import DatabaseError, is_outage
 from harness.domain.feed import Change
 from harness.kernel import RunState, is_final, job_status
+from harness.ports.changes import ChangeFeed, ChangeWaiter
 from harness.ports.queries import ReadModel
 
 ANY_RUN = "*"
@@ -26,62 +28,56 @@ SETTLED = frozenset({"SUCCEEDED", "CLOSED_REJECTED", "CLOSED_FAILED", "CLOSED_CA
 KEEPALIVE_S = 15.0
 #: how long a tenant-wide stream waits at a hole in the change feed (see CommitHorizon)
 HOLE_GRACE_S = 2.0
+#: how often a stream held at a hole reads again (the hole's commit may announce itself, a rollback never)
+HOLE_LOOK_S = 0.2
 #: changes_after's page size: a full page means there may be more up to the horizon
 CHANGES_PER_READ = 500
 
 
 class ChangeHub:
-    """Wakes async waiters when this process's state machine applies a change."""
+    """The service's waits on the runtime's change feed, which it can all wake at once as it stops."""
 
-    def __init__(self) -> None:
+    def __init__(self, feed: ChangeFeed) -> None:
+        self.feed = feed
         self._lock = threading.Lock()
-        self._waiters: dict[str, set[tuple[asyncio.AbstractEventLoop, asyncio.Event]]] = {}
-
-    def publish(self, run_id: str, _source: RunState, _target: RunState) -> None:
-        """State machine listener: runs in whichever thread committed the change."""
-        with self._lock:
-            targets = list(self._waiters.get(run_id, ())) + list(self._waiters.get(ANY_RUN, ()))
-        for loop, event in targets:
-            if not loop.is_closed():
-                loop.call_soon_threadsafe(event.set)
+        self._waiters: set[ChangeWaiter] = set()
 
     @contextmanager
-    def watch(self, key: str) -> Iterator[asyncio.Event]:
-        """An event set whenever `key` (a run id, or ANY_RUN) changes, for the life of the block."""
-        entry = (asyncio.get_running_loop(), asyncio.Event())
-        with self._lock:
-            self._waiters.setdefault(key, set()).add(entry)
-        try:
-            yield entry[1]
-        finally:
+    def watch(self, key: str, poll_s: float) -> Iterator[ChangeWaiter]:
+        """A waiter woken whenever `key` (a run id, or ANY_RUN) changes, for the life of the block; a
+        change of another process reaches it within `poll_s` where the feed cannot push it."""
+        with self.feed.subscribe(None if key == ANY_RUN else key, poll_s=poll_s) as waiter:
             with self._lock:
-                bucket = self._waiters.get(key, set())
-                bucket.discard(entry)
-                if not bucket:
-                    self._waiters.pop(key, None)
+                self._waiters.add(waiter)
+            try:
+                yield waiter
+            finally:
+                with self._lock:
+                    self._waiters.discard(waiter)
+
+    def wake_all(self) -> None:
+        """Wake every wait (the service is stopping: the streams see it and end)."""
+        with self._lock:
+            waiters = list(self._waiters)
+        for waiter in waiters:
+            waiter.wake()
 
     def watchers(self) -> int:
         """How many waiters are registered (for tests and health)."""
         with self._lock:
-            return sum(len(v) for v in self._waiters.values())
-
-
-async def _pause(event: asyncio.Event, seconds: float) -> None:
-    with suppress(TimeoutError):
-        await asyncio.wait_for(event.wait(), timeout=max(seconds, 0.0))
+            return len(self._waiters)
 
 
 async def wait_settled(hub: ChangeHub, reads: ReadModel, run_id: str, timeout_s: float, poll_s: float) -> str:
     """Wait until the Run is final or parked for a human, or the timeout passes; returns its state."""
     deadline = time.monotonic() + timeout_s
-    with hub.watch(run_id) as woke:
+    with hub.watch(run_id, poll_s) as changes:  # before the first read: a change after it wakes the wait
         while True:
-            woke.clear()  # before reading, so a change committed after the read still wakes us
             state = (await run_in_threadpool(reads.get_run, run_id)).state.value
             remaining = deadline - time.monotonic()
             if state in SETTLED or remaining <= 0:
                 return state
-            await _pause(woke, min(remaining, poll_s))
+            await changes.wait_async(remaining)
 
 
 class CommitHorizon:
@@ -153,13 +149,13 @@ async def change_stream(
     quiet_since = time.monotonic()
     horizon = CommitHorizon(HOLE_GRACE_S) if run_id is None else None
     yield "retry: 1000\n\n"
-    with hub.watch(run_id or ANY_RUN) as woke:
+    with hub.watch(run_id or ANY_RUN, poll_s) as woken:
         while not stop() and time.monotonic() < ends:
-            woke.clear()
-            through = None
+            through, at_hole = None, False
             if horizon is not None:  # read only as far as every earlier change has committed
                 committed = await run_in_threadpool(reads.change_ids_after, cursor)
                 through = horizon.through(cursor, committed)
+                at_hole = bool(committed) and through < committed[-1]
             changes = await run_in_threadpool(reads.changes_after, tenant_id, cursor, run_id=run_id,
                                               through=through, limit=CHANGES_PER_READ)
             for change in changes:
@@ -181,7 +177,11 @@ async def change_stream(
             elif time.monotonic() - quiet_since > KEEPALIVE_S:
                 quiet_since = time.monotonic()
                 yield ": keepalive\n\n"
-            await _pause(woke, min(poll_s, ends - time.monotonic()))
+            if len(changes) == CHANGES_PER_READ:
+                continue  # a full page: read on at once
+            # a stream held at a hole looks again soon: a rolled-back insert announces nothing
+            wait_s = min(ends - time.monotonic(), HOLE_LOOK_S if at_hole else KEEPALIVE_S)
+            await woken.wait_async(wait_s)
 
 
 async def guarded(frames: AsyncIterator[str]) -> AsyncIterator[str]:

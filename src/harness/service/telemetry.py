@@ -12,6 +12,7 @@ gen_ai.request.model, gen_ai.usage.*, gen_ai.tool.name).
 
 from __future__ import annotations
 
+import contextvars
 import hashlib
 import threading
 import uuid
@@ -117,8 +118,9 @@ class Telemetry:
         self._lock = threading.Lock()
         self._steps: dict[str, Span] = {}
         self._runtime: Runtime | None = None
-        #: the Run this thread last moved: the pipeline calls the LLM in the thread that entered PLANNING
-        self._thread = threading.local()
+        #: the Run this drive last moved: the pipeline calls the LLM in the drive that entered PLANNING (a
+        #: context variable, not a thread's: on a drive loop many drives share one thread)
+        self._moved: contextvars.ContextVar[str | None] = contextvars.ContextVar("harness_otel_run", default=None)
 
     @classmethod
     def from_setting(cls, name: str) -> Telemetry | None:
@@ -158,7 +160,7 @@ class Telemetry:
 
     def current_context(self) -> Context | None:
         """The step context of the Run this thread is driving, if any."""
-        run_id = getattr(self._thread, "run_id", None)
+        run_id = self._moved.get()
         return self.step_context(run_id) if run_id else None
 
     def step_context(self, run_id: str) -> Context:
@@ -171,7 +173,7 @@ class Telemetry:
 
     def on_transition(self, run_id: str, source: RunState, target: RunState) -> None:
         """State machine listener: end the step just left, open the one entered, close the Run at the end."""
-        self._thread.run_id = run_id
+        self._moved.set(run_id)
         with self._lock:
             previous = self._steps.pop(run_id, None)
         if previous is not None:
@@ -278,6 +280,8 @@ class TracedProvider:
     def __init__(self, inner: LLMProvider, telemetry: Telemetry) -> None:
         self.inner = inner
         self.name = inner.name
+        #: it waits as the provider it wraps does (harness.pipeline.tool_kinds.complete)
+        self.waits_itself = bool(getattr(inner, "waits_itself", False))
         self._telemetry = telemetry
 
     def complete(self, request: LLMRequest) -> LLMResponse:

@@ -6,7 +6,8 @@ import datetime as dt
 from typing import Any
 
 from harness.audit.checkpoint import checkpoint_dir
-from harness.config import Runtime, archived_rows_check, segment_locator
+from harness.config import Runtime, segment_locator
+from harness.domain.contracts import effects_of
 from harness.domain.errors import UnknownRunError
 from harness.domain.feed import RunRow
 from harness.domain.records import RunRecord, StoredTraceRecord
@@ -81,6 +82,7 @@ def run_document(rt: Runtime, run: RunRecord) -> schemas.RunDoc:
         answer=result.get("answer"),
         error=result.get("error"),
         artifacts=result.get("artifacts") or {},
+        effects=list(effects_of(run.context)),
         approval_request_id=pending[-1].request_id
         if pending and run.state == RunState.AWAITING_HITL
         else None,
@@ -96,13 +98,13 @@ def archived_run_document(rt: Runtime, archived: ArchivedRun) -> schemas.Archive
     segment (or the Run's rows in it) does not verify, 503 `archive_unavailable` when it cannot be read."""
     try:
         line = readback.read_back(archived, checkpoint_dir(rt.settings.checkpoint_dir, rt.store.database_id()),
-                                  archived_rows_check, segment_locator())
+                                  segment_locator())
     except readback.SegmentUnverifiedError as exc:
         raise ApiError(409, "archive_unverified", f"run {archived.run_id!r} cannot be read back: {exc}",
-                       extra={"archived": archived.to_dict()}) from None
+                       extra={"archived": schemas.archived_json(archived)}) from None
     except readback.SegmentUnavailableError as exc:
         raise ApiError(503, "archive_unavailable", f"run {archived.run_id!r} cannot be read back now: {exc}",
-                       extra={"archived": archived.to_dict()}) from None
+                       extra={"archived": schemas.archived_json(archived)}) from None
     back = readback.summary(line)
     return schemas.ArchivedRunDoc(
         run_id=archived.run_id,

@@ -1,25 +1,32 @@
-"""The service's embedded worker (SPEC D1, U2): drives accepted Runs in a bounded thread pool, and a
+"""The service's embedded worker (SPEC D1, U2): drives accepted Runs on a drive loop, and a
 housekeeping loop applies approval timeouts, sweeps and drains the trace outbox.
 
-Capacity is reserved before a Run is created, so a full worker answers "busy" without leaving an
-accepted Run that nobody will drive. Nothing accepted is lost: on start, and at every sweep, the worker
-also picks up every Run that should be moving and that nobody drives (no live lease) — Runs accepted or
-resumed before this process (or another replica) died. Each drive holds the Run's lease, so several
+Runs are driven as greenlets on asyncio loops (harness.pipeline.drive_loop): a Run waiting for a model,
+a skill, a sandbox or a child Run holds no thread, so one process drives `concurrency` Runs at once (1,000
+by default). Accepted Runs beyond that wait in the loop, in order; beyond `queue_limit` waiting in memory
+an accepted Run is left to the re-drive, which takes it from the database, oldest first, as room frees up.
+Nothing accepted is lost or refused here (the backlog's bound is the library's admission control): on
+start, and at every housekeeping pass, the worker picks up every Run that should be moving and that
+nobody drives (no live lease) — Runs accepted or resumed before this process (or another replica) died,
+and Runs it had no room to queue. Each drive holds the Run's lease, so several
 replicas on one database never drive one Run twice. A Run that raises while being driven stays in its
 state and is logged with its run_id; it is picked up again, and the zombie sweeper is the backstop.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import threading
 import time
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from contextlib import contextmanager
 
 from harness.audit.publisher import CheckpointPublisher
-from harness.config import Runtime, archiver_factory, audit_reads
+from harness.config import Runtime, archiver_factory, audit_reads, checkpoint_signer
+from harness.domain.errors import SkillsElsewhereError
+from harness.pipeline.drive_loop import DriveLoop
 from harness.retention.scheduled import ScheduledArchiver
 from harness.service.errors import ApiError
 from harness.service.logs import run_context
@@ -27,19 +34,19 @@ from harness.sweeper import ZombieSweeper
 from harness.worker import RunWorker
 
 log = logging.getLogger("harness.worker")
+#: how long a Run left for a process with its agent is not picked up again here
+ELSEWHERE_S = 60.0
 
 
 def _checkpoint_publisher(runtime: Runtime) -> CheckpointPublisher:
     """The service's checkpoint publisher: its first checkpoint one interval after it starts."""
     s = runtime.settings
     return CheckpointPublisher.from_settings(audit_reads(runtime.store), s.checkpoint_interval_s, s.checkpoint_dir,
-                                             s.checkpoint_witnesses, wait_first=True)
+                                             s.checkpoint_witnesses, wait_first=True, signer=checkpoint_signer(s))
 
 
 class Admission:
-    """A reserved place in the worker for one new Run."""
-
-    handed_over = False
+    """A new Run handed to the worker: its drive knows the Run is most likely still in CREATED."""
 
 
 class EmbeddedWorker:
@@ -49,27 +56,31 @@ class EmbeddedWorker:
         self,
         runtime: Runtime,
         *,
-        threads: int = 4,
-        queue_limit: int = 1000,
+        concurrency: int = 1000,
+        queue_limit: int = 10_000,
         housekeeping_interval_s: float = 1.0,
     ) -> None:
         self.runtime = runtime
-        self.threads = threads
+        #: Runs driven at once (each waits without a thread)
+        self.concurrency = concurrency
+        #: Runs queued in memory at most (driven or waiting for a place); more are left to the re-drive
         self.queue_limit = queue_limit
         self.interval = housekeeping_interval_s
-        self._slots = threading.BoundedSemaphore(queue_limit)
         self._lock = threading.Lock()
-        self._pool: ThreadPoolExecutor | None = None
+        self._pool: DriveLoop | None = None
         self._stop = threading.Event()
         self._housekeeper: threading.Thread | None = None
         self._in_flight = 0
         self._last_sweep = time.monotonic()
         #: Runs this worker has queued or is driving, so the re-drive does not queue them twice
         self._queued: set[str] = set()
+        #: Runs whose plan calls skills this process lacks (another agent's), not re-driven here until then
+        self._elsewhere: dict[str, float] = {}
         self.checkpoints = _checkpoint_publisher(runtime)
         #: archives final Runs past the retention period (HARNESS_RETENTION_DAYS) every archive interval
         self.archiver = ScheduledArchiver(archiver_factory(runtime.store, runtime.settings.checkpoint_dir,
-                                                           runtime.settings.checkpoint_witnesses))
+                                                           runtime.settings.checkpoint_witnesses,
+                                                           checkpoint_signer(runtime.settings)))
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -79,7 +90,9 @@ class EmbeddedWorker:
             if self._pool is not None:
                 return
             self._stop.clear()
-            self._pool = ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="harness-run")
+            settings = self.runtime.settings
+            self._pool = DriveLoop(concurrency=self.concurrency, threads=settings.drive_loop_threads(),
+                                   max_lag_s=settings.drive_max_lag_s, name="harness-drives")
             self._housekeeper = threading.Thread(
                 target=self._housekeeping, name="harness-housekeeping", daemon=True
             )
@@ -93,74 +106,77 @@ class EmbeddedWorker:
             housekeeper, self._housekeeper = self._housekeeper, None
         self._stop.set()
         if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
+            pool.stop(timeout_s)
         if housekeeper is not None:
             housekeeper.join(timeout_s)
         self.checkpoints.close()
         self.archiver.close()
 
     @property
+    def threads(self) -> int:
+        """What the health document reports as the worker's threads: the Runs it drives at once."""
+        return self.concurrency
+
+    @property
     def in_flight(self) -> int:
-        """Runs accepted and not yet done driving."""
+        """Runs queued here and not yet done driving."""
         return self._in_flight
+
+    @property
+    def driving(self) -> int:
+        """Runs being driven now (between their first step and their end; waiting ones included)."""
+        pool = self._pool
+        return pool.driving if pool is not None else 0
 
     # ------------------------------------------------------------------ driving
 
     @contextmanager
     def admit(self) -> Iterator[Admission]:
-        """Hold a slot while a new Run is created and handed to `drive`; 503 when the worker is full."""
-        if not self._slots.acquire(blocking=False):
-            raise ApiError(
-                503,
-                "busy",
-                f"the worker already has {self.queue_limit} Runs in flight; retry later",
-                headers={"Retry-After": "1"},
-            )
-        admission = Admission()
-        try:
-            yield admission
-        finally:
-            if not admission.handed_over:
-                self._slots.release()
+        """A place for a new Run while it is created and handed to `drive`. It is never refused here: an
+        accepted Run is a row, and one this worker has no room to queue is taken up by the re-drive."""
+        yield Admission()
 
     def drive(self, run_id: str, admission: Admission | None = None) -> Future[None]:
         """Drive the Run in the background until it is final or parks for a human.
 
-        New Runs come with an admission (bounded); a Run resumed after a decision does not need one,
-        since its decision is already durable and must not be turned away.
+        A new Run comes with its admission (the drive then knows it is still in CREATED). When the memory
+        queue is full the Run is not queued: its future is done at once and the re-drive takes the Run
+        from the database, in order, when there is room.
         """
         self.start()
+        fresh = admission is not None
         with self._lock:
             pool = self._pool
+            if pool is None:
+                raise ApiError(503, "stopping", "the service is shutting down")
+            if self._in_flight >= self.queue_limit:
+                log.info("memory queue full: the run waits for the re-drive", extra={"run_id": run_id})
+                return _done_future()
             self._in_flight += 1
             self._queued.add(run_id)
-        holds_slot = admission is not None
-        if admission is not None:
-            admission.handed_over = True
-        if pool is None:
-            self._done(holds_slot, run_id)
-            raise ApiError(503, "stopping", "the service is shutting down")
-        return pool.submit(self._drive, run_id, holds_slot)
+        return pool.submit(lambda: self._drive(run_id, fresh))
 
-    def _done(self, holds_slot: bool, run_id: str | None = None) -> None:
+    def _done(self, run_id: str) -> None:
         with self._lock:
             self._in_flight -= 1
-            self._queued.discard(run_id or "")
-        if holds_slot:
-            self._slots.release()
+            self._queued.discard(run_id)
 
-    def _drive(self, run_id: str, holds_slot: bool) -> None:
+    def _drive(self, run_id: str, fresh: bool) -> None:
         with run_context(run_id):
             try:
                 # under a lease (K5b), so this service and any Celery workers on the same database never
                 # drive one Run twice; None means another live worker has it
-                result = RunWorker(self.runtime).execute(run_id, fresh=holds_slot)  # a new Run: still CREATED
+                result = RunWorker(self.runtime).execute(run_id, fresh=fresh)  # a new Run: still CREATED
                 if result is not None:
                     log.info("run stopped", extra={"run_id": run_id, "state": result.state})
+            except SkillsElsewhereError as exc:  # another agent's Run: left for a process that runs it
+                with self._lock:
+                    self._elsewhere[run_id] = time.monotonic() + ELSEWHERE_S
+                log.warning(str(exc), extra={"run_id": run_id})
             except Exception:  # one Run's failure must not take the worker down
                 log.exception("driving the run failed", extra={"run_id": run_id})
             finally:
-                self._done(holds_slot, run_id)
+                self._done(run_id)
 
     def redrive(self) -> list[str]:
         """Queue every Run that should be moving and that nobody drives (no live lease, unchanged for the
@@ -168,9 +184,14 @@ class EmbeddedWorker:
         if self._pool is None:
             return []
         settings = self.runtime.settings
+        now = time.monotonic()
         with self._lock:
-            queued = set(self._queued)
-        picked = [r for r in self.runtime.store.unowned_runs(settings.redrive_grace_s) if r not in queued]
+            self._elsewhere = {r: until for r, until in self._elsewhere.items() if until > now}
+            queued = set(self._queued) | set(self._elsewhere)
+            room = self.queue_limit - self._in_flight
+        if room <= 0:
+            return []
+        picked = [r for r in self.runtime.store.unowned_runs(settings.redrive_grace_s) if r not in queued][:room]
         for run_id in picked:
             log.info("picking up a run nobody drives", extra={"run_id": run_id})
             try:
@@ -221,3 +242,9 @@ class EmbeddedWorker:
                 self.housekeep()
             except Exception:  # the loop must survive a database hiccup; the next pass retries
                 log.exception("housekeeping pass failed")
+
+
+def _done_future() -> Future[None]:
+    future: Future[None] = concurrent.futures.Future()
+    future.set_result(None)
+    return future

@@ -8,6 +8,8 @@ A webhooks file is YAML::
       acme: {secret_env: HARNESS_WEBHOOK_SECRET_ACME}
       "*": {secret_env: HARNESS_WEBHOOK_SECRET}    # any other tenant
     callback_hosts: [hooks.acme.example]           # optional: the only hosts a callback may name
+    internal_callbacks:                            # optional: internal receivers a tenant may reach
+      acme: [hooks.acme.internal, 10.20.0.0/16]    # host names, addresses or networks ("*": any)
     approvers:
       - name: acme-leads
         tenant: acme
@@ -20,6 +22,12 @@ Secrets are Standard Webhooks secrets (``whsec_`` and base64). They never sit in
 names the environment variable or the file that holds it, and they are read once, when the file loads.
 Without a file, ``HARNESS_WEBHOOK_SECRET`` (if set) signs every tenant's callbacks and no approver is
 configured.
+
+A callback or an approver endpoint reaches public addresses only (harness.domain.outbound): one that is, or
+resolves to, a loopback, private, link-local or otherwise internal address is refused at intake and at
+every send. ``internal_callbacks`` opts a tenant (or ``"*"``, every tenant) in to internal receivers; the
+environment variable ``HARNESS_CALLBACK_ALLOW_INTERNAL`` (comma-separated entries, ``*`` for any internal
+address) does the same for every tenant.
 """
 
 from __future__ import annotations
@@ -34,12 +42,23 @@ from standardwebhooks import Webhook
 
 from harness.domain.contracts import IDENT, check_callback_url
 from harness.domain.errors import BadInputError
+from harness.domain.outbound import OutboundGuard, OutboundRule, OutboundUnresolvedError
+from harness.domain.webhooks import DEFAULT_SECRET_ENV
 from harness.yamlfile import load_yaml_model
 
 #: the environment variable whose secret signs callbacks when no webhooks file says otherwise
-DEFAULT_SECRET_ENV = "HARNESS_WEBHOOK_SECRET"
 ANY_TENANT = "*"
+#: the environment variable whose entries (hosts, addresses, networks, or *) every tenant may reach inside
+ALLOW_INTERNAL_ENV = "HARNESS_CALLBACK_ALLOW_INTERNAL"
 Url = Annotated[str, AfterValidator(check_callback_url)]
+
+
+def _allow_list(entries: tuple[str, ...]) -> tuple[str, ...]:
+    OutboundRule.parse(entries)  # ValueError naming the entry that is not a host, an address or a network
+    return entries
+
+
+AllowList = Annotated[tuple[str, ...], AfterValidator(_allow_list)]
 
 
 class WebhookConfigError(BadInputError):
@@ -131,9 +150,11 @@ class WebhookConfig(_Strict):
     console_url: Url = "http://127.0.0.1:8000"
     callback_secrets: dict[str, SecretRef] = Field(default_factory=dict)
     callback_hosts: tuple[str, ...] = ()
+    internal_callbacks: dict[str, AllowList] = Field(default_factory=dict)
     approvers: tuple[ApproverEndpoint, ...] = ()
     delivery: Delivery = Delivery()
     _secrets: dict[str, str] = PrivateAttr(default_factory=dict)
+    _allow_internal: OutboundRule = PrivateAttr(default_factory=OutboundRule)
 
     @model_validator(mode="after")
     def _unique_names(self) -> WebhookConfig:
@@ -151,6 +172,10 @@ class WebhookConfig(_Strict):
             self._secrets[f"caller:{tenant}"] = ref.read()
         for endpoint in self.approvers:
             self._secrets[endpoint.key] = endpoint.read()
+        try:
+            self._allow_internal = OutboundRule.parse(os.environ.get(ALLOW_INTERNAL_ENV, "").split(","))
+        except ValueError as exc:
+            raise WebhookConfigError(f"{ALLOW_INTERNAL_ENV}: {exc}") from None
         return self
 
     # ------------------------------------------------------------------ what the notifier asks
@@ -175,8 +200,17 @@ class WebhookConfig(_Strict):
         """The signing secret of an outbox endpoint; None when it is no longer configured."""
         return self._secrets.get(endpoint)
 
-    def check_callback(self, tenant_id: str, url: str) -> None:
-        """Refuse a callback this deployment cannot sign or does not allow (BadInputError naming why)."""
+    def outbound_rule(self, tenant_id: str) -> OutboundRule:
+        """The internal receivers this tenant's callbacks and approver endpoints may reach."""
+        rule = self._allow_internal
+        for key in (tenant_id, ANY_TENANT):
+            rule = rule.merge(OutboundRule.parse(self.internal_callbacks.get(key, ())))
+        return rule
+
+    def check_callback(self, tenant_id: str, url: str, guard: OutboundGuard | None = None) -> None:
+        """Refuse a callback this deployment cannot sign or does not allow (BadInputError naming why): with
+        a `guard`, one that is or resolves to an internal address the tenant may not reach (a name that
+        does not resolve yet passes: every send checks again)."""
         if self.caller_endpoint(tenant_id) is None:
             raise BadInputError(f"callback: no webhook signing secret is configured for tenant {tenant_id!r}; "
                                 f"set {DEFAULT_SECRET_ENV} or callback_secrets in the webhooks file")
@@ -184,6 +218,13 @@ class WebhookConfig(_Strict):
         if self.callback_hosts and host not in {h.lower() for h in self.callback_hosts}:
             raise BadInputError(f"callback: the host {host!r} is not among this deployment's allowed callback "
                                 "hosts")
+        if guard is not None:
+            try:
+                guard.addresses(host, self.outbound_rule(tenant_id))
+            except OutboundUnresolvedError:
+                pass
+            except BadInputError as exc:
+                raise BadInputError(f"callback: {exc}") from None
 
     def console_link(self, path: str) -> str:
         """An absolute console URL."""

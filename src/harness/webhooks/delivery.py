@@ -92,12 +92,13 @@ class WebhookDispatcher:
         if secret is None:
             outcome_error, status, retry = f"the endpoint {delivery.endpoint!r} is no longer configured", None, False
         else:
-            sent = self.sender.send(delivery.url, delivery.delivery_id, delivery.payload, secret)
+            sent = self.sender.send(delivery.url, delivery.delivery_id, delivery.payload, secret,
+                                    rule=self.config.outbound_rule(delivery.tenant_id))
             if sent.ok:
                 held = self.outbox.delivered(self.owner, delivery.delivery_id, sent.status_code or 200)
                 (report.delivered if held else report.lost_lease).append(delivery.delivery_id)
                 return
-            outcome_error, status, retry = sent.error or "failed", sent.status_code, True
+            outcome_error, status, retry = sent.error or "failed", sent.status_code, sent.retry
         last = delivery.attempts >= self.config.delivery.max_attempts or not retry
         retry_at = None if last else self.outbox.clock.now() + self.backoff(delivery.attempts)
         held = self.outbox.failed(self.owner, delivery.delivery_id, error=outcome_error, status_code=status,

@@ -16,7 +16,7 @@ import datetime as dt
 import json
 from typing import TYPE_CHECKING, Any
 
-from harness.domain.contracts import Notification, NotificationType, RunRequest, RunResult
+from harness.domain.contracts import Notification, NotificationType, RunRequest, RunResult, effects_of
 from harness.domain.ids import ordered_id
 from harness.domain.webhooks import OutgoingEvent
 from harness.kernel import FINAL, RunState
@@ -121,11 +121,13 @@ class PushEvents:
         if target == S.AWAITING_HITL or target in FINAL:
             stored = run["result"] or {}
             pending = self.outbox.latest_request(tx, run_id) if target == S.AWAITING_HITL else None
+            # a cancel's push lists the calls with side effects that had started before it took effect
+            effects = effects_of(self.outbox.run_context(tx, run_id)) if target == S.CLOSED_CANCELLED else ()
             result = RunResult(
                 run_id=run_id, state=target.value, answer=stored.get("answer"),
                 artifacts=stored.get("artifacts", {}), trace_id=run_id, error=stored.get("error"),
                 approval_request_id=pending["request_id"] if pending and pending["status"] == "pending" else None,
-                path=tuple(path))
+                path=tuple(path), effects=effects)
             self.sink.deliver(tx, result, request)
 
     # ------------------------------------------------------------------ the approval desk's hook

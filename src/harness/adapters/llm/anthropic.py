@@ -14,7 +14,7 @@ The API version this SDK speaks takes no temperature, so LLMRequest.temperature 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import anthropic
@@ -30,6 +30,7 @@ from harness.adapters.llm.tool_formats import (
 )
 from harness.domain.errors import ProviderError
 from harness.domain.llm import LLMRequest, LLMResponse
+from harness.pipeline import waits
 from harness.ports import Clock
 from harness.resilience import BreakerRegistry
 
@@ -59,6 +60,8 @@ class AnthropicProvider(GuardedProvider):
     """Messages with tool use, usage and optional streaming."""
 
     name = PROVIDER
+    #: a drive on a drive loop waits for the answer with asynchronous I/O, switched out, holding no thread
+    waits_itself = True
 
     def __init__(self, settings: ProviderSettings, *, clock: Clock | None = None,
                  breakers: BreakerRegistry | None = None,
@@ -66,14 +69,31 @@ class AnthropicProvider(GuardedProvider):
         super().__init__(settings, clock=clock, breakers=breakers, **({"sleep": sleep} if sleep else {}))
         self.client = anthropic.Anthropic(api_key=settings.api_key, base_url=settings.base_url,
                                           timeout=settings.timeout_s, max_retries=0, open_telemetry=False)
+        #: the asynchronous client of each drive loop
+        self.async_clients = waits.PerLoop(lambda: anthropic.AsyncAnthropic(
+            api_key=settings.api_key, base_url=settings.base_url, timeout=settings.timeout_s, max_retries=0,
+            open_telemetry=False))
 
     def close(self) -> None:
         """Release the HTTP connections."""
         self.client.close()
+        self.async_clients.close(lambda client: client.close())
+
+    async def _events(self, body: dict[str, Any]) -> list[RawMessageStreamEvent]:
+        stream = await self.async_clients.get().messages.create(**body)
+        async with stream:
+            return [event async for event in stream]
 
     def _attempt(self, model: str, request: LLMRequest) -> LLMResponse:
         names, body = self.body(model, request)
         try:
+            if waits.suspendable():  # on a drive loop: the drive switches out until the answer is here
+                if body.get("stream"):
+                    return self._from_events(model, request, names, waits.wait(self._events(body)))
+                answer = waits.wait(self.async_clients.get().messages.create(**body))
+                if not isinstance(answer, Message):
+                    raise malformed(PROVIDER, f"expected a message, got {str(answer)[:120]!r}")
+                return self._from_message(model, request, names, answer)
             if body.get("stream"):
                 with self.client.messages.create(**body) as stream:
                     return self._from_events(model, request, names, stream)
@@ -125,7 +145,7 @@ class AnthropicProvider(GuardedProvider):
                              finish=finish, served_by=str(message.model), tokens=tokens)
 
     def _from_events(self, model: str, request: LLMRequest, names: ToolNames,
-                     events: anthropic.Stream[RawMessageStreamEvent]) -> LLMResponse:
+                     events: Iterable[RawMessageStreamEvent]) -> LLMResponse:
         blocks: dict[int, dict[str, Any]] = {}
         served_by, stop, tokens_in, tokens_out = model, "stop", 0, 0
         for event in events:

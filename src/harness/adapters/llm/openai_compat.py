@@ -17,7 +17,7 @@ the system prompt instead (a local model's chat template may not show tools). In
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import openai
@@ -35,6 +35,7 @@ from harness.adapters.llm.tool_formats import (
 )
 from harness.domain.errors import ProviderError
 from harness.domain.llm import LLMRequest, LLMResponse
+from harness.pipeline import waits
 from harness.ports import Clock
 from harness.resilience import BreakerRegistry
 
@@ -69,6 +70,8 @@ class OpenAICompatProvider(GuardedProvider):
     """Chat completions with tool calls, usage and optional streaming."""
 
     name = PROVIDER
+    #: a drive on a drive loop waits for the answer with asynchronous I/O, switched out, holding no thread
+    waits_itself = True
 
     def __init__(self, settings: ProviderSettings, *, clock: Clock | None = None,
                  breakers: BreakerRegistry | None = None,
@@ -76,14 +79,30 @@ class OpenAICompatProvider(GuardedProvider):
         super().__init__(settings, clock=clock, breakers=breakers, **({"sleep": sleep} if sleep else {}))
         self.client = openai.OpenAI(api_key=settings.api_key, base_url=settings.base_url,
                                     timeout=settings.timeout_s, max_retries=0)
+        #: the asynchronous client of each drive loop
+        self.async_clients = waits.PerLoop(lambda: openai.AsyncOpenAI(
+            api_key=settings.api_key, base_url=settings.base_url, timeout=settings.timeout_s, max_retries=0))
 
     def close(self) -> None:
         """Release the HTTP connections."""
         self.client.close()
+        self.async_clients.close(lambda client: client.close())
+
+    async def _chunks(self, body: dict[str, Any]) -> list[ChatCompletionChunk]:
+        stream = await self.async_clients.get().chat.completions.create(**body)
+        async with stream:
+            return [chunk async for chunk in stream]
 
     def _attempt(self, model: str, request: LLMRequest) -> LLMResponse:
         names, body = self.body(model, request)
         try:
+            if waits.suspendable():  # on a drive loop: the drive switches out until the answer is here
+                if body.get("stream"):
+                    return self._from_chunks(model, request, names, waits.wait(self._chunks(body)))
+                answer = waits.wait(self.async_clients.get().chat.completions.create(**body))
+                if not isinstance(answer, ChatCompletion):
+                    raise malformed(PROVIDER, f"expected a chat completion, got {str(answer)[:120]!r}")
+                return self._from_completion(model, request, names, answer)
             if body.get("stream"):
                 with self.client.chat.completions.create(**body) as stream:
                     return self._from_chunks(model, request, names, stream)
@@ -138,7 +157,7 @@ class OpenAICompatProvider(GuardedProvider):
                               tokens=tokens)
 
     def _from_chunks(self, model: str, request: LLMRequest, names: ToolNames,
-                     stream: openai.Stream[ChatCompletionChunk]) -> LLMResponse:
+                     stream: Iterable[ChatCompletionChunk]) -> LLMResponse:
         text: list[str] = []
         calls: dict[int, list[str]] = {}
         finish, served_by, tokens = "stop", model, (0, 0)

@@ -86,6 +86,15 @@ class PricingTable(BaseModel):
             return self.models[max(prefixes, key=len)]
         return self.default
 
+    def token_price(self, model: str, fallback: str | None = None) -> tuple[float, float] | None:
+        """USD per token in and out at the dearer of `model` and its `fallback` (a call may be served by
+        either); None when `model` has no price."""
+        primary = self.price_of(model)
+        if primary is None:
+            return None
+        prices = [primary, *([p] if fallback and (p := self.price_of(fallback)) is not None else [])]
+        return max(p.input_per_mtok for p in prices) / 1e6, max(p.output_per_mtok for p in prices) / 1e6
+
     def cost(self, model: str, input_tokens: int, output_tokens: int) -> float:
         """USD for one call, rounded to 1e-8; 0 (logged once) for an unpriced model."""
         price = self.price_of(model)

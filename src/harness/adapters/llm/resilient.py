@@ -28,6 +28,7 @@ from harness.adapters.llm.tool_formats import ToolNames, parse_tool_calls, plan_
 from harness.clock import SystemClock
 from harness.domain.errors import ProviderError
 from harness.domain.llm import FallbackResponse, LLMRequest, LLMResponse, Usage
+from harness.pipeline import waits
 from harness.ports import Clock
 from harness.resilience import (
     BreakerConfig,
@@ -140,7 +141,7 @@ class GuardedProvider:
 
     def __init__(self, settings: ProviderSettings, *, clock: Clock | None = None,
                  breakers: BreakerRegistry | None = None,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+                 sleep: Callable[[float], None] = waits.sleep) -> None:
         self.settings = settings
         self.breakers = breakers or BreakerRegistry(clock or SystemClock(), settings.breaker)
         self.sleep = sleep
@@ -148,6 +149,11 @@ class GuardedProvider:
     def _attempt(self, model: str, request: LLMRequest) -> LLMResponse:
         """One call of `model`, errors translated; implemented by each provider."""
         raise NotImplementedError
+
+    def token_price(self, request: LLMRequest) -> tuple[float, float] | None:
+        """USD per token in and out at the dearest model the call may be served by (the one asked for, or
+        the fallback); None when the model asked for has no price."""
+        return self.settings.pricing.token_price(request.model or self.settings.model, self.settings.fallback_model)
 
     def breaker_name(self, model: str) -> str:
         """The registry key of a model's breaker."""

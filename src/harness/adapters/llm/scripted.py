@@ -171,6 +171,8 @@ class ScriptedProvider:
     """Answers from rules; same input, same answer, every time."""
 
     name = "scripted"
+    #: it answers at once, in the process: a drive calls it without a thread hop
+    waits_itself = True
 
     def __init__(self, rules: RulesFile, *, source: str = "<rules>") -> None:
         self.rules = rules
@@ -181,6 +183,13 @@ class ScriptedProvider:
     def from_file(cls, path: str | Path) -> ScriptedProvider:
         """Load a rules file; a broken one raises BadInputError naming the file and the field."""
         return cls(load_yaml_model(path, RulesFile, "scripted LLM rules"), source=str(path))
+
+    def token_price(self, request: LLMRequest) -> tuple[float, float] | None:
+        """USD per token in and out that a call costs: the rules' pricing (None when free)."""
+        price = self.rules.pricing
+        if not price.input_per_1k_usd and not price.output_per_1k_usd:
+            return None
+        return price.input_per_1k_usd / 1000, price.output_per_1k_usd / 1000
 
     def complete(self, request: LLMRequest) -> LLMResponse:
         """Answer with the first matching rule's plan, reply or error."""

@@ -207,7 +207,7 @@ class BwrapSandbox:
 
     @staticmethod
     def _skill_paths(job: SandboxJob) -> list[Path]:
-        paths = [RUNNER.parent]
+        paths = [RUNNER.parent, *(p.resolve() for p in job.code_paths)]
         if job.entry_file is not None:
             paths.append(job.entry_file.resolve().parent)
         return paths

@@ -53,7 +53,7 @@ def payload(job: SandboxJob, uid: int | None = None, gid: int | None = None,
     """The runner's stdin; `network_cut` tells the runner a failed connection is the sandbox's doing."""
     return json.dumps({
         "entry_file": str(job.entry_file) if job.entry_file else None, "entry_module": job.entry_module,
-        "entry_sha256": job.entry_sha256,
+        "entry_sha256": job.entry_sha256, "python_path": [str(p) for p in job.python_path],
         "function": job.function, "arguments": job.arguments, "context": job.context,
         "limits": job.limits.model_dump(), "network_cut": network_cut, "uid": uid, "gid": gid,
     }).encode()

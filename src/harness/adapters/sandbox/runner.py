@@ -82,7 +82,9 @@ def _pinned(source: bytes, expected: str | None, where: str) -> bytes:
 
 def load_function(job: dict[str, Any]) -> Any:
     """The skill's function, from a file (executed from exactly the bytes checked against the pinned
-    hash) or an importable module (whose source is checked first)."""
+    hash) or an importable module (whose source is checked first). A code skill's module root and the
+    harness package come first on sys.path (`python_path`): the same code as the process that sent the job."""
+    sys.path[:0] = [p for p in job.get("python_path") or () if p not in sys.path]
     expected = job.get("entry_sha256")
     if job.get("entry_file"):
         path = Path(job["entry_file"])
@@ -139,7 +141,9 @@ def main() -> int:
     drop_privileges(job.get("uid"), job.get("gid"))
     try:
         fn = load_function(job)
-        output = fn(job["arguments"], make_context(job["context"]))
+        # a @skill function (harness.code_skills) validates its arguments and dumps its output as in process
+        call = getattr(fn, "__harness_call__", fn)
+        output = call(job["arguments"], make_context(job["context"]))
     except BaseException as exc:  # the skill's failure is reported, never raised past this point
         if os.getpid() != origin:
             os._exit(1)  # a forked child of the skill unwinding here must not write a second result

@@ -94,6 +94,15 @@ class SqlAuditReads:
     def trace_of(self, run_id: str) -> list[StoredTraceRecord]:
         return self.store.trace_of(run_id)
 
+    def redactions_of(self, run_id: str) -> dict[int, dict[str, str]]:
+        x, rec = redacted_records.c, t.trace_records.c
+        with self.store.reader.connect() as conn:
+            if not sa.inspect(conn).has_table(redacted_records.name):
+                return {}
+            rows = conn.execute(sa.select(x.seq, x.erase_id, x.leaf).join(t.trace_records, rec.seq == x.seq)
+                                .where(rec.run_id == run_id)).all()
+        return {int(r.seq): {"erase_id": r.erase_id, "leaf": bytes(r.leaf).hex()} for r in rows}
+
     def pending_of_run(self, run_id: str) -> int:
         with self.store.reader.connect() as conn:
             query = sa.select(sa.func.count()).select_from(t.outbox).where(t.outbox.c.run_id == run_id)

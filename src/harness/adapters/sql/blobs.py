@@ -30,6 +30,19 @@ blobs = sa.Table(
     sa.Column("content", sa.Text().with_variant(mysql.LONGTEXT(), "mysql", "mariadb"), nullable=False),
 )
 
+#: which Run references which blob (migration 0019): blobs are shared, so an erasure deletes only the
+#: contents no other Run references; kept when a Run is pruned (its blobs stay, and so must the link)
+blob_refs = sa.Table(
+    "blob_refs",
+    t.metadata,
+    sa.Column("hash", sa.String(64), primary_key=True),
+    sa.Column("run_id", sa.String(64), primary_key=True),
+    sa.Index("ix_blob_refs_run", "run_id"),
+)
+
+#: a blob the running erasure transaction may delete (harness.adapters.sql.blob_guards)
+blob_grants = sa.Table("blob_grants", t.metadata, sa.Column("hash", sa.String(64), primary_key=True))
+
 
 def contents_of(values: Iterable[Any]) -> dict[str, str]:
     """hash → canonical JSON for each value (the hash the trace records carry for it)."""
@@ -43,22 +56,32 @@ _PUT = {
     "postgresql": postgresql.insert(blobs).on_conflict_do_nothing(index_elements=["hash"]),
 }
 _PUT_OTHER = blobs.insert().prefix_with("IGNORE")  # MySQL / MariaDB
+_REF = {
+    "sqlite": sqlite.insert(blob_refs).on_conflict_do_nothing(index_elements=["hash", "run_id"]),
+    "postgresql": postgresql.insert(blob_refs).on_conflict_do_nothing(index_elements=["hash", "run_id"]),
+}
+_REF_OTHER = blob_refs.insert().prefix_with("IGNORE")
 
 
-def put(conn: sa.Connection, contents: Mapping[str, str]) -> None:
-    """Insert blobs inside the caller's transaction; one already stored is left as it is. Nothing reads
-    the insert's result, so on PostgreSQL it waits for the transaction's next statement or its commit and
-    goes in one round trip with it (an error, as any, rolls the transaction back)."""
+def put(conn: sa.Connection, contents: Mapping[str, str], run_id: str | None) -> None:
+    """Insert blobs, and that `run_id` references them, inside the caller's transaction; one already
+    stored is left as it is. Nothing reads the inserts' results, so on PostgreSQL they wait for the
+    transaction's next statement or its commit and go in one round trip with it (an error, as any, rolls
+    the transaction back)."""
     if not contents:
         return
+    raw = statements_for(conn.dialect)
     rows = [{"hash": h, "content": c} for h, c in sorted(contents.items())]
-    statements_for(conn.dialect).later_many(conn, _PUT.get(conn.dialect.name, _PUT_OTHER), rows)
+    raw.later_many(conn, _PUT.get(conn.dialect.name, _PUT_OTHER), rows)
+    if run_id is not None:
+        refs = [{"hash": h, "run_id": run_id} for h in sorted(contents)]
+        raw.later_many(conn, _REF.get(conn.dialect.name, _REF_OTHER), refs)
 
 
 def record_with_blobs(store: SqlStore, records: Sequence[TraceRecordIn], values: Iterable[Any]) -> None:
     """Append trace records and the contents they reference by hash, in one transaction."""
     with store.engine.begin() as conn:
-        put(conn, contents_of(values))
+        put(conn, contents_of(values), records[0].run_id if records else None)
         store.enqueue(conn, records, store.clock.now())
 
 
@@ -68,7 +91,7 @@ def save_context_with_blobs(store: SqlStore, run_id: str, context: dict[str, Any
     """SqlStore.save_context (the RunContext and its trace records in one transaction), plus the
     contents those records reference, in that same transaction; False when fenced by `lease_epoch`."""
     contents = contents_of(values)
-    return store.save_context(run_id, context, records, also=lambda conn: put(conn, contents),
+    return store.save_context(run_id, context, records, also=lambda conn: put(conn, contents, run_id),
                               lease_epoch=lease_epoch)
 
 

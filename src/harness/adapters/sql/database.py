@@ -4,18 +4,21 @@ from __future__ import annotations
 
 import contextvars
 import os
+import re
+import sqlite3
+import time
 from collections.abc import Callable
+from functools import cache
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import sqlalchemy as sa
-from alembic import command
-from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
 
 from harness.domain.errors import InvalidRequestError
 from harness.ports import Tx
+
+if TYPE_CHECKING:
+    from alembic.config import Config
 
 DEFAULT_SQLITE_FILE = "harness.db"
 #: how long a SQLite writer waits for the write lock before "database is locked"
@@ -68,7 +71,11 @@ def create_engine(url: str, *, sqlite_synchronous: str | None = None) -> sa.Engi
     u = sa.engine.make_url(url)
     if u.get_backend_name() == "sqlite":
         return _sqlite_engine(url, sqlite_synchronous or os.environ.get("HARNESS_SQLITE_SYNCHRONOUS", "NORMAL"))
-    kwargs: dict[str, Any] = {"future": True}
+    # a server database's pool is sized for one process: the drive loop, the lease renewals, the
+    # service's request threads and its housekeeping each hold a connection only inside a transaction,
+    # and together they stay under pool + overflow, so the drive loop never queues behind the others
+    kwargs: dict[str, Any] = {"future": True, "pool_size": _pool_setting("HARNESS_DB_POOL_SIZE", 10),
+                              "max_overflow": _pool_setting("HARNESS_DB_MAX_OVERFLOW", 30)}
     if u.get_backend_name() in ("mysql", "mariadb"):
         kwargs["isolation_level"] = "READ COMMITTED"
         tls_options = any(key.startswith("ssl") for key in u.query)
@@ -82,6 +89,19 @@ def create_engine(url: str, *, sqlite_synchronous: str | None = None) -> sa.Engi
         engine = sa.create_engine(url, **kwargs)
     _ping_at_checkout(engine)
     return engine
+
+
+def _pool_setting(name: str, default: int) -> int:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise InvalidRequestError(f"{name} must be a whole number, not {raw!r}") from None
+    if not 0 <= value <= 1_000:
+        raise InvalidRequestError(f"{name} must lie within 0-1000, not {value}")
+    return value
 
 
 def _ping_at_checkout(engine: sa.Engine) -> None:
@@ -172,6 +192,27 @@ def _mysql_session(dbapi_connection: Any, _record: Any) -> None:
     cursor.close()
 
 
+def _use_wal(cursor: Any) -> None:
+    """Put the database in WAL mode (it stays so), waiting for other connections as a writer would.
+
+    The switch needs the database to itself, and SQLite answers "database is locked" at once, without
+    its busy timeout, when another connection's write transaction holds the lock (waiting could
+    deadlock): processes opening a database that others use retry here, up to the busy timeout. A
+    database already in WAL mode (the usual case) is only read."""
+    deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_MS / 1000
+    delay = 0.005
+    while True:
+        try:
+            if str(cursor.execute("PRAGMA journal_mode").fetchone()[0]).lower() != "wal":
+                cursor.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() + delay > deadline:
+                raise
+        time.sleep(delay)
+        delay = min(delay * 2, 0.25)
+
+
 def _sqlite_engine(url: str, synchronous: str) -> sa.Engine:
     if synchronous.upper() not in ("OFF", "NORMAL", "FULL", "EXTRA"):
         raise InvalidRequestError(f"HARNESS_SQLITE_SYNCHRONOUS must be NORMAL, FULL or EXTRA, not {synchronous!r}")
@@ -187,9 +228,9 @@ def _sqlite_engine(url: str, synchronous: str) -> sa.Engine:
         # concurrent writers into "database is locked" errors instead of waiting (SPEC K4).
         dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
-        cursor.execute("PRAGMA journal_mode=WAL")
-        cursor.execute(f"PRAGMA synchronous={synchronous.upper()}")
         cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+        _use_wal(cursor)
+        cursor.execute(f"PRAGMA synchronous={synchronous.upper()}")
         cursor.execute("PRAGMA foreign_keys=ON")
         cursor.close()
 
@@ -208,6 +249,8 @@ def _sqlite_engine(url: str, synchronous: str) -> sa.Engine:
 
 
 def _alembic_config(connection: sa.Connection | None = None) -> Config:
+    from alembic.config import Config  # alembic loads only when a schema is migrated
+
     cfg = Config()
     cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
     if connection is not None:
@@ -217,7 +260,45 @@ def _alembic_config(connection: sa.Connection | None = None) -> Config:
 
 def head_revision() -> str | None:
     """The newest migration this version of harness ships."""
+    from alembic.script import ScriptDirectory
+
     return ScriptDirectory.from_config(_alembic_config()).get_current_head()
+
+
+_REVISION_LINE = re.compile(r'^(down_revision|revision) = (None|"[^"]*")$', re.M)
+
+
+@cache
+def shipped_head() -> str | None:
+    """The newest migration as the version files say it, read without alembic (which costs every process
+    ~10 MB and a fraction of a second to load): None when the files are not one plain line of revisions
+    (a merge, a branch, a value written another way), and alembic is asked instead."""
+    revisions, parents = set(), set()
+    for path in (MIGRATIONS_DIR / "versions").glob("*.py"):
+        found = dict(_REVISION_LINE.findall(path.read_text(encoding="utf-8")))
+        if "revision" not in found or "down_revision" not in found:
+            return None
+        revisions.add(found["revision"].strip('"'))
+        parents.add(found["down_revision"].strip('"'))
+    heads = revisions - parents
+    return heads.pop() if len(heads) == 1 else None
+
+
+def _current_revisions(conn: sa.Connection) -> list[str]:
+    """The revisions the database's alembic_version table holds (none: a new database)."""
+    if not sa.inspect(conn).has_table("alembic_version"):
+        return []
+    return [row[0] for row in conn.execute(sa.text("SELECT version_num FROM alembic_version"))]
+
+
+def _is_current(conn: sa.Connection) -> bool:
+    """Whether the schema is at the newest migration, checked without alembic when the files allow it."""
+    head = shipped_head()
+    if head is not None:
+        return _current_revisions(conn) == [head]
+    from alembic.runtime.migration import MigrationContext
+
+    return MigrationContext.configure(conn).get_current_revision() == head_revision()
 
 
 #: key of the advisory lock that lets one process at a time migrate a database
@@ -233,10 +314,13 @@ def migrate(engine: sa.Engine) -> None:
     lock, PostgreSQL's advisory lock, MySQL's named lock); each re-reads the version once it holds it,
     so one migrates and the others find the schema current.
     """
-    head = head_revision()
     with engine.connect() as conn:
-        if MigrationContext.configure(conn).get_current_revision() == head:
+        if _is_current(conn):
             return
+    from alembic import command
+    from alembic.runtime.migration import MigrationContext
+
+    head = head_revision()
     with engine.begin() as conn:
         dialect = conn.dialect.name
         if dialect == "postgresql":

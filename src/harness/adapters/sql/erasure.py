@@ -27,14 +27,17 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import sqlalchemy as sa
 
 from harness.adapters.sql import schema as t
+from harness.adapters.sql.blobs import blob_grants, blob_refs, blobs
 from harness.adapters.sql.retention_schema import (
     archive_segments,
+    archived_costs,
     archived_runs,
     erased_runs,
     erasures,
@@ -45,11 +48,24 @@ from harness.adapters.sql.store import SqlStore
 from harness.audit import merkle
 from harness.domain.chain import canonical_json, record_bytes
 from harness.domain.errors import StoreError
-from harness.domain.retention import LiveErasure, redacted_payload, swap_ids
+from harness.domain.retention import LiveErasure, hashes_in, redacted_payload, swap_ids
 from harness.kernel import FINAL
 
 USER_ERASED = "user_erased"
 _FINAL = sorted(s.value for s in FINAL)
+#: ids or hashes per IN list
+_CHUNK = 500
+
+
+def _chunks(values: Sequence[str]) -> Iterator[list[str]]:
+    for i in range(0, len(values), _CHUNK):
+        yield list(values[i : i + _CHUNK])
+
+
+#: the tables an erasure deletes from or rewrites (what a VACUUM FULL / OPTIMIZE TABLE after it rewrites)
+ERASED_TABLES = ("trace_records", "outbox", "runs", "transitions", "audit_events", "costs", "hitl_requests",
+                 "hitl_decisions", "webhook_deliveries", "memory_entries", "blobs", "blob_refs", "sandbox_instances",
+                 "spend_totals", "archived_runs", "archived_costs")
 
 
 class EraseRefusedError(StoreError):
@@ -61,6 +77,32 @@ class ErasureStore:
 
     def __init__(self, store: SqlStore) -> None:
         self.store = store
+        self._sqlite = store.engine.dialect.name == "sqlite"
+
+    @contextmanager
+    def _begin(self) -> Iterator[sa.Connection]:
+        """A write transaction that, on SQLite, overwrites what it deletes or replaces with zeros
+        (`secure_delete`) instead of leaving it in the file's free space; the connection goes back to the
+        pool as it came."""
+        with self.store.engine.connect() as conn:
+            self._pragma(conn, "PRAGMA secure_delete = ON")
+            try:
+                with conn.begin():
+                    yield conn
+            finally:
+                self._pragma(conn, "PRAGMA secure_delete = OFF")
+
+    def _pragma(self, conn: sa.Connection, statement: str) -> Any:
+        """On SQLite, run `statement` on the driver's connection, outside any transaction (the engine's
+        BEGIN IMMEDIATE hook would open one); its first row."""
+        if not self._sqlite:
+            return None
+        cursor = conn.connection.cursor()
+        try:
+            cursor.execute(statement)
+            return cursor.fetchone()
+        finally:
+            cursor.close()
 
     def runs_of(self, tenant_id: str, user_id: str) -> tuple[list[str], list[str]]:
         """(final, not final) Runs the person owns in the database."""
@@ -84,19 +126,26 @@ class ErasureStore:
                    run_ids: Sequence[str]) -> LiveErasure:
         """Redact the Runs' records and rows, delete the person's memory, re-key their spend totals."""
         done = LiveErasure()
+        self.store.drain_all()  # a record still in the outbox would be chained as it is, after the erasure
         for i in range(0, len(run_ids), 200):
             self._erase_batch(erase_id, salt, user_id, subject, list(run_ids[i : i + 200]), done)
         m = t.memory_entries
-        with self.store.engine.begin() as conn:
+        with self._begin() as conn:
             gone = conn.execute(m.delete().where(m.c.tenant_id == tenant_id, sa.or_(
                 m.c.user_id == user_id, m.c.source_run_id.in_(list(run_ids)) if run_ids else sa.false())))
             done.memory_entries = int(gone.rowcount)
+            if self._sqlite and done.memory_entries:
+                # the full-text index keeps a deleted entry's words until its segments are merged
+                conn.exec_driver_sql("INSERT INTO memory_fts(memory_fts) VALUES ('optimize')")
             totals = t.spend_totals
             row = conn.execute(sa.select(totals).where(totals.c.tenant_id == tenant_id,
                                                        totals.c.user_id == user_id)).mappings().first()
             if row is not None:
                 conn.execute(totals.delete().where(totals.c.tenant_id == tenant_id, totals.c.user_id == user_id))
                 conn.execute(totals.insert().values({**row, "user_id": subject}))
+            conn.execute(archived_costs.update().where(archived_costs.c.tenant_id == tenant_id,
+                                                       archived_costs.c.user_id == user_id)
+                         .values(user_id=subject))
         return done
 
     def _pseudonymise_rows(self, conn: sa.Connection, ids: list[str], user_id: str, subject: str) -> None:
@@ -114,10 +163,18 @@ class ErasureStore:
             conn.execute(a.update().where(a.c.event_id == sa.bindparam("p_id"))
                          .values(detail=sa.bindparam("p_detail")), changed)
         conn.execute(t.webhook_deliveries.delete().where(t.webhook_deliveries.c.run_id.in_(ids)))
+        # what an approver wrote about the person's Run, and the actions put to them (the steps' arguments)
+        decisions = t.hitl_decisions
+        conn.execute(decisions.update().where(decisions.c.run_id.in_(ids), decisions.c.reason != "").values(reason=""))
+        conn.execute(t.hitl_requests.update().where(t.hitl_requests.c.run_id.in_(ids))
+                     .values(actions=canonical_json([])))
+        conn.execute(t.sandbox_instances.update().where(t.sandbox_instances.c.run_id.in_(ids),
+                                                        t.sandbox_instances.c.user_id == user_id)
+                     .values(user_id=subject))
 
     def _erase_batch(self, erase_id: str, salt: bytes, user_id: str, subject: str, ids: list[str],
                      done: LiveErasure) -> None:
-        with self.store.engine.begin() as conn:
+        with self._begin() as conn:
             conn.execute(prune_grants.insert(), [{"run_id": r, "segment_id": f"erase:{erase_id}"} for r in ids])
             records = conn.execute(sa.select(t.trace_records).where(t.trace_records.c.run_id.in_(ids))
                                    .order_by(t.trace_records.c.seq)).all()
@@ -131,6 +188,7 @@ class ErasureStore:
                 tombstones.append({"seq": r.seq, "hash": digest, "leaf": merkle.leaf_hash(data),
                                    "erase_id": erase_id})
                 payloads.append({"p_seq": r.seq, "p_payload": redacted_payload(salt, erase_id, r.payload)})
+                done.contents |= hashes_in(r.payload)
             if tombstones:
                 conn.execute(redacted_records.insert(), tombstones)
                 conn.execute(t.trace_records.update().where(t.trace_records.c.seq == sa.bindparam("p_seq"))
@@ -144,6 +202,55 @@ class ErasureStore:
             conn.execute(prune_grants.delete().where(prune_grants.c.segment_id == f"erase:{erase_id}"))
         done.runs += len(ids)
         done.records += len(tombstones)
+
+    def erase_contents(self, run_ids: Sequence[str], hashes: set[str]) -> int:
+        """Delete the blobs the Runs reference (their refs, and `hashes`, which their records named) that
+        no other Run references, and the Runs' refs; returns how many blobs went. A blob another Run
+        references too is that Run's content as well: it stays, no longer linked to these Runs."""
+        ids, refs = sorted(set(run_ids)), blob_refs.c
+        candidates = set(hashes)
+        with self._begin() as conn:
+            for chunk in _chunks(ids):
+                candidates |= set(conn.execute(sa.select(refs.hash).where(refs.run_id.in_(chunk))).scalars())
+            stored: set[str] = set()
+            for chunk in _chunks(sorted(candidates)):
+                stored |= set(conn.execute(sa.select(blobs.c.hash).where(blobs.c.hash.in_(chunk))).scalars())
+            shared: set[str] = set()
+            for chunk in _chunks(sorted(stored)):
+                query = sa.select(refs.hash).where(refs.hash.in_(chunk))
+                shared |= set(conn.execute(query.where(refs.run_id.not_in(ids)) if ids else query).scalars())
+            gone = sorted(stored - shared)
+            for chunk in _chunks(gone):
+                conn.execute(blob_grants.insert(), [{"hash": h} for h in chunk])
+                conn.execute(blobs.delete().where(blobs.c.hash.in_(chunk)))
+                conn.execute(blob_grants.delete().where(blob_grants.c.hash.in_(chunk)))
+            for chunk in _chunks(ids):
+                conn.execute(blob_refs.delete().where(refs.run_id.in_(chunk)))
+        return len(gone)
+
+    def reclaim(self, *, vacuum: bool = True, vacuum_full: bool = False) -> list[str]:
+        """Give back the space the erasure freed, so what it removed is not left in the database's free
+        pages or log; returns what was done. SQLite (its deletes already zeroed by secure_delete): VACUUM
+        rewrites the file without free pages (unless `vacuum` is False), and a checkpoint truncates the
+        WAL. PostgreSQL: VACUUM FULL of the tables an erasure touches when `vacuum_full` (it locks them
+        while it rewrites them), else nothing; MariaDB: OPTIMIZE TABLE likewise."""
+        done: list[str] = []
+        name = self.store.engine.dialect.name
+        with self.store.engine.connect() as conn:
+            if name == "sqlite":
+                if vacuum:
+                    self._pragma(conn, "VACUUM")
+                    done.append("VACUUM")
+                busy = self._pragma(conn, "PRAGMA wal_checkpoint(TRUNCATE)")
+                done.append("wal_checkpoint(TRUNCATE)" + (" (busy: other connections still read)"
+                                                           if busy and busy[0] else ""))
+            elif vacuum_full:
+                verb = "VACUUM FULL" if name == "postgresql" else "OPTIMIZE TABLE"
+                raw = conn.execution_options(isolation_level="AUTOCOMMIT")
+                for table in ERASED_TABLES:
+                    raw.exec_driver_sql(f"{verb} {table}")
+                done.append(f"{verb} of {len(ERASED_TABLES)} tables")
+        return done
 
     def archived_erased(self, run_ids: Sequence[str], subject: str, segment_id: str, location: str) -> None:
         """The person's archived Runs now carry the pseudonym, and their segment's new location."""

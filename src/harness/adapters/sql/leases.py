@@ -3,7 +3,9 @@
 A worker acquires a Run's lease (bumping its epoch) only when nobody holds it or the holder's lease
 has expired; it heartbeats during long steps; every transition it makes carries its epoch, so the
 compare-and-set refuses a worker whose lease was taken over (it was paused, swept or declared dead).
-Taking over an expired lease counts a stall; a Run that stalls too often is failed, not retried forever.
+Taking over an expired lease counts a stall, unless its holder's drive was waiting on a call outside the
+process (a model, a skill, a child Run) when it last renewed it; a Run that stalls too often is failed as
+poison input, not retried forever.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from harness.adapters.sql.store import SqlStore
 from harness.domain.errors import UnknownRunError
 from harness.domain.leases import Lease, Standing
 from harness.kernel import NOTHING_TO_DRIVE, RunState
+from harness.kernel.events import LEASE_TAKEN_OVER
 
 b = sa.bindparam
 
@@ -31,11 +34,15 @@ _ACQUIRE = (
     # lease_owner before lease_owner is assigned (standard SQL, and MariaDB as harness configures it,
     # read the old row whatever the order)
     .ordered_values(
+        # a holder that died while its drive waited on a call outside the process (lease_waiting) was
+        # not killed by this Run: its takeover counts no stall
         (t.runs.c.stall_count, t.runs.c.stall_count + sa.case(
-            (t.runs.c.lease_owner.is_(None), 0), (t.runs.c.lease_owner == b("owner"), 0), else_=1)),
+            (t.runs.c.lease_owner.is_(None), 0), (t.runs.c.lease_owner == b("owner"), 0),
+            (t.runs.c.lease_waiting == 1, 0), else_=1)),
         (t.runs.c.lease_owner, b("owner")),
         (t.runs.c.lease_epoch, t.runs.c.lease_epoch + 1),
         (t.runs.c.lease_expires_at, b("expires")),
+        (t.runs.c.lease_waiting, 0),
     )
 )
 #: PostgreSQL and SQLite: the lease taken and read back in one statement
@@ -49,16 +56,20 @@ _ACQUIRE_TO_DRIVE_RETURNING = _ACQUIRE_RETURNING.where(_DRIVABLE)
 _HEARTBEAT = (
     t.runs.update()
     .where(t.runs.c.run_id == b("p_run_id"), t.runs.c.lease_epoch == b("p_epoch"), t.runs.c.lease_owner == b("owner"))
-    .values(lease_expires_at=b("expires"))
+    .values(lease_expires_at=b("expires"), lease_waiting=b("waiting"))
 )
 _RELEASE = (
     t.runs.update()
     .where(t.runs.c.run_id == b("p_run_id"), t.runs.c.lease_epoch == b("p_epoch"), t.runs.c.lease_owner == b("owner"))
-    .values(lease_owner=None, lease_expires_at=None)
+    .values(lease_owner=None, lease_expires_at=None, lease_waiting=0)
 )
 _STANDING = sa.select(t.runs.c.state, t.runs.c.lease_owner, t.runs.c.lease_epoch, t.runs.c.lease_expires_at).where(
     t.runs.c.run_id == b("p_run_id")
 )
+#: who held the lease before an acquire, read (and the row locked) in the acquire's transaction
+_HOLDER = sa.select(t.runs.c.lease_owner, t.runs.c.lease_expires_at).where(
+    t.runs.c.run_id == b("p_run_id")
+).with_for_update()
 _READ = sa.select(t.runs.c.lease_owner, t.runs.c.lease_epoch, t.runs.c.lease_expires_at, t.runs.c.stall_count).where(
     t.runs.c.run_id == b("p_run_id")
 )
@@ -80,6 +91,8 @@ class Leases:
         now = self.store.clock.now()
         params = {"p_run_id": run_id, "p_now": now, "owner": owner, "expires": now + self.ttl_s}
         with self.store.engine.begin() as conn:
+            # a takeover (the lease held by another driver, lapsed) leaves lease_taken_over naming both
+            holder = self._raw.fetchone(conn, _HOLDER, {"p_run_id": run_id})
             if conn.dialect.update_returning:
                 row = self._raw.fetchone(conn, _ACQUIRE_TO_DRIVE_RETURNING if to_drive else _ACQUIRE_RETURNING,
                                          params)
@@ -89,15 +102,20 @@ class Leases:
                 if self._raw.execute(conn, _ACQUIRE_TO_DRIVE if to_drive else _ACQUIRE, params).rowcount != 1:
                     return None
                 row = self._raw.fetchone(conn, _READ, {"p_run_id": run_id})[1:]
+            if holder is not None and holder[0] is not None and holder[0] != owner:
+                # taken while another driver held it: its lease had lapsed (it died, was stopped or cut off)
+                self.store.write_audit(conn, run_id, LEASE_TAKEN_OVER, owner, {
+                    "previous_driver": holder[0], "driver": owner, "lapsed_at": holder[1], "epoch": int(row[0])})
         epoch, expires, stalls = row
         return Lease(run_id, owner, int(epoch), float(expires), int(stalls))
 
-    def heartbeat(self, lease: Lease) -> Lease | None:
-        """Extend the lease; None when it was taken over (the holder must stop at once)."""
+    def heartbeat(self, lease: Lease, *, waiting: bool = False) -> Lease | None:
+        """Extend the lease, saying whether the holder's drive now waits on a call outside the process (a
+        takeover while it does counts no stall); None when it was taken over (the holder must stop at once)."""
         now = self.store.clock.now()
         with self.store.engine.begin() as conn:
             moved = conn.execute(_HEARTBEAT, {"p_run_id": lease.run_id, "p_epoch": lease.epoch, "owner": lease.owner,
-                                              "expires": now + self.ttl_s}).rowcount
+                                              "expires": now + self.ttl_s, "waiting": int(waiting)}).rowcount
         if moved != 1:
             return None
         return Lease(lease.run_id, lease.owner, lease.epoch, now + self.ttl_s, lease.stalls)

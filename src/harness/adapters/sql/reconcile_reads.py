@@ -15,6 +15,7 @@ import sqlalchemy as sa
 
 from harness.adapters.sql import schema as t
 from harness.adapters.sql.ledger import TENANT_TOTAL, descendants
+from harness.adapters.sql.retention_schema import archived_costs
 from harness.adapters.sql.store import SqlStore
 from harness.audit.reconcile import SPEND_TOLERANCE
 from harness.kernel import FINAL, FINAL_EVENT
@@ -94,12 +95,20 @@ def _orphan_final_events() -> sa.Select[Any]:
 
 
 def _spend_totals() -> sa.Select[Any]:
-    c, s = t.costs, t.spend_totals
-    sums = sa.union_all(
+    """Totals that are not the sums of their recorded costs: the live costs plus what the costs of pruned
+    Runs added (archived_costs), per user and per tenant; and totals with no recorded cost at all."""
+    c, a, s = t.costs, archived_costs, t.spend_totals
+    per_user = sa.union_all(
         sa.select(c.c.tenant_id, c.c.user_id, sa.func.sum(c.c.usd).label("usd"), sa.func.count().label("n"))
         .group_by(c.c.tenant_id, c.c.user_id),
-        sa.select(c.c.tenant_id, sa.literal(TENANT_TOTAL), sa.func.sum(c.c.usd), sa.func.count())
-        .group_by(c.c.tenant_id),
+        sa.select(a.c.tenant_id, a.c.user_id, sa.func.sum(a.c.usd), sa.func.sum(a.c.cost_count))
+        .group_by(a.c.tenant_id, a.c.user_id),
+    ).subquery("per_user")
+    u = per_user.c
+    sums = sa.union_all(
+        sa.select(u.tenant_id, u.user_id, sa.func.sum(u.usd).label("usd"), sa.func.sum(u.n).label("n"))
+        .group_by(u.tenant_id, u.user_id),
+        sa.select(u.tenant_id, sa.literal(TENANT_TOTAL), sa.func.sum(u.usd), sa.func.sum(u.n)).group_by(u.tenant_id),
     ).subquery("sums")
     off = sa.func.abs(s.c.usd - sums.c.usd) > SPEND_TOLERANCE * (1 + sa.func.abs(sums.c.usd))
     wrong = (
@@ -108,10 +117,9 @@ def _spend_totals() -> sa.Select[Any]:
         .select_from(sums.outerjoin(s, sa.and_(s.c.tenant_id == sums.c.tenant_id, s.c.user_id == sums.c.user_id)))
         .where(sa.or_(s.c.tenant_id.is_(None), s.c.cost_count != sums.c.n, off))
     )
-    recorded = sa.exists().where(c.c.tenant_id == s.c.tenant_id,
-                                 sa.or_(s.c.user_id == TENANT_TOTAL, c.c.user_id == s.c.user_id))
-    stray = sa.select(sa.null(), s.c.tenant_id, s.c.user_id, s.c.usd, s.c.cost_count, sa.null(), sa.null()).where(
-        ~recorded)
+    stray = (sa.select(sa.null(), s.c.tenant_id, s.c.user_id, s.c.usd, s.c.cost_count, sa.null(), sa.null())
+             .select_from(s.outerjoin(sums, sa.and_(sums.c.tenant_id == s.c.tenant_id, sums.c.user_id == s.c.user_id)))
+             .where(sums.c.tenant_id.is_(None)))
     return sa.select(sa.union_all(wrong, stray).subquery("spend"))
 
 

@@ -22,6 +22,7 @@ from harness.adapters.sql.audit_reads import SqlAuditReads
 from harness.adapters.sql.raw import RawStatements
 from harness.adapters.sql.retention_schema import (
     archive_segments,
+    archived_costs,
     archived_runs,
     prune_grants,
     pruned_records,
@@ -225,6 +226,7 @@ class RetentionStore:
             tombstones = self._tombstones(conn, ids, archived, leaf)
             if tombstones:
                 self._insert(conn, pruned_records, tombstones)
+            self._archive_costs(conn, segment_id, ids, archived)
             requests = sa.select(t.hitl_requests.c.request_id).where(t.hitl_requests.c.run_id.in_(ids))
             conn.execute(t.hitl_approvals.delete().where(t.hitl_approvals.c.request_id.in_(requests)))
             for table in (*RUN_TABLES, t.trace_records):
@@ -262,6 +264,39 @@ class RetentionStore:
             raise PruneRefusedError(f"record seq {rec.seq} of run {rec.run_id} is in its segment but no longer in "
                                     "the database: nothing was pruned; run `harness audit verify`")
         return out
+
+    @staticmethod
+    def _archive_costs(conn: sa.Connection, segment_id: str, run_ids: list[str],
+                       archived: Mapping[str, Sequence[StoredTraceRecord]]) -> None:
+        """Add what the Runs' costs added to the spend totals to the segment's `archived_costs` rows, once
+        each Run's costs rows are the cost records its segment proves (tenant, user and USD, one for one);
+        a Run whose cost records an erasure redacted is taken by its rows (they carry the pseudonym)."""
+        c = t.costs.c
+        rows = conn.execute(sa.select(c.run_id, c.tenant_id, c.user_id, c.usd).where(c.run_id.in_(run_ids))).all()
+        by_run: dict[str, list[tuple[str, str, float]]] = {}
+        for r in rows:
+            by_run.setdefault(r.run_id, []).append((r.tenant_id, r.user_id, float(r.usd)))
+        for run_id in run_ids:
+            proven = [rec.data() for rec in archived[run_id] if rec.kind == "cost"]
+            if any("usd" not in doc for doc in proven):
+                continue  # redacted by an erasure: the content is no longer proven
+            if sorted(by_run.get(run_id, [])) != sorted((d["tenant_id"], d["user_id"], float(d["usd"]))
+                                                        for d in proven):
+                raise PruneRefusedError(f"the costs rows of run {run_id} are not the cost records its segment "
+                                        "holds: nothing was pruned; run `harness audit verify`")
+        sums: dict[tuple[str, str], tuple[float, int]] = {}
+        for tenant, user, usd in (x for run in by_run.values() for x in run):
+            total, n = sums.get((tenant, user), (0.0, 0))
+            sums[(tenant, user)] = (total + usd, n + 1)
+        a = archived_costs.c
+        for (tenant, user), (usd, n) in sorted(sums.items()):
+            key = sa.and_(a.segment_id == segment_id, a.tenant_id == tenant, a.user_id == user)
+            if conn.execute(sa.select(a.segment_id).where(key)).first() is None:
+                conn.execute(archived_costs.insert().values(segment_id=segment_id, tenant_id=tenant, user_id=user,
+                                                            usd=usd, cost_count=n))
+            else:
+                conn.execute(archived_costs.update().where(key).values(usd=a.usd + usd,
+                                                                       cost_count=a.cost_count + n))
 
     def _insert(self, conn: sa.Connection, table: sa.Table, rows: list[dict[str, Any]]) -> None:
         """Many rows in one statement: on PostgreSQL one array per column, unnested (psycopg's executemany

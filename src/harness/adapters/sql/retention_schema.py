@@ -87,3 +87,17 @@ erased_runs = sa.Table(
     sa.Column("run_id", ID, primary_key=True),
     sa.Column("erase_id", ID, nullable=False),
 )
+
+#: what the costs of a segment's pruned Runs added to the spend totals, per tenant and user (migration
+#: 0018): reconcile adds these to the live costs' sums, so a prune leaves the totals reconciling. Written
+#: by the prune in the transaction that deletes the costs, from the rows it deletes once they agreed with
+#: the cost records the segment proves; an erasure re-keys the person's rows to their pseudonym.
+archived_costs = sa.Table(
+    "archived_costs",
+    metadata,
+    sa.Column("segment_id", ID, primary_key=True),
+    sa.Column("tenant_id", sa.String(128), primary_key=True),
+    sa.Column("user_id", sa.String(128), primary_key=True),
+    sa.Column("usd", sa.Double, nullable=False),
+    sa.Column("cost_count", sa.BigInteger, nullable=False),
+)

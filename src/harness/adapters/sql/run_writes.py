@@ -48,8 +48,8 @@ class SqlRunWrites:
         record, values = llm_call_record(run_id, purpose, request, response=response)
         return record, contents_of(values)
 
-    def put_contents(self, tx: Tx, contents: Mapping[str, str]) -> None:
-        put(connection_of(tx), contents)
+    def put_contents(self, tx: Tx, contents: Mapping[str, str], run_id: str) -> None:
+        put(connection_of(tx), contents, run_id)
 
     def insert_cost(self, tx: Tx, cost: CostTrace) -> None:
         self.ledger.insert(connection_of(tx), cost)

@@ -73,6 +73,12 @@ runs = sa.Table(
     sa.Column("result", sa.Text),
     #: digest of the (filtered) request body an idempotency key was first used with (migration 0011)
     sa.Column("request_hash", sa.String(64)),
+    #: the latest moment the Run may start, when it has a start deadline (migration 0017); what the sweeper
+    #: closes a queued Run by. The driver reads the same deadline from the request it drives.
+    sa.Column("start_by", sa.Double),
+    #: 1 while the lease holder's drive waits on a call outside the process (migration 0020): a takeover
+    #: then counts no stall
+    sa.Column("lease_waiting", sa.SmallInteger, nullable=False, server_default="0"),
     sa.UniqueConstraint("tenant_id", "user_id", "idempotency_key", name="uq_runs_idempotency_user"),
     sa.Index("ix_runs_state_changed", "state", "last_state_change_at"),
     sa.Index("ix_runs_tenant_created", "tenant_id", "created_at"),

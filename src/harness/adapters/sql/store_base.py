@@ -12,6 +12,7 @@ import sqlalchemy as sa
 
 from harness.adapters.sql.database import read_only
 from harness.adapters.sql.documents import unpack
+from harness.adapters.sql.pg_listen import listens
 from harness.adapters.sql.raw import statements_for
 from harness.adapters.sql.schema import digest_hex
 from harness.adapters.sql.units import MODES, JoiningEngine, Units, joining
@@ -129,6 +130,9 @@ class StoreBase:
         # 3.35; MariaDB has none for UPDATE: there it reads the row under a lock first)
         self._cas_returns = bool(engine.dialect.update_returning)
         self._raw = statements_for(engine.dialect)
+        #: every state change sends a NOTIFY in its transaction, waking waiters in every process
+        #: (harness.adapters.sql.pg_listen); the composition root turns it off with HARNESS_EVENTS_PUSH
+        self.notify_changes = listens(engine)
         #: carries the outbox to the chain through e.g. Redis Streams (SPEC D2); None: drained directly
         self.trace_buffer: TraceBuffer | None = None
         self._database_id: str | None = None

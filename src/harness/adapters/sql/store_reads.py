@@ -21,6 +21,7 @@ from harness.adapters.sql.units import begun
 from harness.domain.errors import StoreError, UnknownRunError
 from harness.domain.records import (
     AuditEvent,
+    QueuedRun,
     RunRecord,
     StuckRun,
     TransitionRow,
@@ -36,6 +37,20 @@ _STUCK = (
               t.runs.c.stall_count, t.runs.c.close_reason)
     .where(t.runs.c.state == sa.bindparam("p_state"), t.runs.c.last_state_change_at < sa.bindparam("p_cutoff"))
     .order_by(t.runs.c.last_state_change_at)
+    .limit(sa.bindparam("p_limit"))
+)
+
+_CREATED = RunState.CREATED.value
+#: how many Runs wait to start, counted no further than the bound: the CREATED range of the (state,
+#: last_state_change_at) index, read at most p_bound entries deep however long the queue is
+_BACKLOG = sa.select(sa.func.count()).select_from(
+    sa.select(sa.literal(1).label("one")).where(t.runs.c.state == _CREATED).limit(sa.bindparam("p_bound")).subquery()
+)
+#: queued Runs whose start deadline passed, the most overdue first
+_OVERDUE = (
+    sa.select(t.runs.c.run_id, t.runs.c.version, t.runs.c.created_at, t.runs.c.start_by)
+    .where(t.runs.c.state == _CREATED, t.runs.c.start_by < sa.bindparam("p_now"))
+    .order_by(t.runs.c.start_by, t.runs.c.run_id)
     .limit(sa.bindparam("p_limit"))
 )
 
@@ -86,21 +101,43 @@ class RunReads(StoreBase):
                          None if r.lease_expires_at is None else float(r.lease_expires_at), int(r.stall_count),
                          r.close_reason) for r in rows]
 
+    def backlog(self, bound: int) -> int:
+        """How many accepted Runs wait to start (CREATED), across every process on this database; counted
+        up to `bound` only, so the answer is min(backlog, bound) and its cost never grows past the bound."""
+        with self.reader.connect() as conn:
+            return int(conn.execute(_BACKLOG, {"p_bound": bound}).scalar_one())
+
+    def overdue_unstarted(self, now: float, limit: int) -> list[QueuedRun]:
+        """Runs still in CREATED whose start deadline is before `now`, the most overdue first."""
+        with self.reader.connect() as conn:
+            rows = conn.execute(_OVERDUE, {"p_now": now, "p_limit": limit}).all()
+        return [QueuedRun(str(r.run_id), int(r.version), float(r.created_at), float(r.start_by)) for r in rows]
+
     def unowned_runs(self, grace_s: float, limit: int = 1000) -> list[str]:
         """Runs a driver should be driving and nobody is: in a state that moves on by itself (not final,
         not waiting for a human), with no live lease, unchanged for `grace_s` — their driver died or
-        never started. Oldest first."""
+        never started. Oldest first: a queued Run (CREATED) since it was accepted, in the order it was
+        accepted (ties, e.g. on a clock that stands still, by id: ids are time-ordered to the millisecond)."""
         now = self.clock.now()
         active = [s.value for s in RunState if s not in FINAL and s != RunState.AWAITING_HITL]
         query = (
             sa.select(t.runs.c.run_id)
             .where(t.runs.c.state.in_(active), t.runs.c.last_state_change_at <= now - grace_s,
                    sa.or_(t.runs.c.lease_expires_at.is_(None), t.runs.c.lease_expires_at < now))
-            .order_by(t.runs.c.last_state_change_at)
+            .order_by(t.runs.c.last_state_change_at, t.runs.c.run_id)
             .limit(limit)
         )
         with self.reader.connect() as conn:
             return list(conn.execute(query).scalars())
+
+    def audited(self, run_ids: Sequence[str], event: str) -> set[str]:
+        """Which of these Runs already have an audit event named `event` (one query, by the run index)."""
+        if not run_ids:
+            return set()
+        query = sa.select(t.audit_events.c.run_id).distinct().where(
+            t.audit_events.c.run_id.in_(list(run_ids)), t.audit_events.c.event == event)
+        with self.reader.connect() as conn:
+            return {str(r) for r in conn.execute(query).scalars()}
 
     def transitions_of(self, run_id: str) -> list[TransitionRow]:
         """A Run's state changes in order, CREATED first."""

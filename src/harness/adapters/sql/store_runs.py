@@ -13,6 +13,7 @@ from harness.adapters.sql import schema as t
 from harness.adapters.sql import statements as q
 from harness.adapters.sql.database import connection_of
 from harness.adapters.sql.documents import encode_context, unpack
+from harness.adapters.sql.pg_listen import NOTIFY
 from harness.adapters.sql.store_base import (
     CasRow,
     WrongExitError,
@@ -90,6 +91,7 @@ class RunWrites(TraceChain):
                         # named only when there is one: a Run without a body hash inserts exactly the columns
                         # it did before migration 0011 (the older migrations' tests drive Runs at old revisions)
                         **({"request_hash": new.request_hash} if new.request_hash is not None else {}),
+                        **({"start_by": new.start_by} if new.start_by is not None else {}),
                     },
                 )
                 self._write_change(conn, new.run_id, 0, None, RunState.CREATED, "run_manager", "run created", None,
@@ -328,6 +330,8 @@ class RunWrites(TraceChain):
             "run_id": run_id, "seq": seq, "from_state": source.value if source else None, "to_state": target.value,
             "actor": actor, "reason": reason, "forced_by": forced_by, "at": now,
         })
+        if self.notify_changes:  # delivered at commit, never for a change rolled back
+            self._raw.later(conn, NOTIFY, {"run_id": run_id})
         projection = {"status": job_status(target).value, "run_state_snapshot": target.value, "updated_at": now}
         if source is None:
             self._raw.later(conn, q.JOB_INSERT, {"job_id": run_id, **projection})

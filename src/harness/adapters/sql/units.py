@@ -14,10 +14,11 @@ The transaction is opened lazily, by the first write after a boundary: until the
 pool as before (nothing uncommitted exists for them to miss), and between boundaries the unit holds no
 connection. Reads after a write join the transaction, so they see the drive's own changes.
 
-Only the thread that opened the unit joins it; other threads (parallel plan steps, a heartbeat) use the
-pool as before. A failure inside a joined block rolls the whole open transaction back — everything since
-the last boundary — and goes on: what the drive believed written since then is not, so its next
-compare-and-set finds the Run where the last boundary left it and stops, as a crash would have.
+Only the thread (on a drive loop: the greenlet) that opened the unit joins it; other threads (parallel plan
+steps, a heartbeat) use the pool as before. A failure inside a joined block rolls the whole open
+transaction back — everything since the last boundary — and goes on: what the drive believed written
+since then is not, so its next compare-and-set finds the Run where the last boundary left it and stops,
+as a crash would have.
 
 Listeners told of a committed change (`after_commit`) are told once the boundary that makes it durable
 has committed; a rollback drops them with the writes they describe.
@@ -28,7 +29,6 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import itertools
-import threading
 from collections.abc import Callable, Iterator
 from typing import Any, cast
 
@@ -36,6 +36,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine.base import OptionEngine
 
 from harness.adapters.sql.raw import statements_for
+from harness.pipeline import waits
 
 #: numbers the savepoints of `guarded` blocks, so that each has a name of its own
 _SAVEPOINTS = itertools.count(1)
@@ -51,7 +52,8 @@ class Unit:
     def __init__(self, engine: sa.Engine, key: str) -> None:
         self.engine = engine
         self.key = key
-        self.thread = threading.get_ident()
+        #: the drive's line of execution: its thread, or its greenlet on a drive loop's thread
+        self.strand = waits.strand()
         self.conn: sa.Connection | None = None
         self.tx: sa.RootTransaction | None = None
         self.pending: list[Callable[[], None]] = []
@@ -154,7 +156,7 @@ class Units:
     def current(self) -> Unit | None:
         """The unit this thread's drive has open, if any (a copied context in another thread has none)."""
         unit = self._current.get()
-        if unit is None or unit.suspended or unit.thread != threading.get_ident():
+        if unit is None or unit.suspended or unit.strand is not waits.strand():
             return None
         return unit
 
@@ -177,7 +179,8 @@ class Units:
         unit = Unit(self.engine, key)
         token = self._current.set(unit)
         try:
-            yield unit
+            with waits.holding(lambda: unit.open):  # a drive holding a transaction is never switched out
+                yield unit
         finally:
             try:
                 while unit.open or unit.pending or unit.deferred:  # never leave a transaction behind

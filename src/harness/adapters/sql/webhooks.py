@@ -20,6 +20,7 @@ import sqlalchemy as sa
 from harness.adapters.sql import schema as t
 from harness.adapters.sql import statements as q
 from harness.adapters.sql.database import connection_of
+from harness.adapters.sql.documents import unpack
 from harness.adapters.sql.raw import statements_for
 from harness.adapters.sql.store import SqlStore
 from harness.domain.chain import canonical_json
@@ -77,6 +78,12 @@ class WebhookOutbox:
         path = [str(r[0]) for r in steps]
         return {"tenant_id": tenant_id, "user_id": user_id, "state": state, "request": json.loads(request),
                 "result": json.loads(result) if result else None, "parent_run_id": parent_run_id}, path
+
+    @staticmethod
+    def run_context(tx: Tx, run_id: str) -> dict[str, Any] | None:
+        """The Run's RunContext as this transaction sees it (None for none): read at a cancel's close only."""
+        found = connection_of(tx).execute(sa.select(t.runs.c.context).where(t.runs.c.run_id == run_id)).first()
+        return unpack(found[0], run_id) if found is not None else None
 
     @staticmethod
     def latest_request(tx: Tx, run_id: str) -> dict[str, Any] | None:

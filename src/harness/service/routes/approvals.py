@@ -52,7 +52,8 @@ def _decide(svc: Service, caller: Principal, request_id: str, body: DecisionBody
         approved_hash=body.actions_hash,
         break_glass=body.break_glass,
         reason=body.reason,
-        resume=False,
+        resume=False,  # this process's worker drives it, below: it must have the skills the steps call
+        driven_here=True,
     )
     if verdict.effect in ("approved", "rejected"):
         waited = verdict.trace.waited_s
@@ -79,7 +80,9 @@ async def decide(
 ) -> DecisionDoc:
     """Record a decision as the caller (persisted before it drives the Run). A refused decision — wrong
     role, own L3/L4 request, same approver twice, changed actions, break-glass without the role or a
-    reason — is a 403 whose body says why; it is recorded in the audit trail either way."""
+    reason — is a 403 whose body says why; it is recorded in the audit trail either way. An approval this
+    service cannot carry out (it lacks skills the approved steps call, as the Run pinned them: another
+    agent) is a 409 naming them, recorded nowhere: the Run stays parked."""
     svc: Service = request.app.state.service
     verdict = await run_in_threadpool(_decide, svc, caller, request_id, body)
     if not verdict.accepted:

@@ -23,6 +23,8 @@ from harness.service.auth import SESSION_COOKIE, Principal, session_principal
 from harness.service.console_format import FILTERS, GLOBALS
 from harness.service.core import Service, service_of
 from harness.service.errors import ApiError
+from harness.service.schemas import ApprovalDoc
+from harness.skills import currency_fields
 
 TEMPLATES = Jinja2Templates(directory=Path(__file__).resolve().parents[1] / "console" / "templates")
 TEMPLATES.env.filters.update(FILTERS)
@@ -65,6 +67,16 @@ def _allowed(svc: Service, caller: Principal, request_id: str) -> dict[str, str 
     button the caller may not use disabled, with the reason."""
     request = svc.runtime.hitl.get(request_id, caller.tenant_id)
     return {d: svc.runtime.hitl.refusal(request, caller.identity, d) for d in ("approve", "reject")}
+
+
+def _currencies(svc: Service, approvals: list[ApprovalDoc]) -> dict[str, dict[str, str]]:
+    """For each skill the approvals' actions call, its arguments that are amounts of money and their
+    currency, as its manifest declares them (none for a skill this process does not have)."""
+    found: dict[str, dict[str, str]] = {}
+    for action in (a for approval in approvals for a in approval.actions):
+        skill = svc.runtime.registry.get(action.skill)
+        found[action.skill] = currency_fields(skill.manifest.input_schema) if skill else {}
+    return found
 
 
 def _safe_next(target: str | None) -> str:
@@ -168,6 +180,7 @@ def run_page(request: Request, run_id: str) -> Page:
         verdicts=verdicts,
         passed=passed,
         approval=approval,
+        currencies=_currencies(svc, [approval] if approval else []),
         refusals=refusals,
         is_final=run.state in FINAL,
         now=svc.runtime.store.clock.now(),
@@ -186,4 +199,4 @@ def approvals_page(request: Request) -> Page:
     pending = [views.approval_document(svc.runtime, r) for r in svc.runtime.hitl.pending(caller.tenant_id)]
     refusals = {a.request_id: _allowed(svc, caller, a.request_id) for a in pending}
     return _page(request, svc, caller, "approvals.html", cursor=cursor, approvals=pending, refusals=refusals,
-                 now=svc.runtime.store.clock.now())
+                 currencies=_currencies(svc, pending), now=svc.runtime.store.clock.now())

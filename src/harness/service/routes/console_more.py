@@ -18,6 +18,7 @@ from harness.config import sandbox_instances
 from harness.domain.costs import CostGroup
 from harness.domain.webhooks import STATUSES
 from harness.service.auth import OPERATOR_ROLES, session_principal
+from harness.service.console_format import axis_ticks
 from harness.service.core import service_of
 from harness.service.routes.console import Page, _login_redirect, _page
 from harness.service.routes.webhooks import delivery_document
@@ -56,7 +57,8 @@ def spend_chart(days: list[CostGroup], first: dt.date, last: dt.date) -> Chart:
     """One bar per UTC day from `first` to `last` (days without spend get none), scaled to the largest."""
     by_day = {g.key: g.usd for g in days}
     count = (last - first).days + 1
-    top = max(by_day.values(), default=0.0) or 1.0
+    axis = axis_ticks(max(by_day.values(), default=0.0))
+    top = axis[-1][0]
     plot_w, plot_h = CHART_W - PAD_L - 8, CHART_H - PAD_B - PAD_T
     slot = plot_w / count
     bars = []
@@ -67,7 +69,7 @@ def spend_chart(days: list[CostGroup], first: dt.date, last: dt.date) -> Chart:
         label = day[5:] if count <= 14 or i % max(count // 10, 1) == 0 else ""
         bars.append(Bar(x=PAD_L + i * slot + slot * 0.15, y=PAD_T + plot_h - height, width=max(slot * 0.7, 1.0),
                         height=height, day=day, usd=usd, label=label))
-    ticks = [(PAD_T + plot_h * (1 - f), f"{top * f:.4g}") for f in (0.0, 0.25, 0.5, 0.75, 1.0)]
+    ticks = [(PAD_T + plot_h * (1 - value / top), label) for value, label in axis]
     return Chart(bars=bars, ticks=ticks)
 
 

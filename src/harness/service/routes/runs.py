@@ -18,6 +18,7 @@ from harness.service.routes.common import ServiceDep, errors
 from harness.service.schemas import (
     ArchivedErrorDoc,
     ArchivedRunDoc,
+    BacklogFullDoc,
     CancelBody,
     CreateRunBody,
     ErrorDoc,
@@ -63,6 +64,7 @@ def _submit(svc: Service, caller: Principal, body: CreateRunBody) -> tuple[str, 
         metadata=body.metadata,
         chain_remaining=body.chain_remaining,
         callback=body.callback,
+        start_by=body.start_by,
     )
     with svc.worker.admit() as admission:
         run, created = svc.runtime.runs.submit(request)
@@ -71,13 +73,17 @@ def _submit(svc: Service, caller: Principal, body: CreateRunBody) -> tuple[str, 
     return run.run_id, created
 
 
+BACKLOG_FULL: dict[int | str, dict[str, Any]] = {
+    429: {"model": BacklogFullDoc, "description": "Too many accepted Runs wait to start (HARNESS_MAX_BACKLOG); "
+                                                  "nothing was created. Retry after the Retry-After header's seconds."}
+}
 REPLAYED: dict[int | str, dict[str, Any]] = {
     200: {"model": RunDoc, "description": "The existing Run: this idempotency key was used before."}
 }
 
 
 @router.post(
-    "/runs", status_code=202, response_model=RunDoc, responses=REPLAYED | errors(409, 413, 503),
+    "/runs", status_code=202, response_model=RunDoc, responses=REPLAYED | BACKLOG_FULL | errors(409, 413, 503),
     summary="Create a Run",
 )
 async def create_run(
@@ -90,7 +96,8 @@ async def create_run(
     timeout: Timeout = 30.0,
 ) -> RunDoc:
     """Accept a task; the Run is durable (CREATED committed) before its id is returned, then the embedded
-    worker drives it. A repeated idempotency key returns the existing Run with 200."""
+    worker drives it. A repeated idempotency key returns the existing Run with 200. When too many accepted
+    Runs wait to start, 429 `backlog_full` with Retry-After, and nothing is created."""
     svc: Service = request.app.state.service
     run_id, created = await run_in_threadpool(_submit, svc, caller, body)
     if not created:

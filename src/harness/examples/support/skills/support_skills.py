@@ -1,7 +1,8 @@
 """The support example's skills. Orders and customers are read from bundled JSON; notes and refunds
-are appended to a ledger, `support-ledger.jsonl` in the data directory (HARNESS_DATA_DIR, default
-~/.local/share/harness; HARNESS_EXAMPLE_LEDGER names another file), so their side effects are visible —
-and countable — after a Run."""
+are appended to a ledger, `support-ledger.jsonl` in the database's folder of the data directory
+(HARNESS_DATA_DIR/<database id>, the data directory defaulting to ~/.local/share/harness;
+HARNESS_EXAMPLE_LEDGER names another file), so their side effects are visible — and countable — after a
+Run, and two databases never share one."""
 
 from __future__ import annotations
 

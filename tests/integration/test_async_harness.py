@@ -1,0 +1,63 @@
+"""AsyncHarness is asynchronous all the way down: Runs awaited at once are driven on the caller's own
+event loop and wait for their model there, holding no thread each.
+
+200 Runs of the support example gathered against a slow OpenAI-compatible model on loopback: their model
+calls are in flight together, and the process's thread count barely moves while they wait.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+
+import pytest
+
+from harness import AsyncHarness
+from harness.config import Settings
+from tests.fakes.slow_model import SlowModel
+
+RUNS = 200
+
+
+def test_gathered_runs_wait_for_their_model_together_without_a_thread_each(
+        backend_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """200 gathered AsyncHarness.run calls keep about 200 model calls in flight at once, all succeed, and
+    the threads of the process grow by no more than a handful (no thread per awaited call)."""
+    monkeypatch.setenv("HARNESS_EXAMPLE_LEDGER", str(tmp_path / "ledger.jsonl"))
+    monkeypatch.setenv("TEST_KEY", "sk-test")
+    prices = tmp_path / "prices.yaml"
+    prices.write_text("models:\n  gpt-test: {input_per_mtok: 0.15, output_per_mtok: 0.6}\n")
+    with SlowModel(delay_s=1.0) as model:
+        settings = Settings(db=backend_url, data_dir=tmp_path / "data", llm="openai", llm_model="gpt-test",
+                            llm_base_url=model.url, llm_api_key_env="TEST_KEY", llm_pricing=prices,
+                            local_skill_threads=2, llm_threads=2, sandbox_threads=2, memory="off",
+                            # no lease renewal falls due meanwhile: each is made on a short thread of its
+                            # own (leased_drive.Heartbeats), which a loaded machine would count here
+                            lease_ttl_s=600)
+
+        async def main() -> tuple[list[str], int, int]:
+            async with AsyncHarness(settings=settings) as h:
+                warm = await h.run("Where is order A-1001? (warm-up)", user="alice")
+                assert warm.state == "SUCCEEDED", warm
+                before = peak = threading.active_count()
+                done = asyncio.Event()
+
+                async def sample() -> None:
+                    nonlocal peak
+                    while not done.is_set():
+                        peak = max(peak, threading.active_count())
+                        await asyncio.sleep(0.05)
+
+                sampler = asyncio.ensure_future(sample())
+                results = await asyncio.gather(*(h.run(f"Where is order A-1001? ({i})", user="alice")
+                                                 for i in range(RUNS)))
+                done.set()
+                await sampler
+                return [r.state for r in results], before, peak
+
+        states, before, peak = asyncio.run(main())
+    assert states == ["SUCCEEDED"] * RUNS, {s: states.count(s) for s in set(states)}
+    assert model.calls == 2 * RUNS + 2
+    assert model.peak_in_flight >= 0.9 * RUNS, model.peak_in_flight
+    assert peak - before <= 5, (before, peak)

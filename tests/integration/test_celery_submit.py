@@ -1,0 +1,82 @@
+"""`harness.celery_app.submit()` while PostgreSQL terminates its sessions (a failover, a restart): a
+dropped connection is retried, safe because the request carries an idempotency key, so no Run is made
+twice and every Run made is queued; a caller sees a run id or DatabaseUnavailableError, never the driver's
+OperationalError."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from harness import celery_app
+from harness.config import Runtime, Settings, build_runtime
+from harness.domain.errors import DatabaseUnavailableError
+
+from ..conftest import FIXTURES
+from .conftest import PG_ADMIN
+
+BACKENDS = ("postgresql",)
+SUBMITS = 150
+
+
+@pytest.fixture
+def rt(backend_url: str, tmp_path: Path) -> Iterator[Runtime]:
+    """A runtime over the test skills on the PostgreSQL database under test."""
+    runtime = build_runtime(Settings(db=backend_url, skills_dirs=(FIXTURES / "skills",),
+                                     policy_file=FIXTURES / "policy.yaml", llm_rules=FIXTURES / "llm_rules.yaml",
+                                     identities_file=FIXTURES / "identities.yaml", data_dir=tmp_path / "data"))
+    yield runtime
+    runtime.close()
+
+
+def _kill_sessions(url: str, stop: threading.Event, killed: list[int]) -> None:
+    """Terminate every session on the database, over and over, until `stop`."""
+    name = sa.engine.make_url(url).database
+    admin = sa.create_engine(PG_ADMIN, isolation_level="AUTOCOMMIT", poolclass=sa.pool.NullPool)
+    with admin.connect() as conn:
+        while not stop.wait(0.01):
+            killed.append(int(conn.execute(sa.text(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = :db "
+                "AND pid <> pg_backend_pid()"), {"db": name}).scalar() or 0))
+    admin.dispose()
+
+
+def test_submits_under_terminated_sessions_make_each_run_once_and_raise_only_a_clear_error(
+        rt: Runtime, backend_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Submits, half with the caller's idempotency key and half without, while another session terminates
+    every connection every 10 ms: each returns a run id or raises DatabaseUnavailableError; each Run made
+    is made once and queued once."""
+    queued: list[str] = []
+    monkeypatch.setattr(celery_app.app, "send_task", lambda name, args, **_: queued.append(args[0]))
+    stop, killed = threading.Event(), []
+    killer = threading.Thread(target=_kill_sessions, args=(backend_url, stop, killed))
+    killer.start()
+    returned: list[str] = []
+    failures: list[Any] = []
+    unavailable = 0
+    try:
+        for i in range(SUBMITS):
+            request = {"task": f"echo {i}", "tenant_id": "t1", "user_id": "tess", "roles": ["tester"]}
+            if i % 2:
+                request["idempotency_key"] = f"key-{i}"
+            try:
+                returned.append(celery_app.submit(request, rt))
+            except DatabaseUnavailableError:
+                unavailable += 1
+            except Exception as exc:  # what the caller must never see
+                failures.append(repr(exc)[:200])
+    finally:
+        stop.set()
+        killer.join(30)
+    assert sum(killed) >= 20, "the sessions were hardly ever terminated"
+    assert not failures, failures
+    assert unavailable < SUBMITS / 10, unavailable
+    with rt.store.reader.connect() as conn:
+        made = [r[0] for r in conn.execute(sa.text("SELECT run_id FROM runs"))]
+    assert len(set(returned)) == len(returned) and set(returned) <= set(made)
+    assert sorted(queued) == sorted(set(queued)) and set(returned) <= set(queued) <= set(made)

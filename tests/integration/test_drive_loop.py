@@ -1,0 +1,305 @@
+"""Waits hold no thread: drives on a drive loop switch out while they wait, and each kind of call has a
+lane of its own whose timeouts start when a call starts running.
+
+The service's worker drives Runs of the support example against a real OpenAI-compatible server on
+loopback that answers each call after a delay, on every backend: with two threads on each lane, the Runs'
+model calls are in flight together (as many as the Runs), and every Run succeeds.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from harness.config import Settings, build_runtime
+from harness.domain.contracts import RunRequest
+from harness.pipeline import waits
+from harness.pipeline.drive_loop import DriveLoop
+from harness.pipeline.waits import Lane
+from harness.service.worker import Admission, EmbeddedWorker
+from tests.fakes.slow_model import SlowModel
+
+
+@pytest.fixture
+def loop() -> Iterator[DriveLoop]:
+    drives = DriveLoop(concurrency=500)
+    yield drives
+    drives.stop(5.0)
+
+
+def _lane_threads(before: frozenset[threading.Thread] = frozenset()) -> list[str]:
+    """The drive loop's and lanes' threads, less those in ``before`` (a lane another test of the same
+    process left running is not this test's)."""
+    return [t.name for t in threading.enumerate()
+            if t.name.startswith(("lane-", "harness-drives")) and t not in before]
+
+
+def test_waiting_drives_hold_no_thread(loop: DriveLoop) -> None:
+    """300 drives each waiting on the loop and calling a two-thread lane all wait at once: the loop's
+    thread and the lane's two threads carry them."""
+    others = frozenset(t for t in threading.enumerate() if t.name.startswith("lane-"))
+    lane = Lane("local", 2)
+    try:
+        def drive(i: int) -> int:
+            waits.sleep(0.3)
+            return lane.run(lambda: i + 1, timeout=30)
+
+        futures = [loop.submit(lambda i=i: drive(i)) for i in range(300)]
+        assert [f.result(60) for f in futures] == [i + 1 for i in range(300)]
+        assert loop.peak == 300
+        assert len(_lane_threads(others)) <= 3  # the loop's thread and the lane's two
+    finally:
+        lane.close()
+
+
+def test_a_drive_loop_of_several_threads_spreads_its_drives_and_keeps_its_bound() -> None:
+    """Three loops, six places: drives go to the loop with the fewest, at most six are driven at once
+    (the rest wait their turn), each drive stays on the thread it started on, and stop ends every loop."""
+    drives = DriveLoop(concurrency=6, threads=3, name="spread")
+    try:
+        def drive(i: int) -> tuple[int, str]:
+            thread = threading.current_thread().name
+            waits.sleep(0.2)
+            assert threading.current_thread().name == thread  # a greenlet never moves between threads
+            return i, thread
+
+        futures = [drives.submit(lambda i=i: drive(i)) for i in range(30)]
+        results = [f.result(30) for f in futures]
+        assert [i for i, _ in results] == list(range(30))
+        assert {name for _, name in results} == {"spread-0", "spread-1", "spread-2"}
+        assert drives.peak == 6 and drives.driving == 0
+    finally:
+        drives.stop(5.0)
+    assert not [t for t in threading.enumerate() if t.name.startswith("spread-")]
+    with pytest.raises(ValueError, match="at least 1 thread"):
+        DriveLoop(threads=0)
+
+
+def test_a_late_loop_starts_no_new_drive_until_it_catches_up() -> None:
+    """A drive that keeps its loop's thread busy (0.4 s at a stretch) makes the loop late; drives submitted
+    meanwhile are held before they start, and start once the busy drive has ended."""
+    drives = DriveLoop(concurrency=100, max_lag_s=0.2, name="late")
+    try:
+        busy_until: list[float] = []
+
+        def busy() -> None:
+            for _ in range(6):
+                time.sleep(0.4)  # CPU-bound work between two waits: the loop's thread is taken
+                waits.sleep(0.001)
+            busy_until.append(time.monotonic())
+
+        hog = drives.submit(busy)
+        deadline = time.monotonic() + 10
+        while drives.lag_s <= 0.2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert drives.lag_s > 0.2
+        started = [drives.submit(time.monotonic) for _ in range(5)]
+        hog.result(30)
+        starts = [f.result(30) for f in started]
+        assert drives.held > 0
+        assert min(starts) >= busy_until[0] - 0.5  # held while the loop was late (not started in a gap)
+    finally:
+        drives.stop(5.0)
+
+
+def test_outside_a_loop_the_same_code_blocks_its_thread() -> None:
+    """The primitives work from a plain thread (a CLI command, Harness.run): nothing to switch out of."""
+    assert not waits.suspendable()
+    waits.sleep(0.01)
+    lane = Lane("local", 1)
+    try:
+        assert lane.run(lambda: 41 + 1, timeout=5) == 42
+    finally:
+        lane.close()
+
+
+def test_a_timeout_starts_when_the_call_starts(loop: DriveLoop) -> None:
+    """A call queued behind a slow one on a one-thread lane is timed from its own start: its wait for the
+    thread does not count against it. A call that runs too long is late."""
+    lane = Lane("local", 1)
+    try:
+        slow = loop.submit(lambda: lane.run(lambda: time.sleep(1.0) or "slow", timeout=5))
+        time.sleep(0.1)
+        quick = loop.submit(lambda: lane.run(lambda: "quick", timeout=0.5))
+        assert slow.result(10) == "slow" and quick.result(10) == "quick"
+        late = loop.submit(lambda: lane.run(lambda: time.sleep(0.6), timeout=0.1,
+                                            late=lambda: TimeoutError("late")))
+        with pytest.raises(TimeoutError, match="late"):
+            late.result(10)
+    finally:
+        lane.close()
+
+
+def test_outside_a_loop_too_a_timeout_starts_when_the_call_starts() -> None:
+    """The same from plain threads (a CLI command, Harness.run): queued time is not the call's own."""
+    lane = Lane("local", 1)
+    try:
+        with concurrent.futures.ThreadPoolExecutor(2) as callers:
+            slow = callers.submit(lambda: lane.run(lambda: time.sleep(1.0) or "slow", timeout=5))
+            time.sleep(0.1)
+            quick = callers.submit(lambda: lane.run(lambda: "quick", timeout=0.5))
+            assert slow.result(10) == "slow" and quick.result(10) == "quick"
+        with pytest.raises(TimeoutError, match="late"):
+            lane.run(lambda: time.sleep(0.6), timeout=0.1, late=lambda: TimeoutError("late"))
+    finally:
+        lane.close()
+
+
+def test_a_queued_call_waits_no_longer_than_its_hard_limit(loop: DriveLoop) -> None:
+    """The Run's own limit (`until`) bounds the wait for a thread: a call that cannot start in time is
+    withdrawn and never runs."""
+    lane = Lane("local", 1)
+    ran: list[str] = []
+    try:
+        busy = loop.submit(lambda: lane.run(lambda: time.sleep(0.8), timeout=5))
+        time.sleep(0.1)
+        withdrawn = loop.submit(lambda: lane.run(lambda: ran.append("ran"), timeout=5,
+                                                 until=time.monotonic() + 0.2,
+                                                 queue_late=lambda: TimeoutError("never started")))
+        with pytest.raises(TimeoutError, match="never started"):
+            withdrawn.result(10)
+        busy.result(10)
+        time.sleep(0.1)
+        assert ran == [] and lane.queued == 0
+    finally:
+        lane.close()
+
+
+def test_a_drive_holding_a_transaction_does_not_switch_out(loop: DriveLoop) -> None:
+    """While its unit of work holds a transaction, a drive blocks its thread instead of switching out:
+    another drive on the same thread could otherwise wait for its locks for ever."""
+    holding = [True]
+
+    def drive() -> tuple[bool, bool]:
+        with waits.holding(lambda: holding[0]):
+            inside = waits.suspendable()
+        return inside, waits.suspendable()
+
+    assert loop.submit(drive).result(5) == (False, True)
+
+
+def test_lanes_of_different_kinds_do_not_starve_each_other(loop: DriveLoop) -> None:
+    """A burst of slow local skills fills the local lane; a model call on the model lane still runs at once."""
+    local, llm = Lane("local", 2), Lane("llm", 2)
+    try:
+        burst = [loop.submit(lambda: local.run(lambda: time.sleep(0.5), timeout=10)) for _ in range(20)]
+        time.sleep(0.05)
+        began = time.monotonic()
+        assert loop.submit(lambda: llm.run(lambda: "answer", timeout=10)).result(10) == "answer"
+        assert local.queued > 0 and time.monotonic() - began < 0.5 * 20 / 2  # not behind the burst
+        for future in burst:
+            future.result(30)
+    finally:
+        local.close()
+        llm.close()
+
+
+@pytest.fixture
+def slow_model() -> Iterator[SlowModel]:
+    with SlowModel(delay_s=0.4) as model:
+        yield model
+
+
+def test_the_service_worker_keeps_every_runs_model_call_in_flight(
+        backend_url: str, slow_model: SlowModel, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """120 Runs of the support example, each planning, looking an order up and writing its answer with a
+    slow model, through the service's worker with two threads per lane: all their model calls wait at
+    once (a thread each would have capped them at two), and every Run succeeds."""
+    monkeypatch.setenv("HARNESS_EXAMPLE_LEDGER", str(tmp_path / "ledger.jsonl"))
+    monkeypatch.setenv("TEST_KEY", "sk-test")
+    prices = tmp_path / "prices.yaml"
+    prices.write_text("models:\n  gpt-test: {input_per_mtok: 0.15, output_per_mtok: 0.6}\n")
+    settings = Settings(db=backend_url, data_dir=tmp_path / "data", llm="openai", llm_model="gpt-test",
+                        llm_base_url=slow_model.url, llm_api_key_env="TEST_KEY", llm_pricing=prices,
+                        local_skill_threads=2, llm_threads=2, sandbox_threads=2, memory="off")
+    others = frozenset(threading.enumerate())
+    slow_model.gather = 120  # the model answers once all 120 first calls wait at once (or after a minute)
+    runtime = build_runtime(settings)
+    worker = EmbeddedWorker(runtime, concurrency=1000, housekeeping_interval_s=3600)
+    try:
+        futures = []
+        for i in range(120):
+            run, created = runtime.runs.submit(RunRequest(task=f"Where is order A-1001? ({i})", user_id="alice",
+                                                     roles=("support_agent",)))
+            assert created
+            futures.append((run.run_id, worker.drive(run.run_id, Admission())))
+        for _, future in futures:
+            future.result(120)
+        states = {run_id: runtime.runs.result(run_id).state for run_id, _ in futures}
+        assert set(states.values()) == {"SUCCEEDED"}, {s: list(states.values()).count(s) for s in states.values()}
+        assert slow_model.calls == 240
+        assert slow_model.peak_in_flight == 120  # not two at a time: the drives waited without threads
+        assert len([n for n in _lane_threads(others) if n.startswith("lane-llm")]) == 0  # the model call needs none
+    finally:
+        worker.stop()
+        runtime.close()
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+@pytest.mark.parametrize("vendor", ["openai", "anthropic"])
+def test_the_real_providers_answer_a_drive_with_asynchronous_io(vendor: str, stream: bool,
+                                                                 loop: DriveLoop) -> None:
+    """On a drive loop the OpenAI and Anthropic providers send through their SDK's asynchronous client
+    (the same answer, whole or streamed, as the blocking client gives), and a retry after a 503 sleeps
+    switched out; outside a loop the same provider uses its blocking client."""
+    from harness.adapters.llm.anthropic import AnthropicProvider
+    from harness.adapters.llm.openai_compat import OpenAICompatProvider
+    from harness.adapters.llm.resilient import ProviderSettings
+    from harness.domain.contracts import Message
+    from harness.domain.llm import LLMRequest
+    from harness.resilience import RetryQuota
+    from tests.fakes import anthropic_api, openai_api
+    from tests.fakes.server import ScriptedServer
+
+    ask = LLMRequest(purpose="answer", system="be brief", messages=(Message(role="user", content="hi"),))
+    with ScriptedServer() as server:
+        if vendor == "openai":
+            model, base = "gpt-test", f"{server.origin}/v1"
+            answer = openai_api.stream(["On its ", "way."]) if stream else openai_api.completion("On its way.")
+            failure = openai_api.error(503, "down", kind="server_error")
+        else:
+            model, base = "claude-test", server.origin
+            answer = anthropic_api.stream(["On its ", "way."]) if stream else anthropic_api.message("On its way.")
+            failure = anthropic_api.error(503, "overloaded_error", "busy")
+        settings = ProviderSettings(model=model, api_key="k", base_url=base, stream=stream,
+                                    quota=RetryQuota(max_attempts=3, backoff_s=0.01))
+        provider = (OpenAICompatProvider if vendor == "openai" else AnthropicProvider)(settings)
+        try:
+            server.queue(failure, answer, answer)
+            on_loop = loop.submit(lambda: provider.complete(ask)).result(30)
+            blocking = provider.complete(ask)
+            assert on_loop.content == blocking.content == "On its way."
+            assert len(server.received) == 3  # the 503, its retry, and the blocking call
+            agents = [r.headers["user-agent"] for r in server.received]
+            assert agents[0].startswith("Async") and agents[1].startswith("Async"), agents
+            assert not agents[2].startswith("Async"), agents
+        finally:
+            provider.close()
+
+
+def test_parallel_steps_of_a_drive_on_a_loop_run_together_in_greenlets(
+        test_runtime: object, call_log: Path, loop: DriveLoop) -> None:
+    """A wave of independent steps of a Run driven on a loop runs as greenlets of their own (no pool
+    thread), overlapping in time; their dependent waits for both, the Run succeeds and its audit is clean."""
+    import json
+
+    from harness.config import Runtime
+    from tests.acceptance.checks import assert_audit_clean
+
+    runtime = test_runtime
+    assert isinstance(runtime, Runtime)
+    threads_before = {t.name for t in threading.enumerate()}
+    result = loop.submit(lambda: runtime.runs.create_run(
+        {"task": "parallel", "tenant_id": "t1", "user_id": "tess", "roles": ["tester"]})).result(60)
+    assert result.state == "SUCCEEDED", result.error
+    assert result.answer == "a+b"
+    slow = {c["step"]: c for c in map(json.loads, call_log.read_text().splitlines()) if c["skill"] == "test.slow"}
+    assert slow["a"]["start"] < slow["b"]["end"] and slow["b"]["start"] < slow["a"]["end"]
+    assert not [t for t in threading.enumerate() if t.name.startswith("plan-step")
+                and t.name not in threads_before]  # the steps took no pool thread
+    assert_audit_clean(runtime)
