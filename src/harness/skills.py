@@ -217,7 +217,8 @@ class Skill:
     @functools.cached_property
     def tool_spec(self) -> ToolSpec:
         """The skill as a provider-neutral tool spec (built once per loaded skill: its manifest is fixed)."""
-        return ToolSpec(name=self.id, description=self.manifest.description, parameters=self.manifest.input_schema)
+        return ToolSpec(name=self.id, description=self.manifest.description,
+                        parameters=_without_annotations(self.manifest.input_schema))
 
     @functools.cached_property
     def _output_validator(self) -> jsonschema.Draft202012Validator:
@@ -227,6 +228,29 @@ class Skill:
     def _arguments_validator(self) -> jsonschema.Draft202012Validator:
         """The input schema, compiled once per loaded skill (a manifest never changes under a Skill)."""
         return jsonschema.Draft202012Validator(self.manifest.input_schema)
+
+
+def _without_annotations(schema: Any) -> Any:
+    """The schema without its `x-` annotations (such as `x-currency`): they are for the people who read an
+    approval card, not for the model, and a provider's strict tool-schema mode refuses keywords it does not
+    know. A property whose name starts with `x-` is kept (inside `properties` the keys are names), and so
+    are values (`enum`, `const`, `default`, `examples`)."""
+    if isinstance(schema, list):
+        return [_without_annotations(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    kept: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key.startswith("x-"):
+            continue
+        if key in ("enum", "const", "default", "examples"):
+            kept[key] = value  # values, not schemas
+        elif key in ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas") \
+                and isinstance(value, dict):
+            kept[key] = {name: _without_annotations(sub) for name, sub in value.items()}
+        else:
+            kept[key] = _without_annotations(value)
+    return kept
 
 
 def _first_error(exc: ValidationError) -> str:

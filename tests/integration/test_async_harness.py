@@ -15,6 +15,7 @@ import pytest
 
 from harness import AsyncHarness
 from harness.config import Settings
+from harness.leased_drive import Heartbeats
 from tests.fakes.slow_model import SlowModel
 
 RUNS = 200
@@ -60,4 +61,6 @@ def test_gathered_runs_wait_for_their_model_together_without_a_thread_each(
     assert states == ["SUCCEEDED"] * RUNS, {s: states.count(s) for s in set(states)}
     assert model.calls == 2 * RUNS + 2
     assert model.peak_in_flight >= 0.9 * RUNS, model.peak_in_flight
-    assert peak - before <= 5, (before, peak)
+    # a few threads, plus the lease renewers' fixed pool: marking "waits outside the process" in the Runs'
+    # rows is made there (a bound of its own, whatever the number of Runs)
+    assert peak - before <= 5 + Heartbeats.RENEWERS, (before, peak)

@@ -67,10 +67,14 @@ def _database_id(engine: sa.Engine) -> str:
 
 def test_a_chain_of_the_earlier_version_keeps_verifying_and_its_approvals_are_proven(
         engine: sa.Engine, tmp_path: Path, call_log: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Runs closed and approvals decided at 0012 verify after the upgrade, with a warning that their
-    RunTraces prove neither result nor completeness; the approval rows are mirrored by the migration, so an
-    edit of an old decision is named; the database has an id."""
-    _to(engine, command.upgrade, BEFORE)
+    """Runs closed and approvals decided as the version before 0013 wrote them verify after the upgrade,
+    with a warning that their RunTraces prove neither result nor completeness; the approval rows are
+    mirrored by the migration, so an edit of an old decision is named; the database has an id.
+
+    Today's code drives on today's schema (it reads columns later revisions add), so the Runs are written
+    at head with the earlier version's records and the database is then taken down to 0012, which drops
+    what 0013 and later revisions added; the upgrade under test starts from there."""
+    migrate(engine)
     settings = Settings(db=str(engine.url.render_as_string(hide_password=False)), skills_dirs=(FIXTURES / "skills",),
                         policy_file=FIXTURES / "policy.yaml", llm_rules=FIXTURES / "llm_rules.yaml",
                         identities_file=FIXTURES / "identities.yaml", data_dir=tmp_path / "data", memory="off")
@@ -82,7 +86,9 @@ def test_a_chain_of_the_earlier_version_keeps_verifying_and_its_approvals_are_pr
         approver = CallerIdentity(tenant_id="t1", user_id="tess", roles=("tester",))
         rt.runs.decide(str(parked.approval_request_id), approver, "approve")
         rt.store.drain_all()
-    assert _version(engine) == BEFORE
+    rt.close()
+    _to(engine, command.downgrade, BEFORE)
+    assert _version(engine) == BEFORE and "database_identity" not in sa.inspect(engine).get_table_names()
     migrate(engine)
     assert _version(engine) == head_revision()
     store = SqlStore(engine, FakeClock())
@@ -102,7 +108,7 @@ def test_a_chain_of_the_earlier_version_keeps_verifying_and_its_approvals_are_pr
         conn.execute(sa.text("UPDATE hitl_decisions SET approver = 't1/lee'"))
     problems = verify_chain(SqlAuditReads(store)).problems
     assert [(p.table, p.field) for p in problems] == [("hitl_decisions", "approver")]
-    rt.close()
+    new.close()
 
 
 def test_every_database_gets_its_own_id_and_the_migration_reverts(engine: sa.Engine, tmp_path: Path) -> None:

@@ -18,7 +18,7 @@ import sqlalchemy as sa
 from psycopg import pq
 
 from harness.adapters.sql import schema as t
-from harness.adapters.sql.blobs import blobs, put
+from harness.adapters.sql.blobs import blob_refs, blobs, put
 from harness.adapters.sql.ledger import CostLedger
 from harness.adapters.sql.memory import SqlMemoryRows
 from harness.adapters.sql.store import SqlStore
@@ -70,11 +70,13 @@ def test_a_cost_and_the_contents_its_records_reference_go_with_the_commit(store:
     ledger = CostLedger(store)
     with traced(store.engine, tmp_path) as waits, store.engine.begin() as conn:
         ledger.insert(conn, _cost("r1", 0.25))
-        put(conn, {"a" * 64: '"one"', "b" * 64: '"two"'})
+        put(conn, {"a" * 64: '"one"', "b" * 64: '"two"'}, "r1")
     assert waits == [1]
     with store.engine.connect() as conn:
         assert [r.usd for r in _rows(conn, sa.select(t.costs.c.usd))] == [0.25]
         assert sorted(r.hash for r in _rows(conn, sa.select(blobs.c.hash))) == ["a" * 64, "b" * 64]
+        assert sorted(tuple(r) for r in _rows(conn, sa.select(blob_refs.c.hash, blob_refs.c.run_id))) == [
+            ("a" * 64, "r1"), ("b" * 64, "r1")]
     assert ledger.spent_by_scope(tenant_id="acme", user_id="ana", run_id="r1") == (0.25, 0.25, 0.25)
 
 
@@ -84,7 +86,7 @@ def test_a_failing_write_that_waited_fails_its_transaction(store: SqlStore) -> N
     ledger = CostLedger(store)
     with pytest.raises(sa.exc.IntegrityError), store.engine.begin() as conn:
         ledger.insert(conn, _cost("r1", 0.25))
-        put(conn, {"c" * 64: None})  # type: ignore[dict-item]
+        put(conn, {"c" * 64: None}, "r1")  # type: ignore[dict-item]
     with store.engine.connect() as conn:
         assert _rows(conn, sa.select(t.costs.c.id)) == [] and _rows(conn, sa.select(t.spend_totals.c.usd)) == []
 

@@ -65,6 +65,16 @@ def test_ordinary_support_text_is_left_alone(secret_filter: SecretFilter) -> Non
     assert secret_filter.scrub(text).text == text
 
 
+def test_a_path_is_judged_by_its_segments(secret_filter: SecretFilter) -> None:
+    """A working folder named after a run id is not a secret for the mix of its names (a sandboxed `pwd`),
+    but a random token that is one of its segments still goes."""
+    path = "/tmp/pytest-of-root/pytest-147/popen-gw1/test_shell0/runs/01a24546-1bc7-71de-9822-b7d574b6146b"
+    assert secret_filter.scrub(path).text == path
+    token = "q8Zr3kT0vW2nX9bL4mC7yH1sJ6dF5gA0"
+    out = secret_filter.scrub(f"/var/lib/keys/{token}/current").text
+    assert token not in out and "[REDACTED:high_entropy]" in out  # widened to the whole path, as any token
+
+
 def test_a_key_name_survives_and_only_its_value_goes(secret_filter: SecretFilter) -> None:
     """`name=value` keeps its name, so the model still knows a credential was there."""
     out = secret_filter.scrub("refresh_token=1//0gCanaryRefreshToken0123456789").text

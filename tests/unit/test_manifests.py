@@ -52,6 +52,19 @@ def test_a_good_manifest_loads_with_its_hash(tmp_path: Path) -> None:
     assert skill.manifest.call_kind == "local"
 
 
+def test_the_model_sees_the_input_schema_without_its_annotations(tmp_path: Path) -> None:
+    """`x-currency` is for the approval card: the tool spec offered to a model carries the schema without
+    `x-` keywords, while a property named `x-...`, a default and the arguments' validation are untouched."""
+    schema = {"type": "object", "x-note": "for people", "properties": {
+        "amount": {"type": "number", "x-currency": "EUR"},
+        "x-trace": {"type": "string", "default": {"x-kept": 1}}}}
+    folder = folder_with(tmp_path, {"pay.yaml": {**GOOD, "input_schema": schema}})
+    skill = load_manifest(folder / "pay.yaml")
+    assert skill.tool_spec.parameters == {"type": "object", "properties": {
+        "amount": {"type": "number"}, "x-trace": {"type": "string", "default": {"x-kept": 1}}}}
+    assert skill.manifest.input_schema["properties"]["amount"]["x-currency"] == "EUR"
+
+
 BROKEN: list[tuple[str, Any, str]] = [
     ("bad_yaml", "id: [unclosed\n", "not valid YAML"),
     ("not_a_mapping", "- just\n- a list\n", "mapping"),

@@ -109,5 +109,22 @@ class DetectSecretsDetector:
                 if kind == "high_entropy_hex" and _DIGEST_CONTEXT.search(line, max(0, match.start() - 48),
                                                                          match.start()):
                     continue  # a commit id or a digest named as one ("commit 3f2a…", "sha256: e3b0…")
-                if entropy.calculate_shannon_entropy(match.group()) > entropy.entropy_limit:
+                if kind == "high_entropy" and _is_path(match.group()):
+                    yield from self._random_segments(match, entropy, kind)
+                elif entropy.calculate_shannon_entropy(match.group()) > entropy.entropy_limit:
                     yield match.start(), match.end(), kind
+
+    def _random_segments(self, match: re.Match[str], entropy: HighEntropyStringsPlugin, kind: str) -> Iterable[Span]:
+        """A path's segments judged one by one: `/tmp/runs/01a2…` is not a secret for the mix of its
+        names, but a long random segment in it (`/keys/<token>`) still is."""
+        start = match.start()
+        for segment in match.group().split("/"):
+            if len(segment) >= self.MIN_B64 and entropy.calculate_shannon_entropy(segment) > entropy.entropy_limit:
+                yield start, start + len(segment), kind
+            start += len(segment) + 1
+
+
+def _is_path(token: str) -> bool:
+    """Whether an unquoted token reads as a file path: absolute, with at least two named folders (random
+    base64 starts with a slash once in 64 and has one about every 64 characters)."""
+    return token.startswith("/") and token.count("/") >= 3 and "//" not in token
