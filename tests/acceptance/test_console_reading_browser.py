@@ -138,8 +138,6 @@ def test_the_approval_card_and_the_policy_section_read_as_people_count(server: s
         browser.close()
 
 
-@pytest.mark.xfail(strict=True, reason="/docs serves Swagger UI 4.15 (the swagger-ui-bundle package), which cannot "
-                   "read the service's OpenAPI 3.1 document: it shows 'Unable to render this definition'")
 def test_docs_draws_the_api_from_the_service_itself(server: str, tmp_path: Path) -> None:
     """/docs renders Swagger UI from the service's own assets (no other host is asked): its title and the
     runs operations are on the page and visible, and a screenshot of it is kept."""

@@ -4,15 +4,18 @@ balancer polls without a key (`/health`, the deep check of the database, stays a
 
 from __future__ import annotations
 
+from importlib.resources import files
+
 from fastapi import APIRouter, FastAPI
 from fastapi.openapi.docs import get_swagger_ui_html, get_swagger_ui_oauth2_redirect_html
 from fastapi.responses import HTMLResponse, RedirectResponse
 from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel
-from swagger_ui_bundle import swagger_ui_path
 
 #: where Swagger UI's own files (scripts, styles) are served
 DOCS_ASSETS = "/docs/assets"
+#: Swagger UI 5 (it reads OpenAPI 3.1, the version FastAPI writes), as shipped by the fastapi-offline package
+SWAGGER_UI_FILES = files("fastapi_offline") / "static"
 
 router = APIRouter()
 
@@ -40,7 +43,7 @@ def install(app: FastAPI) -> None:
     """Add the docs page, its assets, the console's front door and the liveness route to `app` (built with
     docs_url=None, so that FastAPI's own page, which loads its assets from a CDN, is not there)."""
     app.include_router(router)
-    app.mount(DOCS_ASSETS, StaticFiles(directory=str(swagger_ui_path)), name="docs-assets")
+    app.mount(DOCS_ASSETS, StaticFiles(directory=str(SWAGGER_UI_FILES)), name="docs-assets")
     title = f"{app.title} - API"
 
     @app.get("/docs", include_in_schema=False)
