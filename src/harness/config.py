@@ -306,7 +306,7 @@ def llm_provider(settings: Settings, clock: Clock) -> LLMProvider:
         plan_format=settings.llm_plan_format or ("json_object" if local else "json_schema"),
         tools_in_prompt=local if settings.llm_tools_in_prompt is None else settings.llm_tools_in_prompt,
         max_output_tokens=settings.llm_max_tokens or (512 if local else None),
-        plan_max_steps=settings.llm_plan_max_steps or (1 if local else 8)), clock=clock)
+        plan_max_steps=settings.llm_plan_max_steps or (1 if local else 8), top_p=settings.llm_top_p), clock=clock)
 
 
 def call_budget(settings: Settings, provider: LLMProvider, policy: PolicyEngine,

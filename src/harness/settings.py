@@ -60,6 +60,9 @@ class Settings(BaseModel):
     llm_max_tokens: int | None = Field(default=None, gt=0)
     #: the most steps the plan's schema admits (None: 1 for local, a small model repeats steps; else 8)
     llm_plan_max_steps: int | None = Field(default=None, ge=1, le=64)
+    #: nucleus sampling sent with every request to an OpenAI-compatible model (the Anthropic messages API
+    #: takes none); None: not sent, the model's own default applies
+    llm_top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     identities_file: Path = EXAMPLE_DIR / "identities.yaml"
     #: Runs' working directories and the bundled example's ledger (HARNESS_DATA_DIR)
     data_dir: Path = Field(default_factory=default_data_dir)
@@ -209,7 +212,8 @@ class Settings(BaseModel):
             values["sandbox_ports"] = env["HARNESS_SANDBOX_PORTS"]
         for key in ("llm_model", "llm_fallback_model", "llm_base_url", "llm_api_key_env", "llm_pricing",
                     "llm_stream", "llm_plan_mode", "llm_timeout_s", "llm_plan_format", "llm_tools_in_prompt",
-                    "llm_max_tokens", "llm_plan_max_steps", "lease_ttl_s", "max_stalls", "sweep_interval_s",
+                    "llm_max_tokens", "llm_plan_max_steps", "llm_top_p", "lease_ttl_s", "max_stalls",
+                    "sweep_interval_s",
                     "heartbeat_ceiling_factor", "decided_approval_s", "redrive_grace_s", "local_skill_threads",
                     "sandbox_threads", "llm_threads", "drive_concurrency", "drive_threads", "drive_max_lag_s"):
             if env.get(f"HARNESS_{key.upper()}"):

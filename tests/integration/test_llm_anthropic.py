@@ -87,6 +87,14 @@ def test_request_shape_follows_the_messages_api(server: ScriptedServer) -> None:
     assert sent.body["max_tokens"] == ASK.max_tokens
 
 
+def test_sampling_parameters_the_messages_api_does_not_take_are_not_sent(server: ScriptedServer) -> None:
+    """The messages API this SDK speaks takes no temperature or top_p: a request naming a top_p, or a
+    provider set with one, still sends neither (the call succeeds instead of failing on the SDK)."""
+    server.queue(api.message("a"))
+    Harness(server, top_p=0.8).provider.complete(ASK.model_copy(update={"top_p": 0.5}))
+    assert "top_p" not in server.received[0].body and "temperature" not in server.received[0].body
+
+
 def test_streaming_assembles_text_tool_input_and_usage(server: ScriptedServer) -> None:
     """With streaming on, text deltas are joined, partial tool JSON reassembled, usage taken from
     message_start and message_delta; ping events are ignored."""

@@ -78,6 +78,15 @@ def test_completion_with_usage_cost_and_tools_in_openai_format(server: ScriptedS
     assert "stream" not in sent.body and "tool_choice" not in sent.body
 
 
+def test_top_p_reaches_the_wire_from_the_request_or_the_settings(server: ScriptedServer) -> None:
+    """A request's top_p is sent; without one the provider's setting is; with neither none is."""
+    server.queue(api.completion("a"), api.completion("b"), api.completion("c"))
+    Harness(server, top_p=0.8).provider.complete(ASK.model_copy(update={"top_p": 0.5}))
+    Harness(server, top_p=0.8).provider.complete(ASK)
+    Harness(server).provider.complete(ASK)
+    assert [r.body.get("top_p") for r in server.received] == [0.5, 0.8, None]
+
+
 def test_tool_calls_map_back_to_skill_ids(server: ScriptedServer) -> None:
     """A tool call on the wire name comes back as a call of the skill with decoded arguments."""
     server.queue(api.completion(None, tool_calls=[("call_1", "orders__lookup", '{"order_id": "A-1"}')],
@@ -353,7 +362,8 @@ def test_settings_select_the_openai_provider(server: ScriptedServer, tmp_path: P
     for key, value in (("HARNESS_LLM", "openai"), ("HARNESS_LLM_MODEL", "gpt-test"),
                        ("HARNESS_LLM_BASE_URL", f"{server.origin}/v1"),
                        ("HARNESS_LLM_API_KEY_ENV", "TEST_KEY"),
-                       ("HARNESS_LLM_PRICING", str(pricing)), ("HARNESS_LLM_STREAM", "true")):
+                       ("HARNESS_LLM_PRICING", str(pricing)), ("HARNESS_LLM_STREAM", "true"),
+                       ("HARNESS_LLM_TOP_P", "0.9")):
         monkeypatch.setenv(key, value)
     settings = Settings.from_env(db=str(tmp_path / "rt.db"), data_dir=tmp_path / "data")
     with pytest.raises(InvalidRequestError, match=r"\$TEST_KEY"):
@@ -367,5 +377,6 @@ def test_settings_select_the_openai_provider(server: ScriptedServer, tmp_path: P
         server.queue(api.stream(["hi"], usage=(1_000_000, 0)))
         assert provider.complete(ASK).usage.cost_usd == pytest.approx(2.0)
         assert server.received[0].headers["authorization"] == "Bearer sk-from-env"
+        assert server.received[0].body["top_p"] == 0.9  # HARNESS_LLM_TOP_P reaches the wire
     finally:
         rt.close()

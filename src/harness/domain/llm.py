@@ -28,6 +28,9 @@ class LLMRequest(BaseModel):
     tools: tuple[ToolSpec, ...] = ()
     model: str | None = None
     temperature: float = 0.0
+    #: nucleus sampling: the model samples only from the most likely tokens whose probabilities add up to
+    #: this; None: the provider's setting (HARNESS_LLM_TOP_P), or the model's own default when that is unset
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     max_tokens: int = 2_048
     stream: bool = False
 

@@ -296,6 +296,8 @@ class TracedProvider:
             "gen_ai.request.max_tokens": request.max_tokens,
             "harness.llm.purpose": request.purpose,
         }
+        if request.top_p is not None:
+            attributes["gen_ai.request.top_p"] = request.top_p
         with self._telemetry.tracer.start_as_current_span(
             f"chat {model}",
             kind=trace.SpanKind.CLIENT,

@@ -8,7 +8,8 @@ The messages API takes the system prompt apart from the turns and knows only "us
 "assistant" turns, so history "system" messages join the system prompt and "tool" messages become
 user text. Planning works as in the OpenAI provider: plan_mode "json" sends the skills with
 tool_choice "none" and reads the plan from the text; plan_mode "tool" forces `submit_plan`.
-The API version this SDK speaks takes no temperature, so LLMRequest.temperature is not sent.
+The API version this SDK speaks takes no sampling parameters, so LLMRequest.temperature and top_p (and the
+HARNESS_LLM_TOP_P setting) are not sent.
 """
 
 from __future__ import annotations

@@ -126,6 +126,9 @@ class OpenAICompatProvider(GuardedProvider):
         cap = self.settings.max_output_tokens or request.max_tokens
         body: dict[str, Any] = {"model": model, "messages": _messages(request, in_prompt),
                                 "temperature": request.temperature, "max_tokens": min(request.max_tokens, cap)}
+        top_p = self.settings.top_p_for(request)
+        if top_p is not None:
+            body["top_p"] = top_p
         if request.purpose == "plan" and not forced and self.settings.plan_format != "none":
             full = self.settings.plan_format == "json_schema"  # OpenAI's; json_object is a small local model's
             schema = plan_schema(request.tools, self.settings.plan_max_steps, refs=full)

@@ -71,12 +71,18 @@ class ProviderSettings:
     max_output_tokens: int | None = None
     #: the most steps the plan schema admits (a 135M model repeats a step when it may write several)
     plan_max_steps: int = 8
+    #: nucleus sampling sent with every request that names none itself (LLMRequest.top_p); None: not sent
+    top_p: float | None = None
     quota: RetryQuota = field(default_factory=RetryQuota)
     breaker: BreakerConfig = field(default_factory=BreakerConfig)
     pricing: PricingTable = field(default_factory=PricingTable)
 
     def __repr__(self) -> str:
         return f"ProviderSettings(model={self.model!r}, base_url={self.base_url!r}, api_key=<hidden>)"
+
+    def top_p_for(self, request: LLMRequest) -> float | None:
+        """The top_p a request goes out with: its own, or this provider's; None: none is sent."""
+        return request.top_p if request.top_p is not None else self.top_p
 
 
 def retry_after_from(headers: Mapping[str, str]) -> float | None:
