@@ -155,16 +155,18 @@ class Harness:
     def create(self, task: str, *, user: str = "anonymous", tenant: str = "default", session: str = "default",
                history: Sequence[Message | dict[str, str]] = (), idempotency_key: str | None = None,
                metadata: dict[str, str] | None = None, callback: str | None = None,
-               token_budget: int | None = None, start_by: dt.datetime | str | None = None) -> RunResult:
+               token_budget: int | None = None, start_by: dt.datetime | str | None = None,
+               team: str | None = None) -> RunResult:
         """Accept a Run (durable before this returns) without driving it: a worker, `wait` or `drive` does.
-        The caller's roles come from the identity directory.
+        The caller's roles come from the identity directory. `team` is the collaboration group the Run
+        works for (its memory is recalled with the caller's own; child Runs work for it too).
 
         `start_by` (a datetime with its timezone, or ISO 8601 text) is the latest moment the Run may start:
         still waiting in the queue then, it is closed CLOSED_FAILED `not_started` instead of running late.
         When too many accepted Runs wait to start (HARNESS_MAX_BACKLOG) nothing is created and
         BacklogFullError says when to retry (`retry_after_s`)."""
         run, _ = self.runtime.runs.submit(self._request(task, user, tenant, session, history, idempotency_key,
-                                                        metadata, callback, token_budget, start_by))
+                                                        metadata, callback, token_budget, start_by, team))
         return self.runtime.runs.result(run.run_id)
 
     def run(self, task: str, **kwargs: Any) -> RunResult:
@@ -279,11 +281,12 @@ class Harness:
     @staticmethod
     def _request(task: str, user: str, tenant: str, session: str, history: Sequence[Message | dict[str, str]],
                  idempotency_key: str | None, metadata: dict[str, str] | None, callback: str | None,
-                 token_budget: int | None, start_by: dt.datetime | str | None = None) -> dict[str, Any]:
+                 token_budget: int | None, start_by: dt.datetime | str | None = None,
+                 team: str | None = None) -> dict[str, Any]:
         request: dict[str, Any] = {"task": task, "user_id": user, "tenant_id": tenant, "session_id": session,
                                    "history": [m.model_dump() if isinstance(m, Message) else m for m in history]}
         for key, value in (("idempotency_key", idempotency_key), ("metadata", metadata), ("callback", callback),
-                           ("token_budget", token_budget), ("start_by", start_by)):
+                           ("token_budget", token_budget), ("start_by", start_by), ("team_id", team)):
             if value is not None:
                 request[key] = value
         return request

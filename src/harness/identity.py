@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Annotated
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -17,10 +18,12 @@ class UnknownIdentityError(BadInputError):
 
 
 class Entry(BaseModel):
-    """One identity's roles (and, for the HTTP API, the SHA-256 of its API key)."""
+    """One identity's roles, the teams (collaboration groups) it belongs to, and, for the HTTP API, the
+    SHA-256 of its API key."""
 
     model_config = ConfigDict(extra="forbid")
     roles: list[str] = Field(default_factory=list)
+    teams: list[Annotated[str, Field(pattern=IDENT)]] = Field(default_factory=list)
     api_key_sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
 
 
@@ -75,6 +78,11 @@ class IdentityDirectory:
         """The identity's roles; none for an identity the directory does not know."""
         entry = self._entries.get(f"{tenant}/{user}")
         return tuple(entry.roles) if entry else ()
+
+    def teams_of(self, tenant: str, user: str) -> tuple[str, ...]:
+        """The teams the identity belongs to; none for an identity the directory does not know."""
+        entry = self._entries.get(f"{tenant}/{user}")
+        return tuple(entry.teams) if entry else ()
 
     def by_api_key_hash(self, digest: str) -> CallerIdentity | None:
         """The identity whose API key hashes to `digest`."""

@@ -290,12 +290,13 @@ def test_a_run_with_no_delegation_budget_is_refused_by_policy(rt: Runtime) -> No
 
 
 def test_a_child_gets_one_less_delegation_budget(rt: Runtime) -> None:
-    """The caller's chain_remaining is stored with the Run and its child gets one less; without one the
-    deployment's default depth is stored."""
-    parent = rt.runs.create_run({"task": "delegate hello", "chain_remaining": 3, **TESTER})
+    """The caller's chain_remaining is stored with the Run and its child gets one less (and the same team);
+    without one the deployment's default depth is stored."""
+    parent = rt.runs.create_run({"task": "delegate hello", "chain_remaining": 3, "team_id": "ops", **TESTER})
     (child,) = children(rt, parent.run_id)
     assert rt.store.get_run(parent.run_id).request["chain_remaining"] == 3
     assert child.request["chain_remaining"] == 2
+    assert child.request["team_id"] == "ops"  # a child works for its parent's team
     (verdict,) = delegation_verdicts(rt, parent.run_id)
     assert verdict["decision"] == "pass" and "2 level(s)" in verdict["reason"]
     plain = rt.runs.create_run({"task": "say hi", **TESTER})

@@ -38,6 +38,21 @@ def test_create_run_and_wait_reaches_succeeded(client: TestClient, runtime: Runt
     assert_audit_clean(runtime)
 
 
+def test_a_run_works_for_a_team_its_caller_belongs_to_and_no_other(client: TestClient, runtime: Runtime) -> None:
+    """create_run carries the caller's team (the identity directory's `teams`) into the stored request and
+    the Run document; naming a team the caller is not a member of is a 403 and creates nothing."""
+    created = client.post("/api/v1/runs", json={"task": ORDER_STATUS, "team_id": "support-eu"},
+                          headers=key("alice"), params={"wait": "true"})
+    assert created.status_code == 202, created.text
+    doc = created.json()
+    assert doc["team_id"] == "support-eu"
+    assert runtime.store.get_run(doc["run_id"]).request["team_id"] == "support-eu"
+    before = len(client.get("/api/v1/runs", headers=key("carol")).json()["runs"])
+    refused = client.post("/api/v1/runs", json={"task": ORDER_STATUS, "team_id": "support-eu"}, headers=key("carol"))
+    assert refused.status_code == 403 and "not a member of team 'support-eu'" in refused.json()["detail"]
+    assert len(client.get("/api/v1/runs", headers=key("carol")).json()["runs"]) == before
+
+
 def test_create_returns_a_durable_id_before_the_run_finishes(client: TestClient, runtime: Runtime) -> None:
     """Without wait, the id comes back at once and the Run already exists in the store (K5)."""
     response = client.post("/api/v1/runs", json={"task": ORDER_STATUS}, headers=key("alice"))

@@ -67,6 +67,9 @@ def run(
         "--role", help="Act with only this one of your roles (repeatable). Roles come from the identity "
                        "directory; this can narrow them, never add one.")] = None,
     idempotency_key: Annotated[str | None, typer.Option("--idempotency-key", help="Repeat-safe submit key.")] = None,
+    team: Annotated[str | None, typer.Option(
+        "--team", help="The collaboration group the Run works for: one of the identity's teams in the "
+                       "identity directory.")] = None,
     chain_remaining: Annotated[int | None, typer.Option(
         "--chain-remaining", min=0, help="How many levels of child Runs the Run may start "
                                          "(default: HARNESS_CHAIN_DEPTH).")] = None,
@@ -88,10 +91,14 @@ def run(
     rt = runtime(db)
     rt.runs.assembler.warm()  # the vocabulary loads before the Run, not inside its step 2
     roles = caller_roles(rt, tenant, user, role)
+    if team is not None and team not in rt.identities.teams_of(tenant, user):
+        teams = ", ".join(rt.identities.teams_of(tenant, user)) or "none"
+        fail(f"--team {team}: {tenant}/{user} is not a member of it (its teams: {teams})")
     if not json_:
         rt.machine.subscribe(lambda run_id, source, target: typer.echo(f"  {source.value:>13} → {target.value}"))
     request = {"task": task, "tenant_id": tenant, "user_id": user, "session_id": session, "roles": list(roles),
-               "idempotency_key": idempotency_key, "chain_remaining": chain_remaining, "start_by": deadline}
+               "idempotency_key": idempotency_key, "chain_remaining": chain_remaining, "start_by": deadline,
+               "team_id": team}
     result = rt.runs.create_run(request)
     if wait and result.state == RunState.AWAITING_HITL.value:
         result = wait_for_decision(rt, result.run_id, timeout)

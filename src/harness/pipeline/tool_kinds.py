@@ -315,7 +315,8 @@ class AgentCalls:
                                                      "(its delegation budget, chain_remaining, is spent)")
         request = RunRequest(
             task=render_prompt(skill, call.arguments), tenant_id=caller.tenant_id, user_id=caller.user_id,
-            session_id=parent.session_id, roles=caller.roles, idempotency_key=f"agent:{ctx.idempotency_key}",
+            session_id=parent.session_id, team_id=parent.request.get("team_id"), roles=caller.roles,
+            idempotency_key=f"agent:{ctx.idempotency_key}",
             metadata={"parent_run_id": ctx.run_id, "parent_step_id": ctx.step_id, "agent_skill": skill.id},
             chain_remaining=remaining - 1,
         )

@@ -46,6 +46,11 @@ class CreateRunBody(Body):
     retry_of: str | None = Field(default=None, min_length=1, max_length=64)
     metadata: dict[MetadataKey, Annotated[str, Field(max_length=limits.METADATA_VALUE_CHARS_CEILING)]] = Field(
         default_factory=dict, max_length=limits.METADATA_ENTRIES_CEILING)
+    team_id: Ident | None = Field(
+        default=None,
+        description="The collaboration group (team) the Run works for: one of your teams in the identity "
+                    "directory (another is a 403). The Run recalls the team's memory besides your own, and its "
+                    "child Runs work for the same team.")
     chain_remaining: int | None = Field(
         default=None, ge=0, le=MAX_CHAIN_DEPTH,
         description="Your remaining delegation budget: how many levels of child Runs this Run may start "
@@ -149,6 +154,7 @@ class RunDoc(BaseModel):
     tenant_id: str
     user_id: str
     session_id: str
+    team_id: str | None = Field(default=None, description="The team the Run works for, when it names one.")
     retry_of: str | None
     created_at: dt.datetime
     last_state_change_at: dt.datetime

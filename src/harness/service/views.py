@@ -74,6 +74,7 @@ def run_document(rt: Runtime, run: RunRecord) -> schemas.RunDoc:
         tenant_id=run.tenant_id,
         user_id=run.user_id,
         session_id=run.session_id,
+        team_id=(run.request or {}).get("team_id"),
         retry_of=run.retry_of,
         created_at=when(run.created_at),
         last_state_change_at=when(run.last_state_change_at),

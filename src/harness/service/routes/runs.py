@@ -51,12 +51,17 @@ def _submit(svc: Service, caller: Principal, body: CreateRunBody) -> tuple[str, 
         raise ApiError(422, "invalid_request", f"retry_of: no run with id {body.retry_of!r}")
     if not body.task.strip():
         raise ApiError(422, "invalid_request", "task: must not be blank")
+    identity = caller.identity
+    if body.team_id is not None and body.team_id not in svc.runtime.identities.teams_of(identity.tenant_id,
+                                                                                           identity.user_id):
+        raise ApiError(403, "forbidden", f"team_id: you are not a member of team {body.team_id!r}")
     request = RunRequest(
         task=body.task,
         tenant_id=caller.identity.tenant_id,
         user_id=caller.identity.user_id,
         roles=caller.identity.roles,
         session_id=body.session_id,
+        team_id=body.team_id,
         history=tuple(body.history),
         token_budget=body.token_budget,
         idempotency_key=body.idempotency_key,
@@ -83,7 +88,8 @@ REPLAYED: dict[int | str, dict[str, Any]] = {
 
 
 @router.post(
-    "/runs", status_code=202, response_model=RunDoc, responses=REPLAYED | BACKLOG_FULL | errors(409, 413, 503),
+    "/runs", status_code=202, response_model=RunDoc,
+    responses=REPLAYED | BACKLOG_FULL | errors(403, 409, 413, 503),
     summary="Create a Run",
 )
 async def create_run(
