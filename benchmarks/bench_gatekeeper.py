@@ -145,7 +145,7 @@ import json, sys
 sys.path.insert(0, {str(HERE)!r})
 from pathlib import Path
 from bench_gatekeeper import _runtime
-from harness.sweeper import ZombieSweeper
+from harness.drive.sweeper import ZombieSweeper
 rt = _runtime(Path({str(folder)!r}))
 pending = rt.hitl.pending(limit=50)  # a worker pages through requests; it never holds them all
 rt.runs.expire_approvals()

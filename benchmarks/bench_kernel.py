@@ -41,8 +41,8 @@ from harness.adapters.sql.audit_reads import SqlAuditReads
 from harness.adapters.sql.store import SqlStore
 from harness.domain.chain import GENESIS_HASH, record_hash
 from harness.domain.records import NewRun
+from harness.drive.state_machine import StateMachine
 from harness.kernel import RunState, audit_events_for, job_status
-from harness.state_machine import StateMachine
 
 S = RunState
 PATH = [S.PREPARING, S.PLANNING, S.POLICY_CHECK, S.EXECUTING, S.TRACING]

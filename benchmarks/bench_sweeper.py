@@ -62,8 +62,8 @@ def _fill(path: Path, finals: int) -> Any:
 
 def scan_time(finals: int, repeats: int) -> dict[str, float]:
     """Median seconds of one sweep over a database with `finals` final Runs and LIVE live ones."""
-    from harness.state_machine import StateMachine
-    from harness.sweeper import ZombieSweeper
+    from harness.drive.state_machine import StateMachine
+    from harness.drive.sweeper import ZombieSweeper
 
     with tempfile.TemporaryDirectory() as tmp:
         started = time.perf_counter()

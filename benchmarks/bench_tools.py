@@ -29,7 +29,7 @@ from harness.adapters.sandbox.bwrap import unavailable_reason
 from harness.domain.contracts import CallerIdentity
 from harness.pipeline.tool_controller import ToolController
 from harness.ports import Sandbox
-from harness.skills import SkillContext, SkillRegistry
+from harness.skills.manifests import SkillContext, SkillRegistry
 
 CALLER = CallerIdentity(tenant_id="bench", user_id="bench", roles=("bench",))
 CODE = "def noop(args, ctx):\n    return {'n': args.get('n', 0)}\n"

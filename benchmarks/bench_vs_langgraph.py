@@ -157,7 +157,7 @@ def _example_graph(folder: Path, hitl: bool) -> Any:
     sys.path.insert(0, str(Path(__import__("harness.examples.support", fromlist=["x"]).EXAMPLE_DIR) / "skills"))
     import support_skills as skills  # the example's own skill functions: the same work
 
-    from harness.skills import SkillContext
+    from harness.skills.manifests import SkillContext
 
     os.environ["HARNESS_EXAMPLE_LEDGER"] = str(folder / "ledger.jsonl")
 
@@ -308,7 +308,7 @@ def _plain(runs: int, folder: Path) -> list[float]:
     sys.path.insert(0, str(Path(__import__("harness.examples.support", fromlist=["x"]).EXAMPLE_DIR) / "skills"))
     import support_skills as skills
 
-    from harness.skills import SkillContext
+    from harness.skills.manifests import SkillContext
 
     os.environ["HARNESS_EXAMPLE_LEDGER"] = str(folder / "ledger.jsonl")
     times = []

@@ -157,12 +157,12 @@ def components(one: Callable[[], None], runs: int) -> str:
     profiler, so no profiler's distortion). Nested: a transition includes its commit and, at the close,
     the drain; a step's record includes its commit."""
     from harness.adapters.sql.store import SqlStore
+    from harness.drive.state_machine import StateMachine
     from harness.pipeline.context_assembler import ContextAssembler
     from harness.pipeline.gatekeeper import PolicyEngine
     from harness.pipeline.plan_orchestrator import PlanOrchestrator
     from harness.pipeline.run_manager import RunManager
     from harness.pipeline.tool_controller import ToolController
-    from harness.state_machine import StateMachine
 
     spent: collections.Counter[str] = collections.Counter()
     originals: list[tuple[Any, str, Any]] = []

@@ -11,7 +11,7 @@ import pytest
 from harness.adapters.sql.store import SqlStore
 from harness.clock import FakeClock
 from harness.config import Runtime, Settings, build_runtime
-from harness.state_machine import StateMachine
+from harness.drive.state_machine import StateMachine
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 

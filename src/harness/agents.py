@@ -13,7 +13,7 @@
 
 The agent's instructions are the system prompt the context assembler builds on: they come first, then
 how to answer with a plan (PLAN_FORMAT). In code, `skills` may also hold functions declared with
-`@skill` (harness.code_skills). Settings a deployment gives explicitly (an environment variable, a
+`@skill` (harness.skills.decorated). Settings a deployment gives explicitly (an environment variable, a
 config file, an argument) win over the agent's.
 
 Every process (`harness serve`, `harness worker`, the CLI, `Harness`) finds its agent the same way,
@@ -32,11 +32,11 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from harness.code_skills import CodeSkill
 from harness.domain.errors import BadInputError
 from harness.examples.support import EXAMPLE_DIR
 from harness.pipeline.context_assembler import PLAN_FORMAT, system_prompt_for
 from harness.settings import AGENT_REFERENCE
+from harness.skills.decorated import CodeSkill
 from harness.yamlfile import read_yaml
 
 __all__ = ["PLAN_FORMAT", "Agent", "load_agent", "support_agent", "system_prompt"]

@@ -33,7 +33,7 @@ from harness.ports import Clock, LLMProvider
 from harness.ports.changes import ChangeWaiter
 
 if TYPE_CHECKING:
-    from harness.replay import ReplayReport
+    from harness.replay.runner import ReplayReport
 
 __all__ = ["ApprovalRequest", "AsyncHarness", "DecisionOutcome", "Harness", "RunEvent", "TraceEntry"]
 
@@ -274,7 +274,7 @@ class Harness:
 
     def replay(self, run_id: str) -> ReplayReport:
         """Re-execute a finished Run from its recording on a scratch database and report any divergence."""
-        from harness.replay import replay
+        from harness.replay.runner import replay
 
         return replay(run_id, self.runtime.store, self.runtime.settings, self.runtime.agent)
 

@@ -37,13 +37,13 @@ from harness.config import (
 )
 from harness.domain.errors import DatabaseUnavailableError, SkillsElsewhereError
 from harness.domain.ids import ordered_id
+from harness.drive.sweeper import ZombieSweeper
+from harness.drive.worker import RunWorker
 from harness.kernel import RunState
 from harness.kernel.thresholds import SWEEP_INTERVAL_S
 from harness.pipeline.drive_loop import DriveLoop
 from harness.retention.policy import RetentionPolicy
 from harness.retention.scheduled import archive_once
-from harness.sweeper import ZombieSweeper
-from harness.worker import RunWorker
 
 log = logging.getLogger(__name__)
 S = RunState

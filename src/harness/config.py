@@ -50,9 +50,9 @@ from harness.domain.errors import InvalidRequestError
 from harness.domain.llm import LLMRequest
 from harness.domain.outbound import OutboundGuard
 from harness.domain.sandbox import PoolSettings
-from harness.identity import IdentityDirectory
+from harness.drive.leased import LeasedDrive, default_owner
+from harness.drive.state_machine import Listener, StateMachine
 from harness.kernel import FINAL, RunState
-from harness.leased_drive import LeasedDrive, default_owner
 from harness.memory.store import open_memory
 from harness.memory.writeback import MemoryWriteBack
 from harness.pipeline.call_budget import CallBudget, TokenPrice
@@ -65,6 +65,7 @@ from harness.pipeline.sandbox_pool import SandboxPool
 from harness.pipeline.tool_controller import Executor, ToolController
 from harness.pipeline.tool_kinds import Lanes
 from harness.policy.hitl import HitlDesk
+from harness.policy.identity import IdentityDirectory
 from harness.ports import Clock, LLMProvider, ResultSink, TraceBuffer
 from harness.ports.audit import AuditReads, ReconcileReads
 from harness.ports.changes import ChangeFeed
@@ -81,8 +82,7 @@ from harness.retention.erase import EraseReport
 from harness.retention.erase import erase_user as _erase_user
 from harness.retention.policy import RetentionPolicy
 from harness.retention.scheduled import ArchiverFactory
-from harness.skills import SkillRegistry
-from harness.state_machine import Listener, StateMachine
+from harness.skills.manifests import SkillRegistry
 
 # the read side lives in harness.stores (a command that only reads starts on it alone); offered here too
 from harness.stores import DatabaseError as DatabaseError  # noqa: PLC0414 (re-exported)
@@ -96,7 +96,7 @@ from harness.webhooks.notifier import PushEvents, WebhookNotifier, WebhookResult
 
 if TYPE_CHECKING:
     from harness.adapters.signer_socket import SignerServer
-    from harness.mcp_skills import McpServers
+    from harness.skills.mcp import McpServers
 
 
 #: how a process is configured (harness.settings), importable from here as before
@@ -351,7 +351,7 @@ def open_mcp(settings: Settings, registry: SkillRegistry) -> McpServers | None:
         return None
     try:
         from harness.adapters.mcp_client import McpClient
-        from harness.mcp_skills import McpServers, load_mcp_file
+        from harness.skills.mcp import McpServers, load_mcp_file
     except ImportError as exc:
         raise InvalidRequestError("HARNESS_MCP_FILE needs the mcp package: pip install 'harness-kernel[mcp]'") from exc
     groups = {skill.id.split(".", 1)[0] for skill in registry.all()}
@@ -363,7 +363,7 @@ def mcp_kinds(mcp: McpServers | None, ledger: CostLedger, store: SqlStore) -> di
     """The tool controller's executor of MCP tools: costs to the ledger, server restarts to the Run's audit."""
     if mcp is None:
         return {}
-    from harness.mcp_skills import McpCalls
+    from harness.skills.mcp import McpCalls
 
     def audit(run_id: str | None, event: str, detail: dict[str, object]) -> None:
         store.audit(run_id, event, "tool_controller", dict(detail))

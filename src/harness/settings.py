@@ -173,7 +173,7 @@ class Settings(BaseModel):
     #: the Unix socket of a `harness signer serve` process that signs checkpoints (harness.ports.signer), so
     #: this process holds no key; None: this process signs with its key file (harness.audit.keys)
     signer_socket: Path | None = None
-    #: MCP servers whose tools are skills (HARNESS_MCP_FILE, harness.mcp_skills); None: no MCP server
+    #: MCP servers whose tools are skills (HARNESS_MCP_FILE, harness.skills.mcp); None: no MCP server
     mcp_file: Path | None = None
 
     @classmethod

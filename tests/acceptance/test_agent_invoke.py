@@ -21,9 +21,9 @@ from harness.config import Runtime, Settings, build_runtime
 from harness.domain.contracts import CallerIdentity, RunResult
 from harness.domain.errors import InvalidRequestError
 from harness.domain.records import RunRecord
+from harness.drive.sweeper import ZombieSweeper
 from harness.kernel import RunState
 from harness.kernel.thresholds import Thresholds
-from harness.sweeper import ZombieSweeper
 from tests.acceptance.agent_skills import TESTER, agent_settings
 from tests.acceptance.api_helpers import make_client
 

@@ -17,9 +17,9 @@ from harness.adapters.sql.store import SqlStore
 from harness.cli import app
 from harness.clock import FakeClock
 from harness.domain.records import NewRun
+from harness.drive.state_machine import StateMachine
 from harness.kernel import RunState
 from harness.retention.policy import DAY_S
-from harness.state_machine import StateMachine
 
 S = RunState
 SUCCESS = (S.PREPARING, S.PLANNING, S.POLICY_CHECK, S.EXECUTING, S.TRACING)

@@ -13,8 +13,8 @@ from harness.adapters.sql.store import SqlStore
 from harness.audit import standalone
 from harness.cli import app
 from harness.domain.records import NewRun
+from harness.drive.state_machine import StateMachine
 from harness.kernel import RunState
-from harness.state_machine import StateMachine
 
 S = RunState
 

@@ -152,7 +152,7 @@ def test_a_decision_whose_run_did_not_move_is_carried_out_by_the_sweeper(
     carries the decision out: approved Runs execute, rejected and timed-out ones close, an escalated one
     gets its L4 request."""
     from harness.config import read_model
-    from harness.sweeper import ZombieSweeper
+    from harness.drive.sweeper import ZombieSweeper
 
     parked = park(test_runtime, "purge cache" if status == "escalated" else "update T-1")
     with test_runtime.store.engine.begin() as conn:

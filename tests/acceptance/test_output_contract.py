@@ -21,9 +21,9 @@ from harness.adapters.sql.store import SqlStore
 from harness.cli import app
 from harness.clock import FakeClock
 from harness.domain.records import NewRun
+from harness.drive.state_machine import StateMachine
 from harness.kernel import RunState
 from harness.retention.policy import DAY_S
-from harness.state_machine import StateMachine
 
 S = RunState
 ISO_UTC = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?\+00:00$")

@@ -10,8 +10,8 @@ from harness.adapters.sql.store import SqlStore
 from harness.audit.publisher import CheckpointPublisher
 from harness.clock import FakeClock
 from harness.domain.records import NewRun
+from harness.drive.state_machine import StateMachine
 from harness.kernel import RunState as S
-from harness.state_machine import StateMachine
 
 
 def grow(store: SqlStore) -> None:

@@ -10,9 +10,9 @@ import pytest
 from harness.adapters.sql.store import SqlStore
 from harness.clock import FakeClock
 from harness.config import archiver_factory
+from harness.drive.state_machine import StateMachine
 from harness.retention.policy import DAY_S
 from harness.retention.scheduled import ScheduledArchiver
-from harness.state_machine import StateMachine
 from tests.integration.bulk_runs import clone, drive
 
 

@@ -15,7 +15,7 @@ import pytest
 
 from harness import AsyncHarness
 from harness.config import Settings
-from harness.leased_drive import Heartbeats
+from harness.drive.leased import Heartbeats
 from tests.fakes.slow_model import SlowModel
 
 RUNS = 200

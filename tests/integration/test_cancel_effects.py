@@ -14,8 +14,8 @@ from typer.testing import CliRunner
 
 from harness.cli import app
 from harness.config import Runtime
+from harness.drive.worker import RunWorker
 from harness.service.views import run_document
-from harness.worker import RunWorker
 from tests.fakes.webhook_receiver import WebhookReceiver
 
 from .webhook_setup import webhook_runtime, write_config

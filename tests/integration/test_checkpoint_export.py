@@ -35,8 +35,8 @@ from harness.audit.keys import default_key_path
 from harness.audit.standalone import verify_consistency, verify_export, verify_sequence
 from harness.domain.chain import record_hash
 from harness.domain.records import NewRun
+from harness.drive.state_machine import StateMachine
 from harness.kernel import RunState
-from harness.state_machine import StateMachine
 from tests.integration.test_tamper import rebuild_chain
 
 S = RunState

@@ -20,8 +20,8 @@ import sqlalchemy as sa
 from harness.adapters.sql import schema as t
 from harness.adapters.sql.store import SqlStore
 from harness.domain.records import NewRun, TraceRecordIn
+from harness.drive.state_machine import StateMachine
 from harness.kernel import FINAL, TRANSIENT, RunState, targets_from
-from harness.state_machine import StateMachine
 from tests.integration.test_races import (
     assert_chain_intact,
     assert_runs_consistent,

@@ -12,8 +12,8 @@ from harness.adapters.sql.store import SqlStore
 from harness.audit.verify import verify_chain
 from harness.clock import FakeClock
 from harness.domain.records import NewRun
+from harness.drive.state_machine import StateMachine
 from harness.kernel import RunState
-from harness.state_machine import StateMachine
 
 S = RunState
 

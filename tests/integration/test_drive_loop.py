@@ -252,7 +252,7 @@ def test_the_real_providers_answer_a_drive_with_asynchronous_io(vendor: str, str
     from harness.adapters.llm.resilient import ProviderSettings
     from harness.domain.contracts import Message
     from harness.domain.llm import LLMRequest
-    from harness.resilience import RetryQuota
+    from harness.pipeline.resilience import RetryQuota
     from tests.fakes import anthropic_api, openai_api
     from tests.fakes.server import ScriptedServer
 

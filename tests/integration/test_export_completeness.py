@@ -20,8 +20,8 @@ from harness.audit.standalone import verify_export
 from harness.config import Runtime
 from harness.domain.errors import CancelRefusedError
 from harness.domain.records import TraceRecordIn
+from harness.drive.state_machine import StateMachine
 from harness.kernel import RunState as S
-from harness.state_machine import StateMachine
 
 from .test_checkpoint_export import SUCCESS, drive
 

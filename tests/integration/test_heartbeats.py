@@ -21,12 +21,12 @@ from harness.clock import FakeClock
 from harness.domain.errors import UnknownRunError
 from harness.domain.leases import Lease
 from harness.domain.records import NewRun
+from harness.drive.leased import Fence, Heartbeats
+from harness.drive.state_machine import StateMachine
+from harness.drive.worker import RunWorker
 from harness.kernel import RunState
-from harness.leased_drive import Fence, Heartbeats
 from harness.pipeline import waits
 from harness.pipeline.waits import Lane
-from harness.state_machine import StateMachine
-from harness.worker import RunWorker
 from tests.integration.test_child_runs import eventually
 from tests.integration.test_commit_boundaries import PLAIN, _example
 

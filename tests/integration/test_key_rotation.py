@@ -32,7 +32,7 @@ from harness.audit.formats import endorsement_message, key_id_of, raw_public_key
 from harness.audit.standalone import verify_export, verify_sequence
 from harness.audit.verify import verify_chain
 from harness.cli import app
-from harness.state_machine import StateMachine
+from harness.drive.state_machine import StateMachine
 from tests.integration.test_checkpoint_export import SUCCESS, drive, key_of, write
 from tests.integration.test_tamper import rebuild_chain
 

@@ -9,7 +9,7 @@ from harness.adapters.sql.leases import Leases
 from harness.adapters.sql.store import SqlStore
 from harness.clock import FakeClock
 from harness.config import build_runtime
-from harness.worker import RunWorker
+from harness.drive.worker import RunWorker
 from tests.integration.test_worker import TESS, _kill_during_call, settings
 
 

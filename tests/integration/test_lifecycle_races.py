@@ -27,7 +27,7 @@ from harness.audit.reconcile import reconcile
 from harness.config import Runtime, Settings, build_runtime
 from harness.domain.contracts import CallerIdentity
 from harness.domain.errors import CancelRefusedError
-from harness.worker import RunWorker
+from harness.drive.worker import RunWorker
 
 from ..conftest import FIXTURES
 

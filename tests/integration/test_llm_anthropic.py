@@ -21,7 +21,7 @@ from harness.config import Settings, build_runtime
 from harness.domain.contracts import Message
 from harness.domain.errors import ProviderError
 from harness.domain.llm import FallbackResponse, LLMRequest, ToolSpec
-from harness.resilience import BreakerConfig, RetryQuota
+from harness.pipeline.resilience import BreakerConfig, RetryQuota
 from tests.fakes import anthropic_api as api
 from tests.fakes.server import Reply, ScriptedServer
 

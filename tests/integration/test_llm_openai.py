@@ -22,8 +22,8 @@ from harness.config import Settings, build_runtime
 from harness.domain.contracts import Message
 from harness.domain.errors import InvalidRequestError, ProviderError
 from harness.domain.llm import FallbackResponse, LLMRequest, ToolSpec
-from harness.replay import replay
-from harness.resilience import BreakerConfig, BreakerState, RetryQuota
+from harness.pipeline.resilience import BreakerConfig, BreakerState, RetryQuota
+from harness.replay.runner import replay
 from tests.fakes import openai_api as api
 from tests.fakes.server import Reply, ScriptedServer
 

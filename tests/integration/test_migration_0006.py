@@ -20,7 +20,7 @@ from harness.adapters.sql.database import create_engine, migrate, resolve_url
 from harness.adapters.sql.store import SqlStore
 from harness.audit.verify import verify_chain
 from harness.clock import FakeClock
-from harness.state_machine import StateMachine
+from harness.drive.state_machine import StateMachine
 
 from .test_backends import _alembic
 from .test_tamper import PATHS, drive

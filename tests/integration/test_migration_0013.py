@@ -24,8 +24,8 @@ from harness.clock import FakeClock
 from harness.config import Settings, build_runtime
 from harness.domain.contracts import CallerIdentity
 from harness.domain.records import TraceRecordIn
+from harness.drive.state_machine import StateMachine
 from harness.pipeline.sandbox_pool import SandboxPool
-from harness.state_machine import StateMachine
 
 from ..conftest import FIXTURES
 from .test_migration_0006 import _to, _version

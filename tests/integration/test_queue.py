@@ -21,9 +21,9 @@ from harness.clock import FakeClock
 from harness.config import Runtime, Settings, build_runtime
 from harness.domain.errors import BacklogFullError, InvalidRequestError
 from harness.domain.ids import ordered_id
+from harness.drive.sweeper import ZombieSweeper
+from harness.drive.worker import RunWorker
 from harness.kernel import RunState
-from harness.sweeper import ZombieSweeper
-from harness.worker import RunWorker
 
 from ..conftest import FIXTURES
 

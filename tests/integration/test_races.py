@@ -25,8 +25,8 @@ from harness.adapters.sql import schema as t
 from harness.adapters.sql.store import SqlStore
 from harness.domain.chain import GENESIS_HASH, record_hash
 from harness.domain.records import NewRun
+from harness.drive.state_machine import StateMachine
 from harness.kernel import FINAL, FINAL_EVENT, LEGAL, RunState, job_status
-from harness.state_machine import StateMachine
 
 pytestmark = pytest.mark.slow
 #: SQLite here; test_races_servers.py runs these tests on PostgreSQL and MariaDB

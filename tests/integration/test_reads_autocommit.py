@@ -11,8 +11,8 @@ import sqlalchemy as sa
 from harness.adapters.sql.store import SqlStore
 from harness.clock import FakeClock
 from harness.domain.records import NewRun
+from harness.drive.state_machine import StateMachine
 from harness.kernel import RunState
-from harness.state_machine import StateMachine
 
 BACKENDS = ("postgresql",)
 

@@ -7,8 +7,8 @@ import pytest
 from harness.adapters.sql.reconcile_reads import SqlReconcileReads
 from harness.adapters.sql.store import SqlStore
 from harness.audit.reconcile import ReconcileReport, reconcile
+from harness.drive.state_machine import StateMachine
 from harness.kernel import RunState
-from harness.state_machine import StateMachine
 from tests.integration.test_tamper import drive, raw
 
 S = RunState

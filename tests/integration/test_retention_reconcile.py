@@ -19,11 +19,11 @@ from harness.audit.verify import verify_chain
 from harness.clock import FakeClock
 from harness.domain.records import NewRun
 from harness.domain.traces import CostTrace
+from harness.drive.state_machine import StateMachine
 from harness.kernel import RunState
 from harness.retention.archiver import Archiver
 from harness.retention.policy import DAY_S, RetentionPolicy
 from harness.retention.storage import LocalSegmentStore
-from harness.state_machine import StateMachine
 
 S = RunState
 

@@ -26,7 +26,7 @@ from harness.audit.keys import CheckpointError, create_private_key
 from harness.audit.publisher import CheckpointPublisher
 from harness.cli import app
 from harness.config import Settings, checkpoint_signer
-from harness.state_machine import StateMachine
+from harness.drive.state_machine import StateMachine
 from tests.integration.test_checkpoint_export import SUCCESS, drive
 
 

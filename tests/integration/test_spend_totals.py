@@ -27,7 +27,7 @@ from harness.cli import app
 from harness.clock import FakeClock
 from harness.config import Runtime, Settings, build_runtime
 from harness.domain.traces import CostTrace
-from harness.replay import replay
+from harness.replay.runner import replay
 
 from ..conftest import FIXTURES
 

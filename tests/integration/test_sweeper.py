@@ -16,10 +16,10 @@ from harness.clock import FakeClock
 from harness.config import Runtime, Settings
 from harness.domain.errors import InvalidRequestError
 from harness.domain.records import NewRun
+from harness.drive.state_machine import StateMachine
+from harness.drive.sweeper import ZombieSweeper
 from harness.kernel import FINAL, RunState
 from harness.kernel.thresholds import DEFAULT, SWEEP_INTERVAL_S
-from harness.state_machine import StateMachine
-from harness.sweeper import ZombieSweeper
 
 S = RunState
 WAY_TO = {

@@ -18,8 +18,8 @@ from harness.audit.checkpoint import publish_checkpoint
 from harness.audit.verify import ChainReport, verify_chain
 from harness.domain.chain import GENESIS_HASH, record_hash
 from harness.domain.records import NewRun, StoredTraceRecord, TraceRecordIn
+from harness.drive.state_machine import StateMachine
 from harness.kernel import RunState
-from harness.state_machine import StateMachine
 
 S = RunState
 APPEND_ONLY = ("transitions", "audit_events", "trace_records")

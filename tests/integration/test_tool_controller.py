@@ -16,9 +16,9 @@ from harness.adapters.sandbox import Workdirs, select_sandbox
 from harness.clock import FakeClock
 from harness.config import Runtime, Settings, build_runtime
 from harness.domain.contracts import CallerIdentity
+from harness.pipeline.resilience import BreakerRegistry, BreakerState
 from harness.pipeline.tool_controller import CallResult, ToolController
-from harness.resilience import BreakerRegistry, BreakerState
-from harness.skills import SkillRegistry
+from harness.skills.manifests import SkillRegistry
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 TESTER = {"tenant_id": "t1", "user_id": "tess", "roles": ["tester"]}

@@ -16,8 +16,8 @@ from harness.config import Runtime
 from harness.domain.contracts import CallerIdentity
 from harness.domain.errors import BadInputError
 from harness.domain.records import NewRun
+from harness.drive.sweeper import ZombieSweeper
 from harness.kernel import RunState
-from harness.sweeper import ZombieSweeper
 from tests.fakes.webhook_receiver import WebhookReceiver
 
 from .webhook_setup import webhook_runtime, write_config

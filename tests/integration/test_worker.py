@@ -12,8 +12,8 @@ from pathlib import Path
 
 from harness.clock import FakeClock
 from harness.config import Runtime, Settings, build_runtime
+from harness.drive.worker import RunWorker
 from harness.kernel import RunState
-from harness.worker import RunWorker
 
 from ..conftest import FIXTURES
 

@@ -11,8 +11,8 @@ from harness.audit.checkpoint import publish_checkpoint
 from harness.audit.witness import DirectoryWitness
 from harness.clock import FakeClock
 from harness.domain.records import NewRun, TraceRecordIn
+from harness.drive.state_machine import StateMachine
 from harness.kernel import RunState as S
-from harness.state_machine import StateMachine
 
 
 def publisher(url: str, witness_dir: str, local: str, barrier: Any, out: str) -> None:

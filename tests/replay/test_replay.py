@@ -24,7 +24,7 @@ from harness.config import Runtime, Settings, build_runtime
 from harness.domain.contracts import CallerIdentity, Plan
 from harness.domain.traces import TraceModel
 from harness.pipeline.gatekeeper import Evaluation
-from harness.replay import ReplayError, ReplayReport, replay
+from harness.replay.runner import ReplayError, ReplayReport, replay
 from tests.integration.conftest import (  # the real database servers, shared with the integration tests
     backend_url,
     pytest_generate_tests,

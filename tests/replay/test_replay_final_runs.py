@@ -27,10 +27,10 @@ from harness.adapters.sql.leases import Leases
 from harness.clock import FakeClock
 from harness.config import Runtime, Settings, build_runtime
 from harness.domain.contracts import CallerIdentity
+from harness.drive.sweeper import ZombieSweeper
+from harness.drive.worker import RunWorker
 from harness.kernel import RunState
-from harness.replay import replay
-from harness.sweeper import ZombieSweeper
-from harness.worker import RunWorker
+from harness.replay.runner import replay
 from tests.acceptance.agent_skills import agent_settings
 from tests.integration.conftest import backend_url, pytest_generate_tests, servers
 from tests.replay.test_replay import cli, cli_settings, replayed, tamper

@@ -16,7 +16,7 @@ from harness.domain.errors import ManifestError
 from harness.pipeline.trace_groups import group_records
 from harness.service.console_format import amount, axis_ticks, money, plural, verdict_summary
 from harness.service.routes.console import TEMPLATES
-from harness.skills import currency_fields, load_manifest
+from harness.skills.manifests import currency_fields, load_manifest
 
 SUPPORT_SKILLS = Path(__file__).resolve().parents[2] / "src" / "harness" / "examples" / "support" / "skills"
 MACROS = TEMPLATES.env.get_template("macros.html").module

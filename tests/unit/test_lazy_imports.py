@@ -101,4 +101,4 @@ def test_runs_show_reads_without_the_composition_root(tmp_path: Path) -> None:
     shown = modules_after(code, tmp_path)
     assert "harness.stores" in shown
     assert loaded(shown, ("harness.config", "harness.pipeline.run_manager", "harness.policy", "cedarpy",
-                          "harness.skills", "jsonschema")) == []
+                          "harness.skills.manifests", "jsonschema")) == []

@@ -14,7 +14,7 @@ from harness.clock import FakeClock
 from harness.config import Settings, build_runtime
 from harness.domain.contracts import CallerIdentity
 from harness.domain.errors import ManifestError, SkillsUnavailableError
-from harness.skills import SkillRegistry, load_manifest
+from harness.skills.manifests import SkillRegistry, load_manifest
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 TESTER = {"tenant_id": "t1", "user_id": "tess", "roles": ["tester"]}

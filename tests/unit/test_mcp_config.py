@@ -12,8 +12,8 @@ from mcp_types import ToolAnnotations
 
 from harness.adapters.mcp_client import McpClient
 from harness.domain.errors import InvalidRequestError
-from harness.mcp_skills import McpServers, ToolConfig, load_mcp_file, risk_for, skill_name
 from harness.policy.risk import Risk, level_for
+from harness.skills.mcp import McpServers, ToolConfig, load_mcp_file, risk_for, skill_name
 
 
 def test_a_tool_without_annotations_or_config_is_a_non_idempotent_write() -> None:

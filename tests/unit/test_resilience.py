@@ -6,7 +6,7 @@ import pytest
 
 from harness.clock import FakeClock
 from harness.domain.errors import ProviderError
-from harness.resilience import (
+from harness.pipeline.resilience import (
     BreakerConfig,
     BreakerRegistry,
     BreakerState,

@@ -36,8 +36,8 @@ from harness.clock import FakeClock
 from harness.domain.chain import GENESIS_HASH, record_hash
 from harness.domain.errors import InvalidTransitionError
 from harness.domain.records import NewRun
+from harness.drive.state_machine import StateMachine
 from harness.kernel import FINAL, FINAL_EVENT, LEGAL, TRANSIENT, RunState, job_status, targets_from
-from harness.state_machine import StateMachine
 
 S = RunState
 SETTINGS = settings(

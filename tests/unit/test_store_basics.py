@@ -17,8 +17,8 @@ from harness.adapters.sql.store import SqlStore
 from harness.clock import FakeClock
 from harness.domain.errors import InvalidTransitionError, UnknownRunError
 from harness.domain.records import NewRun
+from harness.drive.state_machine import StateMachine
 from harness.kernel import RunState
-from harness.state_machine import StateMachine
 
 S = RunState
 TO_TRACING = [

@@ -22,7 +22,7 @@ from harness.domain.errors import ProviderError
 from harness.domain.llm import ToolSpec
 from harness.examples.support import EXAMPLE_DIR
 from harness.pipeline.tool_controller import ToolController
-from harness.skills import SkillRegistry
+from harness.skills.manifests import SkillRegistry
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 OPENAI_TOOL: TypeAdapter[Any] = TypeAdapter(ChatCompletionToolParam)

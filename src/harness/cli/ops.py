@@ -11,7 +11,7 @@ from harness.cli.runs import runtime
 from harness.cli.support import AgentOption, DbOption, JsonOption, agent_reference, emit
 
 if TYPE_CHECKING:
-    from harness.sweeper import SweepReport
+    from harness.drive.sweeper import SweepReport
 
 
 def _doc(report: SweepReport) -> dict[str, object]:
@@ -37,7 +37,7 @@ def sweep(
     start deadline (never a queued Run for waiting); expire overdue approvals; carry out decided approvals
     whose Run did not move."""
     rt = runtime(db)
-    from harness.sweeper import ZombieSweeper
+    from harness.drive.sweeper import ZombieSweeper
 
     sweeper = ZombieSweeper(rt.store, rt.machine, thresholds=rt.settings.thresholds(),
                             expire_approvals=rt.runs.expire_approvals,

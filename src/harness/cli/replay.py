@@ -16,7 +16,7 @@ from harness.cli.support import EXIT_CHECK_FAILED, DbOption, JsonOption, agent_r
 from harness.domain.errors import InvalidRequestError
 
 if TYPE_CHECKING:
-    from harness.replay import ReplayReport
+    from harness.replay.runner import ReplayReport
 
 
 def replay(
@@ -28,7 +28,7 @@ def replay(
     if db and "://" not in db and not Path(db).expanduser().exists():
         raise InvalidRequestError(f"no database at {db!r}")
     from harness.config import Settings, open_store
-    from harness.replay import replay as replay_run
+    from harness.replay.runner import replay as replay_run
 
     source = open_store(db, migrate_schema=False)  # replay never writes to the Run's database
     try:

@@ -12,7 +12,7 @@ from harness.cli.support import DbOption, JsonOption, cli_errors, emit, screen
 
 if TYPE_CHECKING:
     from harness.config import Runtime
-    from harness.skills import Skill
+    from harness.skills.manifests import Skill
 
 skills_app = typer.Typer(help="The skills Runs may use.", no_args_is_help=True)
 

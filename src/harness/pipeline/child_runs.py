@@ -37,13 +37,13 @@ from harness.domain.contracts import RunResult
 from harness.domain.errors import UnknownRunError
 from harness.domain.leases import Lease
 from harness.domain.records import RunRecord, TraceRecordIn
+from harness.drive.state_machine import StateMachine
 from harness.kernel import FINAL, RunState
 from harness.pipeline import waits
 from harness.pipeline.tool_kinds import ChildWait
 from harness.ports import Fence
 from harness.ports.leases import RunLeases
 from harness.ports.runs import RunReads
-from harness.state_machine import StateMachine
 
 S = RunState
 log = logging.getLogger(__name__)

@@ -35,7 +35,7 @@ from typing import Any, TypeVar
 from harness.pipeline.waits import run_in_greenlet
 
 T = TypeVar("T")
-log = logging.getLogger("harness.worker")
+log = logging.getLogger("harness.drive.worker")
 
 
 #: how often a loop measures its lag, and how much of each new measure the smoothed lag takes

@@ -30,7 +30,7 @@ from harness.policy.config import Level, PolicyFile, load_policy_file
 from harness.policy.guardrails import UNKNOWN, argument_value, matches
 from harness.policy.risk import highest, level_for
 from harness.ports.ledger import SpendReads
-from harness.skills import Skill, SkillRegistry
+from harness.skills.manifests import Skill, SkillRegistry
 
 #: entries an engine's caches hold before they are emptied (they refill from the same inputs)
 _CACHE_LIMIT = 10_000

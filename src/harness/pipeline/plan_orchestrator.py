@@ -25,7 +25,7 @@ from harness.pipeline import waits
 from harness.pipeline.tool_kinds import complete
 from harness.pipeline.waits import Lane
 from harness.ports import LLMProvider
-from harness.skills import SkillRegistry
+from harness.skills.manifests import SkillRegistry
 
 
 @dataclass(frozen=True)

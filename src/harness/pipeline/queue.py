@@ -25,10 +25,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from harness.domain.errors import BacklogFullError, InvalidRequestError
+from harness.drive.state_machine import StateMachine
 from harness.kernel import RunState
 from harness.kernel.events import RUN_NOT_STARTED
 from harness.ports.runs import RunStore
-from harness.state_machine import StateMachine
 from harness.timefmt import iso
 
 if TYPE_CHECKING:

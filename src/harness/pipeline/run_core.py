@@ -29,6 +29,7 @@ from harness.domain.limits import RequestLimits
 from harness.domain.llm import LLMRequest
 from harness.domain.records import RunRecord, TraceRecordIn
 from harness.domain.traces import TraceModel, error_trace, step_trace
+from harness.drive.state_machine import StateMachine
 from harness.kernel import FINAL, TRANSIENT, RunState
 from harness.kernel.events import LOST_RACE
 from harness.pipeline.call_budget import CallBudget
@@ -42,7 +43,6 @@ from harness.policy.hitl import HitlDesk
 from harness.ports import Fence
 from harness.ports.runs import RunStore, RunWrites
 from harness.ports.units import UnitOfWork
-from harness.state_machine import StateMachine
 
 S = RunState
 MANAGER = "run_manager"

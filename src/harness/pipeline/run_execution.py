@@ -38,7 +38,7 @@ from harness.pipeline.run_core import (
 )
 from harness.pipeline.tool_kinds import StepTimeoutError, ToolCallError
 from harness.ports import Fence
-from harness.skills import Skill
+from harness.skills.manifests import Skill
 
 
 class ExecutionSteps(RunCore):

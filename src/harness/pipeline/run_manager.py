@@ -38,6 +38,7 @@ from harness.domain.ids import ordered_id
 from harness.domain.limits import RequestLimits
 from harness.domain.records import NewRun, RunRecord, TransitionResult
 from harness.domain.traces import error_trace, step_trace
+from harness.drive.state_machine import StateMachine
 from harness.kernel import TRANSIENT
 from harness.pipeline.call_budget import CallBudget
 from harness.pipeline.child_runs import ChildRuns
@@ -58,7 +59,6 @@ from harness.ports.leases import RunLeases
 from harness.ports.ledger import CostLedger
 from harness.ports.runs import RunStore, RunWrites
 from harness.ports.units import UnitOfWork
-from harness.state_machine import StateMachine
 
 #: what a drive raises that is not its Run's failure: left to the caller, as before
 NOT_THE_RUNS_FAILURE = (StoreError, ConflictError, BadInputError, InvalidTransitionError)

@@ -27,7 +27,7 @@ from harness.pipeline import rounds
 from harness.pipeline.run_core import RunCore, S, trace_records
 from harness.policy.hitl import plan_actions
 from harness.ports import Tx
-from harness.skills import Skill
+from harness.skills.manifests import Skill
 from harness.timefmt import approvals_needed
 
 

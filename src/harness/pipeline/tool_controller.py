@@ -42,6 +42,7 @@ from harness.domain.errors import ProviderError
 from harness.domain.llm import LLMRequest, LLMResponse, ToolSpec
 from harness.domain.traces import CostTrace, ToolTrace, unit_price
 from harness.pipeline import waits
+from harness.pipeline.resilience import BreakerConfig, BreakerRegistry, CircuitOpenError
 from harness.pipeline.sandbox_pool import SandboxPool
 from harness.pipeline.tool_kinds import (
     AgentCalls,
@@ -58,8 +59,7 @@ from harness.pipeline.tool_kinds import (
 )
 from harness.ports import Clock, LLMProvider, Sandbox
 from harness.ports.workdirs import Workdirs
-from harness.resilience import BreakerConfig, BreakerRegistry, CircuitOpenError
-from harness.skills import Skill, SkillContext, SkillRegistry
+from harness.skills.manifests import Skill, SkillContext, SkillRegistry
 
 __all__ = ["CallResult", "RetryableSkillError", "StepTimeoutError", "ToolCallError", "ToolController",
            "error_code", "is_retryable"]
@@ -161,7 +161,7 @@ class ToolController:
                                     sandbox_pool, self.lanes.sandbox),
             "llm": LlmCalls(lambda: self.provider, self.lanes.llm, record_cost, scrub),
             "agent": AgentCalls(lambda: self.child_runs),
-            **(kinds or {}),  # e.g. "mcp": tools of MCP servers (harness.mcp_skills)
+            **(kinds or {}),  # e.g. "mcp": tools of MCP servers (harness.skills.mcp)
         }
 
     @property

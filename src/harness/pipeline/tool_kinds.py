@@ -25,7 +25,7 @@ from harness.pipeline.sandbox_pool import SandboxPool, SandboxUnavailableError
 from harness.pipeline.waits import Lane
 from harness.ports import LLMProvider, Sandbox
 from harness.ports.workdirs import Workdirs
-from harness.skills import Skill, SkillContext
+from harness.skills.manifests import Skill, SkillContext
 
 if TYPE_CHECKING:
     from harness.ports.runs import RunStore

@@ -15,7 +15,7 @@ import cedarpy
 from harness.domain.chain import text_hash
 from harness.domain.contracts import CallerIdentity
 from harness.domain.errors import PolicyConfigError
-from harness.skills import Skill
+from harness.skills.manifests import Skill
 
 
 class CedarPermissions:

@@ -1,4 +1,4 @@
-"""The port of MCP servers (harness.mcp_skills): where a server is, what it lists, and a connection to it.
+"""The port of MCP servers (harness.skills.mcp): where a server is, what it lists, and a connection to it.
 
 The SDK stays at the edge (harness.adapters.mcp_client implements McpConnector); the composition root
 (harness.config) hands one to McpServers. A tool and a call's result are the protocol's own value types

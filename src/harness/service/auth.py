@@ -20,7 +20,7 @@ from fastapi import Request, Security
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 
 from harness.domain.contracts import CallerIdentity
-from harness.identity import IdentityDirectory
+from harness.policy.identity import IdentityDirectory
 from harness.service.errors import ApiError
 
 SESSION_COOKIE = "harness_session"

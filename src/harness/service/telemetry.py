@@ -37,7 +37,7 @@ from harness.domain.llm import LLMRequest, LLMResponse
 from harness.kernel import FINAL, RunState
 from harness.pipeline.tool_controller import CallResult
 from harness.ports import LLMProvider
-from harness.skills import Skill
+from harness.skills.manifests import Skill
 
 S = RunState
 #: the pipeline step each state is (seed 004 ch. 2): the span covers the time the Run spent in it

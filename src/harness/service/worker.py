@@ -26,14 +26,14 @@ from contextlib import contextmanager
 from harness.audit.publisher import CheckpointPublisher
 from harness.config import Runtime, archiver_factory, audit_reads, checkpoint_signer
 from harness.domain.errors import SkillsElsewhereError
+from harness.drive.sweeper import ZombieSweeper
+from harness.drive.worker import RunWorker
 from harness.pipeline.drive_loop import DriveLoop
 from harness.retention.scheduled import ScheduledArchiver
 from harness.service.errors import ApiError
 from harness.service.logs import run_context
-from harness.sweeper import ZombieSweeper
-from harness.worker import RunWorker
 
-log = logging.getLogger("harness.worker")
+log = logging.getLogger("harness.drive.worker")
 #: how long a Run left for a process with its agent is not picked up again here
 ELSEWHERE_S = 60.0
 

@@ -32,8 +32,8 @@ from harness.adapters.llm.tool_formats import (
 from harness.domain.errors import ProviderError
 from harness.domain.llm import LLMRequest, LLMResponse
 from harness.pipeline import waits
+from harness.pipeline.resilience import BreakerRegistry
 from harness.ports import Clock
-from harness.resilience import BreakerRegistry
 
 PROVIDER = "anthropic"
 _STOP = {"end_turn": "stop", "stop_sequence": "stop", "tool_use": "tool_calls", "max_tokens": "length"}

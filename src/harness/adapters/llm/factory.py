@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from harness.adapters.llm.resilient import GuardedProvider, ProviderSettings
+from harness.pipeline.resilience import BreakerRegistry
 from harness.ports import Clock
-from harness.resilience import BreakerRegistry
 
 
 def make_provider(kind: str, settings: ProviderSettings, *, clock: Clock | None = None,

@@ -36,8 +36,8 @@ from harness.adapters.llm.tool_formats import (
 from harness.domain.errors import ProviderError
 from harness.domain.llm import LLMRequest, LLMResponse
 from harness.pipeline import waits
+from harness.pipeline.resilience import BreakerRegistry
 from harness.ports import Clock
-from harness.resilience import BreakerRegistry
 
 PROVIDER = "openai"
 

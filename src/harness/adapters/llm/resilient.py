@@ -29,8 +29,7 @@ from harness.clock import SystemClock
 from harness.domain.errors import ProviderError
 from harness.domain.llm import FallbackResponse, LLMRequest, LLMResponse, Usage
 from harness.pipeline import waits
-from harness.ports import Clock
-from harness.resilience import (
+from harness.pipeline.resilience import (
     BreakerConfig,
     BreakerRegistry,
     BreakerState,
@@ -38,6 +37,7 @@ from harness.resilience import (
     RetryQuota,
     retry_call,
 )
+from harness.ports import Clock
 
 UNHEALTHY = frozenset({"network_error", "server_error", "rate_limit", "timeout"})
 _CONTEXT = re.compile(r"context.length|context window|prompt is too long|too many tokens|maximum context",

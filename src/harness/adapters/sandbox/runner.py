@@ -34,7 +34,7 @@ _DENIED = {
 
 
 class Context:
-    """The same fields as harness.skills.SkillContext, for skills that do not import harness (a plain
+    """The same fields as harness.skills.manifests.SkillContext, for skills that do not import harness (a plain
     class: the dataclasses module alone would add ~10 ms to every sandboxed call's start)."""
 
     __slots__ = ("idempotency_key", "run_id", "step_id", "tenant_id", "user_id", "workdir")
@@ -107,7 +107,7 @@ def load_function(job: dict[str, Any]) -> Any:
 
 def make_context(raw: dict[str, str]) -> Any:
     """A SkillContext when the skill imported harness anyway, the look-alike otherwise."""
-    skills = sys.modules.get("harness.skills")
+    skills = sys.modules.get("harness.skills.manifests")
     cls: Any = getattr(skills, "SkillContext", Context) if skills is not None else Context
     return cls(**{**raw, "workdir": Path(raw["workdir"])})
 
@@ -141,7 +141,7 @@ def main() -> int:
     drop_privileges(job.get("uid"), job.get("gid"))
     try:
         fn = load_function(job)
-        # a @skill function (harness.code_skills) validates its arguments and dumps its output as in process
+        # a @skill function (harness.skills.decorated) validates its arguments and dumps its output as in process
         call = getattr(fn, "__harness_call__", fn)
         output = call(job["arguments"], make_context(job["context"]))
     except BaseException as exc:  # the skill's failure is reported, never raised past this point

@@ -24,7 +24,7 @@ from harness.service.console_format import FILTERS, GLOBALS
 from harness.service.core import Service, service_of
 from harness.service.errors import ApiError
 from harness.service.schemas import ApprovalDoc
-from harness.skills import currency_fields
+from harness.skills.manifests import currency_fields
 
 TEMPLATES = Jinja2Templates(directory=Path(__file__).resolve().parents[1] / "console" / "templates")
 TEMPLATES.env.filters.update(FILTERS)

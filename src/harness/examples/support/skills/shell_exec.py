@@ -1,7 +1,7 @@
 """The support example's sandboxed skill: one shell command, run inside the sandbox.
 
 It imports nothing of harness at run time: every sandboxed call starts a fresh interpreter, and the
-context it receives has the same fields as harness.skills.SkillContext.
+context it receives has the same fields as harness.skills.manifests.SkillContext.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import subprocess
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from harness.skills import SkillContext
+    from harness.skills.manifests import SkillContext
 
 MAX_CHARS = 64_000
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.paths import default_data_dir
-from harness.skills import SkillContext
+from harness.skills.manifests import SkillContext
 
 DATA = Path(__file__).resolve().parents[1]
 

@@ -49,8 +49,8 @@ from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError, create
 from harness.domain.chain import content_hash
 from harness.domain.errors import ManifestError
 from harness.domain.sandbox import Limits
-from harness.skill_code import Entrypoint
-from harness.skills import Manifest, Skill, SkillContext
+from harness.skills.entrypoints import Entrypoint
+from harness.skills.manifests import Manifest, Skill, SkillContext
 
 __all__ = ["CodeSkill", "skill"]
 

@@ -37,12 +37,12 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from harness.domain.records import StuckRun
+from harness.drive.state_machine import StateMachine
 from harness.kernel import TRANSIENT, RunState, final_state_for
 from harness.kernel.events import RUN_REQUEUED
 from harness.kernel.thresholds import DEFAULT, Thresholds
 from harness.pipeline.queue import close_not_started
 from harness.ports.runs import RunStore
-from harness.state_machine import StateMachine
 
 S = RunState
 log = logging.getLogger(__name__)

@@ -28,10 +28,10 @@ from typing import TYPE_CHECKING, Literal
 
 from harness.clock import FakeClock
 from harness.domain.contracts import RunRequest
+from harness.drive.sweeper import SWEEPER, ZombieSweeper
 from harness.kernel import FINAL, RunState
 from harness.pipeline.queue import START_DEADLINE, close_not_started, start_deadline
 from harness.ports.queries import RunHistory
-from harness.sweeper import SWEEPER, ZombieSweeper
 
 if TYPE_CHECKING:
     from harness.config import Runtime

@@ -22,7 +22,7 @@ the console shows with the amount)::
     breaker: {failure_threshold: 5, reset_timeout_s: 30}
 
 An `mcp` skill is not declared in a file: it is one tool of an MCP server named in the deployment's MCP
-config (harness.mcp_skills), which sets its schema, risk and hash. An `llm` skill has no entrypoint: its
+config (harness.skills.mcp), which sets its schema, risk and hash. An `llm` skill has no entrypoint: its
 `prompt` (with ``{argument}`` placeholders) goes to the Runtime's
 LLM provider. An `agent` skill's `prompt` becomes the task of a child Run (SPEC T4); its `timeout_s`
 bounds the whole child Run, a wait for a human approval included (capped by the parent's remaining time).
@@ -41,7 +41,6 @@ from typing import Any, Literal, Protocol
 import jsonschema
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from harness import skill_code
 from harness.domain.chain import content_hash
 from harness.domain.contracts import SKILL_ID
 from harness.domain.errors import ManifestError
@@ -49,7 +48,8 @@ from harness.domain.llm import ToolSpec
 from harness.domain.sandbox import Limits
 from harness.policy.config import LEVEL_RANK
 from harness.policy.risk import Risk, level_for
-from harness.skill_code import Entrypoint
+from harness.skills import entrypoints
+from harness.skills.entrypoints import Entrypoint
 from harness.yamlfile import read_yaml
 
 __all__ = ["BreakerSettings", "Entrypoint", "Limits", "Manifest", "RetryPolicy", "Skill", "SkillContext",
@@ -263,7 +263,7 @@ def _first_error(exc: ValidationError) -> str:
 
 def load_manifest(path: Path, packages: Sequence[str] = ()) -> Skill:
     """Load and validate one manifest; import its entrypoint unless it runs in a sandbox. The manifest
-    hash covers the manifest and, for a python skill, its code (harness.skill_code): a change to either
+    hash covers the manifest and, for a python skill, its code (harness.skills.entrypoints): a change to either
     is a new version that a Run pinned to the old one refuses (T1). `packages` are the installed
     packages whose modules may be entrypoints besides files in the manifest's folder."""
     raw = read_yaml(path, ManifestError)
@@ -275,13 +275,13 @@ def load_manifest(path: Path, packages: Sequence[str] = ()) -> Skill:
         raise ManifestError(f"{path}: {_first_error(exc)}") from exc
     if manifest.entrypoint is None:
         return Skill(manifest, content_hash(raw), path, _runs_elsewhere)
-    entry = skill_code.locate(path, manifest.entrypoint, packages)
+    entry = entrypoints.locate(path, manifest.entrypoint, packages)
     digest = content_hash({"manifest": raw, "code": dict(entry.pin)})
     if manifest.sandbox:
         # Importing would run the skill's module-level code unsandboxed: only check it is there.
-        skill_code.check_defined(path, entry)
+        entrypoints.check_defined(path, entry)
         return Skill(manifest, digest, path, _runs_elsewhere, entry)
-    return Skill(manifest, digest, path, skill_code.load(path, manifest.id, entry), entry)
+    return Skill(manifest, digest, path, entrypoints.load(path, manifest.id, entry), entry)
 
 
 class SkillSource(Protocol):

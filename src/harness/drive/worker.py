@@ -1,12 +1,12 @@
 """A worker drives Runs under a lease (SPEC K5b, S1, T6): in-process or as the body of a Celery task.
 
-The lease-fenced drive itself is harness.leased_drive; a RunWorker is one built from a Runtime.
+The lease-fenced drive itself is harness.drive.leased; a RunWorker is one built from a Runtime.
 """
 
 from __future__ import annotations
 
 from harness.config import Runtime, open_leases
-from harness.leased_drive import LeasedDrive, default_owner
+from harness.drive.leased import LeasedDrive, default_owner
 
 
 class RunWorker(LeasedDrive):

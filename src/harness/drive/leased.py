@@ -25,13 +25,13 @@ from dataclasses import dataclass, field
 
 from harness.domain.contracts import RunResult
 from harness.domain.leases import Lease, Standing
+from harness.drive.state_machine import StateMachine
 from harness.kernel import FINAL, NOTHING_TO_DRIVE, RunState
 from harness.pipeline import waits
 from harness.pipeline.run_manager import RunManager
 from harness.ports.leases import RunLeases, RunLookup
-from harness.state_machine import StateMachine
 
-log = logging.getLogger("harness.worker")
+log = logging.getLogger("harness.drive.worker")
 S = RunState
 
 

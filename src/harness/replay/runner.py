@@ -48,8 +48,8 @@ from harness.domain.records import RunRecord
 from harness.domain.traces import ToolTrace, policy_passed, policy_verdicts, simply_passes
 from harness.kernel import FINAL, RunState
 from harness.pipeline.tool_controller import CallResult, ToolController
-from harness.replay_events import OutsideEvents, ReplayStopped, WorkerDied, move_to, outside_events
-from harness.skills import Skill
+from harness.replay.events import OutsideEvents, ReplayStopped, WorkerDied, move_to, outside_events
+from harness.skills.manifests import Skill
 
 
 class ReplayError(BadInputError):

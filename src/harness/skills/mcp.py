@@ -58,7 +58,7 @@ from harness.domain.traces import CostTrace
 from harness.pipeline.tool_kinds import Attempt, ToolCallError
 from harness.policy.risk import Risk
 from harness.ports.mcp import Listing, McpConnection, McpConnector, McpError, Target
-from harness.skills import BreakerSettings, Manifest, RetryPolicy, Skill
+from harness.skills.manifests import BreakerSettings, Manifest, RetryPolicy, Skill
 from harness.yamlfile import read_yaml
 
 __all__ = ["McpCalls", "McpServers", "McpUnavailableError", "ServerConfig", "ToolConfig", "Withheld", "load_mcp_file",
