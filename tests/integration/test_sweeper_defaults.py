@@ -17,12 +17,12 @@ from harness.adapters.sql.store import SqlStore
 from harness.clock import FakeClock
 from harness.config import Runtime, Settings, build_runtime
 from harness.domain.records import NewRun
+from harness.drive.state_machine import StateMachine
+from harness.drive.sweeper import ZombieSweeper
 from harness.kernel import RunState
 from harness.kernel.events import RUN_REQUEUED
 from harness.kernel.thresholds import DEFAULT
 from harness.policy.config import Hitl, PolicyFile
-from harness.state_machine import StateMachine
-from harness.sweeper import ZombieSweeper
 
 from ..conftest import FIXTURES
 
