@@ -45,6 +45,8 @@ class SandboxJob:
     python_path: tuple[Path, ...] = ()
     #: code the call must see besides the Python installation, read-only (a code skill's package, harness)
     code_paths: tuple[Path, ...] = ()
+    #: the most bytes of the call's stdout, and of its stderr, its outcome keeps (the start and the end)
+    stream_bytes: int = 16_384
 
     @property
     def run_id(self) -> str:
@@ -67,6 +69,10 @@ class SandboxOutcome:
     exit_status: int | None = None
     stderr_tail: str = ""
     duration_ms: float = 0.0
+    #: what the skill printed on its stdout and its stderr, each within the job's `stream_bytes` (a longer
+    #: stream keeps its start and its end, with a line saying how much was left out between them)
+    stdout: str = ""
+    stderr: str = ""
 
 
 @dataclass(frozen=True)

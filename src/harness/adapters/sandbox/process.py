@@ -1,7 +1,8 @@
 """Starting, bounding and reading one sandboxed call's process; shared by both isolation levels.
 
-The job goes in through a file on stdin and the result comes back through a file on stdout (no pipes,
-so no call can deadlock on a full buffer, and RLIMIT_FSIZE also bounds what the skill can print).
+The job goes in through a file on stdin and the result comes back through a file on stdout; what the skill
+prints goes to a third file, handed to the runner as an open descriptor (no pipes, so no call can deadlock
+on a full buffer, and RLIMIT_FSIZE also bounds what the skill can print).
 The process leads its own process group; when the call ends — normally, by its wall-time limit, or
 by crashing — the whole group is killed, so nothing the skill started outlives the call.
 """
@@ -49,13 +50,15 @@ def runner_argv() -> list[str]:
 
 
 def payload(job: SandboxJob, uid: int | None = None, gid: int | None = None,
-            network_cut: bool = False) -> bytes:
-    """The runner's stdin; `network_cut` tells the runner a failed connection is the sandbox's doing."""
+            network_cut: bool = False, stdout_fd: int | None = None) -> bytes:
+    """The runner's stdin; `network_cut` tells the runner a failed connection is the sandbox's doing,
+    `stdout_fd` where the skill's prints go (None: to stderr)."""
     return json.dumps({
         "entry_file": str(job.entry_file) if job.entry_file else None, "entry_module": job.entry_module,
         "entry_sha256": job.entry_sha256, "python_path": [str(p) for p in job.python_path],
         "function": job.function, "arguments": job.arguments, "context": job.context,
         "limits": job.limits.model_dump(), "network_cut": network_cut, "uid": uid, "gid": gid,
+        "stdout_fd": stdout_fd,
     }).encode()
 
 
@@ -67,19 +70,21 @@ def run_process(argv: Sequence[str], job: SandboxJob, *, isolation: str, env: di
     does not, since the services the skill started there are meant to stay."""
     started = time.perf_counter()
     with tempfile.TemporaryFile() as stdin, tempfile.TemporaryFile() as stdout, \
-            tempfile.TemporaryFile() as stderr:
-        stdin.write(payload(job, uid, gid, network_cut))
+            tempfile.TemporaryFile() as stderr, tempfile.TemporaryFile() as printed:
+        stdin.write(payload(job, uid, gid, network_cut, printed.fileno()))
         stdin.seek(0)
         proc = subprocess.Popen(list(argv), stdin=stdin, stdout=stdout, stderr=stderr, cwd=job.workdir,
-                                env=env, start_new_session=True, close_fds=True)
+                                env=env, start_new_session=True, close_fds=True, pass_fds=(printed.fileno(),))
         ended = _wait(proc, job.wall_s)
         raw = _read(stdout, job.limits.output_kb * 1024 + 1)
-        tail = _read(stderr, None)[-STDERR_TAIL:].decode("utf-8", "replace")
+        streams = {"stdout": clip(printed, job.stream_bytes), "stderr": clip(stderr, job.stream_bytes)}
+        tail = clip(stderr, STDERR_TAIL, head=False)
     duration = round((time.perf_counter() - started) * 1000, 3)
     outcome = interpret(job, ended, raw, bwrap_status=bwrap_status)
     if linger and uid is not None and not outcome.get("ok"):
         _wait_until_gone(uid)  # a call that failed (a limit, a kill, a crash) may have left a crowd behind
-    return SandboxOutcome(**{**outcome, "isolation": isolation, "stderr_tail": tail, "duration_ms": duration})
+    return SandboxOutcome(**{**outcome, **streams, "isolation": isolation, "stderr_tail": tail,
+                             "duration_ms": duration})
 
 
 def _wait(proc: subprocess.Popen[bytes], wall_s: float) -> Exit:
@@ -137,6 +142,22 @@ def _read(fh: IO[bytes], limit: int | None) -> bytes:
     fh.seek(0)
     return fh.read() if limit is None else fh.read(limit)
 
+
+def clip(fh: IO[bytes], limit: int, *, head: bool = True) -> str:
+    """What a stream file holds, as text, within `limit` bytes: all of it when it fits; otherwise its start
+    and its end (or only its end, without `head`) around a line saying how many bytes were left out. Only
+    what is kept is read: a skill that printed its whole file-size limit costs no more than one that did not."""
+    size = fh.seek(0, os.SEEK_END)
+    if size <= limit:
+        return _read(fh, None).decode("utf-8", "replace")
+    first = limit // 2 if head else 0
+    fh.seek(0)
+    start = fh.read(first)
+    fh.seek(size - (limit - first))
+    end = fh.read(limit - first)
+    left_out = size - len(start) - len(end)
+    return (f"{start.decode('utf-8', 'replace')}\n[… {left_out} bytes left out …]\n"
+            f"{end.decode('utf-8', 'replace')}")
 
 def interpret(job: SandboxJob, ended: Exit, raw: bytes, *, bwrap_status: bool) -> dict[str, Any]:
     """The outcome's fields from the exit and the result line."""

@@ -5,8 +5,9 @@ stdout it was started with. Standard library only, and it imports nothing of har
 call should not pay for pydantic at every process start, and the skill's own imports are its business.
 
 Order matters: limits first, then the privilege drop, then the skill's module is imported — so no
-line of skill code ever runs with more than the sandbox allows. Anything the skill prints goes to
-stderr, so it cannot forge the result line.
+line of skill code ever runs with more than the sandbox allows. Anything the skill prints goes to the
+file the job names (`stdout_fd`, its stdout as the result reports it), or to stderr when it names none:
+never to the result's own stdout, so it cannot forge the result line.
 """
 
 from __future__ import annotations
@@ -136,7 +137,8 @@ def main() -> int:
     job = json.loads(sys.stdin.read())
     origin = os.getpid()
     result_fd = os.dup(1)
-    os.dup2(2, 1)  # the skill's prints (and its children's) go to stderr
+    printed = job.get("stdout_fd")
+    os.dup2(printed if isinstance(printed, int) else 2, 1)  # the skill's prints (and its children's)
     apply_limits(job["limits"])
     drop_privileges(job.get("uid"), job.get("gid"))
     try:
