@@ -25,6 +25,7 @@ from harness.adapters.sandbox.instance import HolderProcesses
 from harness.adapters.sql import database
 from harness.adapters.sql.approvals import SqlApprovals
 from harness.adapters.sql.audit_reads import SqlAuditReads
+from harness.adapters.sql.blobs import BlobStore
 from harness.adapters.sql.erasure import ErasureStore
 from harness.adapters.sql.leases import Leases
 from harness.adapters.sql.ledger import CostLedger
@@ -55,6 +56,7 @@ from harness.drive.state_machine import Listener, StateMachine
 from harness.kernel import FINAL, RunState
 from harness.memory.store import open_memory
 from harness.memory.writeback import MemoryWriteBack
+from harness.pipeline.artifacts import ArtifactLimits
 from harness.pipeline.call_budget import CallBudget, TokenPrice
 from harness.pipeline.context_assembler import ContextAssembler
 from harness.pipeline.gatekeeper import PolicyEngine
@@ -69,6 +71,7 @@ from harness.policy.identity import IdentityDirectory
 from harness.ports import Clock, LLMProvider, ResultSink, TraceBuffer
 from harness.ports.audit import AuditReads, ReconcileReads
 from harness.ports.changes import ChangeFeed
+from harness.ports.contents import StoredContents
 from harness.ports.leases import RunLeases
 from harness.ports.ledger import CostBook
 from harness.ports.queries import ReadModel
@@ -133,6 +136,11 @@ class Runtime:
     def reads(self) -> ReadModel:
         """The read model over this runtime's store (listings, the change feed, counts)."""
         return read_model(self.store)
+
+    @property
+    def contents(self) -> StoredContents:
+        """The contents this runtime's trace references by hash (the blob store)."""
+        return stored_contents(self.store)
 
     def dispatcher(self) -> WebhookDispatcher:
         """A delivery loop for this runtime's webhook outbox (the caller closes it)."""
@@ -277,6 +285,11 @@ def webhook_sender(timeout_s: float) -> WebhookSender:
 def read_model(store: SqlStore) -> ReadModel:
     """The read model (listings, the change feed, counts) over a store."""
     return RunQueries(store)
+
+
+def stored_contents(store: SqlStore) -> StoredContents:
+    """The contents the trace references by hash (files a sandboxed skill kept among them), over a store."""
+    return BlobStore(store.engine)
 
 
 def _release_workdir(tools: ToolController) -> Listener:
@@ -458,7 +471,9 @@ def build_runtime(settings: Settings | None = None, *, clock: Clock | None = Non
                            clock=store.clock, provider=provider, record_cost=ledger.record,
                            scrub=lambda text: secret_filter.scrub(text).text,
                            redact=lambda value: secret_filter.scrub_json(value)[0], sandbox_price=pricing.sandbox_price,
-                           price_table=pricing.as_of, sandbox_pool=sandboxes, kinds=mcp_kinds(mcp, ledger, store))
+                           price_table=pricing.as_of, sandbox_pool=sandboxes, kinds=mcp_kinds(mcp, ledger, store),
+                           artifact_limits=ArtifactLimits(settings.artifact_max_bytes, settings.artifact_max_count),
+                           stream_bytes=settings.sandbox_stream_bytes)
     machine.in_transaction(sandboxes.on_transition)  # instances end (and are billed) as their Run closes
     machine.subscribe(sandboxes.after_change)  # then their processes are stopped
     machine.cost_total = lambda run: ledger.run_total(run.run_id).to_dict()  # A1: child Runs included

@@ -81,6 +81,12 @@ class Settings(BaseModel):
     sandbox_tenant_cap: int = Field(default=16, ge=1, le=10_000)
     sandbox_ports: str = "41000-41255"
     sandbox_lease_s: float = Field(default=300.0, gt=0)
+    #: what a sandboxed call leaves besides its output: the most bytes of its stdout, and of its stderr, its
+    #: outcome keeps (the start and the end of a longer stream); the largest file it wrote that is kept, and
+    #: how many files of one call are kept (the rest are listed as skipped, with the reason)
+    sandbox_stream_bytes: int = Field(default=16_384, ge=256, le=16 * 1024 * 1024)
+    artifact_max_bytes: int = Field(default=10 * 1024 * 1024, ge=0, le=1024 * 1024 * 1024)
+    artifact_max_count: int = Field(default=20, ge=0, le=10_000)
 
     @field_validator("sandbox_ports")
     @classmethod
@@ -205,7 +211,8 @@ class Settings(BaseModel):
         if env.get("HARNESS_CHECKPOINT_WITNESS"):
             values["checkpoint_witnesses"] = tuple(w.strip() for w in env["HARNESS_CHECKPOINT_WITNESS"].split(",")
                                                    if w.strip())
-        for key in ("sandbox_host", "sandbox_host_cap", "sandbox_tenant_cap", "sandbox_lease_s"):
+        for key in ("sandbox_host", "sandbox_host_cap", "sandbox_tenant_cap", "sandbox_lease_s",
+                    "sandbox_stream_bytes", "artifact_max_bytes", "artifact_max_count"):
             if env.get(f"HARNESS_{key.upper()}"):
                 values[key] = env[f"HARNESS_{key.upper()}"]
         if "HARNESS_SANDBOX_PORTS" in env:

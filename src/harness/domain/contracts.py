@@ -296,8 +296,35 @@ class PolicyDecision(Contract):
         return tuple(v for v in self.verdicts if v.decision == "reject")
 
 
+class ArtifactFile(Contract):
+    """A file a sandboxed skill wrote in its Run's working directory, kept by content hash: its path in
+    the directory, size, media type, the SHA-256 of its bytes (what a download is checked against) and
+    the hash its stored content is filed under."""
+
+    step_id: str
+    name: str
+    size: int
+    media_type: str
+    sha256: str
+    content_hash: str
+    #: whether secrets were removed from it (a text file) before it was stored: its bytes, size and SHA-256
+    #: are then those of the filtered file
+    filtered: bool = False
+
+
+class SkippedFile(Contract):
+    """A file a sandboxed skill wrote that was not kept, and why (over the size or count bound, not a
+    plain file of the directory, not filterable)."""
+
+    step_id: str
+    name: str
+    size: int
+    reason: str
+
+
 class StepOutcome(Contract):
-    """The recorded result of one executed plan step (recorded before the next step starts)."""
+    """The recorded result of one executed plan step (recorded before the next step starts); a sandboxed
+    call's also holds what it printed (bounded and filtered for secrets) and the files it wrote."""
 
     step_id: str
     output_key: str
@@ -306,6 +333,19 @@ class StepOutcome(Contract):
     error: str | None = None
     attempts: int = 1
     duration_ms: float = 0.0
+    stdout: str | None = None
+    stderr: str | None = None
+    files: tuple[ArtifactFile, ...] = ()
+    skipped_files: tuple[SkippedFile, ...] = ()
+
+    def recorded(self) -> dict[str, Any]:
+        """This outcome as the RunContext keeps it: JSON, without the streams and file lists of a call that
+        has none (a local call's outcome reads as it always did)."""
+        doc = self.model_dump(mode="json")
+        for key in ("stdout", "stderr", "files", "skipped_files"):
+            if not doc[key]:
+                del doc[key]
+        return doc
 
 
 class RunResult(Contract):
@@ -319,6 +359,9 @@ class RunResult(Contract):
     answer: str | None = None
     #: the steps' results by their output key
     artifacts: dict[str, Any] = Field(default_factory=dict)
+    #: the files the Run's sandboxed skills wrote, kept by content hash (download them from the API's
+    #: /api/v1/runs/{run_id}/files/{sha256}, or the Run's console page)
+    files: tuple[ArtifactFile, ...] = ()
     #: the id its trace records are filed under (the Run's id)
     trace_id: str
     #: why it failed or was rejected, when it did

@@ -89,6 +89,9 @@ class ToolTrace(TraceModel):
     fallback_from: str | None = None
     isolation: str | None = None  # sandbox calls: "bwrap", or "rlimit" (the weaker fallback)
     child_run_id: str | None = None  # agent calls: the child Run (T4)
+    #: sandbox calls: the content hashes of the files the call wrote and that were kept (the step's
+    #: outcome lists them by name, size, media type and SHA-256)
+    files: tuple[str, ...] | None = None
     #: whether the skill may be run again for the same step (T6); reconcile flags a non-idempotent step
     #: called more than once. None in records written before it was recorded.
     idempotent: bool | None = None

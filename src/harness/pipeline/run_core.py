@@ -140,7 +140,8 @@ class RunCore:
         effects = effects_of(self.store.get_run(run_id).context) if state in _CANCELLED else ()
         return RunResult(
             run_id=run_id, state=state.value, answer=stored.get("answer"),
-            artifacts=stored.get("artifacts", {}), trace_id=run_id, error=stored.get("error"),
+            artifacts=stored.get("artifacts", {}), files=tuple(stored.get("files", ())), trace_id=run_id,
+            error=stored.get("error"),
             approval_request_id=pending[-1].request_id if pending else None,
             path=tuple(s.value for s in path), effects=effects,
         )

@@ -25,6 +25,7 @@ from harness.domain.records import RunRecord, TraceRecordIn
 from harness.domain.traces import ToolTrace, TraceModel, error_trace, step_trace
 from harness.kernel.events import LOST_RACE, TOOL_CALL_FAILED
 from harness.pipeline import rounds
+from harness.pipeline.artifacts import files_of
 from harness.pipeline.plan_orchestrator import StepRun, resolve
 from harness.pipeline.run_core import (
     DRIVE,
@@ -105,7 +106,11 @@ class ExecutionSteps(RunCore):
                                          else None)
             except KeyError as exc:
                 return self._fail(run, S.EXECUTING, 6, "answer_template", f"answer template: {exc}")
-        result = {"answer": answer, "artifacts": outputs}
+        result: dict[str, Any] = {"answer": answer, "artifacts": outputs}
+        with self._context_lock:
+            files = files_of(self._live_context(run.run_id))
+        if files:  # the files the Run's sandboxed calls wrote and kept, every round's
+            result["files"] = [f.model_dump(mode="json") for f in files]
         records = trace_records(step_trace(run.run_id, 6, context["plan"], outputs, elapsed),
                            step_trace(run.run_id, 8, {"run_id": run.run_id}, result, 0.0))
         return self._advance(run, S.EXECUTING, S.TRACING, "every step succeeded", records, result=result)
@@ -251,10 +256,11 @@ class ExecutionSteps(RunCore):
             call = self.tools.call(skill, arguments, run_id=run.run_id, step_id=step.id,
                                    output_key=step.output_key, caller=request.caller, deadline=deadline,
                                    may_fall_back=self._fallback_check(run, step, arguments))
-        self._record_step(run.run_id, call.outcome.model_dump(mode="json"), [*call.traces] + (
+        self._record_step(run.run_id, call.outcome.recorded(), [*call.traces] + (
             [error_trace(run.run_id, 6, call.trace.error_code or "error", call.exception, call.outcome.attempts - 1,
                          message=(call.outcome.error or "").removeprefix(f"{call.trace.error_code}: ") or None)]
-            if call.exception is not None else []), values=(arguments, call.outcome.output), later=rides)
+            if call.exception is not None else []), values=(arguments, call.outcome.output, *call.contents),
+            later=rides)
         if call.exception is not None:
             if not self._fenced(run.run_id):  # a key event of its own, besides the Run's failure that may follow
                 self.store.audit(run.run_id, TOOL_CALL_FAILED, "tool_controller", {

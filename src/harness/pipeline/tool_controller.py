@@ -8,10 +8,14 @@ circuit breaker, bounded by the manifest's timeout and by what is left of the Ru
 breaker is open, or the retries of a transient failure are spent, the manifest's fallback runs and
 the switch is traced (ToolTrace.fallback_from). Each call yields a StepOutcome and its ToolTraces.
 
+A sandboxed call's outcome also holds what it printed (stdout and stderr, bounded) and the files it wrote
+in its working directory, kept by content hash within the artifact limits (harness.pipeline.artifacts);
+their contents leave with the result (`CallResult.contents`) to be stored with it.
+
 A skill's output, and the message of its failure, pass the secret filter (`redact`) before they leave
-the call: what a Run stores (its RunContext, the blobs behind the hashes, its result), returns, pushes
-and exports is the filtered output, and so is what later steps of the plan are given. The output's
-schema is checked on what the skill returned, before the filter.
+the call (the streams and text files too): what a Run stores (its RunContext, the blobs behind the hashes,
+its result), returns, pushes and exports is the filtered output, and so is what later steps of the plan
+are given. The output's schema is checked on what the skill returned, before the filter.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from harness.domain.errors import ProviderError
 from harness.domain.llm import LLMRequest, LLMResponse, ToolSpec
 from harness.domain.traces import CostTrace, ToolTrace, unit_price
 from harness.pipeline import waits
+from harness.pipeline.artifacts import ArtifactLimits, Collector, Leftovers
 from harness.pipeline.resilience import BreakerConfig, BreakerRegistry, CircuitOpenError
 from harness.pipeline.sandbox_pool import SandboxPool
 from harness.pipeline.tool_kinds import (
@@ -100,12 +105,13 @@ def counts_against(exc: BaseException) -> bool:
 @dataclass(frozen=True)
 class CallResult:
     """What one call produced: the recorded outcome, its final ToolTrace and every ToolTrace (the
-    primary's before a fallback's)."""
+    primary's before a fallback's), and the contents of the files it kept, to be stored with it."""
 
     outcome: StepOutcome
     trace: ToolTrace
     exception: BaseException | None = None
     traces: tuple[ToolTrace, ...] = ()
+    contents: tuple[Any, ...] = ()
 
 
 @dataclass
@@ -135,7 +141,8 @@ class ToolController:
                  scrub: Callable[[str], str] | None = None, redact: Callable[[Any], Any] | None = None,
                  sandbox_price: float = 0.0,
                  price_table: str | None = None, data_dir: Path | None = None,
-                 sandbox_pool: SandboxPool | None = None, kinds: Mapping[str, Executor] | None = None) -> None:
+                 sandbox_pool: SandboxPool | None = None, kinds: Mapping[str, Executor] | None = None,
+                 artifact_limits: ArtifactLimits | None = None, stream_bytes: int = 16_384) -> None:
         self.registry = registry
         self.workdirs = workdirs
         #: handed to skills (SkillContext.data_dir): the folder the working directories are in, by default
@@ -158,7 +165,9 @@ class ToolController:
         self._kinds: dict[str, Executor] = {
             "local": LocalCalls(self.lanes.local),
             "sandbox": SandboxCalls(self.sandbox, self.workdirs, record_cost, sandbox_price, price_table,
-                                    sandbox_pool, self.lanes.sandbox),
+                                    sandbox_pool, self.lanes.sandbox,
+                                    collector=Collector(self.workdirs, artifact_limits, scrub),
+                                    stream_bytes=stream_bytes),
             "llm": LlmCalls(lambda: self.provider, self.lanes.llm, record_cost, scrub),
             "agent": AgentCalls(lambda: self.child_runs),
             **(kinds or {}),  # e.g. "mcp": tools of MCP servers (harness.skills.mcp)
@@ -227,14 +236,16 @@ class ToolController:
         traces = tuple(self._trace(go, ctx, arguments, origin[i]) for i, go in enumerate(attempts))
         final = attempts[-1]
         failure = final.failure
+        left: Leftovers = final.info.get("leftovers") or Leftovers()
         outcome = StepOutcome(
             step_id=step_id, output_key=output_key, status="ok" if failure is None else "error",
             output=final.output if failure is None else None,
             error=None if failure is None else self.failure_text(failure),
             attempts=max(sum(go.runs for go in attempts), 1),
             duration_ms=round(sum(go.duration_ms for go in attempts), 3),
+            stdout=left.stdout, stderr=left.stderr, files=tuple(left.files), skipped_files=tuple(left.skipped),
         )
-        return CallResult(outcome, traces[-1], failure, traces)
+        return CallResult(outcome, traces[-1], failure, traces, tuple(left.contents))
 
     def failure_text(self, failure: BaseException) -> str:
         """What a failed call's outcome says: its code and message, the message filtered for secrets."""
@@ -352,10 +363,12 @@ class ToolController:
     def _trace(go: _Go, ctx: SkillContext, arguments: dict[str, Any], fallback_from: str | None) -> ToolTrace:
         skill, failure = go.skill, go.failure
         refused = isinstance(failure, CircuitOpenError) and go.runs == 0
+        left: Leftovers | None = go.info.get("leftovers")
         return ToolTrace(
             run_id=ctx.run_id, step_id=ctx.step_id, skill_id=skill.id, skill_version=skill.manifest.version,
             manifest_hash=skill.manifest_hash, call_kind=skill.manifest.call_kind,
             isolation=go.info.get("isolation"), child_run_id=go.info.get("child_run_id"),
+            files=tuple(f.content_hash for f in left.files) if left is not None and left.files else None,
             idempotency_key=ctx.idempotency_key, arguments_hash=content_hash(arguments),
             result_hash=content_hash(go.output) if failure is None else None, attempts=go.runs,
             duration_ms=round(go.duration_ms, 3),

@@ -21,6 +21,7 @@ from harness.domain.records import NewRun
 from harness.domain.sandbox import SandboxJob, SandboxOutcome
 from harness.domain.traces import CostTrace, unit_price
 from harness.pipeline import waits
+from harness.pipeline.artifacts import Collector
 from harness.pipeline.sandbox_pool import SandboxPool, SandboxUnavailableError
 from harness.pipeline.waits import Lane
 from harness.ports import LLMProvider, Sandbox
@@ -149,13 +150,19 @@ class LocalCalls:
 
 
 class SandboxCalls:
-    """Skills run in an isolated process with the Run's private working directory."""
+    """Skills run in an isolated process with the Run's private working directory. What a call printed and
+    the files it wrote there are collected (harness.pipeline.artifacts) into `attempt.info["leftovers"]`,
+    whether it succeeded or not."""
 
     def __init__(self, sandbox: Callable[[], Sandbox], workdirs: Workdirs,
                  record_cost: Callable[[CostTrace], None] | None = None, price_per_s: float = 0.0,
                  price_table: str | None = None, pool: SandboxPool | None = None,
-                 lane: Lane | None = None) -> None:
+                 lane: Lane | None = None, collector: Collector | None = None, stream_bytes: int = 16_384) -> None:
         self.sandbox = sandbox
+        #: what a call printed and the files it wrote; None: neither is kept
+        self.collector = collector
+        #: the most bytes of a call's stdout, and of its stderr, kept
+        self.stream_bytes = stream_bytes
         #: the threads that wait for sandboxed processes while drives on a drive loop switch out
         self.lane = lane
         self.workdirs = workdirs
@@ -180,13 +187,18 @@ class SandboxCalls:
             workdir=workdir, wall_s=call.timeout, limits=skill.manifest.limits,
             network=skill.manifest.network, entry_file=entry.file, entry_module=entry.module,
             entry_sha256=entry.sha256, python_path=entry.python_path, code_paths=entry.code_paths,
+            stream_bytes=self.stream_bytes,
         )
+        before = self.collector.stamps(ctx.run_id) if self.collector is not None else None
         persistent = skill.manifest.persistent
         outcome = waits.call_blocking(
             lambda: sandbox.run(job) if self.pool is None else self._in_instance(call, sandbox, job, persistent),
             self.lane)
         if not (persistent and self.pool is not None):  # a kept instance's seconds are billed when it ends
             self._record(call, sandbox.isolation, outcome.duration_ms / 1000)
+        if self.collector is not None and before is not None:
+            call.info["leftovers"] = self.collector.collect(ctx.run_id, ctx.step_id, before, outcome.stdout,
+                                                            outcome.stderr)
         if outcome.ok:
             return outcome.output
         if outcome.error_code == "timeout":
@@ -194,7 +206,6 @@ class SandboxCalls:
         detail = f" (stderr: {outcome.stderr_tail.strip()[-300:]})" if outcome.stderr_tail.strip() else ""
         raise ToolCallError(outcome.error_code or "sandbox_error", f"{outcome.message}{detail}",
                             retryable=outcome.retryable)
-
 
     def _in_instance(self, call: Attempt, sandbox: Sandbox, job: SandboxJob, persistent: bool) -> SandboxOutcome:
         """Run the call in the Run's instance of the skill: taken (or waited for) within the call's time."""

@@ -29,3 +29,14 @@ class Workdirs(Protocol):
     def remove(self, run_id: str) -> bool:
         """Delete the Run's directory; False when there was none. Never raises."""
         ...
+
+    def stamps(self, run_id: str) -> dict[str, tuple[int, int]]:
+        """Each regular file in the Run's directory (symlinks are not followed, nor listed), by its path
+        relative to the directory: (size in bytes, modification time in ns). {} when there is no directory."""
+        ...
+
+    def read_file(self, run_id: str, name: str, limit: int) -> bytes:
+        """The bytes of the regular file `name` (relative) in the Run's directory, never through a symlink
+        and never outside the directory; OSError when it is not such a file, is linked elsewhere too, or
+        holds more than `limit` bytes."""
+        ...

@@ -283,8 +283,11 @@ class ReplayTools:
         recorded_outcome = self.recording.outcome(step_id)
         error = None if final["status"] == "ok" else (
             recorded_outcome.get("error") or f"{final['error_code']}: no recorded result for step {step_id}")
+        # what the call printed and the files it kept are as recorded: no sandbox runs in a replay
         outcome = StepOutcome(step_id=step_id, output_key=output_key, status=final["status"], output=output,
-                              error=error, attempts=final["attempts"] or 1, duration_ms=final["duration_ms"])
+                              error=error, attempts=final["attempts"] or 1, duration_ms=final["duration_ms"],
+                              **{k: recorded_outcome[k] for k in ("stdout", "stderr", "files", "skipped_files")
+                                 if k in recorded_outcome})
         failure = None if error is None else ReplayedFailureError(error.split(": ", 1)[-1])
         self.events.after_tool_call()
         return CallResult(outcome, traces[-1], failure, traces)

@@ -125,7 +125,8 @@ class PushEvents:
             effects = effects_of(self.outbox.run_context(tx, run_id)) if target == S.CLOSED_CANCELLED else ()
             result = RunResult(
                 run_id=run_id, state=target.value, answer=stored.get("answer"),
-                artifacts=stored.get("artifacts", {}), trace_id=run_id, error=stored.get("error"),
+                artifacts=stored.get("artifacts", {}), files=tuple(stored.get("files", ())), trace_id=run_id,
+                error=stored.get("error"),
                 approval_request_id=pending["request_id"] if pending and pending["status"] == "pending" else None,
                 path=tuple(path), effects=effects)
             self.sink.deliver(tx, result, request)

@@ -7,9 +7,11 @@ machine). Run ids are checked before they become paths, so no id can name a fold
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import shutil
+import stat
 from pathlib import Path
 
 _SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
@@ -56,3 +58,46 @@ class Workdirs:
             return False
         shutil.rmtree(path, ignore_errors=True)
         return not path.exists()
+
+    def stamps(self, run_id: str) -> dict[str, tuple[int, int]]:
+        """Each regular file in the Run's directory (symlinks are not followed, nor listed), by its path
+        relative to the directory: (size in bytes, modification time in ns). {} when there is no directory."""
+        root = self.path(run_id)
+        found: dict[str, tuple[int, int]] = {}
+        for folder, _dirs, files in os.walk(root):  # does not follow symlinked folders
+            for name in files:
+                path = os.path.join(folder, name)
+                try:
+                    info = os.lstat(path)
+                except OSError:  # gone since the listing
+                    continue
+                if stat.S_ISREG(info.st_mode):
+                    found[os.path.relpath(path, root)] = (info.st_size, info.st_mtime_ns)
+        return found
+
+    def read_file(self, run_id: str, name: str, limit: int) -> bytes:
+        """The bytes of the regular file `name` (relative) in the Run's directory, never through a symlink
+        and never outside the directory; OSError when it is not such a file, is linked elsewhere too, or
+        holds more than `limit` bytes."""
+        root = self.path(run_id).resolve()
+        fd = os.open(root / name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            info = os.fstat(fd)
+            # a folder on the way swapped for a symlink since the listing is caught here: where the file
+            # really is, as the kernel opened it
+            where = Path(os.readlink(f"/proc/self/fd/{fd}"))
+            if root not in where.parents:
+                raise OSError(errno.EXDEV, f"{name} is not inside the Run's working directory")
+            if not stat.S_ISREG(info.st_mode):
+                raise OSError(errno.EINVAL, f"{name} is not a regular file")
+            if info.st_nlink > 1:  # a hard link could name a file the skill was never given
+                raise OSError(errno.EMLINK, f"{name} has other links besides this one")
+            if info.st_size > limit:
+                raise OSError(errno.EFBIG, f"{name} holds {info.st_size} bytes, more than {limit}")
+            with os.fdopen(os.dup(fd), "rb") as fh:
+                data = fh.read(limit + 1)
+            if len(data) > limit:
+                raise OSError(errno.EFBIG, f"{name} grew past {limit} bytes while it was read")
+            return data
+        finally:
+            os.close(fd)
