@@ -150,6 +150,15 @@ def verdict_summary(verdicts: list[dict[str, Any]], passed: int) -> VerdictSumma
         flagged=flagged, listed_passes=listed, counted_passes=passed)
 
 
+def size(count: int) -> str:
+    """A number of bytes for people: 812 B, 4.2 KiB, 3.1 MiB."""
+    if count < 1024:
+        return f"{count} B"
+    if count < 1024 * 1024:
+        return f"{count / 1024:.1f} KiB"
+    return f"{count / 1024 / 1024:.1f} MiB"
+
+
 def money(usd: float) -> str:
     """US dollars with enough precision for LLM costs; nothing spent is "$0.00", not a rounded "$0.0000"."""
     return f"${usd:,.4f}" if 0 < usd < 1 else f"${usd:,.2f}"
@@ -166,6 +175,7 @@ FILTERS = {
     "deadline_of": parse_deadline_reason,
     "compact": compact,
     "money": money,
+    "size": size,
     "amount": amount,
     "plural": plural,
     "verdict_summary": verdict_summary,

@@ -163,6 +163,11 @@ class RunDoc(BaseModel):
     answer: str | None
     error: str | None
     artifacts: dict[str, Any]
+    files: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="The files the Run's sandboxed skills wrote and that were kept, each `{step_id, name, size, "
+                    "media_type, sha256, content_hash, filtered}`; download one at `files/{sha256}` under the "
+                    "Run's URL (see `GET /api/v1/runs/{run_id}/files`).")
     approval_request_id: str | None
     effects: list[dict[str, str]] = Field(
         default_factory=list,
@@ -171,6 +176,36 @@ class RunDoc(BaseModel):
                     "effect (a call in flight is let finish; nothing starts after the cancel).")
     cost: CostDoc
     links: RunLinks
+
+
+class FileDoc(BaseModel):
+    """A file a Run's sandboxed skill wrote in its working directory, kept by content hash."""
+
+    step_id: str = Field(description="The step whose call wrote it.")
+    name: str = Field(description="Its path in the Run's working directory.")
+    size: int = Field(description="Bytes.")
+    media_type: str = Field(description="What its name says it is (application/octet-stream when nothing).")
+    sha256: str = Field(description="The SHA-256 of its bytes: a download is checked against it.")
+    content_hash: str = Field(description="The hash its stored content is filed under (the trace names it).")
+    filtered: bool = Field(default=False, description="Secrets were removed from it (a text file) before it was "
+                                                      "kept: bytes, size and SHA-256 are the filtered file's.")
+    url: str = Field(description="Where to download it.")
+
+
+class SkippedFileDoc(BaseModel):
+    """A file a skill wrote that was not kept, and why."""
+
+    step_id: str
+    name: str
+    size: int
+    reason: str
+
+
+class FileList(BaseModel):
+    """The files a Run's sandboxed skills wrote: those kept, and those not kept with the reason."""
+
+    files: list[FileDoc]
+    skipped: list[SkippedFileDoc] = Field(default_factory=list)
 
 
 class ArchivedDoc(BaseModel):

@@ -16,6 +16,7 @@ from fastapi.templating import Jinja2Templates
 
 from harness.domain.traces import policy_passed, policy_verdicts
 from harness.kernel import FINAL, RunState
+from harness.pipeline.artifacts import skipped_files_of
 from harness.pipeline.trace_groups import group_records
 from harness.policy.hitl import BREAK_GLASS_ROLE
 from harness.service import views
@@ -184,6 +185,7 @@ def run_page(request: Request, run_id: str) -> Page:
         refusals=refusals,
         is_final=run.state in FINAL,
         now=svc.runtime.store.clock.now(),
+        skipped_files=skipped_files_of(run.context),
     )
 
 
