@@ -16,6 +16,7 @@ import sqlalchemy as sa
 import yaml
 
 from harness.adapters.sql.blobs import blob_refs
+from harness.cli.documents import run_document
 from harness.clock import FakeClock
 from harness.config import Runtime, Settings, build_runtime, erase_user
 from harness.pipeline.artifacts import stored_bytes
@@ -90,6 +91,8 @@ def test_a_sandboxed_skills_files_and_streams_are_kept_bounded_and_filtered(runt
     csv = stored_bytes(runtime.contents, report)
     assert csv is not None and csv.startswith(b"order,total\nA-1,42\n") and IN_FILE.encode() not in csv
     assert len(csv) == report.size
+    shown = run_document(runtime.store, result.run_id)["files"]  # `harness runs show --json`
+    assert [f["sha256"] for f in shown] == [chart.sha256, report.sha256]
 
     outcome = (runtime.store.get_run(result.run_id).context or {})["steps"]["a"]
     stdout, stderr = outcome["stdout"], outcome["stderr"]

@@ -12,10 +12,12 @@ if TYPE_CHECKING:
 
 
 def run_document(store: Store, run_id: str) -> dict[str, Any]:
-    """What the Run holds now: state and outcome (answer, artifacts, error, the request it waits on), who
-    asked, its path of transitions with their times, the legacy job status and its recorded cost. Times
-    are epoch seconds here; `emit` writes them as ISO 8601 in UTC."""
+    """What the Run holds now: state and outcome (answer, artifacts, the files its sandboxed skills kept,
+    error, the request it waits on), who asked (and for which team), its path of transitions with their
+    times, the legacy job status and its recorded cost. Times are epoch seconds here; `emit` writes them as
+    ISO 8601 in UTC."""
     from harness.domain.contracts import effects_of
+    from harness.pipeline.artifacts import files_of
     from harness.stores import approval_rows, cost_ledger
 
     run = store.get_run(run_id)
@@ -31,12 +33,14 @@ def run_document(store: Store, run_id: str) -> dict[str, Any]:
         "close_reason": run.close_reason.value if run.close_reason else None,
         "answer": stored.get("answer"),
         "artifacts": stored.get("artifacts", {}),
+        "files": [f.model_dump(mode="json") for f in files_of(run.context)],
         "error": stored.get("error"),
         "approval_request_id": pending[-1].request_id if pending else None,
         "effects": list(effects_of(run.context)),
         "tenant_id": run.tenant_id,
         "user_id": run.user_id,
         "session_id": run.session_id,
+        "team_id": run.request.get("team_id"),
         "retry_of": run.retry_of,
         "created_at": run.created_at,
         "last_state_change_at": run.last_state_change_at,
