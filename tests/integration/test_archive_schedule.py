@@ -3,6 +3,7 @@ schedules `harness.archive`; both do nothing until a retention period is set."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -30,6 +31,7 @@ def test_the_scheduled_pass_archives_only_with_a_retention_period(tmp_path: Path
     never.start_if_due()
     assert never.pending is None
     scheduled = ScheduledArchiver(archiver_factory(store, tmp_path / "cp", []), interval_s=1e-6)
+    time.sleep(0.01)  # the interval has passed (a fast machine gets from the constructor here in under 1 us)
     scheduled.start_if_due()
     assert scheduled.pending is not None and scheduled.pending.result(timeout=30) is None
     monkeypatch.setenv("HARNESS_RETENTION_DAYS", "1")
