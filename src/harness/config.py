@@ -473,6 +473,8 @@ def build_runtime(settings: Settings | None = None, *, clock: Clock | None = Non
                            redact=lambda value: secret_filter.scrub_json(value)[0], sandbox_price=pricing.sandbox_price,
                            price_table=pricing.as_of, sandbox_pool=sandboxes, kinds=mcp_kinds(mcp, ledger, store),
                            artifact_limits=ArtifactLimits(settings.artifact_max_bytes, settings.artifact_max_count),
+                           artifact_store=open_segment_store(settings.artifact_store) if settings.artifact_store
+                           else None,
                            stream_bytes=settings.sandbox_stream_bytes)
     machine.in_transaction(sandboxes.on_transition)  # instances end (and are billed) as their Run closes
     machine.subscribe(sandboxes.after_change)  # then their processes are stopped

@@ -87,6 +87,9 @@ class Settings(BaseModel):
     sandbox_stream_bytes: int = Field(default=16_384, ge=256, le=16 * 1024 * 1024)
     artifact_max_bytes: int = Field(default=10 * 1024 * 1024, ge=0, le=1024 * 1024 * 1024)
     artifact_max_count: int = Field(default=20, ge=0, le=10_000)
+    #: where the kept files' bytes go: a directory (a path or file://) or an S3-compatible bucket
+    #: (s3://bucket/prefix, at HARNESS_ARCHIVE_S3_ENDPOINT); None: into the database, with the Run's contents
+    artifact_store: str | None = None
 
     @field_validator("sandbox_ports")
     @classmethod
@@ -212,7 +215,7 @@ class Settings(BaseModel):
             values["checkpoint_witnesses"] = tuple(w.strip() for w in env["HARNESS_CHECKPOINT_WITNESS"].split(",")
                                                    if w.strip())
         for key in ("sandbox_host", "sandbox_host_cap", "sandbox_tenant_cap", "sandbox_lease_s",
-                    "sandbox_stream_bytes", "artifact_max_bytes", "artifact_max_count"):
+                    "sandbox_stream_bytes", "artifact_max_bytes", "artifact_max_count", "artifact_store"):
             if env.get(f"HARNESS_{key.upper()}"):
                 values[key] = env[f"HARNESS_{key.upper()}"]
         if "HARNESS_SANDBOX_PORTS" in env:

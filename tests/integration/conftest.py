@@ -14,6 +14,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -324,3 +325,32 @@ def redis_url() -> str:
     """The shared loopback Redis (started if needed); tests isolate themselves by key names."""
     require_service("redis")
     return REDIS_URL
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def s3_endpoint() -> Iterator[str]:
+    """An S3-compatible server (moto_server) on 127.0.0.1 with the bucket `runs-archive`, and credentials it
+    accepts (it checks none), stopped afterwards; the test skips where boto3 is not installed."""
+    boto3 = pytest.importorskip("boto3")
+    port = _free_port()
+    server = Path(sys.executable).with_name("moto_server")
+    proc = subprocess.Popen([str(server), "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    saved = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")}
+    os.environ.update(AWS_ACCESS_KEY_ID="test", AWS_SECRET_ACCESS_KEY="test", AWS_DEFAULT_REGION="us-east-1")
+    try:
+        assert wait_for_port(port, timeout_s=30), "moto_server did not start"
+        endpoint = f"http://127.0.0.1:{port}"
+        boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="runs-archive")
+        yield endpoint
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        for k, v in saved.items():
+            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)

@@ -7,7 +7,7 @@ the reason."""
 from __future__ import annotations
 
 import textwrap
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +18,7 @@ import yaml
 from harness.adapters.sql.blobs import blob_refs
 from harness.cli.documents import run_document
 from harness.clock import FakeClock
-from harness.config import Runtime, Settings, build_runtime, erase_user
+from harness.config import Runtime, Settings, build_runtime, erase_user, segment_locator
 from harness.pipeline.artifacts import stored_bytes
 from harness.ports import Clock
 from tests.conftest import FIXTURES
@@ -112,3 +112,52 @@ def test_a_sandboxed_skills_files_and_streams_are_kept_bounded_and_filtered(runt
 
     erase_user(runtime.store, "t1", "tess", vacuum=False)
     assert stored_bytes(runtime.contents, chart) is None and stored_bytes(runtime.contents, report) is None
+
+
+def kept_in_a_file_store(rt: Runtime, location: str, listed: Callable[[], list[str]]) -> None:
+    """The scenario of a file store: a Run's kept files are objects there (one per file, named for it), the
+    database holds only where they are, they read back byte for byte through the API's reader, and an
+    erasure of the person deletes them."""
+    result = rt.runs.create_run({"task": "report", **TESS})
+    assert result.state == "SUCCEEDED", result.error
+    chart, report = result.files
+    assert sorted(name.split(".")[0] for name in listed()) == sorted([chart.sha256, report.sha256])
+    stored = rt.contents.raw([chart.content_hash])[chart.content_hash]
+    assert '"location":"' + location in stored and "base64" not in stored
+    assert stored_bytes(rt.contents, chart, segment_locator()) == PNG
+    assert stored_bytes(rt.contents, chart) is None  # without the store the bytes cannot be had
+    assert erase_user(rt.store, "t1", "tess", vacuum=False).files == 2
+    assert listed() == []
+    assert stored_bytes(rt.contents, chart, segment_locator()) is None
+
+
+def test_a_directory_file_store_holds_the_files_and_an_erasure_deletes_them(tmp_path: Path, backend_url: str) -> None:
+    """HARNESS_ARTIFACT_STORE a directory: the kept files' bytes are files there; the erasure finds them
+    through the Run's stored contents (on each backend) and deletes them."""
+    need_bwrap()
+    folder = tmp_path / "files"
+    rt = sandbox_runtime(tmp_path, backend_url, artifact_store=str(folder))
+    try:
+        kept_in_a_file_store(rt, folder.resolve().as_uri(), lambda: sorted(p.name for p in folder.glob("*")))
+    finally:
+        rt.close()
+
+
+def test_an_s3_bucket_holds_the_files_and_an_erasure_deletes_them(tmp_path: Path, s3_endpoint: str,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """HARNESS_ARTIFACT_STORE s3://bucket/prefix (an S3-compatible server on loopback): the same, in the
+    bucket."""
+    need_bwrap()
+    boto3 = pytest.importorskip("boto3")
+    monkeypatch.setenv("HARNESS_ARCHIVE_S3_ENDPOINT", s3_endpoint)
+    s3 = boto3.client("s3", endpoint_url=s3_endpoint)
+
+    def listed() -> list[str]:
+        found = s3.list_objects_v2(Bucket="runs-archive", Prefix="kept/").get("Contents", [])
+        return sorted(o["Key"].removeprefix("kept/") for o in found)
+
+    rt = sandbox_runtime(tmp_path, str(tmp_path / "s3.db"), artifact_store="s3://runs-archive/kept")
+    try:
+        kept_in_a_file_store(rt, "s3://runs-archive/kept/", listed)
+    finally:
+        rt.close()

@@ -4,8 +4,11 @@ The files are those of the Run's working directory that are new or changed since
 listing before, one after). Each is kept by content hash: a stored document (`{"artifact": <SHA-256 of
 the bytes>, "base64": …}`) in the blob store, written with the step's result and noted as the Run's
 (so an erasure of the Run's person deletes it with the rest), and listed in the step's outcome by name,
-size, media type and hash. Bounds are settings: a file over the size bound, or past the count bound, is
-not kept and the outcome says why.
+size, media type and hash. Where a file store is configured (a directory or an S3-compatible bucket, the
+segment store's kinds), the bytes go there instead, as an object of their own written for this call, and
+the document names its location (`{"artifact": …, "location": …}`); an erasure deletes the object too.
+Bounds are settings: a file over the size bound, or past the count bound, is not kept and the outcome
+says why.
 
 Secrets (SPEC C4, outputs too): the streams are filtered like the skill's output, and so is a text file
 (UTF-8 of a text media type) before it is stored — its bytes, size and hash are then the filtered file's,
@@ -24,7 +27,9 @@ from typing import Any
 
 from harness.domain.chain import content_hash, text_hash
 from harness.domain.contracts import ArtifactFile, SkippedFile
+from harness.domain.ids import ordered_id
 from harness.ports.contents import StoredContents
+from harness.ports.segments import SegmentLocator, SegmentStore, SegmentStoreError
 from harness.ports.workdirs import Workdirs
 
 Stamps = dict[str, tuple[int, int]]
@@ -77,13 +82,20 @@ def stored_document(data: bytes) -> dict[str, str]:
     return {"artifact": hashlib.sha256(data).hexdigest(), "base64": base64.b64encode(data).decode("ascii")}
 
 
-def file_bytes(document: Any, sha256: str) -> bytes | None:
-    """The bytes of a stored file's document, or None when it is not the file with this SHA-256."""
+def file_bytes(document: Any, sha256: str, locate: SegmentLocator | None = None) -> bytes | None:
+    """The bytes of a stored file's document — held in it, or in the file store at the location it names
+    (read through `locate`) —, or None when they are gone or are not the file with this SHA-256."""
     if not isinstance(document, dict) or document.get("artifact") != sha256:
         return None
+    location = document.get("location")
     try:
-        data = base64.b64decode(str(document.get("base64", "")), validate=True)
-    except ValueError:
+        if isinstance(location, str):
+            if locate is None:
+                return None
+            data = locate(location).get(location)
+        else:
+            data = base64.b64decode(str(document.get("base64", "")), validate=True)
+    except (ValueError, SegmentStoreError):
         return None
     return data if hashlib.sha256(data).hexdigest() == sha256 else None
 
@@ -110,9 +122,10 @@ def find_file(context: dict[str, Any] | None, sha256: str) -> ArtifactFile | Non
     return next((f for f in files_of(context) if f.sha256 == sha256), None)
 
 
-def stored_bytes(contents: StoredContents, file: ArtifactFile) -> bytes | None:
-    """The bytes of a kept file, read back and checked against both its hashes; None when its content is
-    gone (erased) or is not what was kept."""
+def stored_bytes(contents: StoredContents, file: ArtifactFile,
+                 locate: SegmentLocator | None = None) -> bytes | None:
+    """The bytes of a kept file, read back (from the file store through `locate` when it was kept there) and
+    checked against both its hashes; None when its content is gone (erased) or is not what was kept."""
     text = contents.raw([file.content_hash]).get(file.content_hash)
     if text is None or text_hash(text) != file.content_hash:
         return None
@@ -120,16 +133,18 @@ def stored_bytes(contents: StoredContents, file: ArtifactFile) -> bytes | None:
         document = json.loads(text)
     except ValueError:
         return None
-    return file_bytes(document, file.sha256)
+    return file_bytes(document, file.sha256, locate)
 
 
 class Collector:
     """Collects what a sandboxed call left, within the limits, through the secret filter."""
 
     def __init__(self, workdirs: Workdirs, limits: ArtifactLimits | None = None,
-                 scrub: Callable[[str], str] | None = None) -> None:
+                 scrub: Callable[[str], str] | None = None, store: SegmentStore | None = None) -> None:
         self.workdirs = workdirs
         self.limits = limits or ArtifactLimits()
+        #: where the files' bytes go (a directory or an S3-compatible bucket); None: into the blob store
+        self.store = store
         #: the context assembler's secret filter (text in, text out; raises when it cannot be sure)
         self.scrub = scrub
 
@@ -173,6 +188,12 @@ class Collector:
             filtered = clean != text
             data = clean.encode("utf-8")
         document = stored_document(data)
+        if self.store is not None:
+            try:  # a name of its own: the object is this call's, and an erasure of its Run deletes it
+                location = self.store.put(f"{document['artifact']}.{ordered_id()}", data)
+            except SegmentStoreError as exc:
+                return f"not kept: the file store refused it: {exc}"
+            document = {"artifact": document["artifact"], "location": location}
         left.contents.append(document)
         left.files.append(ArtifactFile(step_id=step_id, name=name, size=len(data), media_type=kind,
                                        sha256=document["artifact"], content_hash=content_hash(document),

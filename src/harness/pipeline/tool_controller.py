@@ -63,6 +63,7 @@ from harness.pipeline.tool_kinds import (
     complete,
 )
 from harness.ports import Clock, LLMProvider, Sandbox
+from harness.ports.segments import SegmentStore
 from harness.ports.workdirs import Workdirs
 from harness.skills.manifests import Skill, SkillContext, SkillRegistry
 
@@ -142,7 +143,8 @@ class ToolController:
                  sandbox_price: float = 0.0,
                  price_table: str | None = None, data_dir: Path | None = None,
                  sandbox_pool: SandboxPool | None = None, kinds: Mapping[str, Executor] | None = None,
-                 artifact_limits: ArtifactLimits | None = None, stream_bytes: int = 16_384) -> None:
+                 artifact_limits: ArtifactLimits | None = None, stream_bytes: int = 16_384,
+                 artifact_store: SegmentStore | None = None) -> None:
         self.registry = registry
         self.workdirs = workdirs
         #: handed to skills (SkillContext.data_dir): the folder the working directories are in, by default
@@ -166,7 +168,7 @@ class ToolController:
             "local": LocalCalls(self.lanes.local),
             "sandbox": SandboxCalls(self.sandbox, self.workdirs, record_cost, sandbox_price, price_table,
                                     sandbox_pool, self.lanes.sandbox,
-                                    collector=Collector(self.workdirs, artifact_limits, scrub),
+                                    collector=Collector(self.workdirs, artifact_limits, scrub, artifact_store),
                                     stream_bytes=stream_bytes),
             "llm": LlmCalls(lambda: self.provider, self.lanes.llm, record_cost, scrub),
             "agent": AgentCalls(lambda: self.child_runs),

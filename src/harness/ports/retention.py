@@ -84,6 +84,11 @@ class ErasureRows(Protocol):
         """Delete the stored contents (blobs) of the Runs that no other Run references; how many went."""
         ...
 
+    def file_locations(self, run_ids: Sequence[str]) -> list[str]:
+        """Where the files the Runs' sandboxed skills kept in a file store are (the locations their stored
+        contents name); each is the Runs' own, written for one call."""
+        ...
+
     def reclaim(self, *, vacuum: bool = True, vacuum_full: bool = False) -> list[str]:
         """Overwrite or give back the space the erasure freed; what was done."""
         ...

@@ -24,7 +24,7 @@ from harness.domain.chain import canonical_json, record_bytes
 from harness.domain.ids import ordered_id
 from harness.domain.retention import hashes_in, pseudonym, redacted_payload, swap_ids
 from harness.ports.retention import ErasureRows
-from harness.ports.segments import SegmentLocator, SegmentStore
+from harness.ports.segments import SegmentLocator, SegmentStore, SegmentStoreError
 from harness.retention.archiver import ArchiveError
 from harness.retention.storage import store_of
 
@@ -45,6 +45,8 @@ class EraseReport:
     archived_runs: int = 0
     #: stored contents (context snapshots, step inputs and outputs, LLM exchanges) deleted
     blobs: int = 0
+    #: files sandboxed skills kept in a file store (HARNESS_ARTIFACT_STORE) deleted from it
+    files: int = 0
     segments_rewritten: list[str] = field(default_factory=list)
     still_running: list[str] = field(default_factory=list)
     #: how the freed space was overwritten or given back (SQLite: VACUUM, the WAL truncated)
@@ -94,6 +96,18 @@ def redact_segment(data: bytes, run_ids: set[str], salt: bytes, erase_id: str, u
     return encode(out)
 
 
+def _delete_file(store: SegmentStore, location: str) -> None:
+    """Delete a kept file from its store; one already gone (an erasure that stopped half-way) is fine."""
+    try:
+        store.delete(location)
+    except SegmentStoreError:
+        try:
+            store.get(location)
+        except SegmentStoreError:
+            return  # gone already
+        raise
+
+
 def erase_user(erasure: ErasureRows, tenant_id: str, user_id: str, *, salt: bytes | None = None,
                segments: SegmentStore | None = None, locate: SegmentLocator = store_of, vacuum: bool = True,
                vacuum_full: bool = False) -> EraseReport:
@@ -123,9 +137,16 @@ def erase_user(erasure: ErasureRows, tenant_id: str, user_id: str, *, salt: byte
         holder.delete(old)
         report.archived_runs += len(run_ids)
         report.segments_rewritten.append(location)
+    # the files first: a store that fails stops the erasure while the contents naming them are still there
+    # to find on the next try; each was written for one call of these Runs, so nobody else's goes
+    files = erasure.file_locations(erased)
+    for location in files:
+        _delete_file(locate(location), location)
+    report.files = len(files)
     report.blobs = erasure.erase_contents(erased, contents)
     erasure.note(erase_id, subject, {"runs": report.runs, "records": report.records,
                                      "memory_entries": report.memory_entries,
-                                     "archived_runs": report.archived_runs, "blobs": report.blobs}, ACTOR)
+                                     "archived_runs": report.archived_runs, "blobs": report.blobs,
+                                     "files": report.files}, ACTOR)
     report.space = erasure.reclaim(vacuum=vacuum, vacuum_full=vacuum_full)
     return report

@@ -228,6 +228,19 @@ class ErasureStore:
                 conn.execute(blob_refs.delete().where(refs.run_id.in_(chunk)))
         return len(gone)
 
+    def file_locations(self, run_ids: Sequence[str]) -> list[str]:
+        """Where the files the Runs' sandboxed skills kept in a file store are: the `location` of each
+        stored file document (harness.pipeline.artifacts) the Runs reference. Such a document is short; one
+        that holds the bytes themselves (base64) does not match the pattern and is not read."""
+        found: list[str] = []
+        pattern = '{"artifact":"' + "_" * 64 + '","location":%'
+        with self.store.engine.connect() as conn:
+            for chunk in _chunks(sorted(set(run_ids))):
+                query = (sa.select(blobs.c.content).join(blob_refs, blob_refs.c.hash == blobs.c.hash)
+                         .where(blob_refs.c.run_id.in_(chunk), blobs.c.content.like(pattern)))
+                found += [str(json.loads(text)["location"]) for text in conn.execute(query).scalars()]
+        return sorted(set(found))
+
     def reclaim(self, *, vacuum: bool = True, vacuum_full: bool = False) -> list[str]:
         """Give back the space the erasure freed, so what it removed is not left in the database's free
         pages or log; returns what was done. SQLite (its deletes already zeroed by secure_delete): VACUUM

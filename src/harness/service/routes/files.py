@@ -10,6 +10,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Path, Security
 from fastapi.responses import Response
 
+from harness.config import segment_locator
 from harness.domain.contracts import ArtifactFile
 from harness.pipeline.artifacts import files_of, find_file, skipped_files_of, stored_bytes
 from harness.service.auth import Principal, principal
@@ -53,7 +54,7 @@ def download_file(run_id: str, sha256: Sha256, caller: Caller, svc: Service = Se
     file = find_file(run.context, sha256)
     if file is None:
         raise ApiError(404, "not_found", f"run {run_id!r} kept no file with SHA-256 {sha256}")
-    data = stored_bytes(svc.runtime.contents, file)
+    data = stored_bytes(svc.runtime.contents, file, segment_locator())
     if data is None:
         raise ApiError(404, "not_found", f"the content of {file.name!r} is no longer stored (erased) or does "
                                          "not match its hash")
