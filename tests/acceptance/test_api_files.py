@@ -1,6 +1,7 @@
 """The files a Run's sandboxed skill wrote, over HTTP with real credentials: listed with the Run, downloaded
 by who may read the Run (an API key of its tenant, or the console session of one), checked against their
-SHA-256, always as an attachment; another tenant gets 404 for the list, the file and the page alike."""
+SHA-256, always as an attachment; another tenant gets 404 for the list, the file and the page alike. What
+the skill printed is shown with the Run, without the secrets it printed."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from fastapi.testclient import TestClient
 from harness.clock import SystemClock
 from harness.config import Runtime
 from tests.acceptance.api_helpers import make_client
-from tests.integration.test_artifacts import PNG, sandbox_runtime
+from tests.integration.test_artifacts import PNG, PRINTED, WARNED, sandbox_runtime
 from tests.integration.test_sandbox import need_bwrap
 
 KEYS = {"tess": "files-test-tess-key", "lee": "files-test-lee-key", "mallory": "files-test-mallory-key"}
@@ -62,6 +63,8 @@ def test_the_owner_downloads_a_file_a_sandboxed_skill_wrote_and_another_tenant_c
     assert doc["state"] == "SUCCEEDED", doc["error"]
     run_id = doc["run_id"]
     assert [f["name"] for f in doc["files"]] == ["chart.png", "out/report.csv"]
+    assert doc["streams"]["a"]["stdout"].startswith("token ") and doc["streams"]["a"]["stderr"].startswith("key ")
+    assert PRINTED not in created.text and WARNED not in created.text  # the secrets the skill printed
     chart = doc["files"][0]
     base = f"/api/v1/runs/{run_id}/files"
 
@@ -84,6 +87,7 @@ def test_the_owner_downloads_a_file_a_sandboxed_skill_wrote_and_another_tenant_c
     page = client.get(f"/ui/runs/{run_id}").text
     link = f'href="{base}/{chart["sha256"]}"'
     assert link in page and "out/report.csv" in page and "HARNESS_ARTIFACT_MAX_BYTES" in page
+    assert 'data-stream="a-stdout"' in page and PRINTED not in page and WARNED not in page
     assert client.get(f"{base}/{chart['sha256']}").content == PNG  # the console's link, on its session
     client.cookies.clear()
     sign_in(client, "mallory")

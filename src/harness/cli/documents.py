@@ -17,7 +17,7 @@ def run_document(store: Store, run_id: str) -> dict[str, Any]:
     times, the legacy job status and its recorded cost. Times are epoch seconds here; `emit` writes them as
     ISO 8601 in UTC."""
     from harness.domain.contracts import effects_of
-    from harness.pipeline.artifacts import files_of
+    from harness.pipeline.artifacts import files_of, streams_of
     from harness.stores import approval_rows, cost_ledger
 
     run = store.get_run(run_id)
@@ -34,6 +34,7 @@ def run_document(store: Store, run_id: str) -> dict[str, Any]:
         "answer": stored.get("answer"),
         "artifacts": stored.get("artifacts", {}),
         "files": [f.model_dump(mode="json") for f in files_of(run.context)],
+        "streams": streams_of(run.context),
         "error": stored.get("error"),
         "approval_request_id": pending[-1].request_id if pending else None,
         "effects": list(effects_of(run.context)),

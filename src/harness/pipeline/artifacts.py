@@ -117,6 +117,17 @@ def _outcomes(context: dict[str, Any] | None) -> list[dict[str, Any]]:
     return [outcome for steps in rounds for outcome in steps.values()]
 
 
+def streams_of(context: dict[str, Any] | None) -> dict[str, dict[str, str]]:
+    """What each step's sandboxed call printed (filtered, bounded), by step id: `stdout` and `stderr` where
+    it printed something; steps that printed nothing are left out."""
+    found: dict[str, dict[str, str]] = {}
+    for outcome in _outcomes(context):
+        printed = {k: str(outcome[k]) for k in ("stdout", "stderr") if outcome.get(k)}
+        if printed:
+            found[str(outcome.get("step_id"))] = printed
+    return found
+
+
 def find_file(context: dict[str, Any] | None, sha256: str) -> ArtifactFile | None:
     """The Run's file with these bytes (its first, when several names hold them), or None."""
     return next((f for f in files_of(context) if f.sha256 == sha256), None)

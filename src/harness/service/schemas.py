@@ -168,6 +168,10 @@ class RunDoc(BaseModel):
         description="The files the Run's sandboxed skills wrote and that were kept, each `{step_id, name, size, "
                     "media_type, sha256, content_hash, filtered}`; download one at `files/{sha256}` under the "
                     "Run's URL (see `GET /api/v1/runs/{run_id}/files`).")
+    streams: dict[str, dict[str, str]] = Field(
+        default_factory=dict,
+        description="What each sandboxed step printed, by step id: `stdout` and `stderr`, filtered for secrets "
+                    "and bounded by HARNESS_SANDBOX_STREAM_BYTES (a longer stream keeps its start and end).")
     approval_request_id: str | None
     effects: list[dict[str, str]] = Field(
         default_factory=list,

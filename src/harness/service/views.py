@@ -15,7 +15,7 @@ from harness.domain.retention import ArchivedRun
 from harness.kernel import FINAL, RunState, job_status
 from harness.kernel.states import PHASE_OF
 from harness.pipeline import trace_groups
-from harness.pipeline.artifacts import files_of
+from harness.pipeline.artifacts import files_of, streams_of
 from harness.policy.hitl import HitlRequest
 from harness.retention import readback
 from harness.service import schemas
@@ -85,6 +85,7 @@ def run_document(rt: Runtime, run: RunRecord) -> schemas.RunDoc:
         error=result.get("error"),
         artifacts=result.get("artifacts") or {},
         files=[f.model_dump(mode="json") for f in files_of(run.context)],
+        streams=streams_of(run.context),
         effects=list(effects_of(run.context)),
         approval_request_id=pending[-1].request_id
         if pending and run.state == RunState.AWAITING_HITL
