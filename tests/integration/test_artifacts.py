@@ -21,6 +21,7 @@ from harness.clock import FakeClock
 from harness.config import Runtime, Settings, build_runtime, erase_user, segment_locator
 from harness.pipeline.artifacts import stored_bytes
 from harness.ports import Clock
+from harness.replay.runner import replay
 from tests.conftest import FIXTURES
 from tests.integration.test_sandbox import need_bwrap
 
@@ -104,6 +105,8 @@ def test_a_sandboxed_skills_files_and_streams_are_kept_bounded_and_filtered(runt
     assert "HARNESS_ARTIFACT_MAX_COUNT" in skipped["z_extra.txt"]
 
     runtime.store.drain_all()
+    report_of_replay = replay(result.run_id, runtime.store, runtime.settings)  # no sandbox runs in it
+    assert report_of_replay.ok, report_of_replay.divergences
     (tool,) = [r.data() for r in runtime.store.trace_of(result.run_id) if r.kind == "tool"]
     assert tool["isolation"] == "bwrap" and tool["files"] == [chart.content_hash, report.content_hash]
     with runtime.store.engine.connect() as conn:
