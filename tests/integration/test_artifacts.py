@@ -65,7 +65,7 @@ def sandbox_runtime(tmp_path: Path, db: str, clock: Clock | None = None, **setti
     values: dict[str, Any] = {"artifact_max_bytes": 4096, "artifact_max_count": 2, "sandbox_stream_bytes": 2048,
                               "identities_file": FIXTURES / "identities.yaml", **settings}
     return build_runtime(Settings(db=db, skills_dirs=(skills,), policy_file=FIXTURES / "policy.yaml",
-                                  llm_rules=rules, data_dir=tmp_path / "data", sandbox="bwrap", **values),
+                                  llm_rules=rules, data_dir=tmp_path / "data", **{"sandbox": "bwrap", **values}),
                          clock=clock or FakeClock())
 
 
@@ -162,5 +162,19 @@ def test_an_s3_bucket_holds_the_files_and_an_erasure_deletes_them(tmp_path: Path
     rt = sandbox_runtime(tmp_path, str(tmp_path / "s3.db"), artifact_store="s3://runs-archive/kept")
     try:
         kept_in_a_file_store(rt, "s3://runs-archive/kept/", listed)
+    finally:
+        rt.close()
+
+
+def test_the_rlimit_fallback_leaves_the_same_streams_and_files(tmp_path: Path) -> None:
+    """Under the weaker rlimit sandbox the call's streams and files are collected the same way."""
+    rt = sandbox_runtime(tmp_path, str(tmp_path / "rlimit.db"), sandbox="rlimit")
+    try:
+        result = rt.runs.create_run({"task": "report", **TESS})
+        assert result.state == "SUCCEEDED", result.error
+        assert [f.name for f in result.files] == ["chart.png", "out/report.csv"]
+        outcome = (rt.store.get_run(result.run_id).context or {})["steps"]["a"]
+        assert outcome["stdout"].startswith("token ") and PRINTED not in outcome["stdout"]
+        assert stored_bytes(rt.contents, result.files[0]) == PNG
     finally:
         rt.close()
