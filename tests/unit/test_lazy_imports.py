@@ -66,11 +66,12 @@ def test_help_loads_no_database_policy_or_web_code(tmp_path: Path) -> None:
 
 
 def test_a_read_only_command_builds_its_runtime_without_the_heavy_libraries(tmp_path: Path) -> None:
-    """A command that builds the whole runtime on a current database loads no migration tool, no secret
+    """Building the whole runtime (as `approve` does) on a current database loads no migration tool, no secret
     detectors, no tokenizer vocabulary, no web stack, no HTTP client, no Celery, MCP or OpenTelemetry SDK."""
     migrated(tmp_path)
-    modules = modules_after(cli("approvals", "--json"), tmp_path)
-    assert "harness.config" in modules
+    modules = modules_after("from harness.config import Settings, build_runtime\n"
+                            "build_runtime(Settings.from_env()).close()", tmp_path)
+    assert "harness.pipeline.run_manager" in modules
     assert loaded(modules, HEAVY) == []
 
 
@@ -102,3 +103,13 @@ def test_runs_show_reads_without_the_composition_root(tmp_path: Path) -> None:
     assert "harness.stores" in shown
     assert loaded(shown, ("harness.config", "harness.pipeline.run_manager", "harness.policy", "cedarpy",
                           "harness.skills.manifests", "jsonschema")) == []
+
+
+def test_approvals_lists_without_the_composition_root_until_a_timeout_is_due(tmp_path: Path) -> None:
+    """`harness approvals` reads the waiting requests through the store alone; the runtime (pipeline,
+    policy, skills) loads only when a request's deadline has passed and its timeout must be applied."""
+    migrated(tmp_path)
+    listed = modules_after(cli("approvals", "--json"), tmp_path)
+    assert "harness.stores" in listed
+    assert loaded(listed, ("harness.config", "harness.pipeline.run_manager", "harness.policy", "cedarpy",
+                           "harness.skills.manifests")) == []

@@ -294,10 +294,20 @@ def reject(request_id: Annotated[str, typer.Argument()], as_: AsOption, reason: 
 def approvals(tenant: Annotated[str | None, typer.Option("--tenant")] = None, db: DbOption = None,
               json_: JsonOption = False) -> None:
     """List approval requests that are waiting."""
-    rt = runtime(db)
-    rt.runs.expire_approvals()
-    pending = rt.hitl.pending(tenant)
-    parents = rt.hitl.parent_runs(pending)
+    from harness.stores import approval_rows, open_store
+
+    reference = agent_reference()
+    if reference:  # the listing needs no agent, but a bad reference is named (exit 2) as by every command
+        from harness.agents import load_agent
+
+        load_agent(reference)
+    store = open_store(db)
+    rows = approval_rows(store)
+    if rows.due(store.clock.now(), 1):  # a timeout to apply first: that takes the whole runtime
+        runtime(db).runs.expire_approvals()
+    pending = rows.pending(tenant, 200)
+    by_run = rows.parent_runs(sorted({r.run_id for r in pending}))
+    parents = {r.request_id: by_run[r.run_id] for r in pending if r.run_id in by_run}
     docs = [{"request_id": r.request_id, "run_id": r.run_id, "tenant_id": r.tenant_id, "requester": r.requester,
              "level": r.level, "required_approvals": r.required_approvals, "approver_roles": list(r.approver_roles),
              "created_at": iso(r.created_at), "deadline_at": iso(r.deadline_at), "actions": r.actions,
@@ -307,7 +317,7 @@ def approvals(tenant: Annotated[str | None, typer.Option("--tenant")] = None, db
         return
     if not docs:
         typer.echo("no approval requests are waiting")
-    now = rt.store.clock.now()
+    now = store.clock.now()
     for d, request in zip(docs, pending, strict=True):
         typer.echo(f"{d['request_id']}  {d['level']}  run {d['run_id']}  by {d['tenant_id']}/{d['requester']}")
         roles = ", ".join(request.approver_roles)
