@@ -6,6 +6,8 @@
     │   │   └── RequestTooLargeError  a request over its size limit (HTTP 413)
     │   ├── IdempotencyConflictError  an idempotency key reused with another request (HTTP 409)
     │   ├── UnknownRunError           no Run with that id
+    │   ├── UnknownDocumentError      no knowledge-base document with that id in the caller's tenant
+    │   ├── DocumentError             a file that cannot be ingested (unreadable, empty, of an unknown kind)
     │   ├── ManifestError             a skill manifest that cannot be loaded
     │   └── PolicyConfigError         a policy file that cannot be loaded
     ├── BacklogFullError              too many accepted Runs wait to start; retry later (HTTP 429)
@@ -60,6 +62,18 @@ class UnknownRunError(BadInputError):
     def __init__(self, run_id: str) -> None:
         super().__init__(f"no run with id {run_id!r}")
         self.run_id = run_id
+
+
+class UnknownDocumentError(BadInputError):
+    """No knowledge-base document has this id in the caller's tenant (another tenant's looks the same)."""
+
+    def __init__(self, document_id: str, tenant_id: str) -> None:
+        super().__init__(f"no knowledge-base document {document_id!r} in tenant {tenant_id!r}")
+        self.document_id = document_id
+
+
+class DocumentError(BadInputError):
+    """A file cannot be ingested into a knowledge base: unreadable, empty, or of a kind not read."""
 
 
 class ManifestError(BadInputError):

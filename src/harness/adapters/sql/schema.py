@@ -364,3 +364,50 @@ sandbox_leases = sa.Table(
     sa.Column("acquired_at", sa.Double, nullable=False),
     sa.Index("ix_sandbox_leases_instance", "instance_id"),
 )
+
+#: knowledge-base documents (revision 0021): one row per ingested file of a tenant's knowledge base, optionally
+#: only for one agent or one team (NULL: every agent, every team of the tenant). `content_hash` is the hash of
+#: the filtered text the chunks were cut from; `tags` is a JSON list.
+kb_documents = sa.Table(
+    "kb_documents",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("document_id", ID, nullable=False, unique=True),
+    sa.Column("tenant_id", sa.String(128), nullable=False),
+    sa.Column("kb", sa.String(64), nullable=False),
+    sa.Column("agent", sa.String(64)),
+    sa.Column("team_id", sa.String(128)),
+    sa.Column("title", sa.String(256), nullable=False),
+    sa.Column("media_type", sa.String(64), nullable=False),
+    sa.Column("tags", sa.String(1000), nullable=False, server_default="[]"),
+    sa.Column("content_hash", sa.String(64), nullable=False),
+    sa.Column("chunks", sa.Integer, nullable=False),
+    sa.Column("chars", sa.Integer, nullable=False),
+    sa.Column("filtered_secrets", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("created_at", sa.Double, nullable=False),
+    sa.Index("ix_kb_documents_tenant", "tenant_id", "kb"),
+)
+
+#: the chunks a document was cut into, with the document's scope columns repeated so a search is confined in
+#: SQL without a join. On SQLite the FTS5 table kb_chunks_fts mirrors `content` (triggers); on PostgreSQL a GIN
+#: index on to_tsvector('english', content) serve the lexical search; MySQL/MariaDB scan the scope's chunks.
+kb_chunks = sa.Table(
+    "kb_chunks",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("chunk_id", ID, nullable=False, unique=True),
+    sa.Column("document_id", ID, nullable=False),
+    sa.Column("tenant_id", sa.String(128), nullable=False),
+    sa.Column("kb", sa.String(64), nullable=False),
+    sa.Column("agent", sa.String(64)),
+    sa.Column("team_id", sa.String(128)),
+    sa.Column("seq", sa.Integer, nullable=False),
+    sa.Column("section", sa.String(256), nullable=False),
+    sa.Column("content", sa.Text, nullable=False),
+    sa.Column("content_hash", sa.String(64), nullable=False),
+    sa.Column("created_at", sa.Double, nullable=False),
+    sa.Column("embedding", sa.LargeBinary),
+    sa.Column("embedding_model", sa.String(64)),
+    sa.Index("ix_kb_chunks_scope", "tenant_id", "kb"),
+    sa.Index("ix_kb_chunks_document", "document_id"),
+)
