@@ -27,6 +27,7 @@ from harness.adapters.sql.approvals import SqlApprovals
 from harness.adapters.sql.audit_reads import SqlAuditReads
 from harness.adapters.sql.blobs import BlobStore
 from harness.adapters.sql.erasure import ErasureStore
+from harness.adapters.sql.knowledge import SqlKnowledgeRows
 from harness.adapters.sql.leases import Leases
 from harness.adapters.sql.ledger import CostLedger
 from harness.adapters.sql.memory import SqlMemoryRows
@@ -54,6 +55,7 @@ from harness.domain.sandbox import PoolSettings
 from harness.drive.leased import LeasedDrive, default_owner
 from harness.drive.state_machine import Listener, StateMachine
 from harness.kernel import FINAL, RunState
+from harness.knowledge.base import KnowledgeBase, open_knowledge
 from harness.memory.store import open_memory
 from harness.memory.writeback import MemoryWriteBack
 from harness.pipeline.artifacts import ArtifactLimits
@@ -131,6 +133,8 @@ class Runtime:
     #: wakes callers waiting for a Run to change (`Harness.events`, the service's SSE): this process's
     #: changes everywhere, every process's on PostgreSQL
     feed: ChangeFeed = field(default_factory=LocalChangeFeed)
+    #: the tenants' knowledge bases: documents in, snippets for the context out
+    knowledge: KnowledgeBase | None = None
 
     @property
     def reads(self) -> ReadModel:
@@ -425,6 +429,16 @@ def resolve_agent(settings: Settings, agent: Agent | None = None) -> tuple[Setti
     return resolved, agent
 
 
+def knowledge_base(store: SqlStore, settings: Settings | None = None) -> KnowledgeBase:
+    """The knowledge bases over a store, for ingestion and listing: searched and embedded as the settings say
+    (HARNESS_KNOWLEDGE=semantic embeds each chunk as it is added; off still lets documents be managed)."""
+    mode = (settings or Settings.from_env()).knowledge
+    found = open_knowledge("lexical" if mode == "off" else mode, SqlKnowledgeRows(store.engine), store.clock,
+                           SecretFilter())
+    assert found is not None
+    return found
+
+
 def change_feed(store: SqlStore, push: bool = True) -> ChangeFeed:
     """What wakes this process's waiters for a Run's changes: on PostgreSQL (through psycopg 3) with
     `push`, every process's changes (NOTIFY with each change, LISTEN here); elsewhere this process's only,
@@ -512,7 +526,8 @@ def build_runtime(settings: Settings | None = None, *, clock: Clock | None = Non
     )
     tools.child_runs = runs  # AgentInvoke creates child Runs through the same kernel (T4)
     runtime = Runtime(settings, store, machine, registry, policy, hitl, tools, runs, identities,
-                      webhooks, outbox, agent, mcp, change_feed(store, settings.events_push))
+                      webhooks, outbox, agent, mcp, change_feed(store, settings.events_push),
+                      knowledge_base(store, settings))
     machine.subscribe(lambda run_id, _source, _target: runtime.feed.changed(run_id))
 
     # every drive holds the Run's lease (K5b, T6), as the thread that drives it (owner host:pid:thread)

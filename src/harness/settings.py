@@ -111,6 +111,10 @@ class Settings(BaseModel):
     memory: Literal["off", "lexical", "semantic"] = "lexical"
     memory_write_scope: Literal["user", "session"] = "user"
     memory_share: float = Field(default=0.25, ge=0.0, le=0.9)
+    #: knowledge bases in the context: how chunks are searched ("off" gives the model none), and the share
+    #: of the token budget their snippets may take
+    knowledge: Literal["off", "lexical", "semantic"] = "lexical"
+    knowledge_share: float = Field(default=0.25, ge=0.0, le=0.9)
     #: leases (one driver per Run): how long a driver's lease lives without a heartbeat (it heartbeats
     #: every third of it), and how many times a Run's lease may be taken over from a dead driver before
     #: the Run is failed as poison instead of resumed again
@@ -202,6 +206,7 @@ class Settings(BaseModel):
                           ("chain_depth", "HARNESS_CHAIN_DEPTH"), ("max_rounds", "HARNESS_MAX_ROUNDS"),
                           ("tokenizer", "HARNESS_TOKENIZER"), ("memory", "HARNESS_MEMORY"),
                           ("memory_write_scope", "HARNESS_MEMORY_WRITE_SCOPE"),
+                          ("knowledge", "HARNESS_KNOWLEDGE"), ("knowledge_share", "HARNESS_KNOWLEDGE_SHARE"),
                           ("trace_buffer", "HARNESS_TRACE_BUFFER"),
                           ("webhooks_file", "HARNESS_WEBHOOKS_FILE"), ("agent", "HARNESS_AGENT"),
                           ("mcp_file", "HARNESS_MCP_FILE")):

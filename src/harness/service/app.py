@@ -29,7 +29,7 @@ from harness.service.auth import Authenticator, SessionSigner
 from harness.service.body_limit import BodyLimit, NulGuard
 from harness.service.core import Service
 from harness.service.metrics import Metrics
-from harness.service.routes import approvals, console, console_more, costs, files, ops, runs, webhooks
+from harness.service.routes import approvals, console, console_more, costs, files, kb, ops, runs, webhooks
 from harness.service.settings import ServiceSettings
 from harness.service.sse import ChangeHub
 from harness.service.telemetry import Telemetry
@@ -163,7 +163,7 @@ def create_app(
                   docs_url=None)  # served by entrances, with its assets
     app.state.service = svc
     errors.install(app)
-    for router in (runs.router, files.router, approvals.router, ops.router, webhooks.router, costs.router,
+    for router in (runs.router, files.router, approvals.router, ops.router, webhooks.router, costs.router, kb.router,
                    console.router, console_more.router):
         app.include_router(router)
     app.mount("/ui/static", StaticFiles(directory=STATIC_DIR), name="static")
