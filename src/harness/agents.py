@@ -10,6 +10,7 @@
     llm_rules: llm_rules.yaml     # optional: the scripted model's rules (the offline default)
     max_rounds: 4                 # optional: rounds a Run may plan
     system_history: false         # optional: whether a caller's history may hold system messages
+    knowledge_bases: [default]    # optional: the knowledge bases of the caller's tenant the agent may read
 
 The agent's instructions are the system prompt the context assembler builds on: they come first, then
 how to answer with a plan (PLAN_FORMAT). In code, `skills` may also hold functions declared with
@@ -28,7 +29,7 @@ import importlib
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -47,7 +48,8 @@ def system_prompt(instructions: str) -> str:
 
 
 class Agent(BaseModel):
-    """An agent: who it is (instructions), what it may do (skills, policy) and which model thinks."""
+    """An agent: who it is (instructions), what it may do (skills, policy), what it may read (knowledge bases)
+    and which model thinks."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$")
@@ -61,6 +63,9 @@ class Agent(BaseModel):
     #: whether a caller's `history` may hold messages with role system (by default they are refused: a
     #: caller speaking as the system would sit beside the agent's own instructions)
     system_history: bool = False
+    #: the knowledge bases (of the Run's tenant) whose snippets the context may give the model; `harness kb add
+    #: --kb NAME` fills one. Every agent reads the tenant's `default` one unless it names others.
+    knowledge_bases: tuple[Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$")], ...] = ("default",)
 
     @classmethod
     def from_file(cls, path: str | Path) -> Agent:

@@ -55,7 +55,7 @@ from harness.domain.sandbox import PoolSettings
 from harness.drive.leased import LeasedDrive, default_owner
 from harness.drive.state_machine import Listener, StateMachine
 from harness.kernel import FINAL, RunState
-from harness.knowledge.base import KnowledgeBase, open_knowledge
+from harness.knowledge.base import DEFAULT_KB, KnowledgeBase, open_knowledge
 from harness.memory.store import open_memory
 from harness.memory.writeback import MemoryWriteBack
 from harness.pipeline.artifacts import ArtifactLimits
@@ -497,11 +497,17 @@ def build_runtime(settings: Settings | None = None, *, clock: Clock | None = Non
     memory = open_memory(settings.memory, SqlMemoryRows(store.engine), store.clock, secret_filter)
     if memory is not None:
         machine.on_close(MemoryWriteBack(memory, settings.memory_write_scope))  # C5: SUCCEEDED only
+    knowledge = open_knowledge(settings.knowledge, SqlKnowledgeRows(store.engine), store.clock, secret_filter)
+    if knowledge is not None and memory is not None and memory.embedder is not None and knowledge.embedder:
+        knowledge.embedder = memory.embedder  # one model in the process, not two
     identities = IdentityDirectory.from_file(settings.identities_file)
     encoding = None if settings.tokenizer == "auto" else settings.tokenizer
     assembler = ContextAssembler(tokenizer_for(settings.llm, settings.llm_model, encoding), memory=memory,
                                  secret_filter=secret_filter, memory_share=settings.memory_share,
-                                 instructions=agent.instructions if agent is not None else None)
+                                 instructions=agent.instructions if agent is not None else None,
+                                 knowledge=knowledge, knowledge_share=settings.knowledge_share,
+                                 knowledge_bases=agent.knowledge_bases if agent is not None else (DEFAULT_KB,),
+                                 agent_name=agent.name if agent is not None else None)
     webhooks = load_webhook_config(settings.webhooks_file)
     outbox = WebhookOutbox(store)
     notifier = WebhookNotifier(outbox, webhooks)
@@ -527,7 +533,7 @@ def build_runtime(settings: Settings | None = None, *, clock: Clock | None = Non
     tools.child_runs = runs  # AgentInvoke creates child Runs through the same kernel (T4)
     runtime = Runtime(settings, store, machine, registry, policy, hitl, tools, runs, identities,
                       webhooks, outbox, agent, mcp, change_feed(store, settings.events_push),
-                      knowledge_base(store, settings))
+                      knowledge or knowledge_base(store, settings))
     machine.subscribe(lambda run_id, _source, _target: runtime.feed.changed(run_id))
 
     # every drive holds the Run's lease (K5b, T6), as the thread that drives it (owner host:pid:thread)

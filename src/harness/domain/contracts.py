@@ -174,6 +174,20 @@ class RunRequest(Input):
         return CallerIdentity(tenant_id=self.tenant_id, user_id=self.user_id, roles=self.roles)
 
 
+class GivenChunk(Contract):
+    """A knowledge-base chunk the model was given: which one, from which document, and the hash of its content
+    (what a replay and an auditor compare with the stored chunk)."""
+
+    chunk_id: str
+    document_id: str
+    kb: str
+    source: str
+    content_hash: str
+    tokens: int
+    #: only the first words of it fitted the budget (its `tokens` are what was given)
+    trimmed: bool = False
+
+
 class AssembledContext(Contract):
     """What the plan orchestrator receives from the context assembler (step ②)."""
 
@@ -190,6 +204,10 @@ class AssembledContext(Contract):
     recall_mode: str = "off"
     recall_degraded: str | None = None
     compression: dict[str, int] = Field(default_factory=dict)
+    #: knowledge-base snippets given to the model, best first; how they were searched, why not when they were not
+    knowledge: tuple[GivenChunk, ...] = ()
+    knowledge_mode: str = "off"
+    knowledge_degraded: str | None = None
 
     @property
     def budget_left(self) -> int:

@@ -19,8 +19,10 @@ and the final result. Blobs are checked against their hashes as they are read, s
 recording is named as such. The first divergence is the earliest in pipeline order.
 
 Limits: budget and memory state are seeded from the source (costs and memory of the tenant before
-the Run began); other shared state (e.g. other Runs' pending approvals) is not reconstructed; a
-failure that came from real time passing between steps (the execution limit checked before a step)
+the Run began), and so are the tenant's knowledge-base documents: the snippets given are the chunks the
+Run's trace names, in its order (a chunk removed since shows as a divergence of the model's request);
+other shared state (e.g. other Runs' pending approvals) is not reconstructed; a failure that came from
+real time passing between steps (the execution limit checked before a step)
 is not reproduced by a replay whose calls are instant.
 """
 
@@ -47,6 +49,7 @@ from harness.domain.recorded import RecordedDecision
 from harness.domain.records import RunRecord
 from harness.domain.traces import ToolTrace, policy_passed, policy_verdicts, simply_passes
 from harness.kernel import FINAL, RunState
+from harness.knowledge.base import RecordedSearch
 from harness.pipeline.tool_controller import CallResult, ToolController
 from harness.replay.events import OutsideEvents, ReplayStopped, WorkerDied, move_to, outside_events
 from harness.skills.manifests import Skill
@@ -349,6 +352,10 @@ def replay(run_id: str, source: Store, settings: Settings | None = None, agent: 
                            tool_steps=recording.called_steps(), crashed_steps=recording.crashed_steps())
     with _scratch_runtime(base, run.created_at, recording, events, agent) as (rt, clock):
         replay_reads(source).seed(rt.store, run.tenant_id, run.created_at)
+        given = [c["chunk_id"] for kind, record in records_of(source, run_id) if kind == "context"
+                 for c in record.get("knowledge", [])]
+        if given and rt.knowledge is not None:  # the chunks the Run was given, not a search of today's ranking
+            rt.runs.assembler.knowledge = RecordedSearch(rt.knowledge, given)
         follow = _follow_clock(clock, [x.at for x in source.transitions_of(run_id)])
         rt.machine.subscribe(lambda _rid, _s, _t: follow(), at_commit=False)
         request = RunRequest.model_validate({**run.request, "retry_of": None})

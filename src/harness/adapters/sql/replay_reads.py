@@ -52,12 +52,15 @@ class ReplayReads:
                 r.c.decided_at.is_not(None))).scalars()]
 
     def seed(self, target: SqlStore, tenant_id: str, before: float) -> None:
-        """Copy the tenant's recorded spend and memory from before `before` into the replay's database, so
-        budgets and recall decide as they did. Memory written by a Run counts only once that Run SUCCEEDED
-        (C5); its source Run is not in the scratch database, so such entries are copied as plain entries."""
+        """Copy the tenant's recorded spend, memory and knowledge-base documents from before `before` into the
+        replay's database, so budgets, recall and the snippets given decide as they did. Memory written by a Run
+        counts only once that Run SUCCEEDED (C5); its source Run is not in the scratch database, so such entries
+        are copied as plain entries. A document removed since is not there to copy: the replay then diverges at
+        the model's request, which no longer holds its snippets."""
         source = self.store
         succeeded = sa.select(t.runs.c.run_id).where(t.runs.c.state == RunState.SUCCEEDED.value)
-        for name, time_column in (("costs", "at"), ("memory_entries", "created_at")):
+        for name, time_column in (("costs", "at"), ("memory_entries", "created_at"), ("kb_documents", "created_at"),
+                                  ("kb_chunks", "created_at")):
             if not (sa.inspect(source.engine).has_table(name) and sa.inspect(target.engine).has_table(name)):
                 continue
             table = sa.Table(name, sa.MetaData(), autoload_with=source.engine)
