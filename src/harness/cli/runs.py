@@ -48,9 +48,9 @@ def print_result(result: RunResult) -> None:
     console.print(f"[bold]run[/] {result.run_id}  [bold {colour}]{result.state}[/]", highlight=False)
     console.print("  path: " + " → ".join(result.path))
     if result.answer:
-        console.print(f"  answer: {result.answer}")
+        console.print(f"  answer: {result.answer}", markup=False, highlight=False)
     if result.error:
-        console.print(f"  reason: {result.error}")
+        console.print(f"  reason: {result.error}", markup=False, highlight=False)
     if result.approval_request_id:
         console.print(f"  waiting for approval: request [bold]{result.approval_request_id}[/]")
         agent = agent_reference()  # the approving process needs the Run's agent too
@@ -222,7 +222,9 @@ def _record_lines(r: dict[str, Any], now: float) -> list[str]:
         return [f"model call {r.get('provider')}/{r.get('model')} ({r.get('purpose')})"]
     if kind == "context":
         return [f"context assembled ({r.get('recall_mode') or 'no'} memory recall, "
-                f"{r.get('filtered_secrets', 0)} secret(s) filtered)"]
+                f"{r.get('filtered_secrets', 0)} secret(s) filtered)",
+                *(f"knowledge chunk {c['chunk_id']} ({c['source']}) sha256 {c['content_hash'][:16]}…"
+                  for c in r.get("knowledge", []))]
     if kind == "memory":
         return [f"memory {r.get('event', '')} ({r.get('scope', '')})"]
     return [kind]
@@ -368,7 +370,14 @@ def demo(db: DbOption = None, json_: JsonOption = False, llm: DemoLlm = "scripte
 
 
 def _demo(rt: Runtime, json_: bool) -> None:
+    from harness.examples.support import HANDBOOK_KB, handbook_files
+
     rt.runs.assembler.warm()  # the vocabulary loads before the Run, not inside its step 2
+    if rt.knowledge is not None:  # the refund answers cite it (a file already there is not stored again)
+        rt.knowledge.add_files(handbook_files(), tenant_id="default", kb=HANDBOOK_KB)
+        if not json_:
+            typer.echo(f"the policy handbook is in the knowledge base {HANDBOOK_KB!r}: harness kb list --kb "
+                       f"{HANDBOOK_KB}")
     out, waiting = [], []
     for label, task, user, decider in DEMO_SCENARIOS:
         if not json_:

@@ -8,14 +8,17 @@ A rules file is YAML::
         purpose: plan                            # plan (default), tool, answer or any
         round: 2                                 # plans: the round it answers (default: the first)
         results: '"status": "delivered"'        # matched against the latest round's results (optional)
+        system: '\\[(?P<source>[^]]+)\\]'        # matched against the system prompt (optional): memory and
+                                                 # knowledge-base snippets are there
         plan: {steps: [...], answer_template: "..."}   # answered as JSON content, or
         reply: "free text"                       # answered verbatim (e.g. to script an invalid plan)
         error: {kind: server_error, message: "..."}    # raise a ProviderError (to script failures)
     fallback:
       reply: "..."
 
-The first rule whose `when` matches the task answers: the last user message, not counting the
-messages that show the model a round's results. Named groups of the `when` and `results` patterns are
+The first rule whose `when` matches the task answers (and whose `results` and `system`, when given, match
+too): the task is the last user message, not counting the messages that show the model a round's results.
+Named groups of the `when`, `results` and `system` patterns are
 substituted into every string of the plan or reply written as ``{group}``, and so is any result the
 model has been shown, written as ``{output_key.field}`` (``{order.status}``): a later round's plan or
 an answer from results can use what the earlier steps found, as a real model would.
@@ -57,11 +60,12 @@ class Rule(BaseModel):
     purpose: Literal["plan", "tool", "answer", "any"] = "plan"
     round: int | None = Field(default=None, ge=1)
     results: str | None = None
+    system: str | None = None
     plan: dict[str, Any] | None = None
     reply: str | None = None
     error: ScriptedError | None = None
 
-    @field_validator("when", "results")
+    @field_validator("when", "results", "system")
     @classmethod
     def _compiles(cls, value: str | None) -> str | None:
         if value is None:
@@ -194,7 +198,7 @@ class ScriptedProvider:
     def complete(self, request: LLMRequest) -> LLMResponse:
         """Answer with the first matching rule's plan, reply or error."""
         prompt, round_no, latest, seen = _conversation(request)
-        rule, groups = self._match(prompt, request.purpose, round_no, latest)
+        rule, groups = self._match(prompt, request.purpose, round_no, latest, request.system)
         if rule.error is not None:
             kind = rule.error.kind
             raise ProviderError(f"scripted {kind}: {rule.error.message}", kind=kind,
@@ -213,7 +217,8 @@ class ScriptedProvider:
                       price_table="scripted rules")
         return LLMResponse(content=content, model=f"scripted:{rule.name}", provider=self.name, usage=usage)
 
-    def _match(self, prompt: str, purpose: str, round_no: int = 1, latest: str = "") -> tuple[Rule, dict[str, str]]:
+    def _match(self, prompt: str, purpose: str, round_no: int = 1, latest: str = "",
+               system: str = "") -> tuple[Rule, dict[str, str]]:
         for rule, pattern in self._compiled:
             if rule.purpose not in (purpose, "any"):
                 continue
@@ -228,6 +233,11 @@ class ScriptedProvider:
                 if shown is None:
                     continue
                 groups.update({k: v for k, v in shown.groupdict().items() if v is not None})
+            if rule.system is not None:
+                told = re.search(rule.system, system)
+                if told is None:
+                    continue
+                groups.update({k: v for k, v in told.groupdict().items() if v is not None})
             return rule, groups
         if self.rules.fallback is not None:
             return self.rules.fallback, {}
