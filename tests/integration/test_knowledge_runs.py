@@ -67,7 +67,7 @@ def test_the_refund_answer_cites_the_handbook_and_the_trace_names_the_chunk(rt: 
 def test_a_run_given_snippets_replays_without_divergence(rt: Runtime) -> None:
     """The replay's database is seeded with the tenant's documents of the time, so the model's request holds
     the same snippets and the cited answer replays unchanged."""
-    from harness.replay import replay
+    from harness.replay.runner import replay
 
     result = refund(rt)
     report = replay(result.run_id, rt.store, rt.settings)
