@@ -3,7 +3,10 @@ fit), filtered, named in the trace; a failed search degrades to none, traced."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
+
+import pytest
 
 from harness.context.secrets import SecretFilter
 from harness.context.trace import KNOWLEDGE_DEGRADED, context_records
@@ -93,3 +96,22 @@ def test_a_failed_search_degrades_to_no_snippets_and_says_so() -> None:
     assert ctx.knowledge == () and ctx.knowledge_degraded == "RuntimeError: index is gone"
     records = context_records("r1", ctx)
     assert records[1].payload["error_code"] == KNOWLEDGE_DEGRADED
+
+
+def test_an_agent_names_the_knowledge_bases_its_runs_read(tmp_path: Path) -> None:
+    """`knowledge_bases` of an agent file (or `Agent(...)`) is what the context assembler searches, for that
+    agent by name; a name that is not one is refused, naming the file and the field."""
+    from harness.agents import Agent, support_agent
+    from harness.config import Settings, build_runtime
+    from harness.domain.errors import BadInputError
+
+    assert support_agent().knowledge_bases == ("default", "handbook")
+    agent = Agent(name="helpdesk", instructions="Help.", knowledge_bases=("faq",))
+    rt = build_runtime(Settings(db=str(tmp_path / "a.db"), data_dir=tmp_path / "data"), agent=agent)
+    try:
+        assert (rt.runs.assembler.knowledge_bases, rt.runs.assembler.agent_name) == (("faq",), "helpdesk")
+    finally:
+        rt.close()
+    (tmp_path / "agent.yaml").write_text("name: a\ninstructions: Help.\nknowledge_bases: ['two words']\n")
+    with pytest.raises(BadInputError, match=r"agent.yaml: knowledge_bases\.0"):
+        Agent.from_file(tmp_path / "agent.yaml")
