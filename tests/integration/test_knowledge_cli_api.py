@@ -1,20 +1,25 @@
 """`harness kb add|list|remove` and the knowledge-base API as users drive them, on SQLite, PostgreSQL and
 MariaDB: Markdown, plain text and PDF in; a bad file, an unknown id or another tenant's document refused
-with a clear message (exit 2, 404, 422) and no traceback; editors only may change a tenant's documents."""
+with a clear message (exit 2, 404, 422) and no traceback; editors only may change a tenant's documents, and
+only their own tenant's."""
 
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import yaml
 from typer.testing import CliRunner
 
+from harness.agents import support_agent
 from harness.cli import app
 from harness.config import Runtime, Settings, build_runtime
+from harness.examples.support import EXAMPLE_DIR
 from tests.acceptance.api_helpers import key, make_client
 from tests.knowledge_files import HANDBOOK_MD, SHIPPING_TXT, tiny_pdf
 
@@ -71,11 +76,20 @@ def test_the_cli_adds_lists_and_removes_documents(backend_url: str, tmp_path: Pa
         "documents"]) == 2
 
 
+OLGA_KEY = "acme-olga-key-0123456789"
+
+
 @pytest.fixture
 def rt(backend_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Runtime]:
-    """The support example's runtime on the backend under test (its identities and demo API keys)."""
+    """The support example's runtime on the backend under test: its identities and demo API keys, and olga,
+    a knowledge editor of the acme tenant."""
     monkeypatch.setenv("HARNESS_EXAMPLE_LEDGER", str(tmp_path / "ledger.jsonl"))
-    runtime = build_runtime(Settings(db=backend_url, data_dir=tmp_path / "data"))
+    identities = yaml.safe_load((EXAMPLE_DIR / "identities.yaml").read_text())
+    identities["identities"]["acme/olga"] = {"roles": ["knowledge_editor"],
+                                             "api_key_sha256": hashlib.sha256(OLGA_KEY.encode()).hexdigest()}
+    (tmp_path / "identities.yaml").write_text(yaml.safe_dump(identities))
+    runtime = build_runtime(Settings(db=backend_url, data_dir=tmp_path / "data",
+                                     identities_file=tmp_path / "identities.yaml"), agent=support_agent())
     yield runtime
     runtime.close()
 
@@ -107,7 +121,12 @@ def test_the_api_confines_documents_to_the_callers_tenant(rt: Runtime, tmp_path:
             bad = client.post("/api/v1/kb/documents", headers=key("operator"), json=body)
             assert bad.status_code == 422 and message in bad.json()["detail"], bad.text
         document_id = md.json()["document_id"]
+        olga = {"Authorization": f"Bearer {OLGA_KEY}"}
         assert client.delete(f"/api/v1/kb/documents/{document_id}", headers=key("zoe")).status_code == 403
+        assert client.delete(f"/api/v1/kb/documents/{document_id}", headers=olga).status_code == 404
+        own = client.post("/api/v1/kb/documents", headers=olga, json={"name": "acme.md", "text": "# Acme\nOurs."})
+        assert own.status_code == 201 and [d["title"] for d in client.get(
+            "/api/v1/kb/documents", headers=olga).json()["documents"]] == ["acme.md"]
         assert client.delete("/api/v1/kb/documents/nope", headers=key("operator")).status_code == 404
         gone = client.delete(f"/api/v1/kb/documents/{document_id}", headers=key("operator"))
         assert gone.status_code == 200 and gone.json()["chunks_removed"] == 2
