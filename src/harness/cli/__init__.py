@@ -1,13 +1,13 @@
 """The `harness` command line: a thin shell over the library (SPEC U1).
 
-One module per topic: runs (run, trace, cancel, approvals, demo), show (runs show), audit, archive,
+One module per topic: runs (run, trace, cancel, approvals), demo, show (runs show), audit, archive,
 webhooks (and costs), ops (sweep, worker), serve, replay, skills, witness, signer, kb (knowledge bases);
 support holds the options, the output helpers and the error handling they share.
 """
 
 from __future__ import annotations
 
-from harness.cli import archive, ops, replay, runs, serve, show, webhooks
+from harness.cli import archive, demo, ops, replay, runs, serve, show, webhooks
 from harness.cli.audit import audit_app
 from harness.cli.kb import kb_app
 from harness.cli.signer import signer_app
@@ -26,7 +26,7 @@ app.add_typer(signer_app, name="signer")
 app.add_typer(kb_app, name="kb")
 for _name, _fn in (("run", runs.run), ("trace", runs.trace), ("cancel", runs.cancel),
                    ("approve", runs.approve), ("reject", runs.reject), ("approvals", runs.approvals),
-                   ("demo", runs.demo), ("sweep", ops.sweep), ("serve", serve.serve),
+                   ("demo", demo.demo), ("sweep", ops.sweep), ("serve", serve.serve),
                    ("replay", replay.replay), ("worker", ops.worker), ("archive", archive.archive),
                    ("erase", archive.erase)):
     app.command(_name)(cli_errors(_fn))

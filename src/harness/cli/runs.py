@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import os
-import sys
 import time
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -329,82 +327,3 @@ def approvals(tenant: Annotated[str | None, typer.Option("--tenant")] = None, db
             typer.echo(f"    a child Run: its parent Run {d['parent_run_id']} waits for it")
         for action in request.actions:
             typer.echo(f"    {action['step_id']}: {action['skill']} {json.dumps(action['arguments'])}")
-
-
-#: the demo's Runs: (what it shows, task, who asks, who decides an approval at once — None: leave it waiting)
-DEMO_SCENARIOS = (
-    ("success", "Where is order A-1001?", "alice", None),
-    ("a chat turn (no tools)", "Hi, what can you do?", "alice", None),
-    ("two rounds (look the order up, then decide from what was found)", "Refund order A-1004 if it was delivered",
-     "alice", None),
-    ("approval (L2, self-confirm)", "Refund 42.50 EUR for order A-1001", "alice", "alice"),
-    ("approval (L3, a support lead decides)", "Refund 180 EUR for order A-1003", "alice", None),
-    ("policy rejection", "Refund 900 EUR for order A-1002", "alice", None),
-    ("skill failure", "Where is order A-9999?", "alice", None),
-    ("invalid plan from the model", "Write me a poem about refunds", "alice", None),
-)
-
-
-DemoLlm = Annotated[str, typer.Option(
-    "--llm", help="Who plans: 'scripted' (the example's rules) or 'local' (SmolLM2 on this machine through "
-                  "llama-cpp-python's server, started for the demo unless HARNESS_LLM_BASE_URL names one).")]
-
-
-def demo(db: DbOption = None, json_: JsonOption = False, llm: DemoLlm = "scripted") -> None:
-    """Run the bundled support example: a success, a chat turn, a Run that plans in two rounds, two
-    approvals (one left waiting for a support lead), a policy rejection and two failures."""
-    if llm not in ("scripted", "local"):
-        fail(f"--llm must be scripted or local, not {llm!r}")
-    from harness.config import Settings, build_runtime
-
-    if llm == "local" and not os.environ.get("HARNESS_LLM_BASE_URL"):
-        from harness.local_model import LocalModelServer
-
-        if not json_:
-            typer.echo("starting the local model server (SmolLM2-135M-Instruct, llama-cpp-python) ...")
-        with LocalModelServer() as server:
-            _demo(build_runtime(Settings.from_env(db=db, llm="local", llm_base_url=server.base_url)), json_)
-        return
-    # the default database, so `harness serve` afterwards shows these Runs
-    _demo(build_runtime(Settings.from_env(db=db, llm=llm if llm == "local" else None)), json_)
-
-
-def _demo(rt: Runtime, json_: bool) -> None:
-    from harness.examples.support import HANDBOOK_KB, handbook_files
-
-    rt.runs.assembler.warm()  # the vocabulary loads before the Run, not inside its step 2
-    if rt.knowledge is not None:  # the refund answers cite it (a file already there is not stored again)
-        rt.knowledge.add_files(handbook_files(), tenant_id="default", kb=HANDBOOK_KB)
-        if not json_:
-            typer.echo(f"the policy handbook is in the knowledge base {HANDBOOK_KB!r}: harness kb list --kb "
-                       f"{HANDBOOK_KB}")
-    out, waiting = [], []
-    for label, task, user, decider in DEMO_SCENARIOS:
-        if not json_:
-            typer.echo(f"\n== {label}: {task!r}")
-        result = rt.runs.create_run({"task": task, "user_id": user})  # roles: from the identity directory
-        if result.approval_request_id and decider is not None:
-            if not json_:
-                print_result(result)
-                typer.echo(f"  → {decider} confirms the refund: harness approve {result.approval_request_id} "
-                           f"--as {decider}")
-            _, result = rt.runs.decide(result.approval_request_id, rt.identities.resolve(decider), "approve",
-                                       reason="demo")
-        elif result.approval_request_id:
-            waiting.append(result)
-        out.append({"scenario": label, "task": task, **result_document(rt, result)})
-        if not json_:
-            print_result(result)
-    if json_:
-        emit({"runs": out, "waiting": [{"run_id": r.run_id, "request_id": r.approval_request_id} for r in waiting]})
-        return
-    option = f" --db {rt.settings.db}" if rt.settings.db else ""
-    for result in waiting:
-        typer.echo(f"\nWaiting for a support lead: the refund of run {result.run_id}.\n"
-                   "  In the console: `harness serve`, open http://127.0.0.1:8000/, sign in with demo-carol-key, "
-                   "open Approvals and press Approve.\n"
-                   f"  On the command line: harness approve {result.approval_request_id} --as carol "
-                   f"--reason \"parcel lost\"{option}")
-    typer.echo(f"\nInspect any Run with: harness runs show <run_id>{option} / harness trace <run_id>{option}\n"
-               f"Verify the audit trail with: harness audit verify{option}")
-    sys.stdout.flush()
