@@ -1,6 +1,7 @@
 """What a newcomer meets first, on the command line: the demo leaves a refund waiting for a support lead
-and says how to approve it, JSON times are ISO 8601, the trace reads in order, output into a pipe is not
-wrapped, example data stays out of the working folder, and help texts speak of the product, not of us."""
+and says how to approve it, its confirmed refund cites the policy handbook, JSON times are ISO 8601, the
+trace reads in order, output into a pipe is not wrapped, example data stays out of the working folder, and
+help texts speak of the product, not of us."""
 
 from __future__ import annotations
 
@@ -93,6 +94,20 @@ def test_the_demo_leaves_an_l3_refund_for_carol_and_says_how_to_approve_it(demo:
     assert sum(groups) == total, tree
     assert "1 approval needed by" in tree and "approve L3 by default/carol" in tree
     assert not re.search(r"\b1[78]\d{8}\b", tree), "an epoch time on screen"
+
+
+def test_the_demos_refund_cites_the_handbook_and_its_trace_names_the_chunk(demo: Demo) -> None:
+    """The demo adds the example's policy handbook to the `handbook` knowledge base; the self-confirmed
+    refund's answer cites its snippet, and the Run's trace names the chunk it was given."""
+    lines = demo.output.splitlines()
+    answer = next(i for i, line in enumerate(lines) if "answer: Refund" in line)
+    assert "Policy [refund-policy.md § Refund policy > Refunds up to 100 EUR]:" in lines[answer], demo.output
+    run_id = next(line.split()[1] for line in reversed(lines[:answer]) if line.startswith("run "))
+    records = json.loads(demo.cli("trace", run_id, "--json").stdout)["records"]
+    given = next(r for r in records if r["kind"] == "context")["knowledge"]
+    assert any(c["source"].startswith("refund-policy.md § ") and len(c["content_hash"]) == 64 for c in given)
+    listed = json.loads(demo.cli("kb", "list", "--kb", "handbook", "--json").stdout)["documents"]
+    assert sorted(d["title"] for d in listed) == ["refund-policy.md", "shipping.md"]
 
 
 def test_output_into_a_pipe_is_not_wrapped(demo: Demo) -> None:
