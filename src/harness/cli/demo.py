@@ -98,7 +98,14 @@ def demo(db: DbOption = None, json_: JsonOption = False, llm: DemoLlm = "scripte
 
 
 def _demo(rt: Runtime, json_: bool) -> None:
+    from harness.examples.support import HANDBOOK_KB, handbook_files
+
     rt.runs.assembler.warm()  # the vocabulary loads before the Run, not inside its step 2
+    if rt.knowledge is not None:  # the refund answers cite it (a file already there is not stored again)
+        rt.knowledge.add_files(handbook_files(), tenant_id="default", kb=HANDBOOK_KB)
+        if not json_:
+            typer.echo(f"the policy handbook is in the knowledge base {HANDBOOK_KB!r}: harness kb list --kb "
+                       f"{HANDBOOK_KB}")
     out, waiting = [], []
     for label, task, user, decider in DEMO_SCENARIOS:
         if not json_:
