@@ -10,6 +10,8 @@ poison input, not retried forever.
 
 from __future__ import annotations
 
+from typing import Any
+
 import sqlalchemy as sa
 
 from harness.adapters.sql import schema as t
@@ -53,6 +55,16 @@ _ACQUIRE_RETURNING = _ACQUIRE.returning(t.runs.c.lease_epoch, t.runs.c.lease_exp
 _DRIVABLE = t.runs.c.state.notin_([sa.literal_column(f"'{state}'") for state in sorted(NOTHING_TO_DRIVE)])
 _ACQUIRE_TO_DRIVE = _ACQUIRE.where(_DRIVABLE)
 _ACQUIRE_TO_DRIVE_RETURNING = _ACQUIRE_RETURNING.where(_DRIVABLE)
+#: the same four, only when no other driver holds the lease (free, or this owner's): no takeover, so no
+#: read of the holder before it; tried first, as most acquires find the lease free
+_NOT_HELD = sa.or_(t.runs.c.lease_owner.is_(None), t.runs.c.lease_owner == b("owner"))
+#: (free?, to_drive?, returning?) -> the acquire statement
+_ACQUIRES = {
+    (free, to_drive, returning): (statement.where(_NOT_HELD) if free else statement)
+    for free in (True, False) for to_drive in (True, False) for returning in (True, False)
+    for statement in [(_ACQUIRE_TO_DRIVE_RETURNING if to_drive else _ACQUIRE_RETURNING) if returning
+                      else (_ACQUIRE_TO_DRIVE if to_drive else _ACQUIRE)]
+}
 _HEARTBEAT = (
     t.runs.update()
     .where(t.runs.c.run_id == b("p_run_id"), t.runs.c.lease_epoch == b("p_epoch"), t.runs.c.lease_owner == b("owner"))
@@ -91,23 +103,33 @@ class Leases:
         now = self.store.clock.now()
         params = {"p_run_id": run_id, "p_now": now, "owner": owner, "expires": now + self.ttl_s}
         with self.store.engine.begin() as conn:
-            # a takeover (the lease held by another driver, lapsed) leaves lease_taken_over naming both
-            holder = self._raw.fetchone(conn, _HOLDER, {"p_run_id": run_id})
-            if conn.dialect.update_returning:
-                row = self._raw.fetchone(conn, _ACQUIRE_TO_DRIVE_RETURNING if to_drive else _ACQUIRE_RETURNING,
-                                         params)
+            row = self._take(conn, params, free=True, to_drive=to_drive)
+            if row is None:
+                # held by another driver, or nothing to drive: a takeover (its lease lapsed) leaves
+                # lease_taken_over naming both drivers, so the holder is read, and its row locked, first
+                holder = self._raw.fetchone(conn, _HOLDER, {"p_run_id": run_id})
+                row = self._take(conn, params, free=False, to_drive=to_drive)
                 if row is None:
                     return None
-            else:
-                if self._raw.execute(conn, _ACQUIRE_TO_DRIVE if to_drive else _ACQUIRE, params).rowcount != 1:
-                    return None
-                row = self._raw.fetchone(conn, _READ, {"p_run_id": run_id})[1:]
-            if holder is not None and holder[0] is not None and holder[0] != owner:
-                # taken while another driver held it: its lease had lapsed (it died, was stopped or cut off)
-                self.store.write_audit(conn, run_id, LEASE_TAKEN_OVER, owner, {
-                    "previous_driver": holder[0], "driver": owner, "lapsed_at": holder[1], "epoch": int(row[0])})
+                if holder is not None and holder[0] is not None and holder[0] != owner:
+                    # taken while another driver held it: it had died, been stopped or been cut off
+                    self.store.write_audit(conn, run_id, LEASE_TAKEN_OVER, owner, {
+                        "previous_driver": holder[0], "driver": owner, "lapsed_at": holder[1],
+                        "epoch": int(row[0])})
         epoch, expires, stalls = row
         return Lease(run_id, owner, int(epoch), float(expires), int(stalls))
+
+    def _take(self, conn: sa.Connection, params: dict[str, Any], *, free: bool,
+              to_drive: bool) -> tuple[Any, ...] | None:
+        """(epoch, expires, stalls) of the lease this acquire took, or None."""
+        returning = bool(conn.dialect.update_returning)
+        statement = _ACQUIRES[free, to_drive, returning]
+        if returning:
+            row = self._raw.fetchone(conn, statement, params)
+            return None if row is None else tuple(row)
+        if self._raw.execute(conn, statement, params).rowcount != 1:
+            return None
+        return tuple(self._raw.fetchone(conn, _READ, {"p_run_id": params["p_run_id"]})[1:])
 
     def heartbeat(self, lease: Lease, *, waiting: bool = False) -> Lease | None:
         """Extend the lease, saying whether the holder's drive now waits on a call outside the process (a
