@@ -19,6 +19,7 @@ patience" and "token count: 4821" pass.
 
 from __future__ import annotations
 
+import functools
 import re
 import unicodedata
 from collections.abc import Iterable
@@ -163,31 +164,37 @@ _LATIN_BEFORE = r"(?<![A-Za-zÀ-ɏЀ-ӿ])"
 _LATIN_AFTER = r"(?![A-Za-zÀ-ɏЀ-ӿ])"
 _KEY_CLOSE = r"[\"']?"  # the closing quote of a JSON or YAML key: "password": "…"
 
-PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
+#: (pattern, kind), compiled on the first scrub (with their alternations in many languages, compiling them
+#: took ~90 ms of every command's start, most of which never scrubs anything)
+_SOURCES: tuple[tuple[str, str], ...] = (
     # a password, stated: keyword (qualifier) connector value, or keyword followed by a quoted value
-    (re.compile(rf"(?:{_LATIN_BEFORE}(?:{_PASSWORD_LATIN}){_LATIN_AFTER}|(?:{_PASSWORD_OTHER})){_KEY_CLOSE}"
-                rf"{_QUALIFIER}(?:{_CONNECTOR}\s*(?:[\"'`](?=[^\s]))?|\s+(?=[\"'`]))\s*{_STOP}(?:{_QUOTED}|{_VALUE})",
-                re.IGNORECASE), "password"),
+    (rf"(?:{_LATIN_BEFORE}(?:{_PASSWORD_LATIN}){_LATIN_AFTER}|(?:{_PASSWORD_OTHER})){_KEY_CLOSE}"
+     rf"{_QUALIFIER}(?:{_CONNECTOR}\s*(?:[\"'`](?=[^\s]))?|\s+(?=[\"'`]))\s*{_STOP}(?:{_QUOTED}|{_VALUE})", "password"),
     # a password right after its keyword, without a connector, when it looks like one: "with password toor1234"
-    (re.compile(rf"{_LATIN_BEFORE}(?:{_PASSWORD_LATIN}){_LATIN_AFTER}\s+{_STOP}"
-                r"(?=[^\s]*\d)(?=[^\s]*[A-Za-z])(?P<v>[^\s\"'`,;]{6,200})", re.IGNORECASE), "password"),
+    (rf"{_LATIN_BEFORE}(?:{_PASSWORD_LATIN}){_LATIN_AFTER}\s+{_STOP}"
+     r"(?=[^\s]*\d)(?=[^\s]*[A-Za-z])(?P<v>[^\s\"'`,;]{6,200})", "password"),
     # a PIN: four to eight digits
-    (re.compile(rf"(?:{_LATIN_BEFORE}(?:{_PIN}){_LATIN_AFTER}|暗証番号){_KEY_CLOSE}{_QUALIFIER}"
-                rf"(?:{_CONNECTOR})?\s*[\"'`]?(?P<v>\d{{4,8}})(?!\d)", re.IGNORECASE), "pin"),
+    (rf"(?:{_LATIN_BEFORE}(?:{_PIN}){_LATIN_AFTER}|暗証番号){_KEY_CLOSE}{_QUALIFIER}"
+     rf"(?:{_CONNECTOR})?\s*[\"'`]?(?P<v>\d{{4,8}})(?!\d)", "pin"),
     # a passcode, access, verification or one-time code: digits, or letters with a digit
-    (re.compile(rf"{_LATIN_BEFORE}(?:{_CODE}){_LATIN_AFTER}{_KEY_CLOSE}{_QUALIFIER}(?:{_CONNECTOR})?\s*"
-                rf"(?:[\"'`](?=[^\s]))?{_STOP}(?=[^\s\"'`]*\d)(?P<v>[A-Za-z0-9-]{{4,12}})(?![A-Za-z0-9])",
-                re.IGNORECASE), "one_time_code"),
+    (rf"{_LATIN_BEFORE}(?:{_CODE}){_LATIN_AFTER}{_KEY_CLOSE}{_QUALIFIER}(?:{_CONNECTOR})?\s*"
+     rf"(?:[\"'`](?=[^\s]))?{_STOP}(?=[^\s\"'`]*\d)(?P<v>[A-Za-z0-9-]{{4,12}})(?![A-Za-z0-9])", "one_time_code"),
     # the answer to a security question, stated: quoted, or the words up to the end of the clause
-    (re.compile(rf"{_LATIN_BEFORE}(?:{_ANSWER}){_LATIN_AFTER}{_KEY_CLOSE}{_CONNECTOR}\s*{_STOP}"
-                rf"(?:{_QUOTED}|(?P<v>[^\s\"'`,;.!?][^\n\"'`,;.!?]{{0,60}}))", re.IGNORECASE), "security_answer"),
+    (rf"{_LATIN_BEFORE}(?:{_ANSWER}){_LATIN_AFTER}{_KEY_CLOSE}{_CONNECTOR}\s*{_STOP}"
+     rf"(?:{_QUOTED}|(?P<v>[^\s\"'`,;.!?][^\n\"'`,;.!?]{{0,60}}))", "security_answer"),
     # a generic secret right after its keyword, when it plainly looks like one: "bearer token abc123…"
-    (re.compile(rf"(?:{_LATIN_BEFORE}(?:{_GENERIC}){_LATIN_AFTER})\s+{_STOP}(?=[^\s]*[A-Za-z])"
-                r"(?=[^\s\"'`]*\d)(?P<v>[^\s\"'`,;]{12,200})", re.IGNORECASE), "secret"),
+    (rf"(?:{_LATIN_BEFORE}(?:{_GENERIC}){_LATIN_AFTER})\s+{_STOP}(?=[^\s]*[A-Za-z])"
+     r"(?=[^\s\"'`]*\d)(?P<v>[^\s\"'`,;]{12,200})", "secret"),
     # a generic secret, stated, when its value looks like one
-    (re.compile(rf"(?:{_LATIN_BEFORE}(?:{_GENERIC}){_LATIN_AFTER}){_KEY_CLOSE}{_QUALIFIER}{_CONNECTOR}\s*"
-                rf"(?:[\"'`](?=[^\s]))?{_STOP}{_SECRETISH}", re.IGNORECASE), "secret"),
+    (rf"(?:{_LATIN_BEFORE}(?:{_GENERIC}){_LATIN_AFTER}){_KEY_CLOSE}{_QUALIFIER}{_CONNECTOR}\s*"
+     rf"(?:[\"'`](?=[^\s]))?{_STOP}{_SECRETISH}", "secret"),
 )
+
+
+@functools.cache
+def patterns() -> tuple[tuple[re.Pattern[str], str], ...]:
+    """The compiled patterns, with the kind of credential each finds."""
+    return tuple((re.compile(source, re.IGNORECASE), kind) for source, kind in _SOURCES)
 
 
 class ProseDetector:
@@ -197,7 +204,7 @@ class ProseDetector:
 
     def find(self, text: str) -> Iterable[Span]:
         """Spans of every stated password, PIN or secret value."""
-        for pattern, kind in PATTERNS:
+        for pattern, kind in patterns():
             for match in pattern.finditer(text):
                 for group in ("q1", "q2", "q3", "v"):
                     if group in pattern.groupindex and match.group(group):
