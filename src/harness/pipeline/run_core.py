@@ -1,9 +1,11 @@
-"""What every part of the Run manager shares (seed 004 §3.1): its collaborators, the drive in progress
-(its fence and RunContext, per context), a Run's result, cancelling, and making a step's transition.
+"""What every collaborator of the Run manager shares (seed 004 §3.1): the ports the steps write through,
+the drive in progress (its fence and RunContext, per context), a Run's result, cancelling, and making a
+step's transition.
 
-The Run manager is assembled from this core and its step families: run_steps (② to ⑤: context, plan,
-policy), run_execution (⑥: executing the plan) and run_decisions (approval timeouts and the sweeper's
-carrying out of decisions)."""
+The Run manager (run_manager) composes this core with three collaborators, each handed the core and the
+few ports of its own job: the preparer (run_preparer: steps ② to ⑤, context, plan, policy), the executor
+(run_executor: step ⑥, executing the plan) and the decider (run_decider: approvals, their timeouts and
+the sweeper's carrying out of decisions)."""
 
 from __future__ import annotations
 
@@ -14,18 +16,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from harness.domain.contracts import (
-    AssembledContext,
-    CallerIdentity,
-    RunRequest,
-    RunResult,
-    effects_of,
-)
-from harness.domain.errors import (
-    CancelRefusedError,
-    ContextError,
-)
-from harness.domain.limits import RequestLimits
+from harness.domain.contracts import AssembledContext, CallerIdentity, RunResult, effects_of
+from harness.domain.errors import CancelRefusedError, ContextError
 from harness.domain.llm import LLMRequest
 from harness.domain.records import RunRecord, TraceRecordIn
 from harness.domain.traces import TraceModel, error_trace, step_trace
@@ -33,12 +25,7 @@ from harness.drive.state_machine import StateMachine
 from harness.kernel import FINAL, TRANSIENT, RunState
 from harness.kernel.events import LOST_RACE
 from harness.pipeline.call_budget import CallBudget
-from harness.pipeline.child_runs import ChildRuns
 from harness.pipeline.context_assembler import ContextAssembler
-from harness.pipeline.gatekeeper import PolicyEngine
-from harness.pipeline.intake import RolesOf
-from harness.pipeline.plan_orchestrator import PlanOrchestrator
-from harness.pipeline.tool_controller import ToolController
 from harness.policy.hitl import HitlDesk
 from harness.ports import Fence
 from harness.ports.runs import RunStore, RunWrites
@@ -96,6 +83,7 @@ DRIVE: contextvars.ContextVar[Drive | None] = contextvars.ContextVar("harness_dr
 
 
 def fence_for(run_id: str) -> Fence | None:
+    """The fence of this context's drive of Run `run_id` (None: not driving it, or driving it unleased)."""
     drive = DRIVE.get()
     return drive.fence if drive is not None and drive.run_id == run_id else None
 
@@ -105,30 +93,27 @@ def trace_records(*models: TraceModel) -> list[TraceRecordIn]:
 
 
 class RunCore:
-    """The Run manager's state and the operations all its step families use."""
+    """The ports every step writes through and the operations all the collaborators use: a transition
+    made from a step, a failure, the drive's fence, the secret filter, a Run's result and its cancel."""
 
-    # set by RunManager.__init__
-    store: RunStore
-    writes: RunWrites
-    #: the drive's unit of work: its writes commit at the boundaries before each effect (ports.units)
-    units: UnitOfWork
-    machine: StateMachine
-    assembler: ContextAssembler
-    orchestrator: PlanOrchestrator
-    policy: PolicyEngine
-    tools: ToolController
-    hitl: HitlDesk
-    check_callback: Callable[[RunRequest], None] | None
-    system_history: bool
-    call_budget: CallBudget | None
-    execution_limit_s: float
-    chain_depth: int
-    max_rounds: int
-    limits: RequestLimits
-    roles_of: RolesOf | None
-    _context_lock: threading.Lock
-    driver: Callable[[str], RunResult | None] | None
-    children: ChildRuns
+    def __init__(self, *, store: RunStore, writes: RunWrites, units: UnitOfWork, machine: StateMachine,
+                 hitl: HitlDesk, assembler: ContextAssembler, call_budget: CallBudget | None = None) -> None:
+        self.store = store
+        self.writes = writes
+        #: the drive's unit of work: its writes commit at the boundaries before each effect (ports.units)
+        self.units = units
+        self.machine = machine
+        self.hitl = hitl
+        #: its secret filter scrubs what goes to a model (read at each use: a test may swap it)
+        self.assembler = assembler
+        #: checks a model call's worst case against the budget caps before the call (None: no check)
+        self.call_budget = call_budget
+
+    @staticmethod
+    def drive_of(run_id: str) -> Drive | None:
+        """This context's drive of Run `run_id`, if it is driving that Run."""
+        drive = DRIVE.get()
+        return drive if drive is not None and drive.run_id == run_id else None
 
     def result(self, run_id: str) -> RunResult:
         """What the caller gets for a Run, in whatever state it is."""
@@ -183,14 +168,14 @@ class RunCore:
                                                  "reason": reason})
         raise CancelRefusedError(run_id, state.value)
 
-    def _advance(self, run: RunRecord, source: RunState, target: RunState, reason: str,
-                 records: list[TraceRecordIn] | None = None, **kwargs: Any) -> RunRecord:
+    def advance(self, run: RunRecord, source: RunState, target: RunState, reason: str,
+                records: list[TraceRecordIn] | None = None, **kwargs: Any) -> RunRecord:
         """Make the transition; the Run as it now is, built locally rather than read back (hot path)."""
         outcome = self.machine.transition(run.run_id, source, target, actor=MANAGER, reason=reason,
-                                          records=records or [], lease_epoch=self._epoch(run.run_id), **kwargs)
+                                          records=records or [], lease_epoch=self.epoch(run.run_id), **kwargs)
         if not outcome.applied:
             return self.store.get_run(run.run_id)
-        if target == S.EXECUTING and (drive := DRIVE.get()) is not None and drive.run_id == run.run_id:
+        if target == S.EXECUTING and (drive := self.drive_of(run.run_id)) is not None:
             drive.entered_executing = True
         changes: dict[str, Any] = {"state": target, "version": outcome.seq, "close_reason": outcome.close_reason,
                                    "last_state_change_at": self.store.clock.now()}
@@ -199,17 +184,17 @@ class RunCore:
                 changes[key] = kwargs[key]
         return dataclasses.replace(run, **changes)
 
-    def _epoch(self, run_id: str) -> int | None:
+    def epoch(self, run_id: str) -> int | None:
         """The lease epoch this process drives the Run under, if it drives it under a lease."""
         fence = fence_for(run_id)
         return fence.epoch if fence is not None else None
 
-    def _fenced(self, run_id: str) -> bool:
+    def fenced(self, run_id: str) -> bool:
         """True when this drive's lease was taken over: no further side effect or write (K5b)."""
         fence = fence_for(run_id)
         return fence is not None and not fence.holds()
 
-    def _stopped(self, run_id: str) -> str | None:
+    def stopped(self, run_id: str) -> str | None:
         """Why this drive may not go on with an effect of the Run — "left" (it is no longer EXECUTING:
         cancelled, swept) or "fenced" (its lease was taken over) — or None when it may: one read of the
         Run's row, made before every step and the answer."""
@@ -221,21 +206,22 @@ class RunCore:
             return "left"
         return None if standing.held else "fenced"
 
-    def _fit(self, caller: CallerIdentity, run_id: str) -> Callable[[LLMRequest], LLMRequest] | None:
+    def fit(self, caller: CallerIdentity, run_id: str) -> Callable[[LLMRequest], LLMRequest] | None:
         """The budget's check of a model call of this Run, made before the call (None without one)."""
         budget = self.call_budget
         if budget is None:
             return None
         return lambda request: budget.fit(request, caller, run_id)
 
-    def _fail(self, run: RunRecord, source: RunState, step: int, code: str, exc: BaseException | str,
-              target: RunState = S.FAILED, inputs: Any = None, retries: int = 0) -> RunRecord:
+    def fail(self, run: RunRecord, source: RunState, step: int, code: str, exc: BaseException | str,
+             target: RunState = S.FAILED, inputs: Any = None, retries: int = 0) -> RunRecord:
+        """End the Run from `source` (FAILED unless `target` says otherwise), the failed step traced."""
         message = str(exc)
         records = trace_records(step_trace(run.run_id, step, inputs, {"error": message}, 0.0, "error", message),
-                           error_trace(run.run_id, step, code, exc, retries))
-        return self._advance(run, source, target, f"{code}: {message}", records,
-                             result={"error": f"{code}: {message}"})
+                                error_trace(run.run_id, step, code, exc, retries))
+        return self.advance(run, source, target, f"{code}: {message}", records,
+                            result={"error": f"{code}: {message}"})
 
-    def _scrub(self, text: str) -> str:
+    def scrub(self, text: str) -> str:
         """Text bound for a model with its secrets removed (C4); ContextError when the filter fails."""
         return self.assembler.filter.scrub(text).text

@@ -15,17 +15,12 @@ it where it was for the sweeper. Errors that are not the Run's failure still pro
 from __future__ import annotations
 
 import contextlib
-import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from pydantic import ValidationError
 
-from harness.domain.contracts import (
-    CallerIdentity,
-    RunRequest,
-    RunResult,
-)
+from harness.domain.contracts import AssembledContext, CallerIdentity, RunRequest, RunResult
 from harness.domain.errors import (
     BadInputError,
     ConflictError,
@@ -36,7 +31,7 @@ from harness.domain.errors import (
 )
 from harness.domain.ids import ordered_id
 from harness.domain.limits import RequestLimits
-from harness.domain.records import NewRun, RunRecord, TransitionResult
+from harness.domain.records import NewRun, RunRecord
 from harness.domain.traces import error_trace, step_trace
 from harness.drive.state_machine import StateMachine
 from harness.kernel import TRANSIENT
@@ -47,14 +42,14 @@ from harness.pipeline.gatekeeper import PolicyEngine
 from harness.pipeline.intake import RolesOf, admit, body_hash
 from harness.pipeline.plan_orchestrator import PlanOrchestrator
 from harness.pipeline.queue import QueueLimits, close_not_started, is_late, start_deadline, with_start_by
-from harness.pipeline.run_core import DRIVE, Drive, S, fence_for, trace_records
-from harness.pipeline.run_decisions import Decisions
-from harness.pipeline.run_execution import ExecutionSteps
-from harness.pipeline.run_steps import PREPARED, PreparingSteps
+from harness.pipeline.run_core import DRIVE, Drive, RunCore, S, fence_for, trace_records
+from harness.pipeline.run_decider import RunDecider
+from harness.pipeline.run_executor import RunExecutor
+from harness.pipeline.run_preparer import PREPARED, RunPreparer
 from harness.pipeline.tool_controller import ToolController
 from harness.pipeline.tool_kinds import ChildWait
-from harness.policy.hitl import Decision, HitlDesk, HitlRequest
-from harness.ports import Fence, Tx
+from harness.policy.hitl import Decision, HitlDesk
+from harness.ports import Fence
 from harness.ports.leases import RunLeases
 from harness.ports.ledger import CostLedger
 from harness.ports.runs import RunStore, RunWrites
@@ -78,8 +73,11 @@ def parse_request(raw: RunRequest | dict[str, Any]) -> RunRequest:
         raise InvalidRequestError(f"invalid run request: {where}: {err['msg']}") from exc
 
 
-class RunManager(PreparingSteps, ExecutionSteps, Decisions):
-    """Creates Runs and drives them through the eight steps."""
+class RunManager:
+    """Creates Runs and carries each along its one path: accepted, prepared (the preparer: context, plan,
+    policy), executed (the executor: the plan's steps), round after round, then closed; a Run parked for
+    approval moves on a human's decision (the decider). The collaborators share a core (the ports, the
+    drive's fence, a step's transition) and are each handed only what their job needs."""
 
     def __init__(self, *, store: RunStore, writes: RunWrites, machine: StateMachine, assembler: ContextAssembler,
                  orchestrator: PlanOrchestrator, policy: PolicyEngine, tools: ToolController, hitl: HitlDesk,
@@ -95,7 +93,6 @@ class RunManager(PreparingSteps, ExecutionSteps, Decisions):
         self.assembler = assembler
         self.orchestrator = orchestrator
         self.policy = policy
-        self.tools = tools
         self.hitl = hitl
         self.ledger = ledger
         #: refuses a callback this deployment cannot sign or does not allow (set by the composition root)
@@ -113,7 +110,14 @@ class RunManager(PreparingSteps, ExecutionSteps, Decisions):
         #: the queue of Runs not yet started: its bound (admission control) and the default start deadline
         self.queue = queue or QueueLimits()
         self.roles_of = roles_of  # the identity directory's roles for a request that names none
-        self._context_lock = threading.Lock()
+        self.core = RunCore(store=store, writes=writes, units=units, machine=machine, hitl=hitl, assembler=assembler,
+                            call_budget=call_budget)
+        self.preparer = RunPreparer(self.core, tools=tools, policy=policy, assembler=assembler,
+                                    orchestrator=orchestrator, chain_depth=chain_depth, max_rounds=max_rounds)
+        self.executor = RunExecutor(self.core, tools=tools, policy=policy, orchestrator=orchestrator,
+                                    execution_limit_s=execution_limit_s)
+        self.decider = RunDecider(store=store, writes=writes, machine=machine, hitl=hitl, registry=tools.registry)
+        self._tools = tools
         #: drives a Run under its lease (the composition root sets a RunWorker's `execute`): every entry
         #: point that drives — `harness run`, a decision's resume, a child Run — holds the Run's lease and
         #: heartbeats it, so a second driver never starts while it lives (K5b, T6). It returns None when
@@ -121,6 +125,40 @@ class RunManager(PreparingSteps, ExecutionSteps, Decisions):
         self.driver: Callable[[str], RunResult | None] | None = None
         #: child Runs (AgentInvoke): the parent's wait, and waking a parent whose child ended (T4)
         self.children = ChildRuns(self, child_leases)
+
+    @property
+    def tools(self) -> ToolController:
+        """The tool controller the preparer and the executor use."""
+        return self._tools
+
+    @tools.setter
+    def tools(self, tools: ToolController) -> None:
+        # replaced in both (a replay wraps it to answer every call from its recording)
+        self._tools = self.preparer.tools = self.executor.tools = tools
+
+    # ------------------------------------------------------------------ a Run's path
+
+    def create_run(self, raw: RunRequest | dict[str, Any]) -> RunResult:
+        """Submit and drive a Run until it is final or waits for a human.
+
+        Its caller gets its id only with its result, so the Run's acceptance commits with what its drive
+        writes up to the model's call (its lease, CREATED→PREPARING→PLANNING): in one transaction, not
+        three. Its context is assembled first, before anything is written (steps ② and ③ only read), so
+        that transaction is never held while the assembly runs. A crash before that commit leaves
+        nothing, as if the Run had never been asked for, and nobody holds its id."""
+        run_id = ordered_id()
+        request = self._admitted(raw)
+        prepared = self.preparer.preparation(run_id, request)
+        token = PREPARED.set(prepared)
+        try:
+            with self.units.unit(run_id):
+                run, created = self._accept(request, run_id)
+                if created:
+                    prepared.accepted = run  # nobody else sees it before this unit commits: its drive starts here
+                    return self.drive(run_id)
+        finally:
+            PREPARED.reset(token)
+        return self.result(run.run_id)
 
     def submit(self, raw: RunRequest | dict[str, Any], *, run_id: str | None = None) -> tuple[RunRecord, bool]:
         """Validate and durably create a Run in CREATED (step ①), under `run_id` when given; (run, created)
@@ -172,28 +210,6 @@ class RunManager(PreparingSteps, ExecutionSteps, Decisions):
                 f"than this deployment allows ({self.chain_depth}, set by HARNESS_CHAIN_DEPTH)")
         return request
 
-    def create_run(self, raw: RunRequest | dict[str, Any]) -> RunResult:
-        """Submit and drive a Run until it is final or waits for a human.
-
-        Its caller gets its id only with its result, so the Run's acceptance commits with what its drive
-        writes up to the model's call (its lease, CREATED→PREPARING→PLANNING): in one transaction, not
-        three. Its context is assembled first, before anything is written (steps ② and ③ only read), so
-        that transaction is never held while the assembly runs. A crash before that commit leaves
-        nothing, as if the Run had never been asked for, and nobody holds its id."""
-        run_id = ordered_id()
-        request = self._admitted(raw)
-        prepared = self._preparation(run_id, request)
-        token = PREPARED.set(prepared)
-        try:
-            with self.units.unit(run_id):
-                run, created = self._accept(request, run_id)
-                if created:
-                    prepared.accepted = run  # nobody else sees it before this unit commits: its drive starts here
-                    return self.drive(run_id)
-        finally:
-            PREPARED.reset(token)
-        return self.result(run.run_id)
-
     @contextlib.contextmanager
     def prepared_ahead(self, run_id: str) -> Iterator[None]:
         """Around a drive that has yet to take the Run's lease: a Run still in CREATED (accepted, never
@@ -217,7 +233,7 @@ class RunManager(PreparingSteps, ExecutionSteps, Decisions):
         if is_late(start_deadline(request), self.store.clock.now()):
             yield  # not worth preparing: its drive closes it without starting it
             return
-        token = PREPARED.set(self._preparation(run_id, request))
+        token = PREPARED.set(self.preparer.preparation(run_id, request))
         try:
             yield
         finally:
@@ -248,6 +264,61 @@ class RunManager(PreparingSteps, ExecutionSteps, Decisions):
         finally:
             DRIVE.reset(token)
 
+    def _drive(self, run_id: str) -> None:
+        """The path of a Run from wherever it stands: accepted (CREATED → PREPARING), prepared (steps ② and
+        ③, the preparer), then round after round planned and checked (④ ⑤, the preparer) and executed (⑥,
+        the executor), until it parks, closes, or did not move (a lost race, a fenced drive)."""
+        run, request = self._to_drive(run_id)
+        if run.state in TRANSIENT or run.state == S.TRACING:
+            # a worker died between a failure (or success) and the close: finish the funnel
+            self.machine.advance(run_id, run.state, lease_epoch=self.core.epoch(run_id))
+            run = self.store.get_run(run_id)
+        if run.state == S.CREATED and self._closed_late(run, request):
+            return
+        if run.state == S.CREATED:
+            run = self.core.advance(run, S.CREATED, S.PREPARING, "request accepted",
+                                    trace_records(step_trace(run_id, 1, run.request, {"run_id": run_id}, 0.0)))
+        if run.state == S.PREPARING:  # also a Run whose worker died here: steps ②③ are side-effect free (P1)
+            run = self.preparer.prepare(run, request)
+        # the main path, round after round (EXECUTING → PLANNING when a plan asks for another round)
+        for _ in range(3 * self.max_rounds + 3):
+            before = (run.state, run.version)
+            if run.state == S.PLANNING:
+                run = self.preparer.plan(run, request)
+            elif run.state == S.POLICY_CHECK:
+                run = self.preparer.check_policy(run, request)
+            elif run.state == S.EXECUTING:
+                run = self.executor.execute(run, request)
+            if run.state not in (S.PLANNING, S.POLICY_CHECK, S.EXECUTING) or (run.state, run.version) == before:
+                break
+        # the close: the executor's last move (TRACING, or a failure) is carried to the final state by the
+        # state machine, which calls the ResultSink inside every close and park (harness.webhooks), whoever
+        # makes it: the result reaches the caller from there, not from here, which only a drive passes through
+
+    def _to_drive(self, run_id: str) -> tuple[RunRecord, RunRequest]:
+        """The Run and its request, as this drive starts: prepared ahead in this context, or read."""
+        prepared = PREPARED.get()
+        if prepared is None or prepared.run_id != run_id:
+            run = self.store.get_run(run_id)
+            return run, RunRequest.model_validate(run.request)
+        if prepared.accepted is not None:
+            # accepted in this unit, not yet committed: the Run is as its acceptance wrote it (the drive reads
+            # none of its lease columns: its fence holds the lease)
+            run, prepared.accepted = prepared.accepted, None
+            return run, prepared.request
+        # read under the lease: another worker may have moved it on since it was prepared
+        return self.store.get_run(run_id), prepared.request
+
+    def _closed_late(self, run: RunRecord, request: RunRequest) -> bool:
+        """Close a queued Run whose start deadline passed instead of starting it late; True when it was
+        late (closed by this drive, or by whoever moved it first)."""
+        deadline = start_deadline(request)
+        if deadline is None or not is_late(deadline, self.store.clock.now()):
+            return False
+        close_not_started(self.store, self.machine, run.run_id, version=run.version, deadline=deadline,
+                          created_at=run.created_at, noticed_by="driver", lease_epoch=self.core.epoch(run.run_id))
+        return True
+
     def _fail_unexpected(self, run_id: str, exc: Exception) -> None:
         """End a Run whose drive raised `exc`, which no step expected: FAILED from the step it was in,
         with an ErrorTrace naming the exception's type and its stack's hash (the drive's unit was rolled
@@ -257,78 +328,24 @@ class RunManager(PreparingSteps, ExecutionSteps, Decisions):
             with self.units.unit(run_id):
                 run = self.store.get_run(run_id)
                 step = _STEP_OF.get(run.state)
-                if step is None or self._fenced(run_id):
+                if step is None or self.core.fenced(run_id):
                     raise exc
                 code = f"unexpected_{type(exc).__name__}"
                 try:
-                    said = self._scrub(str(exc))
+                    said = self.core.scrub(str(exc))
                 except Exception:  # the message cannot be filtered: it is not kept
                     said = "(message withheld)"
                 message = f"{type(exc).__name__}: {said}" if said else type(exc).__name__
                 records = trace_records(step_trace(run_id, step, None, {"error": message}, 0.0, "error", message),
                                         error_trace(run_id, step, code, exc, message=message))
-                self._advance(run, run.state, S.FAILED, f"{code}: {message}", records,
-                              result={"error": f"{code}: {message}"})
+                self.core.advance(run, run.state, S.FAILED, f"{code}: {message}", records,
+                                  result={"error": f"{code}: {message}"})
         except Exception as failing:
             if failing is exc:
                 raise
             raise exc from failing
 
-    def await_child(self, parent_id: str, child_id: str, until: float) -> ChildWait:
-        """Drive or wait for a child Run of the Run this drive executes (AgentInvoke, T4)."""
-        return self.children.await_child(parent_id, child_id, until, fence_for(parent_id))
-
-    def _drive(self, run_id: str) -> None:
-        prepared = PREPARED.get()
-        if prepared is None or prepared.run_id != run_id:
-            run = self.store.get_run(run_id)
-            request = RunRequest.model_validate(run.request)
-        elif prepared.accepted is not None:
-            # accepted in this unit, not yet committed: the Run is as its acceptance wrote it (the drive reads
-            # none of its lease columns: its fence holds the lease)
-            run, request, prepared.accepted = prepared.accepted, prepared.request, None
-        else:  # read under the lease: another worker may have moved it on since it was prepared
-            run, request = self.store.get_run(run_id), prepared.request
-        if run.state in TRANSIENT or run.state == S.TRACING:
-            # a worker died between a failure (or success) and the close: finish the funnel
-            self.machine.advance(run_id, run.state, lease_epoch=self._epoch(run_id))
-            run = self.store.get_run(run_id)
-        if run.state == S.CREATED and self._closed_late(run, request):
-            return
-        if run.state == S.CREATED:
-            run = self._advance(run, S.CREATED, S.PREPARING, "request accepted",
-                                trace_records(step_trace(run_id, 1, run.request, {"run_id": run_id}, 0.0)))
-        if run.state == S.PREPARING:  # also a Run whose worker died here: steps ②③ are side-effect free (P1)
-            run = self._prepare(run, request)
-        # the main path, round after round (EXECUTING → PLANNING when a plan asks for another round);
-        # it stops when the Run parks, closes, or did not move (a lost race, a fenced drive)
-        for _ in range(3 * self.max_rounds + 3):
-            before = (run.state, run.version)
-            if run.state == S.PLANNING:
-                run = self._plan(run, request)
-            elif run.state == S.POLICY_CHECK:
-                run = self._policy(run, request)
-            elif run.state == S.EXECUTING:
-                run = self._execute(run, request)
-            if run.state not in (S.PLANNING, S.POLICY_CHECK, S.EXECUTING) or (run.state, run.version) == before:
-                break
-        # the result reaches the caller through the ResultSink the state machine calls inside every close
-        # and park (harness.webhooks), whoever makes it: not from here, which only a drive passes through
-
-    def _closed_late(self, run: RunRecord, request: RunRequest) -> bool:
-        """Close a queued Run whose start deadline passed instead of starting it late; True when it was
-        late (closed by this drive, or by whoever moved it first)."""
-        deadline = start_deadline(request)
-        if deadline is None or not is_late(deadline, self.store.clock.now()):
-            return False
-        close_not_started(self.store, self.machine, run.run_id, version=run.version, deadline=deadline,
-                          created_at=run.created_at, noticed_by="driver", lease_epoch=self._epoch(run.run_id))
-        return True
-
-    def prune_workdirs(self) -> list[str]:
-        """Remove the working directories of final Runs whose close another process made (a sweeper
-        elsewhere); this process's own closes remove theirs at once. Returns the Runs pruned."""
-        return self.tools.prune(self.store.final_among)
+    # ------------------------------------------------------------------ decisions, cancels, results
 
     def decide(self, request_id: str, approver: CallerIdentity, decision: str, *, approved_hash: str | None = None,
                break_glass: bool = False, reason: str = "", resume: bool = True,
@@ -339,29 +356,43 @@ class RunManager(PreparingSteps, ExecutionSteps, Decisions):
         An approval that this process drives (`driven_here`, by default `resume`) is refused before
         anything is recorded when the process lacks a skill the approved steps call, as the Run pinned it
         (SkillsUnavailableError): the Run stays parked for a process that runs its agent."""
-        if decision not in ("approve", "reject"):
-            raise InvalidRequestError(f"decision must be approve or reject, not {decision!r}")
-        if decision == "approve" and (resume if driven_here is None else driven_here):
-            self.check_skills_for(request_id)
-        who = f"{approver.tenant_id}/{approver.user_id}"
-
-        def move(conn: Tx, request: HitlRequest, effect: str) -> TransitionResult:
-            if effect == "approved":
-                step = step_trace(request.run_id, 7, {"request_id": request.request_id}, {"approved_by": who}, 0.0)
-                return self.machine.transition_in(
-                    conn, request.run_id, S.AWAITING_HITL, S.EXECUTING, actor=who,
-                    reason=f"approved ({request.level})" + (" by break-glass" if break_glass else ""),
-                    records=trace_records(step))
-            why = reason or "no reason given"
-            return self.machine.transition_in(conn, request.run_id, S.AWAITING_HITL, S.REJECTED, actor=who,
-                                              reason=f"rejected by an approver: {why}",
-                                              result={"error": f"rejected by {who}: {why}"})
-
-        verdict = self.hitl.decide(request_id, approver, decision,  # type: ignore[arg-type]
-                                   approved_hash=approved_hash, break_glass=break_glass, reason=reason, move=move)
+        verdict = self.decider.decide(request_id, approver, decision, approved_hash=approved_hash,
+                                      break_glass=break_glass, reason=reason,
+                                      check_skills=resume if driven_here is None else driven_here)
         run_id = verdict.request.run_id
-        if verdict.transition is not None:
-            self.machine.settle(verdict.transition)
-            if verdict.effect == "approved" and resume:
-                return verdict, self.drive(run_id)
+        if verdict.transition is not None and verdict.effect == "approved" and resume:
+            return verdict, self.drive(run_id)
         return verdict, self.result(run_id)
+
+    def check_skills_for(self, request_id: str) -> None:
+        """Refuse (SkillsUnavailableError) to approve a request whose steps call a skill this process lacks."""
+        self.decider.check_skills_for(request_id)
+
+    def expire_approvals(self) -> list[str]:
+        """Apply every due approval timeout (default-deny); the requests handled."""
+        return self.decider.expire_approvals()
+
+    def resume_decisions(self, older_than_s: float) -> list[str]:
+        """Carry out decisions whose Run did not move; the Runs moved to EXECUTING, for a driver to resume."""
+        return self.decider.resume_decisions(older_than_s)
+
+    def cancel(self, run_id: str, *, by: str, reason: str = "cancelled by the user") -> RunResult:
+        """Cancel a Run that has not finished (CLOSED_CANCELLED), or CancelRefusedError: see RunCore.cancel."""
+        return self.core.cancel(run_id, by=by, reason=reason)
+
+    def result(self, run_id: str) -> RunResult:
+        """What the caller gets for a Run, in whatever state it is."""
+        return self.core.result(run_id)
+
+    def assembled_context(self, run_id: str) -> AssembledContext:
+        """The context assembled for the Run (step ②); ContextError when it has none."""
+        return self.core.assembled_context(run_id)
+
+    def await_child(self, parent_id: str, child_id: str, until: float) -> ChildWait:
+        """Drive or wait for a child Run of the Run this drive executes (AgentInvoke, T4)."""
+        return self.children.await_child(parent_id, child_id, until, fence_for(parent_id))
+
+    def prune_workdirs(self) -> list[str]:
+        """Remove the working directories of final Runs whose close another process made (a sweeper
+        elsewhere); this process's own closes remove theirs at once. Returns the Runs pruned."""
+        return self.tools.prune(self.store.final_among)

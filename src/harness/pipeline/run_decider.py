@@ -1,19 +1,62 @@
-"""Carrying out approval decisions the Run manager did not make in a decision's own call (SPEC G3, G6):
-approval timeouts (default-deny, or escalation) and the sweeper's backstop for decisions whose Run
-did not move; and, before a decision is recorded, whether this process can drive what it approves."""
+"""The Run's decider (SPEC G3, G4, G6): a human's decision and the Run's move it causes, recorded together;
+approval timeouts (default-deny, or escalation) and the sweeper's backstop for decisions whose Run did not
+move; and, before a decision is recorded, whether this process can drive what it approves."""
 
 from __future__ import annotations
 
-from harness.domain.errors import SkillsUnavailableError
+from harness.domain.contracts import CallerIdentity
+from harness.domain.errors import InvalidRequestError, SkillsUnavailableError
 from harness.domain.records import TransitionResult
-from harness.domain.traces import HITLTrace
-from harness.pipeline.run_core import RunCore, S, trace_records
-from harness.policy.hitl import HitlRequest
+from harness.domain.traces import HITLTrace, step_trace
+from harness.drive.state_machine import StateMachine
+from harness.pipeline.run_core import S, trace_records
+from harness.policy.hitl import Decision, HitlDesk, HitlRequest
 from harness.ports import Tx
+from harness.ports.runs import RunStore, RunWrites
+from harness.skills.manifests import SkillRegistry
 
 
-class Decisions(RunCore):
-    """Approval timeouts and stranded decisions."""
+class RunDecider:
+    """Approval decisions, their timeouts and stranded decisions: each moves a parked Run in the
+    transaction that records it. It never drives a Run; the Run manager drives an approved one on."""
+
+    def __init__(self, *, store: RunStore, writes: RunWrites, machine: StateMachine, hitl: HitlDesk,
+                 registry: SkillRegistry) -> None:
+        self.store = store
+        self.writes = writes
+        self.machine = machine
+        self.hitl = hitl
+        #: the skills this process has, as the approved steps would call them
+        self.registry = registry
+
+    def decide(self, request_id: str, approver: CallerIdentity, decision: str, *, approved_hash: str | None,
+               break_glass: bool, reason: str, check_skills: bool) -> Decision:
+        """Record a human decision and the Run's move it causes in one transaction (G4: the decision is
+        durable no later than its effect). An approval whose Run this process will drive (`check_skills`)
+        is refused first, nothing recorded, when the process lacks a skill the approved steps call."""
+        if decision not in ("approve", "reject"):
+            raise InvalidRequestError(f"decision must be approve or reject, not {decision!r}")
+        if decision == "approve" and check_skills:
+            self.check_skills_for(request_id)
+        who = f"{approver.tenant_id}/{approver.user_id}"
+
+        def move(conn: Tx, request: HitlRequest, effect: str) -> TransitionResult:
+            if effect == "approved":
+                step = step_trace(request.run_id, 7, {"request_id": request.request_id}, {"approved_by": who}, 0.0)
+                return self.machine.transition_in(
+                    conn, request.run_id, S.AWAITING_HITL, S.EXECUTING, actor=who,
+                    reason=f"approved ({request.level})" + (" by break-glass" if break_glass else ""),
+                    records=trace_records(step))
+            why = reason or "no reason given"
+            return self.machine.transition_in(conn, request.run_id, S.AWAITING_HITL, S.REJECTED, actor=who,
+                                              reason=f"rejected by an approver: {why}",
+                                              result={"error": f"rejected by {who}: {why}"})
+
+        verdict = self.hitl.decide(request_id, approver, decision,  # type: ignore[arg-type]
+                                   approved_hash=approved_hash, break_glass=break_glass, reason=reason, move=move)
+        if verdict.transition is not None:
+            self.machine.settle(verdict.transition)
+        return verdict
 
     def check_skills_for(self, request_id: str) -> None:
         """Refuse (SkillsUnavailableError, nothing recorded) to approve a request whose approved steps call a
@@ -26,7 +69,7 @@ class Decisions(RunCore):
         pinned = (self.store.get_run(request.run_id).context or {}).get("manifests", {})
         missing, changed = [], []
         for skill_id in sorted({str(action["skill"]) for action in request.actions}):
-            skill = self.tools.registry.get(skill_id)
+            skill = self.registry.get(skill_id)
             if skill is None:
                 missing.append(skill_id)
             elif pinned.get(skill_id, {}).get("hash") != skill.manifest_hash:

@@ -1,19 +1,15 @@
-"""The Run manager's step ⑥ (seed 004 §3.5): execute the approved plan step by step under the drive's
+"""The Run's executor, step ⑥ (seed 004 §3.5): execute the approved plan step by step under the drive's
 fence, record each step's outcome in the RunContext, then answer, plan another round or fail."""
 
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
-from harness.domain.contracts import (
-    Plan,
-    PlanStep,
-    RunRequest,
-    render_template,
-)
+from harness.domain.contracts import Plan, PlanStep, RunRequest, render_template
 from harness.domain.errors import (
     BudgetExceededError,
     ContextError,
@@ -26,30 +22,35 @@ from harness.domain.traces import ToolTrace, TraceModel, error_trace, step_trace
 from harness.kernel.events import LOST_RACE, TOOL_CALL_FAILED
 from harness.pipeline import rounds
 from harness.pipeline.artifacts import files_of
-from harness.pipeline.plan_orchestrator import StepRun, resolve
-from harness.pipeline.run_core import (
-    DRIVE,
-    MANAGER,
-    RunCore,
-    S,
-    Waiting,
-    WaitingResult,
-    fence_for,
-    trace_records,
-)
+from harness.pipeline.gatekeeper import PolicyEngine
+from harness.pipeline.plan_orchestrator import PlanOrchestrator, StepRun, resolve
+from harness.pipeline.run_core import MANAGER, RunCore, S, Waiting, WaitingResult, fence_for, trace_records
+from harness.pipeline.tool_controller import ToolController
 from harness.pipeline.tool_kinds import StepTimeoutError, ToolCallError
 from harness.ports import Fence
 from harness.skills.manifests import Skill
 
 
-class ExecutionSteps(RunCore):
+class RunExecutor:
     """Step ⑥: EXECUTING until the plan's steps are done, then an answer or another round."""
 
-    def _execute(self, run: RunRecord, request: RunRequest) -> RunRecord:
+    def __init__(self, core: RunCore, *, tools: ToolController, policy: PolicyEngine,
+                 orchestrator: PlanOrchestrator, execution_limit_s: float) -> None:
+        self.core = core
+        #: calls the skills and writes the answer (a replay swaps it for its own)
+        self.tools = tools
+        self.policy = policy
+        self.orchestrator = orchestrator
+        self.execution_limit_s = execution_limit_s
+        #: guards the live RunContext, which parallel steps record their results into
+        self._context_lock = threading.Lock()
+
+    def execute(self, run: RunRecord, request: RunRequest) -> RunRecord:
+        """EXECUTING → TRACING (answered), PLANNING (another round), or the failure that stopped a step."""
         context = dict(run.context or {})
         context["steps"] = dict(context.get("steps", {}))
-        drive = DRIVE.get()
-        if drive is not None and drive.run_id == run.run_id:
+        drive = self.core.drive_of(run.run_id)
+        if drive is not None:
             drive.context = context
         return self._execute_plan(run, request, context)
 
@@ -65,7 +66,7 @@ class ExecutionSteps(RunCore):
         started = time.perf_counter()
 
         # before the first tool call: the plan, its verdicts and the move to EXECUTING are durable
-        self.units.boundary()
+        self.core.units.boundary()
         # when this drive has just committed that move itself, under its lease, the Run's standing is known
         # as of that commit: the first step does not read it again (a cancel landing now is one landing
         # a moment after that read; the steps after it, and a non-idempotent call's mark, still check)
@@ -76,23 +77,23 @@ class ExecutionSteps(RunCore):
             return self._run_step(run, request, step, available, approved, deadline, standing_known)
 
         report = self.orchestrator.execute(plan, bool(context.get("flattened")), outputs, run_step,
-                                           before_parallel=self.units.boundary)
+                                           before_parallel=self.core.units.boundary)
         elapsed = (time.perf_counter() - started) * 1000
         if report.failure is not None:
             failure = report.failure
             if failure.error_code == "superseded":
-                now = self.store.get_run(run.run_id)
-                if self._fenced(run.run_id):
+                now = self.core.store.get_run(run.run_id)
+                if self.core.fenced(run.run_id):
                     return now  # a fenced worker writes nothing more, not even about itself (K5b)
-                self.store.audit(run.run_id, LOST_RACE, MANAGER, {"attempted_to": "continue EXECUTING",
-                                                                  "actual": now.state.value, "reason": failure.error})
+                self.core.store.audit(run.run_id, LOST_RACE, MANAGER, {
+                    "attempted_to": "continue EXECUTING", "actual": now.state.value, "reason": failure.error})
                 return now
             timed_out = failure.error_code in ("timeout", "run_time_limit", "child_run_timeout")
             target = S.TIMEOUT if timed_out else S.FAILED
             code = failure.error_code or "step_failed"
             detail = (failure.error or "").removeprefix(f"{code}: ")  # the code leads the message once
-            return self._fail(self.store.get_run(run.run_id), S.EXECUTING, 6, code,
-                              f"step {failure.step_id}: {detail}", target=target, inputs=context["plan"])
+            return self.core.fail(self.core.store.get_run(run.run_id), S.EXECUTING, 6, code,
+                                  f"step {failure.step_id}: {detail}", target=target, inputs=context["plan"])
         if plan.then == "next_round":
             return self._next_round(run, context, outputs, elapsed)
         if plan.then == "answer":
@@ -105,51 +106,51 @@ class ExecutionSteps(RunCore):
                 answer = plan.answer or (render_template(plan.answer_template, outputs) if plan.answer_template
                                          else None)
             except KeyError as exc:
-                return self._fail(run, S.EXECUTING, 6, "answer_template", f"answer template: {exc}")
+                return self.core.fail(run, S.EXECUTING, 6, "answer_template", f"answer template: {exc}")
         result: dict[str, Any] = {"answer": answer, "artifacts": outputs}
         with self._context_lock:
             files = files_of(self._live_context(run.run_id))
         if files:  # the files the Run's sandboxed calls wrote and kept, every round's
             result["files"] = [f.model_dump(mode="json") for f in files]
         records = trace_records(step_trace(run.run_id, 6, context["plan"], outputs, elapsed),
-                           step_trace(run.run_id, 8, {"run_id": run.run_id}, result, 0.0))
-        return self._advance(run, S.EXECUTING, S.TRACING, "every step succeeded", records, result=result)
+                                step_trace(run.run_id, 8, {"run_id": run.run_id}, result, 0.0))
+        return self.core.advance(run, S.EXECUTING, S.TRACING, "every step succeeded", records, result=result)
 
     def _next_round(self, run: RunRecord, context: dict[str, Any], outputs: dict[str, Any],
                     elapsed_ms: float) -> RunRecord:
         """EXECUTING → PLANNING: the round is complete and recorded (with the transition), so no drive
         repeats it; the model plans the next one from its results (SPEC K2, rounds)."""
         round_no = rounds.number(context)
-        executing_s = max(0.0, self.store.clock.now() - run.last_state_change_at)
+        executing_s = max(0.0, self.core.store.clock.now() - run.last_state_change_at)
         records = trace_records(step_trace(run.run_id, 6, context["plan"], outputs, elapsed_ms,
-                                      detail=f"round {round_no} done"))
-        return self._advance(run, S.EXECUTING, S.PLANNING,
-                             f"round {round_no} done: the model plans round {round_no + 1} from its results",
-                             records, context=rounds.close_round(context, executing_s))
+                                           detail=f"round {round_no} done"))
+        return self.core.advance(run, S.EXECUTING, S.PLANNING,
+                                 f"round {round_no} done: the model plans round {round_no + 1} from its results",
+                                 records, context=rounds.close_round(context, executing_s))
 
     def _answer_from_results(self, run: RunRecord, request: RunRequest, outputs: dict[str, Any],
                              deadline: float) -> str | RunRecord:
         """The final answer written by the model from the results: one LLM call through the tool
         controller (secrets filtered, costed), recorded for replay. The Run as it now is when the call
         could not be made or failed."""
-        if self._stopped(run.run_id) is not None:
-            return self.store.get_run(run.run_id)  # cancelled, swept or taken over: nothing leaves
-        messages = rounds.answer_messages(request.task, outputs, self._scrub)
-        system = self.assembled_context(run.run_id).system_prompt
+        if self.core.stopped(run.run_id) is not None:
+            return self.core.store.get_run(run.run_id)  # cancelled, swept or taken over: nothing leaves
+        messages = rounds.answer_messages(request.task, outputs, self.core.scrub)
+        system = self.core.assembled_context(run.run_id).system_prompt
         llm_input = {"purpose": "answer", "system": system, "messages": [m.model_dump(mode="json") for m in messages]}
         try:
-            with self.units.effect():  # before the model is called, what led here is durable
+            with self.core.units.effect():  # before the model is called, what led here is durable
                 response = self.tools.compose_answer(system, messages, run_id=run.run_id, caller=request.caller,
-                                                     deadline=deadline, fit=self._fit(request.caller, run.run_id))
+                                                     deadline=deadline, fit=self.core.fit(request.caller, run.run_id))
         except (ProviderError, ContextError, StepTimeoutError, ToolCallError, BudgetExceededError) as exc:
             code = getattr(exc, "code", None) or (f"llm_{exc.kind}" if isinstance(exc, ProviderError) else "timeout")
             if isinstance(exc, ProviderError):
-                self.writes.record_llm_call(run.run_id, "answer", llm_input,
-                                error={"kind": exc.kind, "message": str(exc), "retryable": exc.retryable})
+                self.core.writes.record_llm_call(run.run_id, "answer", llm_input, error={
+                    "kind": exc.kind, "message": str(exc), "retryable": exc.retryable})
             timed_out = isinstance(exc, StepTimeoutError) or (isinstance(exc, ProviderError) and exc.kind == "timeout")
-            return self._fail(run, S.EXECUTING, 8, code, f"writing the answer from the results: {exc}",
-                              target=S.TIMEOUT if timed_out else S.FAILED)
-        self.writes.record_llm_call(run.run_id, "answer", llm_input, response=response.model_dump(mode="json"))
+            return self.core.fail(run, S.EXECUTING, 8, code, f"writing the answer from the results: {exc}",
+                                  target=S.TIMEOUT if timed_out else S.FAILED)
+        self.core.writes.record_llm_call(run.run_id, "answer", llm_input, response=response.model_dump(mode="json"))
         return response.content
 
     def _deadline(self, run: RunRecord, spent_s: float = 0.0) -> float:
@@ -157,7 +158,7 @@ class ExecutionSteps(RunCore):
         spent executing, counted from when the Run entered EXECUTING (so a drive resumed after a crash does
         not start the clock again), or sooner when the Run is a child whose parent gave it only what was
         left of its own budget (deadline_at, T4)."""
-        now = self.store.clock.now()
+        now = self.core.store.clock.now()
         entered = run.last_state_change_at if run.state == S.EXECUTING else now
         remaining = self.execution_limit_s - spent_s - max(0.0, now - entered)
         if run.deadline_at is not None:
@@ -183,15 +184,15 @@ class ExecutionSteps(RunCore):
         if approval is None:
             return None
         # the request the plan opened, or the escalation that replaced it: both bind these actions
-        request = self.hitl.approved_for(run_id, approval["actions_hash"])
+        request = self.core.hitl.approved_for(run_id, approval["actions_hash"])
         if request is None:
             return {}
         return {a["step_id"]: a for a in request.actions}
 
     def _entered_executing(self, run_id: str) -> bool:
         """Whether this drive moved the Run into EXECUTING itself and has run no step since (cleared)."""
-        drive = DRIVE.get()
-        if drive is None or drive.run_id != run_id:
+        drive = self.core.drive_of(run_id)
+        if drive is None:
             return False
         entered, drive.entered_executing = drive.entered_executing, False
         return entered
@@ -201,7 +202,7 @@ class ExecutionSteps(RunCore):
         def fail(code: str, message: str) -> StepRun:
             return StepRun(step.id, step.output_key, False, error=message, error_code=code)
 
-        stopped = None if standing_known else self._stopped(run.run_id)
+        stopped = None if standing_known else self.core.stopped(run.run_id)
         if stopped == "left":
             return fail("superseded", "the Run left EXECUTING (cancelled or swept)")
         if stopped == "fenced":
@@ -251,8 +252,8 @@ class ExecutionSteps(RunCore):
         rides = skill.manifest.idempotent and skill.manifest.risk.access == "read" and \
             skill.manifest.call_kind == "local"
         if rides:
-            self.units.release()
-        with contextlib.nullcontext() if rides else self.units.effect():
+            self.core.units.release()
+        with contextlib.nullcontext() if rides else self.core.units.effect():
             call = self.tools.call(skill, arguments, run_id=run.run_id, step_id=step.id,
                                    output_key=step.output_key, caller=request.caller, deadline=deadline,
                                    may_fall_back=self._fallback_check(run, step, arguments))
@@ -262,8 +263,8 @@ class ExecutionSteps(RunCore):
             if call.exception is not None else []), values=(arguments, call.outcome.output, *call.contents),
             later=rides)
         if call.exception is not None:
-            if not self._fenced(run.run_id):  # a key event of its own, besides the Run's failure that may follow
-                self.store.audit(run.run_id, TOOL_CALL_FAILED, "tool_controller", {
+            if not self.core.fenced(run.run_id):  # a key event of its own, besides the Run's failure that may follow
+                self.core.store.audit(run.run_id, TOOL_CALL_FAILED, "tool_controller", {
                     "step_id": step.id, "skill": call.trace.skill_id, "error_code": call.trace.error_code,
                     "attempts": call.outcome.attempts})
             return StepRun(step.id, step.output_key, False, error=call.outcome.error, error_code=call.trace.error_code)
@@ -275,29 +276,29 @@ class ExecutionSteps(RunCore):
         the parent was cancelled or swept starts nothing."""
         assert run.parent_run_id is not None
         try:
-            state = self.store.state_of(run.parent_run_id).value
+            state = self.core.store.state_of(run.parent_run_id).value
         except UnknownRunError:
             state = "gone"
         if state == S.EXECUTING.value:
             return None
         reason = f"its parent Run {run.parent_run_id} is {state}: nobody waits for its result"
-        self.cancel(run.run_id, by=MANAGER, reason=reason)
+        self.core.cancel(run.run_id, by=MANAGER, reason=reason)
         return reason
 
     def _refuse(self, run: RunRecord, step: PlanStep, code: str, message: str) -> StepRun:
         trace = ToolTrace(run_id=run.run_id, step_id=step.id, skill_id=step.tool_call.skill, skill_version="-",
                           manifest_hash="-", idempotency_key=f"{run.run_id}:{step.id}", arguments_hash="-",
                           result_hash=None, attempts=0, duration_ms=0.0, status="refused", error_code=code)
-        self.store.record(trace_records(trace, error_trace(run.run_id, 6, code, message)))
+        self.core.store.record(trace_records(trace, error_trace(run.run_id, 6, code, message)))
         return StepRun(step.id, step.output_key, False, error=message, error_code=code)
 
     def _live_context(self, run_id: str) -> dict[str, Any]:
         """The RunContext this drive is executing with (kept in memory: under the lease nobody else writes
         it); read from the store when called outside an execution. Call with the context lock held."""
-        drive = DRIVE.get()
-        context = drive.context if drive is not None and drive.run_id == run_id else None
+        drive = self.core.drive_of(run_id)
+        context = drive.context if drive is not None else None
         if context is None:
-            context = dict(self.store.get_run(run_id).context or {})
+            context = dict(self.core.store.get_run(run_id).context or {})
             context["steps"] = dict(context.get("steps", {}))
         return context
 
@@ -318,11 +319,11 @@ class ExecutionSteps(RunCore):
             # holds their results (the live one), so theirs is not written first only to be replaced. Only
             # in the drive's own unit, where the mark and their records commit together: a parallel step's
             # mark commits alone, and a crash after it would leave results in the RunContext without records
-            waiting = self._waiting(run_id).take() if self.units.joined() else []
+            waiting = self._waiting(run_id).take() if self.core.units.joined() else []
             marked = {**context, "steps": {**context["steps"], step.id: entry}}
             if effects is not None:
                 marked["effects"] = effects
-            refusal = self.store.mark_step_started(run_id, step.id, marked, lease_epoch=self._epoch(run_id))
+            refusal = self.core.store.mark_step_started(run_id, step.id, marked, lease_epoch=self.core.epoch(run_id))
             if refusal is None:
                 context["steps"][step.id] = entry
                 if effects is not None:
@@ -360,12 +361,12 @@ class ExecutionSteps(RunCore):
             if taken := waiting.take():
                 self._save_waiting(run_id, fence, taken, with_context=True)
 
-        self.units.defer(save_waiting)
+        self.core.units.defer(save_waiting)
 
     def _waiting(self, run_id: str) -> Waiting:
         """The results of this drive of Run `run_id` that wait for its next transaction (none outside one)."""
-        drive = DRIVE.get()
-        return drive.waiting if drive is not None and drive.run_id == run_id else Waiting()
+        drive = self.core.drive_of(run_id)
+        return drive.waiting if drive is not None else Waiting()
 
     def _save_waiting(self, run_id: str, fence: Fence | None, taken: list[WaitingResult], *,
                       with_context: bool) -> None:
@@ -382,6 +383,6 @@ class ExecutionSteps(RunCore):
         now), and this drive stops before its next effect. Without a RunContext the caller's transaction
         has just checked the fence (a started mark)."""
         epoch = fence.epoch if fence is not None and context is not None else None
-        saved = self.writes.save_context(run_id, context, records, values, lease_epoch=epoch)
+        saved = self.core.writes.save_context(run_id, context, records, values, lease_epoch=epoch)
         if not saved and fence is not None:
             fence.lose()
