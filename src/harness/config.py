@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -22,6 +23,9 @@ from harness.adapters.llm.scripted import ScriptedProvider
 from harness.adapters.s3_segments import S3SegmentStore
 from harness.adapters.sandbox import Workdirs, select_sandbox
 from harness.adapters.sandbox.instance import HolderProcesses
+from harness.adapters.sandbox.providers import ProviderChoice
+from harness.adapters.sandbox.remote import RemoteSandbox
+from harness.adapters.sandbox.server import make_server
 from harness.adapters.sql import database
 from harness.adapters.sql.approvals import SqlApprovals
 from harness.adapters.sql.audit_reads import SqlAuditReads
@@ -70,7 +74,7 @@ from harness.pipeline.tool_controller import Executor, ToolController
 from harness.pipeline.tool_kinds import Lanes
 from harness.policy.hitl import HitlDesk
 from harness.policy.identity import IdentityDirectory
-from harness.ports import Clock, LLMProvider, ResultSink, TraceBuffer
+from harness.ports import Clock, LLMProvider, ResultSink, Sandbox, TraceBuffer
 from harness.ports.audit import AuditReads, ReconcileReads
 from harness.ports.changes import ChangeFeed
 from harness.ports.contents import StoredContents
@@ -180,6 +184,27 @@ def webhook_outbox(store: SqlStore) -> WebhookOutbox:
 def sandbox_instances(store: SqlStore) -> SandboxInstances:
     """The sandbox instances of every host, over a store."""
     return InstanceTable(store)
+
+
+def sandbox_provider(settings: Settings) -> Sandbox:
+    """The sandbox of the settings: this host's (bubblewrap, or the rlimit fallback), a sandbox server's
+    (HARNESS_SANDBOX_PROVIDER=remote, HARNESS_SANDBOX_URL, HARNESS_SANDBOX_TOKEN), or this host's with some
+    tenants' or skills' calls sent to the server."""
+    remote_some = settings.sandbox_remote_tenants or settings.sandbox_remote_skills
+    if settings.sandbox_provider == "local" and not remote_some:
+        return select_sandbox(settings.sandbox)
+    if not settings.sandbox_url:
+        raise InvalidRequestError("the remote sandbox provider needs HARNESS_SANDBOX_URL (the sandbox server's URL)")
+    remote = RemoteSandbox(settings.sandbox_url, os.environ.get("HARNESS_SANDBOX_TOKEN", ""))
+    if settings.sandbox_provider == "remote":
+        return remote
+    return ProviderChoice(lambda: select_sandbox(settings.sandbox), remote,
+                          remote_tenants=settings.sandbox_remote_tenants, remote_skills=settings.sandbox_remote_skills)
+
+
+def sandbox_server(settings: Settings, token: str, host: str, port: int) -> ThreadingHTTPServer:
+    """`harness sandbox serve`: this host's sandbox (by HARNESS_SANDBOX) over HTTP, accepting only `token`."""
+    return make_server(select_sandbox(settings.sandbox), token, host, port)
 
 
 def sandbox_pool(store: SqlStore, pool: PoolSettings, *, owner: str, ledger: CostBook | None = None,
@@ -481,7 +506,7 @@ def build_runtime(settings: Settings | None = None, *, clock: Clock | None = Non
                            data_dir=skill_data_dir(settings, store),
                            lanes=Lanes.sized(settings.local_skill_threads, settings.sandbox_threads,
                                              settings.llm_threads),
-                           choose_sandbox=lambda: select_sandbox(settings.sandbox),
+                           choose_sandbox=lambda: sandbox_provider(settings),
                            clock=store.clock, provider=provider, record_cost=ledger.record,
                            scrub=lambda text: secret_filter.scrub(text).text,
                            redact=lambda value: secret_filter.scrub_json(value)[0], sandbox_price=pricing.sandbox_price,

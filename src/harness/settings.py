@@ -73,6 +73,13 @@ class Settings(BaseModel):
     #: how many rounds a Run may plan (each round's results are shown to the model before the next)
     max_rounds: int = Field(default=4, ge=1, le=64)
     sandbox: Literal["auto", "bwrap", "rlimit"] = "auto"
+    #: where sandboxed calls run: "local" (this host) or "remote" (a `harness sandbox serve` at sandbox_url,
+    #: authenticated by HARNESS_SANDBOX_TOKEN); with "local", the tenants and skills listed in
+    #: sandbox_remote_tenants / sandbox_remote_skills (comma-separated in the environment) run remotely
+    sandbox_provider: Literal["local", "remote"] = "local"
+    sandbox_url: str | None = None
+    sandbox_remote_tenants: tuple[str, ...] = ()
+    sandbox_remote_skills: tuple[str, ...] = ()
     #: sandboxes as a scarce resource: this host's name (instances, caps and the port pool are per host),
     #: how many instances may live at once on it and per tenant, its port range ("41000-41255"; "" for
     #: none), and how long an instance's lease lives without this host renewing it
@@ -223,6 +230,12 @@ class Settings(BaseModel):
                     "sandbox_stream_bytes", "artifact_max_bytes", "artifact_max_count", "artifact_store"):
             if env.get(f"HARNESS_{key.upper()}"):
                 values[key] = env[f"HARNESS_{key.upper()}"]
+        for key in ("sandbox_provider", "sandbox_url"):
+            if env.get(f"HARNESS_{key.upper()}"):
+                values[key] = env[f"HARNESS_{key.upper()}"]
+        for key in ("sandbox_remote_tenants", "sandbox_remote_skills"):
+            if env.get(f"HARNESS_{key.upper()}"):
+                values[key] = tuple(v.strip() for v in env[f"HARNESS_{key.upper()}"].split(",") if v.strip())
         if "HARNESS_SANDBOX_PORTS" in env:
             values["sandbox_ports"] = env["HARNESS_SANDBOX_PORTS"]
         for key in ("llm_model", "llm_fallback_model", "llm_base_url", "llm_api_key_env", "llm_pricing",

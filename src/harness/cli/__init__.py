@@ -1,7 +1,8 @@
 """The `harness` command line: a thin shell over the library (SPEC U1).
 
 One module per topic: runs (run, trace, cancel, approvals), demo, show (runs show), audit, archive,
-webhooks (and costs), ops (sweep, worker), serve, replay, skills, witness, signer, kb (knowledge bases);
+webhooks (and costs), ops (sweep, worker), serve, replay, skills, witness, signer, kb (knowledge bases),
+sandbox (the sandbox server);
 support holds the options, the output helpers and the error handling they share.
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 from harness.cli import archive, demo, ops, replay, runs, serve, show, webhooks
 from harness.cli.audit import audit_app
 from harness.cli.kb import kb_app
+from harness.cli.sandbox import sandbox_app
 from harness.cli.signer import signer_app
 from harness.cli.skills import skills_app
 from harness.cli.support import cli_errors, make_app
@@ -24,6 +26,7 @@ app.add_typer(witness_app, name="witness")
 app.add_typer(skills_app, name="skills")
 app.add_typer(signer_app, name="signer")
 app.add_typer(kb_app, name="kb")
+app.add_typer(sandbox_app, name="sandbox")
 for _name, _fn in (("run", runs.run), ("trace", runs.trace), ("cancel", runs.cancel),
                    ("approve", runs.approve), ("reject", runs.reject), ("approvals", runs.approvals),
                    ("demo", demo.demo), ("sweep", ops.sweep), ("serve", serve.serve),

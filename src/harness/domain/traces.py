@@ -88,6 +88,8 @@ class ToolTrace(TraceModel):
     error_code: str | None = None
     fallback_from: str | None = None
     isolation: str | None = None  # sandbox calls: "bwrap", or "rlimit" (the weaker fallback)
+    #: sandbox calls: the provider that ran it when not this host's own ("remote": a sandbox server)
+    sandbox_provider: str | None = None
     child_run_id: str | None = None  # agent calls: the child Run (T4)
     #: sandbox calls: the content hashes of the files the call wrote and that were kept (the step's
     #: outcome lists them by name, size, media type and SHA-256)

@@ -369,7 +369,8 @@ class ToolController:
         return ToolTrace(
             run_id=ctx.run_id, step_id=ctx.step_id, skill_id=skill.id, skill_version=skill.manifest.version,
             manifest_hash=skill.manifest_hash, call_kind=skill.manifest.call_kind,
-            isolation=go.info.get("isolation"), child_run_id=go.info.get("child_run_id"),
+            isolation=go.info.get("isolation"), sandbox_provider=go.info.get("sandbox_provider"),
+            child_run_id=go.info.get("child_run_id"),
             files=tuple(f.content_hash for f in left.files) if left is not None and left.files else None,
             idempotency_key=ctx.idempotency_key, arguments_hash=content_hash(arguments),
             result_hash=content_hash(go.output) if failure is None else None, attempts=go.runs,

@@ -176,7 +176,13 @@ class SandboxCalls:
 
     def __call__(self, call: Attempt) -> Any:
         sandbox, skill, ctx = self.sandbox(), call.skill, call.ctx
+        choose = getattr(sandbox, "for_call", None)  # settings choosing the provider per skill or tenant
+        if choose is not None:
+            sandbox = choose(skill.id, ctx.tenant_id)
         call.info["isolation"] = sandbox.isolation
+        provider = getattr(sandbox, "provider", "local")
+        if provider != "local":
+            call.info["sandbox_provider"] = provider
         entry = skill.entry
         assert entry is not None  # a sandboxed skill is a python skill, which has an entrypoint
         workdir = self.workdirs.ensure(ctx.run_id)

@@ -66,9 +66,16 @@ class Notifier(Protocol):
 
 class Sandbox(Protocol):
     """Runs one sandboxed skill call in an isolated process (SPEC T4); a failure, crash or escape
-    attempt is described in the outcome, never raised. `isolation` names how strong the walls are."""
+    attempt is described in the outcome, never raised. `isolation` names how strong the walls are.
 
-    isolation: str
+    A sandbox may also have `provider` (where it runs: "local" when it has none, "remote" for a sandbox
+    server) and `for_call(skill_id, tenant_id) -> Sandbox` (the provider a call uses, when the settings choose
+    per skill or per tenant); the tool controller reads both when they are there."""
+
+    @property
+    def isolation(self) -> str:
+        """How strong the walls are ("bwrap", or the weaker "rlimit")."""
+        ...
 
     def run(self, job: SandboxJob) -> SandboxOutcome:
         """Run the call to its end or its limits."""

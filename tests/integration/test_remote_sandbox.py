@@ -1,0 +1,177 @@
+"""The remote sandbox provider: `harness sandbox serve` runs this host's bubblewrap sandbox for a harness
+process over HTTP, and the same Run gives the same result, the same trace and the same costs through it as
+through the local provider — its kept instance, its leased port and its billed seconds included. The server
+refuses a request without its token (401) or with too large a body (413); a server that is down fails the
+Run's call with a reason naming it, at once."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import sqlalchemy as sa
+import yaml
+
+from harness.adapters.sandbox.server import MAX_BODY
+from harness.adapters.sql import schema as t
+from harness.config import Runtime, build_runtime
+from harness.domain.sandbox import DEAD
+from tests.acceptance.agent_skills import RULES, TESTER
+from tests.integration.conftest import port_open
+from tests.integration.instance_skills import INSTANCE_RULES, instance_settings
+from tests.integration.test_sandbox import need_bwrap
+
+SERVE_AND_QUERY = {"name": "serve_query", "when": "^serve (?P<text>\\w+) and query$", "plan": {
+    "answer_template": "the site said {c.body}",
+    "steps": [
+        {"id": "a", "tool_call": {"skill": "test.devserver", "arguments": {"action": "start", "text": "{text}"}},
+         "output_key": "a"},
+        {"id": "c", "tool_call": {"skill": "test.devserver", "arguments": {"action": "query"}},
+         "depends_on": ["a"], "output_key": "c"},
+    ]}}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[tuple[str, str]]:
+    """A real `harness sandbox serve` process on a free loopback port: (its URL, its token)."""
+    need_bwrap()
+    token, port = secrets.token_urlsafe(24), free_port()
+    proc = subprocess.Popen([str(Path(sys.executable).parent / "harness"), "sandbox", "serve", "--host", "127.0.0.1",
+                             "--port", str(port)], env={**os.environ, "HARNESS_SANDBOX_TOKEN": token},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 15
+    while not port_open(port):
+        assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else "the server exited"
+        assert time.monotonic() < deadline, "the sandbox server did not start listening"
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}", token
+    proc.terminate()
+    proc.wait(10)
+
+
+def runtime(folder: Path, **extra: Any) -> Runtime:
+    folder.mkdir()
+    settings = instance_settings(folder, **extra)
+    (folder / "rules.yaml").write_text(yaml.safe_dump({"rules": [SERVE_AND_QUERY, *INSTANCE_RULES, *RULES]}))
+    return build_runtime(settings)
+
+
+def close(rt: Runtime) -> None:
+    pool = rt.tools.sandbox_pool
+    assert pool is not None
+    for row in pool.table.live():  # nothing outlives a test
+        pool.table.end_now(row, DEAD, "the test ended", rt.store.clock.now())
+    pool.stop_ended()
+    rt.close()
+
+
+def observed(rt: Runtime, run_id: str) -> dict[str, Any]:
+    """What a Run left that must not depend on where its sandbox ran."""
+    result = rt.runs.result(run_id)
+    tools = [{k: v for k, v in r.data().items() if k in ("skill_id", "call_kind", "isolation", "status", "attempts",
+                                                        "result_hash", "error_code")}
+             for r in rt.store.trace_of(run_id) if r.kind == "tool"]
+    with rt.store.engine.connect() as db:
+        costs = db.execute(sa.select(t.costs.c.source).where(t.costs.c.run_id == run_id)
+                           .order_by(t.costs.c.source)).scalars().all()
+    audit = [e.event for e in rt.store.audit_events(run_id=run_id) if e.event.startswith("sandbox_")]
+    return {"state": result.state, "answer": result.answer, "artifacts": result.artifacts, "tools": tools,
+            "costs": costs, "audit": audit}
+
+
+def providers(rt: Runtime, run_id: str) -> set[str | None]:
+    return {r.data().get("sandbox_provider") for r in rt.store.trace_of(run_id) if r.kind == "tool"}
+
+
+@pytest.mark.parametrize("choice", ["everything", "tenant"])
+def test_the_same_run_gives_the_same_result_through_the_remote_provider(
+        server: tuple[str, str], tmp_path: Path, call_log: Path, monkeypatch: pytest.MonkeyPatch, choice: str) -> None:
+    """A Run whose kept instance serves a page on its leased port in step a and fetches it in step c ends the
+    same, with the same tool calls, costs (the instance's seconds, billed once) and instance events, whether
+    its sandbox is this host's or the server's — chosen for everything or for the Run's tenant; the trace
+    names the remote provider."""
+    url, token = server
+    monkeypatch.setenv("HARNESS_SANDBOX_TOKEN", token)
+    remote: dict[str, Any] = ({"sandbox_provider": "remote"} if choice == "everything"
+                              else {"sandbox_remote_tenants": (TESTER["tenant_id"],)})
+    seen = []
+    for name, extra in (("local", {}), ("remote", {"sandbox_url": url, **remote})):
+        rt = runtime(tmp_path / name, sandbox="bwrap", **extra)
+        try:
+            done = rt.runs.create_run({"task": "serve hello and query", **TESTER})
+            assert done.state == "SUCCEEDED" and done.answer == "the site said hello", done.error
+            seen.append(observed(rt, done.run_id))
+            assert providers(rt, done.run_id) == ({None} if name == "local" else {"remote"})
+            row = rt.tools.sandbox_pool.table.get(done.run_id, "test.devserver") if rt.tools.sandbox_pool else None
+            assert row is not None and row.state == "released" and row.calls == 2 and row.ports
+            assert rt.runs.ledger.run_total(done.run_id).sandbox_s == pytest.approx(row.held_s, abs=1e-5)  # billed once
+        finally:
+            close(rt)
+    local, remote_seen = seen
+    assert remote_seen == local
+    assert local["costs"] == ["llm:scripted:plan", "sandbox_instance:bwrap:test.devserver"]
+    assert local["audit"] == ["sandbox_instance_created", "sandbox_instance_released"]
+
+
+def test_the_server_refuses_a_request_without_its_token_or_too_large(server: tuple[str, str]) -> None:
+    """No token, a wrong token: 401 before anything runs; a body past the bound: 413; the right token: the
+    server's isolation."""
+    url, token = server
+    assert httpx.get(f"{url}/v1/sandbox").status_code == 401
+    wrong = httpx.post(f"{url}/v1/run", json={}, headers={"Authorization": "Bearer not-the-token"})
+    assert wrong.status_code == 401 and "token" in wrong.json()["error"]
+    auth = {"Authorization": f"Bearer {token}"}
+    assert httpx.get(f"{url}/v1/sandbox", headers=auth).json() == {"isolation": "bwrap"}
+    too_large = httpx.post(f"{url}/v1/run", content=b"x" * (MAX_BODY + 1), headers=auth)
+    assert too_large.status_code == 413
+    bad = httpx.post(f"{url}/v1/run", json={"skill_id": "x"}, headers=auth)
+    assert bad.status_code == 400 and "not a valid request" in bad.json()["error"]
+
+
+def test_a_wrong_token_fails_the_runs_call_with_the_reason(
+        server: tuple[str, str], tmp_path: Path, call_log: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A harness process holding another token gets nothing run: its call fails sandbox_unavailable, saying
+    the server refused the token."""
+    url, _ = server
+    monkeypatch.setenv("HARNESS_SANDBOX_TOKEN", "a-token-the-server-does-not-hold")
+    rt = runtime(tmp_path / "wrong", sandbox_provider="remote", sandbox_url=url)
+    try:
+        done = rt.runs.create_run({"task": "serve hello", **TESTER})
+        assert done.state == "CLOSED_FAILED" and "refused the token (401)" in str(done.error), done.error
+    finally:
+        close(rt)
+
+
+def test_a_server_that_is_down_fails_the_run_at_once_naming_it(
+        tmp_path: Path, call_log: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nothing listens at the provider's URL: the Run fails within seconds (no hang), the reason naming the
+    server and the call sandbox_unavailable."""
+    need_bwrap()
+    monkeypatch.setenv("HARNESS_SANDBOX_TOKEN", "a-token-of-a-server-that-is-down")
+    url = f"http://127.0.0.1:{free_port()}"
+    rt = runtime(tmp_path / "down", sandbox_provider="remote", sandbox_url=url)
+    try:
+        began = time.monotonic()
+        done = rt.runs.create_run({"task": "serve hello", **TESTER})
+        assert time.monotonic() - began < 10
+        assert done.state == "CLOSED_FAILED" and f"the sandbox server at {url} cannot be reached" in str(done.error)
+        (tool,) = [r.data() for r in rt.store.trace_of(done.run_id) if r.kind == "tool"]
+        assert tool["error_code"] == "sandbox_unavailable" and tool["sandbox_provider"] == "remote"
+    finally:
+        close(rt)
