@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -24,8 +23,6 @@ from harness.adapters.s3_segments import S3SegmentStore
 from harness.adapters.sandbox import Workdirs, select_sandbox
 from harness.adapters.sandbox.instance import HolderProcesses
 from harness.adapters.sandbox.providers import ProviderChoice
-from harness.adapters.sandbox.remote import RemoteSandbox
-from harness.adapters.sandbox.server import make_server
 from harness.adapters.sql import database
 from harness.adapters.sql.approvals import SqlApprovals
 from harness.adapters.sql.audit_reads import SqlAuditReads
@@ -104,6 +101,8 @@ from harness.webhooks.delivery import WebhookDispatcher
 from harness.webhooks.notifier import PushEvents, WebhookNotifier, WebhookResultSink
 
 if TYPE_CHECKING:
+    from http.server import ThreadingHTTPServer
+
     from harness.adapters.signer_socket import SignerServer
     from harness.skills.mcp import McpServers
 
@@ -195,6 +194,8 @@ def sandbox_provider(settings: Settings) -> Sandbox:
         return select_sandbox(settings.sandbox)
     if not settings.sandbox_url:
         raise InvalidRequestError("the remote sandbox provider needs HARNESS_SANDBOX_URL (the sandbox server's URL)")
+    from harness.adapters.sandbox.remote import RemoteSandbox  # httpx, only when a remote provider is set
+
     remote = RemoteSandbox(settings.sandbox_url, os.environ.get("HARNESS_SANDBOX_TOKEN", ""))
     if settings.sandbox_provider == "remote":
         return remote
@@ -204,6 +205,8 @@ def sandbox_provider(settings: Settings) -> Sandbox:
 
 def sandbox_server(settings: Settings, token: str, host: str, port: int) -> ThreadingHTTPServer:
     """`harness sandbox serve`: this host's sandbox (by HARNESS_SANDBOX) over HTTP, accepting only `token`."""
+    from harness.adapters.sandbox.server import make_server
+
     return make_server(select_sandbox(settings.sandbox), token, host, port)
 
 
