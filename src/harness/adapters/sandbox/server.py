@@ -106,7 +106,7 @@ def make_server(sandbox: Sandbox, token: str, host: str, port: int) -> Threading
             try:
                 self._reply(200, table[self._route()](self._body()))
             except RequestError as exc:
-                self.close_connection = exc.status == 413
+                self.close_connection = True  # its body may be unread
                 self._reply(exc.status, {"error": str(exc)})
             except (ValueError, KeyError, TypeError) as exc:
                 self._reply(400, {"error": f"not a valid request: {exc}"})
