@@ -77,6 +77,10 @@ class Drive:
     waiting: Waiting = dataclasses.field(default_factory=Waiting)
     #: this drive moved the Run into EXECUTING itself (under its lease) and has not executed a step since
     entered_executing: bool = False
+    #: guards `context`, which the drive's parallel steps record their results into. One per drive, never
+    #: one per process: a drive holding its open transaction (SQLite's one write lock) may wait for it, so
+    #: a drive of another Run holding it while it waits for that write lock would deadlock the two
+    lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
 
 
 DRIVE: contextvars.ContextVar[Drive | None] = contextvars.ContextVar("harness_drive", default=None)

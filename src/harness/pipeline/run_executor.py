@@ -42,8 +42,6 @@ class RunExecutor:
         self.policy = policy
         self.orchestrator = orchestrator
         self.execution_limit_s = execution_limit_s
-        #: guards the live RunContext, which parallel steps record their results into
-        self._context_lock = threading.Lock()
 
     def execute(self, run: RunRecord, request: RunRequest) -> RunRecord:
         """EXECUTING → TRACING (answered), PLANNING (another round), or the failure that stopped a step."""
@@ -108,7 +106,7 @@ class RunExecutor:
             except KeyError as exc:
                 return self.core.fail(run, S.EXECUTING, 6, "answer_template", f"answer template: {exc}")
         result: dict[str, Any] = {"answer": answer, "artifacts": outputs}
-        with self._context_lock:
+        with self._context_lock(run.run_id):
             files = files_of(self._live_context(run.run_id))
         if files:  # the files the Run's sandboxed calls wrote and kept, every round's
             result["files"] = [f.model_dump(mode="json") for f in files]
@@ -292,6 +290,12 @@ class RunExecutor:
         self.core.store.record(trace_records(trace, error_trace(run.run_id, 6, code, message)))
         return StepRun(step.id, step.output_key, False, error=message, error_code=code)
 
+    def _context_lock(self, run_id: str) -> threading.Lock:
+        """The lock of the live RunContext of this drive of Run `run_id` (its parallel steps share it); outside
+        a drive a lock of its own, as the RunContext is then read from the store, shared with no one."""
+        drive = self.core.drive_of(run_id)
+        return drive.lock if drive is not None else threading.Lock()
+
     def _live_context(self, run_id: str) -> dict[str, Any]:
         """The RunContext this drive is executing with (kept in memory: under the lease nobody else writes
         it); read from the store when called outside an execution. Call with the context lock held."""
@@ -310,7 +314,7 @@ class RunExecutor:
         drive began: it is refused
         ("superseded") unless the Run is still EXECUTING under this drive's lease, or with the status the
         database already holds for the step when another drive got there first. None: marked."""
-        with self._context_lock:
+        with self._context_lock(run_id):
             context = self._live_context(run_id)
             entry = {"step_id": step.id, "output_key": step.output_key, "status": "started"}
             effects = [*context.get("effects", []), {"step_id": step.id, "skill": step.tool_call.skill}] \
@@ -344,7 +348,7 @@ class RunExecutor:
         if fence is not None and fence.lost:
             return  # the Run was taken over: its new worker owns the RunContext now
         records = [t.to_record() for t in traces]
-        with self._context_lock:
+        with self._context_lock(run_id):
             context = self._live_context(run_id)
             context["steps"][outcome["step_id"]] = outcome
             if not later:
