@@ -128,8 +128,8 @@ class Settings(BaseModel):
     lease_ttl_s: float = Field(default=30.0, gt=0)
     max_stalls: int = Field(default=3, ge=1)
     #: the sweeper: how often it passes, per-state thresholds in seconds overriding the defaults (by state
-    #: name; EXECUTING's default follows execution_limit_s), the heartbeat ceiling as a multiple of a
-    #: state's threshold, and how long a decided approval may wait for its Run to move
+    #: name; EXECUTING's default is execution_limit_s plus one sweep interval), the heartbeat ceiling as a
+    #: multiple of a state's threshold, and how long a decided approval may wait for its Run to move
     sweep_interval_s: float = Field(default=30.0, gt=0)
     state_thresholds: dict[str, float] = Field(default_factory=dict)
     heartbeat_ceiling_factor: float = Field(default=2.0, ge=1.0)
@@ -176,6 +176,7 @@ class Settings(BaseModel):
         """The sweeper's thresholds these settings describe."""
         try:
             return Thresholds.build(self.state_thresholds, execution_limit_s=self.execution_limit_s,
+                                    sweep_interval_s=self.sweep_interval_s,
                                     ceiling_factor=self.heartbeat_ceiling_factor, decided_s=self.decided_approval_s)
         except ValueError as exc:
             raise InvalidRequestError(f"invalid settings: state_thresholds: {exc}") from exc

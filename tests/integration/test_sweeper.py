@@ -134,6 +134,19 @@ def test_the_executing_threshold_follows_the_execution_limit(store: SqlStore, ma
     assert ZombieSweeper(store, machine, thresholds=thresholds).sweep_once().recovered == [run_id]
 
 
+def test_the_executing_threshold_follows_the_configured_sweep_interval(store: SqlStore, machine: StateMachine,
+                                                                      clock: FakeClock) -> None:
+    """The sweeper's margin past the execution limit is the deployment's sweep interval, not the default
+    one: with a 5 s interval a Run stuck in EXECUTING is swept 5 s after its limit, not 30 s."""
+    thresholds = Settings(execution_limit_s=100, sweep_interval_s=5).thresholds()
+    assert thresholds.threshold(S.EXECUTING) == 105
+    run_id = stuck_in(store, S.EXECUTING)
+    clock.advance(104)
+    assert ZombieSweeper(store, machine, thresholds=thresholds).sweep_once().detected == []
+    clock.advance(2)
+    assert ZombieSweeper(store, machine, thresholds=thresholds).sweep_once().recovered == [run_id]
+
+
 def test_a_heartbeat_hides_a_run_only_until_its_ceiling(store: SqlStore, machine: StateMachine,
                                                         clock: FakeClock) -> None:
     """A Run whose lease is heartbeated forever (a hung step with a live heartbeat thread) is forced past its

@@ -5,8 +5,9 @@ service's metrics (which count the stuck Runs). `DEFAULT_THRESHOLDS_S` are the s
 deployment overrides any of them through its settings (`Settings.state_thresholds`), and `Thresholds`
 is what the sweeper and the metrics are given.
 
-EXECUTING's threshold follows the Run's execution limit: the tool controller's own timer ends a Run at
-the limit, and the sweeper, the second layer, only steps in one sweep interval later (S2).
+EXECUTING's threshold follows the Run's execution limit and the deployment's sweep interval: the tool
+controller's own timer ends a Run at the limit, and the sweeper, the second layer, only steps in one
+sweep interval later (S2).
 AWAITING_HITL has no fixed threshold: a waiting Run is stuck only once its approval request's own
 deadline has passed (G3), or once its request was decided and the Run did not move (`decided_s`).
 
@@ -25,7 +26,8 @@ from harness.kernel.states import FINAL, TRANSIENT, RunState
 
 S = RunState
 
-#: how often the sweeper looks for stuck Runs, in seconds (seed 000 §6.1)
+#: how often the sweeper looks for stuck Runs by default, in seconds (seed 000 §6.1); a deployment's own
+#: is `Settings.sweep_interval_s`
 SWEEP_INTERVAL_S = 30.0
 
 #: transient states only carry a close reason into TRACING; they should never linger
@@ -79,14 +81,17 @@ class Thresholds:
 
     @classmethod
     def build(cls, overrides: Mapping[str, float] | None = None, *,
-              execution_limit_s: float = DEFAULT_EXECUTION_LIMIT_S, ceiling_factor: float = 2.0,
-              decided_s: float = 30.0) -> Thresholds:
-        """The defaults, EXECUTING tied to `execution_limit_s`, then `overrides` by state name.
+              execution_limit_s: float = DEFAULT_EXECUTION_LIMIT_S, sweep_interval_s: float = SWEEP_INTERVAL_S,
+              ceiling_factor: float = 2.0, decided_s: float = 30.0) -> Thresholds:
+        """The defaults, EXECUTING tied to `execution_limit_s` plus one `sweep_interval_s`, then `overrides`
+        by state name.
 
         ValueError for an unknown or final state, AWAITING_HITL (its requests' deadlines decide), a
-        threshold that is not positive, or a ceiling factor below 1."""
+        threshold or sweep interval that is not positive, or a ceiling factor below 1."""
+        if sweep_interval_s <= 0:
+            raise ValueError(f"the sweep interval must be positive, not {sweep_interval_s}")
         per_state: dict[RunState, float | None] = dict(DEFAULT_THRESHOLDS_S)
-        per_state[S.EXECUTING] = execution_limit_s + SWEEP_INTERVAL_S
+        per_state[S.EXECUTING] = execution_limit_s + sweep_interval_s
         for name, seconds in (overrides or {}).items():
             try:
                 state = RunState(name.upper())
