@@ -20,7 +20,7 @@ from harness.domain.errors import InvalidRequestError
 from harness.domain.limits import RequestLimits
 from harness.domain.sandbox import PoolSettings
 from harness.examples.support import EXAMPLE_DIR
-from harness.kernel.thresholds import Thresholds, parse_overrides
+from harness.kernel.thresholds import DEFAULT_EXECUTION_LIMIT_S, Thresholds, parse_overrides
 from harness.paths import default_data_dir
 from harness.yamlfile import read_yaml
 
@@ -66,7 +66,7 @@ class Settings(BaseModel):
     identities_file: Path = EXAMPLE_DIR / "identities.yaml"
     #: Runs' working directories and the bundled example's ledger (HARNESS_DATA_DIR)
     data_dir: Path = Field(default_factory=default_data_dir)
-    execution_limit_s: float = Field(default=600.0, gt=0)
+    execution_limit_s: float = Field(default=DEFAULT_EXECUTION_LIMIT_S, gt=0)
     #: how many levels of child Runs (AgentInvoke) a Run may start when its caller gives no
     #: chain_remaining, and the most a caller may give
     chain_depth: int = Field(default=4, ge=0, le=MAX_CHAIN_DEPTH)

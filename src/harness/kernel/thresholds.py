@@ -33,7 +33,8 @@ SWEEP_INTERVAL_S = 30.0
 #: transient states only carry a close reason into TRACING; they should never linger
 TRANSIENT_THRESHOLD_S = 30.0
 
-#: the Run's total execution limit (SPEC T5), which EXECUTING's default threshold follows
+#: the Run's total execution limit by default (SPEC T5), which EXECUTING's default threshold follows; the
+#: one definition, which the settings and the run manager take theirs from
 DEFAULT_EXECUTION_LIMIT_S = 600.0
 
 DEFAULT_THRESHOLDS_S: Mapping[RunState, float | None] = MappingProxyType({

@@ -35,6 +35,7 @@ from harness.domain.records import NewRun, RunRecord
 from harness.domain.traces import error_trace, step_trace
 from harness.drive.state_machine import StateMachine
 from harness.kernel import TRANSIENT
+from harness.kernel.thresholds import DEFAULT_EXECUTION_LIMIT_S
 from harness.pipeline.call_budget import CallBudget
 from harness.pipeline.child_runs import ChildRuns
 from harness.pipeline.context_assembler import ContextAssembler
@@ -81,7 +82,7 @@ class RunManager:
 
     def __init__(self, *, store: RunStore, writes: RunWrites, machine: StateMachine, assembler: ContextAssembler,
                  orchestrator: PlanOrchestrator, policy: PolicyEngine, tools: ToolController, hitl: HitlDesk,
-                 ledger: CostLedger, execution_limit_s: float = 600.0, chain_depth: int = 4,
+                 ledger: CostLedger, execution_limit_s: float = DEFAULT_EXECUTION_LIMIT_S, chain_depth: int = 4,
                  limits: RequestLimits | None = None, roles_of: RolesOf | None = None,
                  check_callback: Callable[[RunRequest], None] | None = None, max_rounds: int = 4,
                  child_leases: RunLeases, units: UnitOfWork, queue: QueueLimits | None = None,
