@@ -47,7 +47,7 @@ HARNESS = str(BIN / "harness") if (BIN / "harness").exists() else shutil.which("
 CELERY = str(BIN / "celery") if (BIN / "celery").exists() else shutil.which("celery") or "celery"
 
 #: creates and migrates the database the environment names
-MIGRATE = "from harness.config import open_store; open_store().close()"
+MIGRATE = "from harness.stores import open_store; open_store().close()"
 #: run inside the measured process: the harness CLI, then its own memory written where the caller said
 LAUNCHER = """
 import atexit, os, sys

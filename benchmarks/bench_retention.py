@@ -33,11 +33,11 @@ from harness.adapters.sql.store import SqlStore
 from harness.audit.checkpoint import publish_checkpoint
 from harness.audit.verify import verify_chain
 from harness.clock import FakeClock
-from harness.config import archive_rows
 from harness.drive.state_machine import StateMachine
 from harness.retention.archiver import Archiver
 from harness.retention.policy import DAY_S, RetentionPolicy
 from harness.retention.storage import LocalSegmentStore
+from harness.wiring.retention import archive_rows
 
 ADMIN = {"postgresql": "postgresql+psycopg://postgres@127.0.0.1:5432/postgres",
          "mariadb": "mysql+pymysql://root@127.0.0.1:3306/test"}

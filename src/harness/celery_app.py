@@ -26,15 +26,7 @@ from celery import Celery
 from celery.signals import worker_process_init, worker_process_shutdown, worker_shutting_down
 
 from harness.audit.publisher import CheckpointPublisher
-from harness.config import (
-    Runtime,
-    Settings,
-    archiver_factory,
-    audit_reads,
-    build_runtime,
-    checkpoint_signer,
-    is_outage,
-)
+from harness.config import Runtime, Settings, build_runtime
 from harness.domain.errors import DatabaseUnavailableError, SkillsElsewhereError
 from harness.domain.ids import ordered_id
 from harness.drive.sweeper import ZombieSweeper
@@ -44,6 +36,9 @@ from harness.kernel.thresholds import SWEEP_INTERVAL_S
 from harness.pipeline.drive_loop import DriveLoop
 from harness.retention.policy import RetentionPolicy
 from harness.retention.scheduled import archive_once
+from harness.stores import audit_reads, is_outage
+from harness.wiring.retention import archiver_factory
+from harness.wiring.signer import checkpoint_signer
 
 log = logging.getLogger(__name__)
 S = RunState

@@ -1,58 +1,39 @@
 """The composition root: one place that wires ports to adapters (SPEC D1).
 
-`build_runtime` builds a Runtime from Settings (harness.settings, importable from here as before); the
-factories beside it (`open_store`, `read_model`, `cost_ledger`, ...) are how the shells and the library API
-get an adapter without naming one.
+`build_runtime` builds a Runtime from Settings (harness.settings, importable from here as before), with
+what a Runtime needs besides the pipeline (the agent it runs, its MCP servers, knowledge bases and change
+feed). The factories of one family of ports each are in harness.wiring (the model, the sandbox, archive and
+erasure, the checkpoint signer); the store and the views over it in harness.stores.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from harness import settings as _settings
 from harness.adapters.change_feed import LocalChangeFeed
-from harness.adapters.llm.factory import make_provider
 from harness.adapters.llm.pricing import PricingTable
-from harness.adapters.llm.resilient import GuardedProvider, ProviderSettings
-from harness.adapters.llm.scripted import ScriptedProvider
-from harness.adapters.s3_segments import S3SegmentStore
-from harness.adapters.sandbox import Workdirs, select_sandbox
-from harness.adapters.sandbox.instance import HolderProcesses
-from harness.adapters.sandbox.providers import ProviderChoice
-from harness.adapters.sql import database
+from harness.adapters.llm.resilient import GuardedProvider
+from harness.adapters.sandbox import Workdirs
 from harness.adapters.sql.approvals import SqlApprovals
-from harness.adapters.sql.audit_reads import SqlAuditReads
-from harness.adapters.sql.blobs import BlobStore
-from harness.adapters.sql.erasure import ErasureStore
 from harness.adapters.sql.knowledge import SqlKnowledgeRows
 from harness.adapters.sql.leases import Leases
 from harness.adapters.sql.ledger import CostLedger
 from harness.adapters.sql.memory import SqlMemoryRows
 from harness.adapters.sql.pg_listen import PgChangeFeed, listens
-from harness.adapters.sql.reconcile_reads import SqlReconcileReads
-from harness.adapters.sql.replay_reads import ReplayReads
-from harness.adapters.sql.replay_reads import set_deadline as replay_set_deadline
-from harness.adapters.sql.retention import RetentionStore
-from harness.adapters.sql.run_queries import RunQueries
 from harness.adapters.sql.run_writes import SqlRunWrites
-from harness.adapters.sql.sandbox_instances import InstanceTable
-from harness.adapters.sql.store import SqlStore, open_existing
+from harness.adapters.sql.store import SqlStore
 from harness.adapters.sql.webhooks import WebhookOutbox
 from harness.adapters.webhook_http import WebhookSender, system_resolver
 from harness.agents import Agent, load_agent, support_agent
-from harness.audit.checkpoint import checkpoint_dir
-from harness.audit.witness import Witness, open_witness
 from harness.context.secrets import SecretFilter
 from harness.context.tokenizer import tokenizer_for
 from harness.domain.contracts import RunResult
 from harness.domain.errors import InvalidRequestError
-from harness.domain.llm import LLMRequest
 from harness.domain.outbound import OutboundGuard
-from harness.domain.sandbox import PoolSettings
 from harness.drive.leased import LeasedDrive, default_owner
 from harness.drive.state_machine import Listener, StateMachine
 from harness.kernel import FINAL, RunState
@@ -60,60 +41,36 @@ from harness.knowledge.base import DEFAULT_KB, KnowledgeBase, open_knowledge
 from harness.memory.store import open_memory
 from harness.memory.writeback import MemoryWriteBack
 from harness.pipeline.artifacts import ArtifactLimits
-from harness.pipeline.call_budget import CallBudget, TokenPrice
 from harness.pipeline.context_assembler import ContextAssembler
 from harness.pipeline.gatekeeper import PolicyEngine
 from harness.pipeline.plan_orchestrator import PlanOrchestrator
 from harness.pipeline.queue import QueueLimits
 from harness.pipeline.run_manager import RunManager
-from harness.pipeline.sandbox_pool import SandboxPool
 from harness.pipeline.tool_controller import Executor, ToolController
 from harness.pipeline.tool_kinds import Lanes
 from harness.policy.hitl import HitlDesk
 from harness.policy.identity import IdentityDirectory
-from harness.ports import Clock, LLMProvider, ResultSink, Sandbox, TraceBuffer
-from harness.ports.audit import AuditReads, ReconcileReads
+from harness.ports import Clock, LLMProvider, ResultSink, TraceBuffer
 from harness.ports.changes import ChangeFeed
 from harness.ports.contents import StoredContents
 from harness.ports.leases import RunLeases
-from harness.ports.ledger import CostBook
 from harness.ports.queries import ReadModel
-from harness.ports.retention import ArchiveRows, ErasureRows
-from harness.ports.sandboxes import SandboxInstances
-from harness.ports.segments import SegmentLocator, SegmentStore
-from harness.ports.signer import Signer
-from harness.retention import storage
-from harness.retention.archiver import Archiver
-from harness.retention.erase import EraseReport
-from harness.retention.erase import erase_user as _erase_user
-from harness.retention.policy import RetentionPolicy
-from harness.retention.scheduled import ArchiverFactory
 from harness.skills.manifests import SkillRegistry
-
-# the read side lives in harness.stores (a command that only reads starts on it alone); offered here too
-from harness.stores import DatabaseError as DatabaseError  # noqa: PLC0414 (re-exported)
-from harness.stores import approval_rows as approval_rows  # noqa: PLC0414 (re-exported)
-from harness.stores import archived_run as archived_run  # noqa: PLC0414 (re-exported)
-from harness.stores import cost_ledger as cost_ledger  # noqa: PLC0414 (re-exported)
-from harness.stores import open_store as open_store  # noqa: PLC0414 (re-exported)
+from harness.stores import read_model, stored_contents
 from harness.webhooks.config import WebhookConfig, load_webhook_config
 from harness.webhooks.delivery import WebhookDispatcher
 from harness.webhooks.notifier import PushEvents, WebhookNotifier, WebhookResultSink
+from harness.wiring.llm import call_budget, check_priced, llm_provider
+from harness.wiring.retention import open_segment_store
+from harness.wiring.sandbox import sandbox_pool, sandbox_provider
 
 if TYPE_CHECKING:
-    from http.server import ThreadingHTTPServer
-
-    from harness.adapters.signer_socket import SignerServer
     from harness.skills.mcp import McpServers
 
 
 #: how a process is configured (harness.settings), importable from here as before
 Settings = _settings.Settings
 parse_port_range = _settings.parse_port_range
-
-#: the model name and endpoint of HARNESS_LLM=local when HARNESS_LLM_MODEL / HARNESS_LLM_BASE_URL say nothing
-LOCAL_MODEL = "smollm2-135m-instruct"
-LOCAL_URL = "http://127.0.0.1:8080/v1"
 
 
 @dataclass
@@ -164,164 +121,15 @@ class Runtime:
         self.store.close()
 
 
-#: what the store raises when its database fails (the shells answer 503 or exit 2), and whether a failure is
-#: an outage (down, locked, read-only: a retry later may succeed) rather than a bug
-is_outage = database.is_outage
-
-
 def skill_data_dir(settings: Settings, store: SqlStore) -> Path:
     """Where skills keep files of their own: a folder per database in the data directory, so that two
     databases (two checkouts, a test and a demo) never share the example's ledger."""
     return settings.data_dir / store.database_id()
 
 
-def webhook_outbox(store: SqlStore) -> WebhookOutbox:
-    """The webhook deliveries waiting, done and dead, over a store."""
-    return WebhookOutbox(store)
-
-
-def sandbox_instances(store: SqlStore) -> SandboxInstances:
-    """The sandbox instances of every host, over a store."""
-    return InstanceTable(store)
-
-
-def sandbox_provider(settings: Settings) -> Sandbox:
-    """The sandbox of the settings: this host's (bubblewrap, or the rlimit fallback), a sandbox server's
-    (HARNESS_SANDBOX_PROVIDER=remote, HARNESS_SANDBOX_URL, HARNESS_SANDBOX_TOKEN), or this host's with some
-    tenants' or skills' calls sent to the server."""
-    remote_some = settings.sandbox_remote_tenants or settings.sandbox_remote_skills
-    if settings.sandbox_provider == "local" and not remote_some:
-        return select_sandbox(settings.sandbox)
-    if not settings.sandbox_url:
-        raise InvalidRequestError("the remote sandbox provider needs HARNESS_SANDBOX_URL (the sandbox server's URL)")
-    from harness.adapters.sandbox.remote import RemoteSandbox  # httpx, only when a remote provider is set
-
-    remote = RemoteSandbox(settings.sandbox_url, os.environ.get("HARNESS_SANDBOX_TOKEN", ""))
-    if settings.sandbox_provider == "remote":
-        return remote
-    return ProviderChoice(lambda: select_sandbox(settings.sandbox), remote,
-                          remote_tenants=settings.sandbox_remote_tenants, remote_skills=settings.sandbox_remote_skills)
-
-
-def sandbox_server(settings: Settings, token: str, host: str, port: int) -> ThreadingHTTPServer:
-    """`harness sandbox serve`: this host's sandbox (by HARNESS_SANDBOX) over HTTP, accepting only `token`."""
-    from harness.adapters.sandbox.server import make_server
-
-    return make_server(select_sandbox(settings.sandbox), token, host, port)
-
-
-def sandbox_pool(store: SqlStore, pool: PoolSettings, *, owner: str, ledger: CostBook | None = None,
-                 price_per_s: float = 0.0, price_table: str | None = None) -> SandboxPool:
-    """This host's sandbox pool over a store's instance table, with the processes of this host; a kept
-    instance's seconds are booked to `ledger` (none: not booked)."""
-    return SandboxPool(InstanceTable(store), HolderProcesses(), pool, owner=owner, ledger=ledger,
-                       price_per_s=price_per_s, price_table=price_table)
-
-
-#: the store the composition root opens: shells name it in signatures where they hand a store on to code
-#: typed against it, and never build one themselves
-Store = SqlStore
-
-
-# ---------------------------------------------------------------------- retention: archive and erasure
-
-
-def archive_rows(store: SqlStore) -> ArchiveRows:
-    """The archive's port over a store: what an archive pass reads, and its one prune."""
-    return RetentionStore(store)
-
-
-def erasure_rows(store: SqlStore) -> ErasureRows:
-    """The erasure's port over a store."""
-    return ErasureStore(store)
-
-
-def open_segment_store(url: str | None = None, endpoint: str | None = None) -> SegmentStore:
-    """The segment store `url` names (default HARNESS_ARCHIVE_URL, else ./harness-archive): a directory,
-    or an S3-compatible bucket (s3://bucket/prefix, at `endpoint` or HARNESS_ARCHIVE_S3_ENDPOINT)."""
-    return storage.open_segment_store(url, endpoint, s3=S3SegmentStore)
-
-
-def segment_locator(endpoint: str | None = None) -> SegmentLocator:
-    """Finds the store holding a segment from its location (a file:// or s3:// URL)."""
-    return lambda location: storage.store_of(location, endpoint, s3=S3SegmentStore)
-
-
-def read_location(location: str, endpoint: str | None = None) -> bytes:
-    """The bytes of the segment at `location`."""
-    return segment_locator(endpoint)(location).get(location)
-
-
-def checkpoint_signer(settings: Settings) -> Signer | None:
-    """The signer process HARNESS_SIGNER_SOCKET names; None: this process signs with its own key file."""
-    if settings.signer_socket is None:
-        return None
-    from harness.adapters.signer_socket import SocketSigner
-
-    return SocketSigner(settings.signer_socket)
-
-
-def signer_server(socket_path: Path, key_file: Path, allowed_uids: Sequence[int] = (),
-                  databases: Sequence[str] = ()) -> SignerServer:
-    """The `harness signer serve` process's server: the key read from `key_file` (mode 0600)."""
-    from harness.adapters.signer_socket import SignerServer
-    from harness.audit.keys import read_private_key
-
-    return SignerServer(socket_path, read_private_key(key_file), allowed_uids=allowed_uids, databases=databases)
-
-
-def make_archiver(store: SqlStore, directory: Path | None, witnesses: Sequence[str],
-                  policy: RetentionPolicy | None = None, segments: SegmentStore | None = None,
-                  signer: Signer | None = None) -> Archiver:
-    """An archiver as the settings describe it (HARNESS_ARCHIVE_URL, the checkpoint directory, the signer)."""
-    ws: list[Witness] = [open_witness(w) for w in witnesses]
-    return Archiver(RetentionStore(store), segments or open_segment_store(),
-                    directory or checkpoint_dir(None, store.database_id()),
-                    policy=policy or RetentionPolicy.from_env(), witnesses=ws, signer=signer)
-
-
-def archiver_factory(store: SqlStore, directory: Path | None,
-                     witnesses: Sequence[str], signer: Signer | None = None) -> ArchiverFactory:
-    """Makes the archiver of each scheduled pass (the segment store is opened per pass, from the settings)."""
-    return lambda policy: make_archiver(store, directory, witnesses, policy, signer=signer)
-
-
-def erase_user(store: SqlStore, tenant_id: str, user_id: str, *, salt: bytes | None = None,
-               endpoint: str | None = None, segments: SegmentStore | None = None, vacuum: bool = True,
-               vacuum_full: bool = False) -> EraseReport:
-    """Erase a person's data from the database and the archive (harness.retention.erase.erase_user)."""
-    return _erase_user(ErasureStore(store), tenant_id, user_id, salt=salt, segments=segments,
-                       locate=segment_locator(endpoint), vacuum=vacuum, vacuum_full=vacuum_full)
-
-
-def replay_reads(store: SqlStore) -> ReplayReads:
-    """What a replay reads of a recorded Run beyond the store's reads (outbox, blobs, decisions, history)."""
-    return ReplayReads(store)
-
-
-def set_deadline(store: SqlStore, run_id: str, deadline_at: float) -> None:
-    """Give a replayed Run the deadline its recorded original had."""
-    replay_set_deadline(store, run_id, deadline_at)
-
-
-def open_existing_store(db: str | None) -> SqlStore:
-    """The store named by `db`, refusing to create a new SQLite file (InvalidRequestError)."""
-    return open_existing(db)
-
-
 def webhook_sender(timeout_s: float) -> WebhookSender:
     """A signed HTTP sender of webhook events (the caller closes it)."""
     return WebhookSender(timeout_s)
-
-
-def read_model(store: SqlStore) -> ReadModel:
-    """The read model (listings, the change feed, counts) over a store."""
-    return RunQueries(store)
-
-
-def stored_contents(store: SqlStore) -> StoredContents:
-    """The contents the trace references by hash (files a sandboxed skill kept among them), over a store."""
-    return BlobStore(store.engine)
 
 
 def _release_workdir(tools: ToolController) -> Listener:
@@ -330,64 +138,6 @@ def _release_workdir(tools: ToolController) -> Listener:
         if target in FINAL:
             tools.release(run_id)
     return listener
-
-
-def llm_provider(settings: Settings, clock: Clock) -> LLMProvider:
-    """The LLM provider the settings name; a real one retries itself (T3), with the SDK's retries off."""
-    if settings.llm == "scripted":
-        return ScriptedProvider.from_file(settings.llm_rules)
-    local = settings.llm == "local"
-    key_env = settings.llm_api_key_env or f"{settings.llm.upper()}_API_KEY"
-    api_key = "local" if local else os.environ.get(key_env)  # a server on this machine needs no key
-    model = settings.llm_model or (LOCAL_MODEL if local else None)
-    if not model or not api_key:
-        raise InvalidRequestError(f"HARNESS_LLM={settings.llm} needs HARNESS_LLM_MODEL and an API key "
-                                  f"in ${key_env}")
-    return make_provider("openai" if local else settings.llm, ProviderSettings(
-        model=model, api_key=api_key, base_url=settings.llm_base_url or (LOCAL_URL if local else None),
-        fallback_model=settings.llm_fallback_model, timeout_s=settings.llm_timeout_s,
-        stream=settings.llm_stream, plan_mode=settings.llm_plan_mode,
-        pricing=PricingTable.for_deployment(settings.llm_pricing),
-        plan_format=settings.llm_plan_format or ("json_object" if local else "json_schema"),
-        tools_in_prompt=local if settings.llm_tools_in_prompt is None else settings.llm_tools_in_prompt,
-        max_output_tokens=settings.llm_max_tokens or (512 if local else None),
-        plan_max_steps=settings.llm_plan_max_steps or (1 if local else 8), top_p=settings.llm_top_p), clock=clock)
-
-
-def call_budget(settings: Settings, provider: LLMProvider, policy: PolicyEngine,
-                assembler: ContextAssembler) -> CallBudget:
-    """The check of a model call's worst case against the budget caps, made before the call, at the price
-    the provider says (the scripted rules' or the price table's), or, for a provider that says none (a
-    replay's), at the price the settings give the deployment's model."""
-    if isinstance(provider, ScriptedProvider | GuardedProvider):
-        priced = provider.token_price
-    elif settings.llm == "scripted":
-        priced = ScriptedProvider.from_file(settings.llm_rules).token_price
-    else:
-        table = PricingTable.for_deployment(settings.llm_pricing)
-        model = settings.llm_model or (LOCAL_MODEL if settings.llm == "local" else "")
-
-        def priced(request: LLMRequest) -> tuple[float, float] | None:
-            return table.token_price(request.model or model, settings.llm_fallback_model)
-
-    def price(request: LLMRequest) -> TokenPrice | None:
-        rates = priced(request)
-        return TokenPrice(*rates) if rates is not None else None
-
-    return CallBudget(policy.budget_room, price, assembler.tokenizer.count)
-
-
-def check_priced(settings: Settings, pricing: PricingTable, unpriced: str) -> None:
-    """Refuse, when the policy denies unpriced models, a real provider whose model or fallback model has no
-    price: every call would count 0 USD and no budget would ever bite."""
-    if settings.llm == "scripted" or unpriced != "deny":
-        return
-    named = settings.llm_model or (LOCAL_MODEL if settings.llm == "local" else None)
-    for model in (named, settings.llm_fallback_model):
-        if model and pricing.price_of(model) is None:
-            raise InvalidRequestError(
-                f"the model {model!r} has no price in the price table (dated {pricing.as_of}); add it to the "
-                "file HARNESS_LLM_PRICING names, or set budgets.unpriced_model: allow_with_warning in the policy")
 
 
 def open_mcp(settings: Settings, registry: SkillRegistry) -> McpServers | None:
@@ -414,16 +164,6 @@ def mcp_kinds(mcp: McpServers | None, ledger: CostLedger, store: SqlStore) -> di
         store.audit(run_id, event, "tool_controller", dict(detail))
     mcp.audit = audit
     return {"mcp": McpCalls(mcp, ledger.record)}
-
-
-def audit_reads(store: SqlStore) -> AuditReads:
-    """The audit's read port over a store: what the verifier, checkpoints and exports read."""
-    return SqlAuditReads(store)
-
-
-def reconcile_reads(store: SqlStore) -> ReconcileReads:
-    """What `harness audit reconcile` reads, over a store."""
-    return SqlReconcileReads(store)
 
 
 def open_trace_buffer(url: str) -> TraceBuffer:

@@ -1,6 +1,7 @@
 """The read side of the composition root: the store, and the views over it that a command reads through
-(a Run's approvals, its cost, where an archived Run is), without loading the pipeline, the policy engine or
-the model adapters. `harness runs show` starts on this alone; harness.config re-exports each of them.
+(a Run's approvals, its cost, where an archived Run is, the audit's and a replay's reads, the listings and
+the contents by hash), without loading the pipeline, the policy engine or the model adapters. `harness runs
+show` starts on this alone.
 """
 
 from __future__ import annotations
@@ -9,23 +10,58 @@ from typing import TYPE_CHECKING
 
 from harness.adapters.sql import database
 from harness.adapters.sql.approvals import SqlApprovals
+from harness.adapters.sql.audit_reads import SqlAuditReads
+from harness.adapters.sql.blobs import BlobStore
 from harness.adapters.sql.ledger import CostLedger
+from harness.adapters.sql.reconcile_reads import SqlReconcileReads
+from harness.adapters.sql.replay_reads import ReplayReads
+from harness.adapters.sql.replay_reads import set_deadline as _set_deadline
 from harness.adapters.sql.retention import RetentionStore
-from harness.adapters.sql.store import SqlStore
+from harness.adapters.sql.run_queries import RunQueries
+from harness.adapters.sql.sandbox_instances import InstanceTable
+from harness.adapters.sql.store import SqlStore, open_existing
+from harness.adapters.sql.webhooks import WebhookOutbox
 
 if TYPE_CHECKING:
     from harness.domain.retention import ArchivedRun
     from harness.ports import Clock
     from harness.ports.approvals import ApprovalRows
+    from harness.ports.audit import AuditReads, ReconcileReads
+    from harness.ports.contents import StoredContents
+    from harness.ports.queries import ReadModel
+    from harness.ports.sandboxes import SandboxInstances
+
+#: the store the composition root opens: shells name it in signatures where they hand a store on to code
+#: typed against it, and never build one themselves
+Store = SqlStore
 
 #: the store's database error (SQLAlchemy's, as the adapters raise it)
 DatabaseError = database.DatabaseError
+
+#: whether a database failure is an outage (down, locked, read-only: a retry later may succeed) rather than a
+#: bug (the shells answer 503 or exit 2)
+is_outage = database.is_outage
 
 
 def open_store(db: str | None = None, clock: Clock | None = None, *, migrate_schema: bool = True) -> SqlStore:
     """The store named by `db` (a database URL or SQLite file path), HARNESS_DATABASE_URL or the default;
     created and migrated on first use unless `migrate_schema` is false."""
     return SqlStore.open(db, clock, migrate_schema=migrate_schema)
+
+
+def open_existing_store(db: str | None) -> SqlStore:
+    """The store named by `db`, refusing to create a new SQLite file (InvalidRequestError)."""
+    return open_existing(db)
+
+
+def read_model(store: SqlStore) -> ReadModel:
+    """The read model (listings, the change feed, counts) over a store."""
+    return RunQueries(store)
+
+
+def stored_contents(store: SqlStore) -> StoredContents:
+    """The contents the trace references by hash (files a sandboxed skill kept among them), over a store."""
+    return BlobStore(store.engine)
 
 
 def cost_ledger(store: SqlStore) -> CostLedger:
@@ -41,3 +77,33 @@ def approval_rows(store: SqlStore) -> ApprovalRows:
 def archived_run(store: SqlStore, run_id: str) -> ArchivedRun | None:
     """Where an archived Run is (segment, location, checkpoint), when it was archived."""
     return RetentionStore(store).archived(run_id)
+
+
+def audit_reads(store: SqlStore) -> AuditReads:
+    """The audit's read port over a store: what the verifier, checkpoints and exports read."""
+    return SqlAuditReads(store)
+
+
+def reconcile_reads(store: SqlStore) -> ReconcileReads:
+    """What `harness audit reconcile` reads, over a store."""
+    return SqlReconcileReads(store)
+
+
+def replay_reads(store: SqlStore) -> ReplayReads:
+    """What a replay reads of a recorded Run beyond the store's reads (outbox, blobs, decisions, history)."""
+    return ReplayReads(store)
+
+
+def set_deadline(store: SqlStore, run_id: str, deadline_at: float) -> None:
+    """Give a replayed Run the deadline its recorded original had (the one write a replay makes itself)."""
+    _set_deadline(store, run_id, deadline_at)
+
+
+def sandbox_instances(store: SqlStore) -> SandboxInstances:
+    """The sandbox instances of every host, over a store."""
+    return InstanceTable(store)
+
+
+def webhook_outbox(store: SqlStore) -> WebhookOutbox:
+    """The webhook deliveries waiting, done and dead, over a store."""
+    return WebhookOutbox(store)

@@ -151,8 +151,8 @@ def test_a_decision_whose_run_did_not_move_is_carried_out_by_the_sweeper(
     commits left) is counted as stuck once it has waited past the decided-approval threshold, and the sweep
     carries the decision out: approved Runs execute, rejected and timed-out ones close, an escalated one
     gets its L4 request."""
-    from harness.config import read_model
     from harness.drive.sweeper import ZombieSweeper
+    from harness.stores import read_model
 
     parked = park(test_runtime, "purge cache" if status == "escalated" else "update T-1")
     with test_runtime.store.engine.begin() as conn:

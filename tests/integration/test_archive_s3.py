@@ -9,11 +9,11 @@ import pytest
 
 from harness.adapters.sql.store import SqlStore
 from harness.clock import FakeClock
-from harness.config import archive_rows, open_segment_store, read_location
 from harness.drive.state_machine import StateMachine
 from harness.ports.segments import SegmentStoreError
 from harness.retention.archiver import Archiver
 from harness.retention.policy import DAY_S, RetentionPolicy
+from harness.wiring.retention import archive_rows, open_segment_store, read_location
 from tests.integration.bulk_runs import clone, drive
 
 boto3 = pytest.importorskip("boto3")

@@ -10,10 +10,10 @@ import pytest
 
 from harness.adapters.sql.store import SqlStore
 from harness.clock import FakeClock
-from harness.config import archiver_factory
 from harness.drive.state_machine import StateMachine
 from harness.retention.policy import DAY_S
 from harness.retention.scheduled import ScheduledArchiver
+from harness.wiring.retention import archiver_factory
 from tests.integration.bulk_runs import clone, drive
 
 

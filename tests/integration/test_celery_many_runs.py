@@ -21,8 +21,9 @@ from pathlib import Path
 import pytest
 
 from harness.audit.verify import verify_chain
-from harness.config import Settings, audit_reads, build_runtime
+from harness.config import Settings, build_runtime
 from harness.kernel import FINAL
+from harness.stores import audit_reads
 from tests.fakes.slow_model import SlowModel
 
 from .test_celery_chaos import _free_port, _start_redis

@@ -14,10 +14,10 @@ from harness.adapters.change_feed import LocalChangeFeed
 from harness.adapters.sql import schema as t
 from harness.adapters.sql.store import SqlStore
 from harness.clock import FakeClock
-from harness.config import read_model
 from harness.domain.records import NewRun
 from harness.kernel import RunState
 from harness.service.sse import ChangeHub, change_stream
+from harness.stores import read_model
 
 #: SQLite has one writer at a time: its ids cannot commit out of order
 BACKENDS = ("postgresql", "mariadb")

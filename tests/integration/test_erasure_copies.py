@@ -24,11 +24,12 @@ from harness.audit.reconcile import reconcile
 from harness.audit.segment import verify_segment
 from harness.audit.verify import verify_chain
 from harness.clock import FakeClock
-from harness.config import Runtime, Settings, build_runtime, erase_user
+from harness.config import Runtime, Settings, build_runtime
 from harness.domain.contracts import CallerIdentity
 from harness.retention.archiver import Archiver
 from harness.retention.policy import DAY_S, RetentionPolicy
 from harness.retention.storage import LocalSegmentStore
+from harness.wiring.retention import erase_user
 
 from ..conftest import FIXTURES
 from .webhook_setup import write_config

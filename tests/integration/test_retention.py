@@ -22,7 +22,6 @@ from harness.audit.reconcile import reconcile
 from harness.audit.segment import verify_segment
 from harness.audit.verify import verify_chain
 from harness.clock import FakeClock
-from harness.config import erase_user
 from harness.domain.errors import UnknownRunError
 from harness.drive.state_machine import StateMachine
 from harness.kernel import RunState
@@ -30,6 +29,7 @@ from harness.retention.archiver import Archiver
 from harness.retention.policy import DAY_S, RetentionPolicy
 from harness.retention.readback import read_back
 from harness.retention.storage import LocalSegmentStore
+from harness.wiring.retention import erase_user
 from tests.integration.bulk_runs import clone, drive
 
 S = RunState

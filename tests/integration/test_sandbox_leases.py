@@ -15,9 +15,10 @@ import pytest
 from harness.adapters.sandbox import RlimitSandbox
 from harness.adapters.sandbox.instance import alive
 from harness.clock import FakeClock
-from harness.config import Runtime, build_runtime, sandbox_pool
+from harness.config import Runtime, build_runtime
 from harness.domain.sandbox import DEAD, LIVE, RELEASED, Holder, PoolSettings, SandboxJob
 from harness.pipeline.sandbox_pool import SandboxUnavailableError
+from harness.wiring.sandbox import sandbox_pool
 from tests.acceptance.agent_skills import TESTER
 from tests.acceptance.checks import assert_audit_clean
 from tests.integration.instance_skills import instance_settings

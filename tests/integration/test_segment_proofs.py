@@ -15,12 +15,12 @@ import pytest
 
 from harness.adapters.sql.store import SqlStore
 from harness.clock import FakeClock
-from harness.config import archive_rows
 from harness.domain.chain import record_hash
 from harness.drive.state_machine import StateMachine
 from harness.retention.archiver import Archiver
 from harness.retention.policy import DAY_S, RetentionPolicy
 from harness.retention.storage import LocalSegmentStore
+from harness.wiring.retention import archive_rows
 from tests.integration.bulk_runs import clone, drive
 
 Lines = list[dict[str, Any]]

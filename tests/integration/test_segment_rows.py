@@ -15,11 +15,12 @@ from typing import Any
 import pytest
 
 from harness.clock import FakeClock
-from harness.config import Runtime, archive_rows
+from harness.config import Runtime
 from harness.policy.identity import CallerIdentity
 from harness.retention.archiver import Archiver
 from harness.retention.policy import DAY_S, RetentionPolicy
 from harness.retention.storage import LocalSegmentStore
+from harness.wiring.retention import archive_rows
 
 Line = dict[str, Any]
 

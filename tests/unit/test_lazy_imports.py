@@ -57,7 +57,7 @@ def cli(*args: str) -> str:
 
 def migrated(tmp_path: Path) -> None:
     """Create and migrate the database `modules_after` names, in an interpreter of its own."""
-    modules_after("from harness.config import open_store\nopen_store().close()", tmp_path)
+    modules_after("from harness.stores import open_store\nopen_store().close()", tmp_path)
 
 
 def test_help_loads_no_database_policy_or_web_code(tmp_path: Path) -> None:
@@ -76,7 +76,7 @@ def test_a_read_only_command_builds_its_runtime_without_the_heavy_libraries(tmp_
 
 
 @pytest.mark.parametrize(("name", "code", "module"), [
-    ("a migration", "from harness.config import open_store\nopen_store().close()", "alembic.runtime.migration"),
+    ("a migration", "from harness.stores import open_store\nopen_store().close()", "alembic.runtime.migration"),
     ("a scrub", "from harness.context.secrets import SecretFilter\n"
                 "assert SecretFilter().scrub('key AKIAQ7CANARY4EXAMPLE1').count", "detect_secrets"),
     ("a token count", "from harness.context.tokenizer import tokenizer_for\n"

@@ -18,8 +18,8 @@ from harness.ports.segments import SegmentStoreError
 from harness.retention.storage import ENDPOINT_ENV, URL_ENV
 
 if TYPE_CHECKING:
-    from harness.config import Store
     from harness.domain.retention import ArchivedRun
+    from harness.stores import Store
 
 ToOption = Annotated[str | None, typer.Option(
     "--to", envvar=URL_ENV, show_envvar=True,
@@ -50,9 +50,12 @@ def archive(
     """Move final Runs past the retention period into an archive segment, proven against a new signed
     checkpoint, then prune them from the database (the chain keeps their hashes, so it still verifies)."""
     from harness.audit.witness import configured_witnesses
-    from harness.config import Settings, archive_rows, checkpoint_signer, open_segment_store, open_store
+    from harness.config import Settings
     from harness.retention.archiver import ArchiveError, Archiver
     from harness.retention.policy import RetentionPolicy
+    from harness.stores import open_store
+    from harness.wiring.retention import archive_rows, open_segment_store
+    from harness.wiring.signer import checkpoint_signer
 
     policy = RetentionPolicy.from_env()
     if older_than_days is not None:
@@ -97,8 +100,8 @@ def archived_or_none(store: Store, run_id: str) -> ArchivedRun | None:
 
 def read_back(archived: ArchivedRun, directory: Path, endpoint: str | None) -> dict[str, Any]:
     """The archived Run's line of its segment, after the segment is checked against its checkpoint."""
-    from harness.config import segment_locator
     from harness.retention import readback
+    from harness.wiring.retention import segment_locator
 
     try:
         return readback.read_back(archived, directory, segment_locator(endpoint))
@@ -160,8 +163,9 @@ def erase(
     still verify), overwrite the freed space, and audit the erasure under a pseudonym."""
     if not user.strip():
         fail("--user must not be blank")
-    from harness.config import erase_user, open_store
     from harness.retention.archiver import ArchiveError
+    from harness.stores import open_store
+    from harness.wiring.retention import erase_user
 
     store = open_store(db)
     try:

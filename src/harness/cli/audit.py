@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from harness.audit.reconcile import ReconcileReport
     from harness.audit.verify import ChainReport
     from harness.audit.witness import Witness
-    from harness.config import Store
+    from harness.stores import Store
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -51,7 +51,7 @@ def _audit_errors(fn: Callable[P, R]) -> Callable[P, R]:
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         # every audit command opens a store: the audit code and the composition root load as it runs
         from harness.audit.checkpoint import TamperedHistoryError
-        from harness.config import DatabaseError
+        from harness.stores import DatabaseError
 
         try:
             return fn(*args, **kwargs)
@@ -65,7 +65,7 @@ def _audit_errors(fn: Callable[P, R]) -> Callable[P, R]:
 
 def _store(db: str | None) -> Store:
     """The store named by `db`, which must exist."""
-    from harness.config import open_existing_store
+    from harness.stores import open_existing_store
 
     return open_existing_store(db)
 
@@ -127,7 +127,7 @@ def verify(
         fail(f"checkpoint directory {directory} does not exist")
     legacy = None if checkpoint_dir_ else Path(DEFAULT_DIR)
     from harness.audit.verify import verify_chain
-    from harness.config import audit_reads
+    from harness.stores import audit_reads
 
     report = verify_chain(audit_reads(store), directory, limit=limit, witnesses=_witnesses(witness),
                           legacy_dir=legacy)
@@ -160,7 +160,7 @@ def reconcile_cmd(db: DbOption = None, json_: JsonOption = False, limit: LimitOp
     """Check that final-state counts match their audit events, each Run agrees with its transitions and
     spend totals match the recorded costs."""
     from harness.audit.reconcile import reconcile
-    from harness.config import reconcile_reads
+    from harness.stores import reconcile_reads
 
     report = reconcile(reconcile_reads(_store(db)), limit=limit)
     if json_:
@@ -179,7 +179,9 @@ def checkpoint_cmd(db: DbOption = None, json_: JsonOption = False, dir_: DirOpti
     """Drain the outbox, then publish a signed Merkle tree head of the whole chain as a new file, and give
     it to the witnesses; exit 1 when a witness did not keep it."""
     from harness.audit.checkpoint import publish_checkpoint
-    from harness.config import Settings, audit_reads, checkpoint_signer
+    from harness.config import Settings
+    from harness.stores import audit_reads
+    from harness.wiring.signer import checkpoint_signer
 
     store = _store(db)
     cp = publish_checkpoint(audit_reads(store), checkpoint_dir(dir_, store.database_id()),
@@ -217,7 +219,7 @@ def rotate_key_cmd(
     """Change the checkpoint signing key: publish a checkpoint signed by the new key and endorsed by the
     current one, so verifiers who trust the first key trust the new one; the old key signs nothing more."""
     from harness.audit.checkpoint import rotate_key
-    from harness.config import audit_reads
+    from harness.stores import audit_reads
 
     store = _store(db)
     cp, key_path = rotate_key(audit_reads(store), checkpoint_dir(dir_, store.database_id()), new_key,
@@ -258,7 +260,7 @@ def export_cmd(
     """Export a Run's trace records with inclusion proofs against the newest checkpoint."""
     from harness.audit.checkpoint import latest_checkpoint
     from harness.audit.export import export_run
-    from harness.config import audit_reads
+    from harness.stores import audit_reads
 
     store = _store(db)
     directory = checkpoint_dir(dir_, store.database_id())

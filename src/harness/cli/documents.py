@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from harness.kernel import RunState
 
 if TYPE_CHECKING:
-    from harness.config import Store
+    from harness.stores import Store
 
 
 def run_document(store: Store, run_id: str) -> dict[str, Any]:

@@ -33,7 +33,7 @@ def serve(
     """Hold the checkpoint signing key and sign checkpoint tree heads asked for over a Unix socket, until
     SIGTERM or SIGINT. It signs nothing but a canonical tree head of its own key, and never two roots for
     one tree size of one database."""
-    from harness.config import signer_server
+    from harness.wiring.signer import signer_server
 
     if not key.is_file():
         fail(f"--key {key}: no such file")

@@ -40,7 +40,7 @@ from typing import Any, cast
 
 from harness.agents import Agent
 from harness.clock import FakeClock
-from harness.config import Runtime, Settings, Store, build_runtime, replay_reads, set_deadline
+from harness.config import Runtime, Settings, build_runtime
 from harness.domain.chain import content_hash
 from harness.domain.contracts import RunRequest, StepOutcome
 from harness.domain.errors import BadInputError, ProviderError
@@ -53,6 +53,7 @@ from harness.knowledge.base import RecordedSearch
 from harness.pipeline.tool_controller import CallResult, ToolController
 from harness.replay.events import OutsideEvents, ReplayStopped, WorkerDied, move_to, outside_events
 from harness.skills.manifests import Skill
+from harness.stores import Store, replay_reads, set_deadline
 
 
 class ReplayError(BadInputError):

@@ -38,7 +38,7 @@ class SegmentUnverifiedError(ReadBackError):
 def read_back(archived: ArchivedRun, checkpoint_dir: Path, locate: SegmentLocator = store_of) -> dict[str, Any]:
     """The archived Run's line of its segment (`run`, `job`, `tables`, `records`), once the segment and
     the Run's rows in it are checked against the checkpoints of `checkpoint_dir`. `locate` gives the store
-    holding the segment (harness.config.segment_locator; the default knows local directories only)."""
+    holding the segment (harness.wiring.retention.segment_locator; the default knows local directories only)."""
     try:
         data = locate(archived.location).get(archived.location)
     except SegmentStoreError as exc:

@@ -16,7 +16,7 @@ from harness.retention.policy import RetentionPolicy
 log = logging.getLogger("harness.archive")
 
 #: an archiver for one pass under the given policy, as the settings describe it (HARNESS_ARCHIVE_URL, the
-#: checkpoint directory, the witnesses): harness.config.archiver_factory
+#: checkpoint directory, the witnesses): harness.wiring.retention.archiver_factory
 ArchiverFactory = Callable[[RetentionPolicy], Archiver]
 
 

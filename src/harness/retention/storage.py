@@ -3,7 +3,7 @@
 A segment is written once and never replaced: `put` refuses a name that exists. `HARNESS_ARCHIVE_URL`
 names the store: a directory path (or file://), or s3://bucket/prefix for an S3-compatible bucket
 (harness.adapters.s3_segments, on boto3, which the composition root passes in as `s3`:
-harness.config.open_segment_store; `HARNESS_ARCHIVE_S3_ENDPOINT` points it at a server other than AWS,
+harness.wiring.retention.open_segment_store; `HARNESS_ARCHIVE_S3_ENDPOINT` points it at a server other than AWS,
 credentials come from boto3's usual places).
 """
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from fastapi import Request
 
-from harness.config import Runtime, archived_run
+from harness.config import Runtime
 from harness.domain.errors import UnknownRunError
 from harness.domain.records import RunRecord
 from harness.domain.retention import ArchivedRun
@@ -19,6 +19,7 @@ from harness.service.settings import ServiceSettings
 from harness.service.sse import ChangeHub
 from harness.service.telemetry import Telemetry
 from harness.service.worker import EmbeddedWorker
+from harness.stores import archived_run
 from harness.webhooks.delivery import DeliveryThread
 
 

@@ -17,7 +17,6 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from harness.config import DatabaseError, is_outage
 from harness.domain.errors import (
     BacklogFullError,
     BadInputError,
@@ -30,6 +29,7 @@ from harness.domain.errors import (
     UnknownRunError,
 )
 from harness.policy.hitl import UnknownRequestError
+from harness.stores import DatabaseError, is_outage
 
 log = logging.getLogger("harness.service")
 #: seconds a client should wait before retrying when the database is unavailable

@@ -15,11 +15,12 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from harness.config import Runtime, cost_ledger, sandbox_instances, webhook_outbox
+from harness.config import Runtime
 from harness.domain.sandbox import PoolSettings
 from harness.kernel import FINAL, RunState
 from harness.kernel.thresholds import DEFAULT, Thresholds
 from harness.pipeline.waits import Lane
+from harness.stores import cost_ledger, sandbox_instances, webhook_outbox
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _WAIT_BUCKETS = (1, 5, 15, 60, 300, 900, 3600, 4 * 3600, 24 * 3600, float("inf"))

@@ -17,11 +17,11 @@ from typing import Any
 
 from starlette.concurrency import run_in_threadpool
 
-from harness.config import DatabaseError, is_outage
 from harness.domain.feed import Change
 from harness.kernel import RunState, is_final, job_status
 from harness.ports.changes import ChangeFeed, ChangeWaiter
 from harness.ports.queries import ReadModel
+from harness.stores import DatabaseError, is_outage
 
 ANY_RUN = "*"
 SETTLED = frozenset({"SUCCEEDED", "CLOSED_REJECTED", "CLOSED_FAILED", "CLOSED_CANCELLED", "AWAITING_HITL"})

@@ -6,7 +6,7 @@ import datetime as dt
 from typing import Any
 
 from harness.audit.checkpoint import checkpoint_dir
-from harness.config import Runtime, segment_locator
+from harness.config import Runtime
 from harness.domain.contracts import effects_of
 from harness.domain.errors import UnknownRunError
 from harness.domain.feed import RunRow
@@ -20,6 +20,7 @@ from harness.policy.hitl import HitlRequest
 from harness.retention import readback
 from harness.service import schemas
 from harness.service.errors import ApiError
+from harness.wiring.retention import segment_locator
 
 API = "/api/v1"
 

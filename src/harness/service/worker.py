@@ -24,7 +24,7 @@ from concurrent.futures import Future
 from contextlib import contextmanager
 
 from harness.audit.publisher import CheckpointPublisher
-from harness.config import Runtime, archiver_factory, audit_reads, checkpoint_signer
+from harness.config import Runtime
 from harness.domain.errors import SkillsElsewhereError
 from harness.drive.sweeper import ZombieSweeper
 from harness.drive.worker import RunWorker
@@ -32,6 +32,9 @@ from harness.pipeline.drive_loop import DriveLoop
 from harness.retention.scheduled import ScheduledArchiver
 from harness.service.errors import ApiError
 from harness.service.logs import run_context
+from harness.stores import audit_reads
+from harness.wiring.retention import archiver_factory
+from harness.wiring.signer import checkpoint_signer
 
 log = logging.getLogger("harness.drive.worker")
 #: how long a Run left for a process with its agent is not picked up again here

@@ -14,7 +14,6 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Request
 
-from harness.config import sandbox_instances
 from harness.domain.costs import CostGroup
 from harness.domain.webhooks import STATUSES
 from harness.service.auth import OPERATOR_ROLES, session_principal
@@ -22,6 +21,7 @@ from harness.service.console_format import axis_ticks
 from harness.service.core import service_of
 from harness.service.routes.console import Page, _login_redirect, _page
 from harness.service.routes.webhooks import delivery_document
+from harness.stores import sandbox_instances
 
 router = APIRouter(prefix="/ui", include_in_schema=False)
 DAY = dt.timedelta(days=1)

@@ -10,7 +10,6 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Path, Security
 from fastapi.responses import Response
 
-from harness.config import segment_locator
 from harness.domain.contracts import ArtifactFile
 from harness.pipeline.artifacts import files_of, find_file, skipped_files_of, stored_bytes
 from harness.service.auth import Principal, principal
@@ -19,6 +18,7 @@ from harness.service.errors import ApiError
 from harness.service.routes.common import ServiceDep, errors
 from harness.service.schemas import HEX64, FileDoc, FileList, SkippedFileDoc
 from harness.service.views import API
+from harness.wiring.retention import segment_locator
 
 router = APIRouter(prefix="/api/v1", tags=["runs"])
 Caller = Annotated[Principal, Security(principal)]

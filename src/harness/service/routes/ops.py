@@ -10,7 +10,6 @@ from fastapi import APIRouter, Response, Security
 
 from harness.audit.reconcile import reconcile
 from harness.audit.verify import verify_chain
-from harness.config import DatabaseError, Store, audit_reads, reconcile_reads
 from harness.service import views
 from harness.service.auth import Principal, operator, principal
 from harness.service.core import Service
@@ -18,6 +17,7 @@ from harness.service.errors import DATABASE_RETRY_AFTER_S, not_found
 from harness.service.metrics import CONTENT_TYPE
 from harness.service.routes.common import ServiceDep, errors
 from harness.service.schemas import CheckDoc, HealthDoc, JobDoc, MeDoc, WorkerDoc
+from harness.stores import DatabaseError, Store, audit_reads, reconcile_reads
 
 router = APIRouter(tags=["operations"])
 Caller = Annotated[Principal, Security(principal)]
