@@ -33,6 +33,7 @@ from harness.ports import Clock, LLMProvider
 from harness.ports.changes import ChangeWaiter
 
 if TYPE_CHECKING:
+    from harness.knowledge.base import KnowledgeBase
     from harness.replay.runner import ReplayReport
 
 __all__ = ["ApprovalRequest", "AsyncHarness", "DecisionOutcome", "Harness", "RunEvent", "TraceEntry"]
@@ -137,6 +138,7 @@ class Harness:
         self.poll_s = poll_s
         #: the clock `wait` and `events` count their timeouts by (the runtime's: injectable for tests)
         self.clock: Clock = self.runtime.store.clock
+        self._knowledge: KnowledgeBase | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -278,6 +280,22 @@ class Harness:
 
         return replay(run_id, self.runtime.store, self.runtime.settings, self.runtime.agent)
 
+    # ------------------------------------------------------------------ knowledge bases
+
+    @property
+    def knowledge(self) -> KnowledgeBase:
+        """The tenants' knowledge bases, the documents whose best-matching chunks a Run's context gives the
+        model: `add` a Markdown, text or PDF file (`add_bytes` for content in memory), list `documents`,
+        `remove` one, `search` in a caller's scope. Secrets are removed from a document's text before
+        anything is stored. A file that cannot be read, is empty or of another kind raises DocumentError
+        naming it and stores nothing; an unknown document raises UnknownDocumentError. Managed here even
+        where the settings keep knowledge out of the context (HARNESS_KNOWLEDGE=off)."""
+        if self._knowledge is None:
+            from harness.config import knowledge_base
+
+            self._knowledge = self.runtime.knowledge or knowledge_base(self.runtime.store, self.runtime.settings)
+        return self._knowledge
+
     @staticmethod
     def _request(task: str, user: str, tenant: str, session: str, history: Sequence[Message | dict[str, str]],
                  idempotency_key: str | None, metadata: dict[str, str] | None, callback: str | None,
@@ -364,6 +382,12 @@ class AsyncHarness:
     async def trace(self, run_id: str) -> list[TraceEntry]:
         """See Harness.trace."""
         return await waits.run_in_greenlet(lambda: self.sync.trace(run_id))
+
+    @property
+    def knowledge(self) -> KnowledgeBase:
+        """See Harness.knowledge (its calls are short database writes and reads, made on the caller's
+        thread)."""
+        return self.sync.knowledge
 
 
 def _pause(changes: ChangeWaiter, seconds: float | None) -> None:

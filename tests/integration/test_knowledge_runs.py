@@ -96,3 +96,38 @@ def test_a_chunk_of_another_tenant_fails_the_run_before_the_model(rt: Runtime,
     rt.store.drain_all()
     kinds = [(r.kind, r.data().get("error_code")) for r in rt.store.trace_of(result.run_id)]
     assert ("error", "knowledge_scope_violation") in kinds and not any(kind == "llm" for kind, _ in kinds)
+
+
+def test_the_python_api_manages_the_knowledge_bases_a_run_reads(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """`Harness.knowledge`: the handbook added through the library reaches the refund's context (the answer
+    cites it), is listed and removed by id; a file of another kind and an unknown id are refused by name and
+    store or remove nothing."""
+    from harness import Harness
+    from harness.domain.errors import DocumentError, UnknownDocumentError
+
+    monkeypatch.setenv("HARNESS_EXAMPLE_LEDGER", str(tmp_path / "ledger.jsonl"))
+    with Harness(db=str(tmp_path / "h.db"), data_dir=tmp_path / "data") as h:
+        added = h.knowledge.add_files(handbook_files(), tenant_id="default", kb=HANDBOOK_KB, tags=["policy"])
+        assert added and all(a.stored for a in added)
+        assert [d.document_id for d in h.knowledge.documents("default", tag="policy")] == \
+            [a.document.document_id for a in added]
+        with pytest.raises(DocumentError, match=r"notes\.docx"):
+            h.knowledge.add_bytes("notes.docx", b"PK\x03\x04", tenant_id="default", kb=HANDBOOK_KB)
+        with pytest.raises(UnknownDocumentError):
+            h.knowledge.remove("default", "no-such-document")
+        assert len(h.knowledge.documents("default")) == len(added)
+
+        run = h.run(REFUND, user="alice")
+        assert run.approval_request_id, run
+        done = h.approve(run.approval_request_id, as_="alice", reason="mine").run
+        assert done.state == RunState.SUCCEEDED.value and CITATION in (done.answer or "")
+        context = next(e.data for e in h.trace(done.run_id) if e.kind == "context")
+        assert any(c["source"].startswith("refund-policy.md") for c in context["knowledge"])
+
+        for a in added:
+            assert h.knowledge.remove("default", a.document.document_id) == a.document.chunks
+        assert h.knowledge.documents("default") == []
+        again = h.run(REFUND, user="alice")  # nothing left to cite: the answer stands without the policy
+        assert again.approval_request_id
+        assert CITATION not in (h.approve(again.approval_request_id, as_="alice").run.answer or "")

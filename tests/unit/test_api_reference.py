@@ -22,10 +22,12 @@ def test_every_public_method_and_field_is_described() -> None:
 
 
 def test_every_public_method_is_on_the_page() -> None:
-    """Each public method of Harness and AsyncHarness has its own heading."""
+    """Each public method and property of Harness and AsyncHarness has its own heading."""
     from harness.api import AsyncHarness, Harness
 
     page = (ROOT / "docs" / "api.md").read_text(encoding="utf-8")
     for cls in (Harness, AsyncHarness):
         for name in (n for n in vars(cls) if not n.startswith("_")):
-            assert f"`{cls.__name__}.{name}(" in page or f"`async {cls.__name__}.{name}(" in page, name
+            it = f"{cls.__name__}.{name}"
+            headings = (f"`{it}(", f"`async {it}(", f"`{it}` (property)")
+            assert any(h in page for h in headings), name
