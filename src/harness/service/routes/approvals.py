@@ -10,10 +10,11 @@ from starlette.concurrency import run_in_threadpool
 from harness.policy.hitl import Decision
 from harness.service import views
 from harness.service.auth import Principal, principal
+from harness.service.bodies import DecisionBody
 from harness.service.core import Service
 from harness.service.errors import ApiError
 from harness.service.routes.common import ServiceDep, errors
-from harness.service.schemas import ApprovalDoc, ApprovalList, DecisionBody, DecisionDoc
+from harness.service.schemas import ApprovalDoc, ApprovalList, DecisionDoc
 from harness.service.sse import wait_settled
 
 router = APIRouter(prefix="/api/v1", tags=["approvals"])

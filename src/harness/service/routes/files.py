@@ -13,10 +13,11 @@ from fastapi.responses import Response
 from harness.domain.contracts import ArtifactFile
 from harness.pipeline.artifacts import files_of, find_file, skipped_files_of, stored_bytes
 from harness.service.auth import Principal, principal
+from harness.service.bodies import HEX64
 from harness.service.core import Service
 from harness.service.errors import ApiError
 from harness.service.routes.common import ServiceDep, errors
-from harness.service.schemas import HEX64, FileDoc, FileList, SkippedFileDoc
+from harness.service.schemas import FileDoc, FileList, SkippedFileDoc
 from harness.service.views import API
 from harness.wiring.retention import segment_locator
 

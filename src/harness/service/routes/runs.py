@@ -12,6 +12,7 @@ from harness.domain.contracts import RunRequest
 from harness.kernel import RunState
 from harness.service import views
 from harness.service.auth import OPERATOR_ROLES, Principal, principal
+from harness.service.bodies import CancelBody, CreateRunBody
 from harness.service.core import Service
 from harness.service.errors import ApiError
 from harness.service.routes.common import ServiceDep, errors
@@ -19,8 +20,6 @@ from harness.service.schemas import (
     ArchivedErrorDoc,
     ArchivedRunDoc,
     BacklogFullDoc,
-    CancelBody,
-    CreateRunBody,
     ErrorDoc,
     RunDoc,
     RunList,
