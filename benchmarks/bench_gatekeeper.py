@@ -45,7 +45,8 @@ def _runtime(folder: Path) -> Any:
 
 def decisions_per_second(folder: Path, count: int) -> dict[str, float]:
     """PolicyEngine.evaluate on a 5-call plan with the example policy set (Cedar, budgets, guardrails)."""
-    from harness.domain.contracts import CallerIdentity, Plan
+    from harness.domain.contracts import CallerIdentity
+    from harness.domain.plans import Plan
 
     rt = _runtime(folder)
     plan = Plan.model_validate(FIVE_CALLS)

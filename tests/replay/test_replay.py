@@ -21,7 +21,8 @@ from harness.cli.replay import replay as replay_command
 from harness.cli.support import cli_errors
 from harness.clock import FakeClock
 from harness.config import Runtime, Settings, build_runtime
-from harness.domain.contracts import CallerIdentity, Plan
+from harness.domain.contracts import CallerIdentity
+from harness.domain.plans import Plan
 from harness.domain.traces import TraceModel
 from harness.pipeline.gatekeeper import Evaluation
 from harness.replay.runner import ReplayError, ReplayReport, replay

@@ -9,7 +9,8 @@ from rich.console import Console
 
 from harness.cli.runs import trace_tree
 from harness.config import Runtime
-from harness.domain.contracts import CallerIdentity, Plan, PlanStep, ToolCall
+from harness.domain.contracts import CallerIdentity
+from harness.domain.plans import Plan, PlanStep, ToolCall
 from harness.domain.traces import PolicyVerdict, policy_passed, policy_trace, policy_verdicts, simply_passes
 from harness.pipeline.gatekeeper import PolicyEngine
 from harness.policy.cedar import CedarPermissions

@@ -21,8 +21,9 @@ from typing import Any
 import jsonschema
 
 from harness.domain.chain import content_hash
-from harness.domain.contracts import CallerIdentity, Plan, PlanStep, PolicyDecision, Verdict, refs_in
+from harness.domain.contracts import CallerIdentity, PolicyDecision, Verdict
 from harness.domain.costs import Spend
+from harness.domain.plans import Plan, PlanStep, refs_in
 from harness.domain.traces import PolicyTrace, policy_trace
 from harness.pipeline.call_budget import Room
 from harness.policy.cedar import CedarPermissions

@@ -18,9 +18,10 @@ from typing import Any
 from pydantic import ValidationError
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
 
-from harness.domain.contracts import AssembledContext, Message, Plan, PlanStep, lookup_path, refs_in
+from harness.domain.contracts import AssembledContext, Message
 from harness.domain.errors import PlanError, ProviderError
 from harness.domain.llm import LLMRequest, LLMResponse, ToolSpec
+from harness.domain.plans import Plan, PlanStep, lookup_path, refs_in
 from harness.pipeline import waits
 from harness.pipeline.tool_kinds import complete
 from harness.pipeline.waits import Lane

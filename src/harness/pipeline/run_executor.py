@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from harness.domain.contracts import Plan, PlanStep, RunRequest, render_template
+from harness.domain.contracts import RunRequest
 from harness.domain.errors import (
     BudgetExceededError,
     ContextError,
@@ -17,6 +17,7 @@ from harness.domain.errors import (
     SkillsElsewhereError,
     UnknownRunError,
 )
+from harness.domain.plans import Plan, PlanStep, render_template
 from harness.domain.records import RunRecord, TraceRecordIn
 from harness.domain.traces import ToolTrace, TraceModel, error_trace, step_trace
 from harness.kernel.events import LOST_RACE, TOOL_CALL_FAILED

@@ -9,9 +9,10 @@ import time
 from typing import Any
 
 from harness.context.trace import context_records
-from harness.domain.contracts import AssembledContext, Plan, RunRequest
+from harness.domain.contracts import AssembledContext, RunRequest
 from harness.domain.errors import BudgetExceededError, ContextError, PlanError, ProviderError
 from harness.domain.llm import LLMResponse
+from harness.domain.plans import Plan
 from harness.domain.records import RunRecord
 from harness.domain.traces import CostTrace, HITLTrace, step_trace, unit_price
 from harness.pipeline import rounds

@@ -14,9 +14,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from harness.domain.contracts import CallerIdentity, Message, RunRequest, RunResult, render_template
+from harness.domain.contracts import CallerIdentity, Message, RunRequest, RunResult
 from harness.domain.errors import ContextError, SkillError
 from harness.domain.llm import LLMRequest, LLMResponse
+from harness.domain.plans import render_template
 from harness.domain.records import NewRun
 from harness.domain.sandbox import SandboxJob, SandboxOutcome
 from harness.domain.traces import CostTrace, unit_price

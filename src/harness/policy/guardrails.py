@@ -7,7 +7,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from harness.domain.contracts import refs_in
+from harness.domain.plans import refs_in
 from harness.policy.config import Guardrail
 from harness.policy.shell import wipes
 

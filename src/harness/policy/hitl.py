@@ -22,9 +22,10 @@ from typing import Any, Literal
 
 from harness.domain.approvals import ApprovalConflictError, HitlRequest
 from harness.domain.chain import content_hash
-from harness.domain.contracts import CallerIdentity, Plan
+from harness.domain.contracts import CallerIdentity
 from harness.domain.errors import BadInputError, StoreError
 from harness.domain.ids import ordered_id
+from harness.domain.plans import Plan
 from harness.domain.records import TransitionResult
 from harness.domain.traces import HITLTrace
 from harness.kernel import RunState

@@ -33,9 +33,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from harness.domain.contracts import lookup_path
 from harness.domain.errors import ProviderError
 from harness.domain.llm import LLMRequest, LLMResponse, Usage
+from harness.domain.plans import lookup_path
 from harness.pipeline.rounds import RESULTS_HEADER
 from harness.yamlfile import load_yaml_model
 

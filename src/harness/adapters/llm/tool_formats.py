@@ -14,9 +14,9 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
-from harness.domain.contracts import Plan
 from harness.domain.errors import ProviderError
 from harness.domain.llm import LLMRequest, ToolCallOut, ToolSpec
+from harness.domain.plans import Plan
 
 WIRE_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 SUBMIT_PLAN = "submit_plan"
