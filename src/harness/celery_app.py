@@ -137,7 +137,11 @@ def orphans(rt: Runtime, grace_s: float, limit: int = 1000) -> list[str]:
 
 
 def make_app(broker: str | None = None) -> Celery:
-    """The Celery application with the harness tasks and the sweep schedule."""
+    """The Celery application with the harness tasks and the sweep schedule.
+
+    Each app's tasks are its own (`shared=False`): Celery's default shares a decorated task with every app
+    finalized later, so a second app (`harness worker` makes one beside the module's) would run the first
+    app's tasks, bound to the first app's broker, under the same names."""
     app = Celery("harness", broker=broker or os.environ.get("HARNESS_BROKER_URL", "redis://127.0.0.1:6379/0"))
     settings = Settings.from_env()
     lease_ttl = settings.lease_ttl_s
@@ -157,7 +161,7 @@ def make_app(broker: str | None = None) -> Celery:
     _schedule_checkpoints(app)
     _schedule_archive(app)
 
-    @app.task(name="harness.drive")
+    @app.task(name="harness.drive", shared=False)
     def drive(run_id: str) -> str:
         rt = runtime()
         handed = drives(rt).hand_over(  # sent when it was accepted: most likely still in CREATED
@@ -165,7 +169,7 @@ def make_app(broker: str | None = None) -> Celery:
         _prune_now_and_then(rt)
         return handed
 
-    @app.task(name="harness.sweep")
+    @app.task(name="harness.sweep", shared=False)
     def sweep() -> dict[str, int]:
         rt = runtime()
         report = ZombieSweeper(rt.store, rt.machine, thresholds=rt.settings.thresholds(),
@@ -181,7 +185,7 @@ def make_app(broker: str | None = None) -> Celery:
                 "queued_requeued": len(report.requeued), "not_started": len(report.not_started),
                 "approvals_expired": len(report.approvals_expired), "workdirs_removed": len(pruned)}
 
-    @app.task(name="harness.webhooks.deliver")
+    @app.task(name="harness.webhooks.deliver", shared=False)
     def deliver_webhooks() -> dict[str, int]:
         dispatcher = runtime().dispatcher()
         try:
@@ -200,7 +204,7 @@ def _schedule_checkpoints(app: Celery) -> None:
     if interval > 0:
         app.conf.beat_schedule["harness-checkpoint"] = {"task": "harness.checkpoint", "schedule": interval}
 
-    @app.task(name="harness.checkpoint")
+    @app.task(name="harness.checkpoint", shared=False)
     def checkpoint() -> dict[str, object]:
         rt = runtime()
         s = rt.settings
@@ -220,7 +224,7 @@ def _schedule_archive(app: Celery) -> None:
     if interval > 0:
         app.conf.beat_schedule["harness-archive"] = {"task": "harness.archive", "schedule": interval}
 
-    @app.task(name="harness.archive")
+    @app.task(name="harness.archive", shared=False)
     def archive() -> dict[str, object]:
         rt = runtime()
         report = archive_once(archiver_factory(rt.store, rt.settings.checkpoint_dir, rt.settings.checkpoint_witnesses,
