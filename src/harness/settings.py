@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 import re
 import socket
+import urllib.parse
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -18,6 +20,13 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from harness.domain.contracts import MAX_CHAIN_DEPTH
 from harness.domain.errors import InvalidRequestError
 from harness.domain.limits import RequestLimits
+from harness.domain.outbound import (
+    OutboundGuard,
+    OutboundRefusedError,
+    OutboundRule,
+    OutboundUnresolvedError,
+    Resolver,
+)
 from harness.domain.sandbox import PoolSettings
 from harness.examples.support import EXAMPLE_DIR
 from harness.kernel.thresholds import DEFAULT_EXECUTION_LIMIT_S, Thresholds, parse_overrides
@@ -191,11 +200,39 @@ class Settings(BaseModel):
     checkpoint_interval_s: float = Field(default=300.0, ge=0.0)
     checkpoint_dir: Path | None = None
     checkpoint_witnesses: tuple[str, ...] = ()
+    #: the internal addresses a witness URL may reach (host names, addresses, networks, or "*" for any): like
+    #: a callback, a witness may only reach public addresses unless the operator allows it here
+    witness_allow_internal: tuple[str, ...] = ()
     #: the Unix socket of a `harness signer serve` process that signs checkpoints (harness.ports.signer), so
     #: this process holds no key; None: this process signs with its key file (harness.audit.keys)
     signer_socket: Path | None = None
     #: MCP servers whose tools are skills (HARNESS_MCP_FILE, harness.skills.mcp); None: no MCP server
     mcp_file: Path | None = None
+
+    @field_validator("witness_allow_internal")
+    @classmethod
+    def _allow_list(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        OutboundRule.parse(value)  # ValueError naming the entry that is not a host, an address or a network
+        return value
+
+    def check_witnesses(self, specs: Sequence[str] | None = None, resolve: Resolver | None = None) -> None:
+        """Refuse an http(s) witness (of `specs`, else the configured ones) whose host is, or resolves to, an
+        internal address `witness_allow_internal` does not allow: InvalidRequestError naming the URL and the
+        setting. A name that does not resolve yet passes (the witness is then reported unreachable)."""
+        guard = OutboundGuard(resolve or _system_resolver, remedy=WITNESS_REMEDY)
+        rule = OutboundRule.parse(self.witness_allow_internal)
+        for spec in self.checkpoint_witnesses if specs is None else specs:
+            if not spec.startswith(("http://", "https://")):
+                continue  # a directory
+            host = urllib.parse.urlsplit(spec).hostname
+            if not host:
+                raise InvalidRequestError(f"checkpoint witness {spec}: the URL names no host")
+            try:
+                guard.addresses(host, rule)
+            except OutboundUnresolvedError:
+                continue
+            except OutboundRefusedError as exc:
+                raise InvalidRequestError(f"checkpoint witness {spec}: {exc}") from None
 
     @classmethod
     def from_env(cls, **overrides: object) -> Settings:
@@ -224,9 +261,10 @@ class Settings(BaseModel):
                           ("checkpoint_dir", "HARNESS_CHECKPOINT_DIR"), ("signer_socket", "HARNESS_SIGNER_SOCKET")):
             if env.get(name):
                 values[key] = env[name]
-        if env.get("HARNESS_CHECKPOINT_WITNESS"):
-            values["checkpoint_witnesses"] = tuple(w.strip() for w in env["HARNESS_CHECKPOINT_WITNESS"].split(",")
-                                                   if w.strip())
+        for key, name in (("checkpoint_witnesses", "HARNESS_CHECKPOINT_WITNESS"),
+                          ("witness_allow_internal", WITNESS_ALLOW_INTERNAL_ENV)):
+            if env.get(name):
+                values[key] = tuple(w.strip() for w in env[name].split(",") if w.strip())
         for key in ("sandbox_host", "sandbox_host_cap", "sandbox_tenant_cap", "sandbox_lease_s",
                     "sandbox_stream_bytes", "artifact_max_bytes", "artifact_max_count", "artifact_store"):
             if env.get(f"HARNESS_{key.upper()}"):
@@ -266,7 +304,21 @@ class Settings(BaseModel):
         except ValueError as exc:
             raise InvalidRequestError(f"invalid settings: {exc}") from exc
         settings.thresholds()  # a bad threshold is named now, not at the first sweep
+        settings.check_witnesses()  # and a witness at an address it may not reach
         return settings
+
+
+#: the environment variable of `witness_allow_internal`
+WITNESS_ALLOW_INTERNAL_ENV = "HARNESS_WITNESS_ALLOW_INTERNAL"
+#: what a refused witness URL tells the operator to do
+WITNESS_REMEDY = ("a checkpoint witness may only reach public addresses unless the operator allows it: add the "
+                  f"host, its address or network (or * for any) to {WITNESS_ALLOW_INTERNAL_ENV} "
+                  "(witness_allow_internal in the config file)")
+
+
+def _system_resolver(host: str) -> list[str]:
+    """The addresses the system resolver gives `host` (OSError when it gives none)."""
+    return [str(info[4][0]) for info in socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)]
 
 
 def parse_port_range(text: str) -> tuple[int, int] | None:

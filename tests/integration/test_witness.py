@@ -71,6 +71,12 @@ def witness_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         proc.wait(10)
 
 
+@pytest.fixture(autouse=True)
+def _loopback_witness_allowed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The operator's opt-in for a witness on this machine: without it a loopback witness URL is refused."""
+    monkeypatch.setenv("HARNESS_WITNESS_ALLOW_INTERNAL", "127.0.0.1")
+
+
 def _resigned(doc: dict[str, Any], key: Ed25519PrivateKey, **changes: Any) -> dict[str, Any]:
     forged = {**copy.deepcopy(doc), **changes, "key_id": key_id_of(key.public_key())}
     forged["signature"] = base64.b64encode(key.sign(signed_message(forged))).decode()

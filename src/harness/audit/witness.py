@@ -10,7 +10,9 @@ local checkpoints and even re-signs cannot make the witness's copies agree, and 
 --witness` checks the database against them.
 
 Configured with HARNESS_CHECKPOINT_WITNESS (comma-separated directories and http(s) URLs) or
-`--witness`. An HTTP witness may require HARNESS_WITNESS_TOKEN as a bearer token for submissions.
+`--witness`. An HTTP witness may require HARNESS_WITNESS_TOKEN as a bearer token for submissions. A witness
+URL at a loopback, private, link-local or otherwise internal address is refused where it is configured
+(`Settings.check_witnesses`) unless HARNESS_WITNESS_ALLOW_INTERNAL allows it.
 """
 
 from __future__ import annotations

@@ -62,10 +62,12 @@ def archive(
         policy = policy.model_copy(update={"days": older_than_days})
     if policy.days is None and all(d is None for d in policy.tenants.values()):
         fail("no retention period: give --older-than-days or set HARNESS_RETENTION_DAYS")
+    settings = Settings.from_env()
+    settings.check_witnesses(witness or ())  # before anything is opened; HARNESS_CHECKPOINT_WITNESS: by from_env
     store = open_store(db)
     directory = checkpoint_dir(checkpoint_dir_, store.database_id())
     archiver = Archiver(archive_rows(store), open_segment_store(to, s3_endpoint), directory, policy=policy,
-                        witnesses=configured_witnesses(witness), signer=checkpoint_signer(Settings.from_env()))
+                        witnesses=configured_witnesses(witness), signer=checkpoint_signer(settings))
     if dry_run:
         due = archiver.choose(limit)
         emit({"due": due, "policy": policy.describe()}) if json_ else screen().print(

@@ -71,9 +71,12 @@ def _store(db: str | None) -> Store:
 
 
 def _witnesses(options: list[str] | None) -> list[Witness]:
-    """The witnesses the options (else HARNESS_CHECKPOINT_WITNESS) name."""
+    """The witnesses the options (else HARNESS_CHECKPOINT_WITNESS) name; a URL at an internal address the
+    settings do not allow is refused (exit 2) before anything is sent."""
     from harness.audit.witness import configured_witnesses
+    from harness.config import Settings
 
+    Settings.from_env().check_witnesses(options or ())  # HARNESS_CHECKPOINT_WITNESS is checked by from_env
     return configured_witnesses(options)
 
 

@@ -6,6 +6,8 @@ is, or resolves to, a loopback, private, shared, link-local, multicast, unspecif
 address (IPv4 or IPv6, however it is spelled: ``localhost``, ``127.1``, ``0x7f000001``, ``2130706433``,
 ``0177.0.0.1``, ``::ffff:127.0.0.1``, ``[::1]``) is refused. An operator opts a tenant in to internal
 receivers with an `OutboundRule`: host names, addresses or networks it may reach, or ``*`` for any.
+Checkpoint witness URLs, which the operator configures, follow the same rule with their own allow-list
+(``HARNESS_WITNESS_ALLOW_INTERNAL``, harness.settings).
 
 This module decides; it does no I/O. The name is resolved by the caller (`OutboundGuard` takes the
 resolver), and the adapter that sends connects to the very address that was checked, so a name that
@@ -28,6 +30,9 @@ Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 Resolver = Callable[[str], Sequence[str]]
 #: the allow-list entry that lets a tenant reach any internal address
 ANY = "*"
+#: how an operator lets callbacks and webhooks reach an internal receiver (the refusal names it)
+CALLBACK_REMEDY = ("callbacks and webhooks may only reach public addresses unless the operator allows this tenant "
+                   "internal receivers (internal_callbacks in the webhooks file, or HARNESS_CALLBACK_ALLOW_INTERNAL)")
 _NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
 #: names that are the local machine whatever a resolver says
 _LOCAL_NAMES = ("localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback")
@@ -142,6 +147,8 @@ class OutboundGuard:
     """Checks outbound hosts against the default rule and one tenant's allowances."""
 
     resolve: Resolver
+    #: what a refusal tells the operator to do to allow the host
+    remedy: str = CALLBACK_REMEDY
 
     def addresses(self, host: str, rule: OutboundRule) -> list[Address]:
         """The addresses `host` may be reached at, every one checked; `OutboundRefusedError` if any of them (or the
@@ -166,7 +173,7 @@ class OutboundGuard:
         for address in found:
             if is_internal(address) and not rule.allows_address(address):
                 where = "" if literal is not None else f" (it resolves to {address})"
-                raise OutboundRefusedError(_refusal(host, f"an internal address{where}"))
+                raise OutboundRefusedError(f"the host {host!r} is an internal address{where}; {self.remedy}")
         return found
 
 
@@ -177,8 +184,3 @@ def _unique(addresses: Iterable[Address | None]) -> list[Address]:
             seen.append(address)
     return seen
 
-
-def _refusal(host: str, what: str) -> str:
-    return (f"the host {host!r} is {what}; callbacks and webhooks may only reach public addresses unless the "
-            "operator allows this tenant internal receivers (internal_callbacks in the webhooks file, or "
-            "HARNESS_CALLBACK_ALLOW_INTERNAL)")
