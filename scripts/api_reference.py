@@ -34,7 +34,7 @@ Generated from the docstrings by `python scripts/api_reference.py`; do not edit 
 def _classes() -> list[tuple[str, type]]:
     from harness.api import ApprovalRequest, AsyncHarness, DecisionOutcome, Harness, RunEvent, TraceEntry
     from harness.domain.contracts import RunResult
-    from harness.replay.runner import Divergence, ReplayReport
+    from harness.replay.facts import Divergence, ReplayReport
 
     return [("Harness", Harness), ("AsyncHarness", AsyncHarness), ("RunResult", RunResult),
             ("RunEvent", RunEvent), ("TraceEntry", TraceEntry), ("ApprovalRequest", ApprovalRequest),

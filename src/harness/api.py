@@ -34,7 +34,7 @@ from harness.ports.changes import ChangeWaiter
 
 if TYPE_CHECKING:
     from harness.knowledge.base import KnowledgeBase
-    from harness.replay.runner import ReplayReport
+    from harness.replay.facts import ReplayReport
 
 __all__ = ["ApprovalRequest", "AsyncHarness", "DecisionOutcome", "Harness", "RunEvent", "TraceEntry"]
 

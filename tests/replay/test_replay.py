@@ -25,7 +25,8 @@ from harness.domain.contracts import CallerIdentity
 from harness.domain.plans import Plan
 from harness.domain.traces import TraceModel
 from harness.pipeline.gatekeeper import Evaluation
-from harness.replay.runner import ReplayError, ReplayReport, replay
+from harness.replay.facts import ReplayReport
+from harness.replay.runner import ReplayError, replay
 from tests.integration.conftest import (  # the real database servers, shared with the integration tests
     backend_url,
     pytest_generate_tests,

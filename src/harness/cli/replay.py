@@ -16,7 +16,7 @@ from harness.cli.support import EXIT_CHECK_FAILED, DbOption, JsonOption, agent_r
 from harness.domain.errors import InvalidRequestError
 
 if TYPE_CHECKING:
-    from harness.replay.runner import ReplayReport
+    from harness.replay.facts import ReplayReport
 
 
 def replay(
