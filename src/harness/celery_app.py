@@ -32,7 +32,6 @@ from harness.domain.ids import ordered_id
 from harness.drive.sweeper import ZombieSweeper
 from harness.drive.worker import RunWorker
 from harness.kernel import RunState
-from harness.kernel.thresholds import SWEEP_INTERVAL_S
 from harness.pipeline.drive_loop import DriveLoop
 from harness.retention.policy import RetentionPolicy
 from harness.retention.scheduled import archive_once
@@ -239,10 +238,10 @@ _last_prune = [0.0]
 
 
 def _prune_now_and_then(rt: Runtime) -> None:
-    """Every SWEEP_INTERVAL_S per worker process: remove the working directories on this host of Runs
-    that a sweeper (or a worker elsewhere) closed, since no listener here saw those closes."""
+    """Every sweep interval (the settings') per worker process: remove the working directories on this host
+    of Runs that a sweeper (or a worker elsewhere) closed, since no listener here saw those closes."""
     now = time.monotonic()
-    if now - _last_prune[0] >= SWEEP_INTERVAL_S:
+    if now - _last_prune[0] >= rt.settings.sweep_interval_s:
         _last_prune[0] = now
         rt.runs.prune_workdirs()
 

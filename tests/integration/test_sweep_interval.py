@@ -1,6 +1,7 @@
 """How often the sweeper passes is one setting, `sweep_interval_s` (HARNESS_SWEEP_INTERVAL_S, 30 s by
 default), and every way of running the sweeper follows it: the Celery beat entry that schedules the
-`harness.sweep` task, `harness sweep --forever`, and the housekeeping loop of `harness serve`."""
+`harness.sweep` task, `harness sweep --forever`, the housekeeping loop of `harness serve`, and a Celery
+worker's pruning of its host's working directories."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -140,3 +142,21 @@ def test_the_service_housekeeping_sweeps_once_per_sweep_interval(tmp_path: Path,
     finally:
         worker.stop()
         rt.close()
+
+
+def test_a_worker_prunes_working_directories_every_configured_sweep_interval(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker process prunes its host's working directories of final Runs once per the settings' sweep
+    interval (5 s here), not once per the default 30 s."""
+    pytest.importorskip("celery")
+    from harness import celery_app
+
+    pruned: list[float] = []
+    now = [1000.0]
+    rt = SimpleNamespace(settings=SimpleNamespace(sweep_interval_s=5.0),
+                         runs=SimpleNamespace(prune_workdirs=lambda: pruned.append(now[0])))
+    monkeypatch.setattr(celery_app, "_last_prune", [0.0])
+    monkeypatch.setattr(celery_app.time, "monotonic", lambda: now[0])
+    for t in (1000.0, 1004.0, 1006.0, 1010.0, 1011.5):
+        now[0] = t
+        celery_app._prune_now_and_then(rt)
+    assert pruned == [1000.0, 1006.0, 1011.5]
