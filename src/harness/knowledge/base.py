@@ -25,13 +25,11 @@ from harness.domain.errors import DocumentError, InvalidRequestError, UnknownDoc
 from harness.domain.ids import ordered_id
 from harness.knowledge.files import Chunk, Section, chunks_of, read_file, sections_of
 from harness.knowledge.scope import KnowledgeScope
-from harness.memory.semantic import Embedder, to_blob, top_k
+from harness.memory.semantic import Embedder, embedder_for, fuse, to_blob, top_k
 from harness.ports import Clock
 from harness.ports.knowledge import KnowledgeRows
 
 Mode = Literal["lexical", "hybrid"]
-#: reciprocal rank fusion constant (the usual 60)
-RRF_K = 60
 #: a knowledge base's name, an agent's name, a tag: what the CLI, the API and agent files accept
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$")
 DEFAULT_KB = "default"
@@ -235,7 +233,8 @@ class KnowledgeBase:
             ranked = self.rows.lexical(scope, query, k if self.embedder is None else 4 * k)
             if self.embedder is not None:
                 vector = self.embedder.embed([query])[0]
-                ranked = _fuse([ranked, top_k(vector, self.rows.embedded(scope, self.embedder.name), 4 * k)], k)
+                by_meaning = top_k(vector, self.rows.embedded(scope, self.embedder.name), 4 * k)
+                ranked = fuse([ranked, by_meaning], k, key=lambda row: row.chunk_id)
         except ScopeViolationError:
             raise
         except Exception as exc:  # database, index or model failure: the caller degrades to no snippets
@@ -287,28 +286,9 @@ class RecordedSearch:
                         1.0 / rank) for rank, r in enumerate(ranked[:k], start=1)]
 
 
-def _fuse(rankings: Sequence[Sequence[tuple[Any, float]]], k: int) -> list[tuple[Any, float]]:
-    scores: dict[str, float] = {}
-    rows: dict[str, Any] = {}
-    for ranking in rankings:
-        for rank, (row, _) in enumerate(ranking):
-            scores[row.chunk_id] = scores.get(row.chunk_id, 0.0) + 1.0 / (RRF_K + rank + 1)
-            rows.setdefault(row.chunk_id, row)
-    best = sorted(scores, key=lambda c: -scores[c])[:k]
-    return [(rows[c], scores[c]) for c in best]
-
-
 def open_knowledge(mode: Literal["off", "lexical", "semantic"], rows: KnowledgeRows, clock: Clock,
                    secret_filter: SecretFilter) -> KnowledgeBase | None:
     """The knowledge base for a configured mode; semantic without the extra installed is a config error."""
     if mode == "off":
         return None
-    embedder: Embedder | None = None
-    if mode == "semantic":
-        from harness.memory.semantic import MiniLMEmbedder, missing_extra
-
-        reason = missing_extra()
-        if reason is not None:
-            raise InvalidRequestError(reason)
-        embedder = MiniLMEmbedder()
-    return KnowledgeBase(rows, clock, secret_filter, embedder)
+    return KnowledgeBase(rows, clock, secret_filter, embedder_for(mode))

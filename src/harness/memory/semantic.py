@@ -14,11 +14,15 @@ from __future__ import annotations
 import importlib.util
 import os
 import threading
-from collections.abc import Sequence
-from typing import Any, Protocol
+from collections.abc import Callable, Sequence
+from typing import Any, Literal, Protocol
+
+from harness.domain.errors import InvalidRequestError
 
 MODEL_NAME = "all-MiniLM-L6-v2"
 DIM = 384
+#: reciprocal rank fusion's constant (the usual 60): rank matters, the raw scores of two rankers do not mix
+RRF_K = 60
 EXTRA_HINT = ("semantic memory needs the [semantic] extra: pip install torch==2.13.0 (CPU build) "
               "and pip install 'harness-kernel[semantic]'")
 
@@ -101,3 +105,28 @@ def top_k(query: Any, rows: Sequence[Any], k: int) -> list[tuple[Any, float]]:
     best = np.argpartition(-scores, min(k, len(rows)) - 1)[:k] if len(rows) > k else np.arange(len(rows))
     ranked = sorted(best.tolist(), key=lambda i: -float(scores[i]))
     return [(rows[i], float(scores[i])) for i in ranked]
+
+
+def fuse(rankings: Sequence[Sequence[tuple[Any, float]]], k: int,
+         key: Callable[[Any], str]) -> list[tuple[Any, float]]:
+    """The `k` best rows of several rankings (each best first), by reciprocal rank fusion: a row's score is
+    the sum over the rankings of 1 / (RRF_K + its place); `key` names a row across rankings."""
+    scores: dict[str, float] = {}
+    rows: dict[str, Any] = {}
+    for ranking in rankings:
+        for rank, (row, _) in enumerate(ranking):
+            scores[key(row)] = scores.get(key(row), 0.0) + 1.0 / (RRF_K + rank + 1)
+            rows.setdefault(key(row), row)
+    best = sorted(scores, key=lambda name: -scores[name])[:k]
+    return [(rows[name], scores[name]) for name in best]
+
+
+def embedder_for(mode: Literal["lexical", "semantic"]) -> Embedder | None:
+    """The embedder a configured mode ranks with: none for lexical; for semantic the local model, or
+    InvalidRequestError saying how to install the extra when it is missing."""
+    if mode != "semantic":
+        return None
+    reason = missing_extra()
+    if reason is not None:
+        raise InvalidRequestError(reason)
+    return MiniLMEmbedder()

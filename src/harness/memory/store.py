@@ -17,16 +17,13 @@ from typing import Any, Literal
 from harness.context.errors import RecallError, ScopeViolationError
 from harness.context.secrets import SecretFilter
 from harness.domain.chain import content_hash
-from harness.domain.errors import InvalidRequestError
 from harness.domain.ids import ordered_id
 from harness.memory.scope import LEVELS, MemoryScope, ScopeLevel
-from harness.memory.semantic import Embedder, to_blob, top_k
+from harness.memory.semantic import Embedder, embedder_for, fuse, to_blob, top_k
 from harness.ports import Clock
 from harness.ports.memory import MemoryRows
 
 Mode = Literal["lexical", "vector", "hybrid"]
-#: reciprocal rank fusion constant (the usual 60): rank matters, raw scores of two rankers do not mix
-RRF_K = 60
 #: how many rows per wanted entry recall reads at most while skipping copies of the same content
 MAX_FETCH_FACTOR = 32
 
@@ -158,7 +155,7 @@ class MemoryStore:
         vector = self._vector(scope, query, k if mode == "vector" else 4 * k)
         if mode == "vector":
             return vector
-        return _fuse([self.rows.lexical(scope, query, 4 * k), vector], k)
+        return fuse([self.rows.lexical(scope, query, 4 * k), vector], k, key=lambda row: row.entry_id)
 
     def _vector(self, scope: MemoryScope, query: str, k: int) -> list[tuple[Any, float]]:
         if self.embedder is None:
@@ -206,28 +203,9 @@ def _scope_key(row: dict[str, Any]) -> tuple[Any, ...]:
     return row["tenant_id"], row["scope"], row["team_id"], row["user_id"], row["session_id"]
 
 
-def _fuse(rankings: Sequence[Sequence[tuple[Any, float]]], k: int) -> list[tuple[Any, float]]:
-    scores: dict[str, float] = {}
-    rows: dict[str, Any] = {}
-    for ranking in rankings:
-        for rank, (row, _) in enumerate(ranking):
-            scores[row.entry_id] = scores.get(row.entry_id, 0.0) + 1.0 / (RRF_K + rank + 1)
-            rows.setdefault(row.entry_id, row)
-    best = sorted(scores, key=lambda e: -scores[e])[:k]
-    return [(rows[e], scores[e]) for e in best]
-
-
 def open_memory(mode: Literal["off", "lexical", "semantic"], rows: MemoryRows, clock: Clock,
                 secret_filter: SecretFilter) -> MemoryStore | None:
     """The memory store for a configured mode; semantic without the extra installed is a config error."""
     if mode == "off":
         return None
-    embedder: Embedder | None = None
-    if mode == "semantic":
-        from harness.memory.semantic import MiniLMEmbedder, missing_extra
-
-        reason = missing_extra()
-        if reason is not None:
-            raise InvalidRequestError(reason)
-        embedder = MiniLMEmbedder()
-    return MemoryStore(rows, clock, secret_filter, embedder)
+    return MemoryStore(rows, clock, secret_filter, embedder_for(mode))
