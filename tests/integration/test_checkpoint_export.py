@@ -20,18 +20,11 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from harness.adapters.sql.audit_reads import SqlAuditReads
 from harness.adapters.sql.store import SqlStore
 from harness.audit import formats, standalone
-from harness.audit.checkpoint import (
-    KEY_ENV,
-    CheckpointError,
-    TamperedHistoryError,
-    build_tree,
-    list_checkpoints,
-    public_key,
-    publish_checkpoint,
-)
+from harness.audit.checkpoint import TamperedHistoryError, build_tree, publish_checkpoint
+from harness.audit.checkpoint_files import list_checkpoints, public_key
 from harness.audit.export import export_run
 from harness.audit.formats import signed_message
-from harness.audit.keys import default_key_path
+from harness.audit.keys import KEY_ENV, CheckpointError, default_key_path
 from harness.audit.standalone import verify_consistency, verify_export, verify_sequence
 from harness.domain.chain import record_hash
 from harness.domain.records import NewRun

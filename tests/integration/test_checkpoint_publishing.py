@@ -19,7 +19,7 @@ import pytest
 
 from harness.adapters.sql.audit_reads import SqlAuditReads
 from harness.adapters.sql.store import SqlStore
-from harness.audit.checkpoint import list_checkpoints
+from harness.audit.checkpoint_files import list_checkpoints
 from harness.audit.verify import verify_chain
 from harness.audit.witness import DirectoryWitness
 from harness.clock import FakeClock

@@ -22,16 +22,12 @@ from harness.adapters.sql.audit_reads import SqlAuditReads
 from harness.adapters.sql.schema import digest_bytes
 from harness.adapters.sql.store import SqlStore
 from harness.audit import standalone
-from harness.audit.checkpoint import (
-    DEFAULT_DIR,
-    CheckpointError,
-    TamperedHistoryError,
-    list_checkpoints,
-    publish_checkpoint,
-)
+from harness.audit.checkpoint import TamperedHistoryError, publish_checkpoint
+from harness.audit.checkpoint_files import list_checkpoints
 from harness.audit.export import export_run
 from harness.audit.formats import CHECKPOINT_FORMAT, HEAD_FIELDS, signed_message
-from harness.audit.keys import KEY_ENV, default_key_path
+from harness.audit.keys import KEY_ENV, CheckpointError, default_key_path
+from harness.audit.places import DEFAULT_DIR
 from harness.audit.verify import verify_chain
 from harness.audit.witness import DirectoryWitness
 from harness.cli import app

@@ -18,7 +18,8 @@ from harness.adapters.sql.audit_reads import SqlAuditReads
 from harness.adapters.sql.reconcile_reads import SqlReconcileReads
 from harness.adapters.sql.retention import RetentionStore
 from harness.audit import standalone
-from harness.audit.checkpoint import current_key, publish_checkpoint
+from harness.audit.checkpoint import publish_checkpoint
+from harness.audit.checkpoint_files import current_key
 from harness.audit.export import export_run
 from harness.audit.reconcile import reconcile
 from harness.audit.segment import verify_segment

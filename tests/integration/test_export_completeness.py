@@ -14,7 +14,8 @@ import pytest
 from harness.adapters.sql.audit_reads import SqlAuditReads
 from harness.adapters.sql.store import SqlStore
 from harness.audit import standalone
-from harness.audit.checkpoint import public_key, publish_checkpoint
+from harness.audit.checkpoint import publish_checkpoint
+from harness.audit.checkpoint_files import public_key
 from harness.audit.export import export_run
 from harness.audit.standalone import verify_export
 from harness.config import Runtime

@@ -18,17 +18,11 @@ from typer.testing import CliRunner
 from harness.adapters.sql.audit_reads import SqlAuditReads
 from harness.adapters.sql.store import SqlStore
 from harness.audit import formats, standalone
-from harness.audit.checkpoint import (
-    KEY_ENV,
-    PUBLIC_KEYS_DIR,
-    Checkpoint,
-    CheckpointError,
-    public_key,
-    publish_checkpoint,
-    rotate_key,
-)
+from harness.audit.checkpoint import publish_checkpoint, rotate_key
+from harness.audit.checkpoint_files import PUBLIC_KEYS_DIR, Checkpoint, public_key
 from harness.audit.export import export_run
 from harness.audit.formats import endorsement_message, key_id_of, raw_public_key, signed_message
+from harness.audit.keys import KEY_ENV, CheckpointError
 from harness.audit.standalone import verify_export, verify_sequence
 from harness.audit.verify import verify_chain
 from harness.cli import app

@@ -16,7 +16,8 @@ from harness.adapters.sql.reconcile_reads import SqlReconcileReads
 from harness.adapters.sql.retention import RUNS_PRUNED, RetentionStore
 from harness.adapters.sql.store import SqlStore
 from harness.audit import standalone
-from harness.audit.checkpoint import current_key, latest_checkpoint, publish_checkpoint
+from harness.audit.checkpoint import publish_checkpoint
+from harness.audit.checkpoint_files import current_key, latest_checkpoint
 from harness.audit.export import export_run
 from harness.audit.reconcile import reconcile
 from harness.audit.segment import verify_segment

@@ -25,7 +25,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from harness.adapters.sql.audit_reads import SqlAuditReads
 from harness.adapters.sql.store import SqlStore
-from harness.audit.checkpoint import TamperedHistoryError, build_tree, public_pem, publish_checkpoint
+from harness.audit.checkpoint import TamperedHistoryError, build_tree, publish_checkpoint
+from harness.audit.checkpoint_files import public_pem
 from harness.audit.formats import key_id_of, signed_message
 from harness.audit.verify import verify_chain
 from harness.audit.witness import DirectoryWitness, HttpWitness, WitnessError, WitnessRefusedError

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from harness.audit.checkpoint import Checkpoint, TamperedHistoryError, build_tree
+from harness.audit.checkpoint import TamperedHistoryError, build_tree
+from harness.audit.checkpoint_files import Checkpoint
 from harness.audit.formats import EXPORT_FORMAT
 from harness.domain.records import RUN_TRACE, StoredTraceRecord
 from harness.ports.audit import ChainReads

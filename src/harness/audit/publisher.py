@@ -21,8 +21,10 @@ from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
-from harness.audit.checkpoint import Checkpoint, checkpoint_dir, latest_checkpoint, publish_checkpoint
+from harness.audit.checkpoint import publish_checkpoint
+from harness.audit.checkpoint_files import Checkpoint, latest_checkpoint
 from harness.audit.keys import CheckpointError
+from harness.audit.places import checkpoint_dir
 from harness.audit.witness import Witness, open_witness
 from harness.ports.audit import ChainReads
 from harness.ports.signer import Signer

@@ -17,9 +17,10 @@ from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from harness.audit.checkpoint import DEFAULT_DIR, CheckpointError, list_checkpoints, public_key
+from harness.audit.checkpoint_files import list_checkpoints, public_key
 from harness.audit.formats import LEAF_PREFIX_BYTES, FormatError, leaf_prefixes, walk_keys
-from harness.audit.keys import LEGACY_KEY_FILE, default_key_path
+from harness.audit.keys import LEGACY_KEY_FILE, CheckpointError, default_key_path
+from harness.audit.places import DEFAULT_DIR
 from harness.audit.witness import Witness, WitnessError, verified_docs
 from harness.domain.audit import ChainReport, Problem
 from harness.domain.records import StoredTraceRecord

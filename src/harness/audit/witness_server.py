@@ -28,7 +28,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict
 from starlette.concurrency import run_in_threadpool
 
-from harness.audit.checkpoint import public_pem
+from harness.audit.checkpoint_files import public_pem
 from harness.audit.keys import CheckpointError
 from harness.audit.witness import WitnessLog, WitnessRefusedError
 

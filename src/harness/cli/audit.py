@@ -19,7 +19,7 @@ from harness.audit.places import DEFAULT_DIR, DIR_ENV, WITNESS_ENV, checkpoint_d
 from harness.cli.support import EXIT_CHECK_FAILED, DbOption, JsonOption, cli_errors, emit, fail, screen
 
 if TYPE_CHECKING:
-    from harness.audit.checkpoint import Checkpoint
+    from harness.audit.checkpoint_files import Checkpoint
     from harness.audit.reconcile import ReconcileReport
     from harness.audit.verify import ChainReport
     from harness.audit.witness import Witness
@@ -238,7 +238,7 @@ def rotate_key_cmd(
 
 
 def _write_export(doc: dict[str, Any], output: Path, json_: bool) -> None:
-    from harness.audit.checkpoint import json_dumps
+    from harness.audit.files import json_dumps
 
     output.write_text(json_dumps(doc) + "\n", encoding="utf-8")
     summary = {"file": str(output), "run_id": doc["run_id"], "records": len(doc["records"]),
@@ -261,7 +261,7 @@ def export_cmd(
     output: Annotated[Path | None, typer.Option("-o", "--output", help="Write the export here.")] = None,
 ) -> None:
     """Export a Run's trace records with inclusion proofs against the newest checkpoint."""
-    from harness.audit.checkpoint import latest_checkpoint
+    from harness.audit.checkpoint_files import latest_checkpoint
     from harness.audit.export import export_run
     from harness.stores import audit_reads
 

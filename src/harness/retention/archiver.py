@@ -26,12 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from harness.audit import merkle, multiproof
-from harness.audit.checkpoint import (
-    Checkpoint,
-    TamperedHistoryError,
-    current_key,
-    publish_checkpoint,
-)
+from harness.audit.checkpoint import TamperedHistoryError, publish_checkpoint
+from harness.audit.checkpoint_files import Checkpoint, current_key
 from harness.audit.segment import SEGMENT_FORMAT, Digest, verify_segment
 from harness.audit.witness import Witness
 from harness.domain.errors import HarnessError

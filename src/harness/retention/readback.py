@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from harness.audit.checkpoint import current_key
+from harness.audit.checkpoint_files import current_key
 from harness.audit.formats import FormatError
 from harness.audit.segment import decode, verify_segment
 from harness.domain.errors import HarnessError

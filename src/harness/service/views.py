@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from harness.audit.checkpoint import checkpoint_dir
+from harness.audit.places import checkpoint_dir
 from harness.config import Runtime
 from harness.domain.contracts import effects_of
 from harness.domain.errors import UnknownRunError

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from harness.adapters.s3_segments import S3SegmentStore
 from harness.adapters.sql.erasure import ErasureStore
 from harness.adapters.sql.retention import RetentionStore
-from harness.audit.checkpoint import checkpoint_dir
+from harness.audit.places import checkpoint_dir
 from harness.audit.witness import Witness, open_witness
 from harness.retention import storage
 from harness.retention.archiver import Archiver
