@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -14,6 +13,7 @@ from harness.adapters.sql import statements as q
 from harness.adapters.sql.database import connection_of
 from harness.adapters.sql.documents import encode_context, unpack
 from harness.adapters.sql.pg_listen import NOTIFY
+from harness.adapters.sql.run_rows import created_record, documents, new_run_row, transition_row
 from harness.adapters.sql.store_base import (
     CasRow,
     WrongExitError,
@@ -71,28 +71,7 @@ class RunWrites(TraceChain):
                 (self._raw.execute if new.idempotency_key is not None else self._raw.later)(
                     conn,
                     q.RUN_INSERT,
-                    {
-                        "run_id": new.run_id,
-                        "tenant_id": new.tenant_id,
-                        "user_id": new.user_id,
-                        "session_id": new.session_id,
-                        "state": RunState.CREATED.value,
-                        "close_reason": None,
-                        "version": 0,
-                        "retry_of": new.retry_of,
-                        "parent_run_id": new.parent_run_id,
-                        "idempotency_key": new.idempotency_key,
-                        "created_at": now,
-                        "last_state_change_at": now,
-                        "deadline_at": new.deadline_at,
-                        "lease_epoch": 0,
-                        "stall_count": 0,
-                        "request": request,
-                        # named only when there is one: a Run without a body hash inserts exactly the columns
-                        # it did before migration 0011 (the older migrations' tests drive Runs at old revisions)
-                        **({"request_hash": new.request_hash} if new.request_hash is not None else {}),
-                        **({"start_by": new.start_by} if new.start_by is not None else {}),
-                    },
+                    new_run_row(new, now, request),
                 )
                 self._write_change(conn, new.run_id, 0, None, RunState.CREATED, "run_manager", "run created", None,
                                    now, (), extra_audit={"tenant_id": new.tenant_id, "user_id": new.user_id,
@@ -110,13 +89,7 @@ class RunWrites(TraceChain):
         if unit is None or unit.key != new.run_id:
             self.units.boundary()
         # the row just committed, without reading it back: one transaction fewer per Run
-        return RunRecord(
-            run_id=new.run_id, tenant_id=new.tenant_id, user_id=new.user_id, session_id=new.session_id,
-            state=RunState.CREATED, close_reason=None, version=0, retry_of=new.retry_of,
-            parent_run_id=new.parent_run_id, idempotency_key=new.idempotency_key, created_at=now,
-            last_state_change_at=now, deadline_at=new.deadline_at, lease_owner=None, lease_epoch=0,
-            stall_count=0, request=json.loads(request), context=None, result=None,
-        ), True
+        return created_record(new, now, request), True
 
     def find_by_idempotency_key(self, tenant_id: str, user_id: str, key: str) -> RunRecord | None:
         """The Run this user of the tenant created with this idempotency key, if any."""
@@ -267,7 +240,7 @@ class RunWrites(TraceChain):
             "close_reason": new_reason.value if new_reason else None,
             "version": seq,
             "last_state_change_at": now,
-            **_documents(context, result, packs=self._packs_context),
+            **documents(context, result, packs=self._packs_context),
         }
         cas = q.run_cas_update(context is not UNSET, result is not UNSET)
         updated = self._raw.execute(conn, cas, values)
@@ -303,7 +276,7 @@ class RunWrites(TraceChain):
             values["p_epoch"] = lease_epoch
         if expected_version is not None:
             values["p_version"] = expected_version
-        values.update(_documents(context, result, packs=self._packs_context))
+        values.update(documents(context, result, packs=self._packs_context))
         cas = q.run_cas_returning(context is not UNSET, result is not UNSET, not keeps, lease_epoch is not None,
                                   expected_version is not None, len(exits))
         row = self._raw.fetchone(conn, cas, values)
@@ -326,10 +299,8 @@ class RunWrites(TraceChain):
         extra_audit: dict[str, Any] | None = None,
     ) -> None:
         """Everything a state change writes besides runs.state, in the caller's transaction."""
-        self._raw.later(conn, q.TRANSITION_INSERT, {
-            "run_id": run_id, "seq": seq, "from_state": source.value if source else None, "to_state": target.value,
-            "actor": actor, "reason": reason, "forced_by": forced_by, "at": now,
-        })
+        self._raw.later(conn, q.TRANSITION_INSERT,
+                        transition_row(run_id, seq, source, target, actor, reason, forced_by, now))
         if self.notify_changes:  # delivered at commit, never for a change rolled back
             self._raw.later(conn, NOTIFY, {"run_id": run_id})
         projection = {"status": job_status(target).value, "run_state_snapshot": target.value, "updated_at": now}
@@ -420,16 +391,3 @@ class RunWrites(TraceChain):
             self._raw.execute(conn, q.CONTEXT_UPDATE,
                               {"p_run_id": run_id, "context": encode_context(context, packs=self._packs_context)})
         return None
-
-
-def _documents(context: dict[str, Any] | None, result: dict[str, Any] | None, *,
-               packs: bool) -> dict[str, str | bytes | None]:
-    """The RunContext and result columns a compare-and-set writes: those given (UNSET: left as they are),
-    as canonical JSON (a long context packed where `packs`, harness.adapters.sql.documents), None
-    clearing one."""
-    values: dict[str, str | bytes | None] = {}
-    if context is not UNSET:
-        values["context"] = None if context is None else encode_context(context, packs=packs)
-    if result is not UNSET:
-        values["result"] = None if result is None else canonical_json(result)
-    return values
