@@ -98,3 +98,18 @@ def test_no_import_cycle() -> None:
     """No module of harness reaches itself through its imports (TYPE_CHECKING and function-local ones too)."""
     cycles = sorted(sorted(c) for c in _cycles())
     assert not cycles, f"import cycles: {cycles}"
+
+
+#: the most lines a module of harness may have: past it, a module holds more than one job (split it by
+#: responsibility, not by length)
+MAX_MODULE_LINES = 450
+
+
+def test_no_module_is_longer_than_the_limit() -> None:
+    """Every module under src/harness has at most MAX_MODULE_LINES lines, so none drifts back into a module
+    that does several jobs."""
+    package = ROOT / "src" / "harness"
+    long = sorted((len(p.read_text(encoding="utf-8").splitlines()), str(p.relative_to(package)))
+                  for p in package.rglob("*.py"))
+    offenders = [f"{name} ({lines} lines)" for lines, name in long if lines > MAX_MODULE_LINES]
+    assert not offenders, f"modules over {MAX_MODULE_LINES} lines (split them by responsibility): {offenders}"
