@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from harness.domain.contracts import IDENT, CallerIdentity
 from harness.domain.errors import BadInputError
+from harness.yamlfile import parse_yaml
 
 
 class UnknownIdentityError(BadInputError):
@@ -54,7 +55,7 @@ class IdentityDirectory:
     def from_file(cls, path: Path) -> IdentityDirectory:
         """Load a directory file; errors name the file and the field."""
         try:
-            raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+            raw = parse_yaml(path.read_text(encoding="utf-8"))
             return cls(DirectoryFile.model_validate(raw).identities)
         except OSError as exc:
             raise BadInputError(f"{path}: cannot read identities: {exc.strerror}") from exc
