@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable, Mapping, Sequence
+from functools import cache
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import mysql, postgresql, sqlite
 
 from harness.adapters.sql import schema as t
 from harness.adapters.sql.database import READ_ONLY
@@ -27,7 +27,7 @@ blobs = sa.Table(
     "blobs",
     t.metadata,
     sa.Column("hash", sa.String(64), primary_key=True),
-    sa.Column("content", sa.Text().with_variant(mysql.LONGTEXT(), "mysql", "mariadb"), nullable=False),
+    sa.Column("content", t.LongText(), nullable=False),
 )
 
 #: which Run references which blob (migration 0019): blobs are shared, so an erasure deletes only the
@@ -50,17 +50,19 @@ def contents_of(values: Iterable[Any]) -> dict[str, str]:
     return {text_hash(text): text for text in texts}
 
 
-#: insert-unless-present, per dialect: equal contents share one row
-_PUT = {
-    "sqlite": sqlite.insert(blobs).on_conflict_do_nothing(index_elements=["hash"]),
-    "postgresql": postgresql.insert(blobs).on_conflict_do_nothing(index_elements=["hash"]),
-}
-_PUT_OTHER = blobs.insert().prefix_with("IGNORE")  # MySQL / MariaDB
-_REF = {
-    "sqlite": sqlite.insert(blob_refs).on_conflict_do_nothing(index_elements=["hash", "run_id"]),
-    "postgresql": postgresql.insert(blob_refs).on_conflict_do_nothing(index_elements=["hash", "run_id"]),
-}
-_REF_OTHER = blob_refs.insert().prefix_with("IGNORE")
+@cache
+def _insert_new(dialect: str, table: sa.Table, keys: tuple[str, ...]) -> sa.Insert:
+    """Insert-unless-present on `dialect`, built once per dialect (with that dialect's module alone: the
+    engine has imported it already): equal contents share one row."""
+    if dialect == "sqlite":
+        from sqlalchemy.dialects import sqlite
+
+        return sqlite.insert(table).on_conflict_do_nothing(index_elements=list(keys))
+    if dialect == "postgresql":
+        from sqlalchemy.dialects import postgresql
+
+        return postgresql.insert(table).on_conflict_do_nothing(index_elements=list(keys))
+    return table.insert().prefix_with("IGNORE")  # MySQL / MariaDB
 
 
 def put(conn: sa.Connection, contents: Mapping[str, str], run_id: str | None) -> None:
@@ -72,10 +74,10 @@ def put(conn: sa.Connection, contents: Mapping[str, str], run_id: str | None) ->
         return
     raw = statements_for(conn.dialect)
     rows = [{"hash": h, "content": c} for h, c in sorted(contents.items())]
-    raw.later_many(conn, _PUT.get(conn.dialect.name, _PUT_OTHER), rows)
+    raw.later_many(conn, _insert_new(conn.dialect.name, blobs, ("hash",)), rows)
     if run_id is not None:
         refs = [{"hash": h, "run_id": run_id} for h in sorted(contents)]
-        raw.later_many(conn, _REF.get(conn.dialect.name, _REF_OTHER), refs)
+        raw.later_many(conn, _insert_new(conn.dialect.name, blob_refs, ("hash", "run_id")), refs)
 
 
 def record_with_blobs(store: SqlStore, records: Sequence[TraceRecordIn], values: Iterable[Any]) -> None:

@@ -11,10 +11,9 @@ from __future__ import annotations
 import datetime as dt
 import json
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import mysql, postgresql, sqlite
 
 from harness.adapters.sql import schema as t
 from harness.adapters.sql.database import connection_of
@@ -23,6 +22,9 @@ from harness.adapters.sql.store import SqlStore
 from harness.domain.costs import PLANNING, CostGroup, GroupBy, RunTotal, Spend
 from harness.domain.traces import CostTrace
 from harness.ports import Tx
+
+if TYPE_CHECKING:
+    from sqlalchemy.dialects import postgresql, sqlite
 
 b = sa.bindparam
 costs, totals = t.costs, t.spend_totals
@@ -60,11 +62,21 @@ def _add_to_totals(dialect: str) -> sa.Insert:
     multi-row INSERT's compilation (0.12 ms a call on SQLite), so the ledger runs it as a raw statement."""
     rows = [{"tenant_id": b("p_tenant"), "user_id": TENANT_TOTAL, "usd": b("p_usd"), "cost_count": 1},
             {"tenant_id": b("p_tenant"), "user_id": b("p_user"), "usd": b("p_usd"), "cost_count": 1}]
+    # each dialect's module imported for its own backend only (the engine has loaded it already)
     if dialect in ("mysql", "mariadb"):
+        from sqlalchemy.dialects import mysql
+
         on_duplicate = mysql.insert(totals).values(rows)
         return on_duplicate.on_duplicate_key_update(usd=totals.c.usd + on_duplicate.inserted.usd,
                                                     cost_count=totals.c.cost_count + on_duplicate.inserted.cost_count)
-    upsert = (postgresql.insert(totals) if dialect == "postgresql" else sqlite.insert(totals)).values(rows)
+    if dialect == "postgresql":
+        from sqlalchemy.dialects import postgresql
+
+        upsert: postgresql.Insert | sqlite.Insert = postgresql.insert(totals).values(rows)
+    else:
+        from sqlalchemy.dialects import sqlite
+
+        upsert = sqlite.insert(totals).values(rows)
     added = upsert.excluded
     return upsert.on_conflict_do_update(index_elements=[totals.c.tenant_id, totals.c.user_id],
                                         set_={"usd": totals.c.usd + added.usd,

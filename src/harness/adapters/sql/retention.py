@@ -15,7 +15,6 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql as pg
 
 from harness.adapters.sql import schema as t
 from harness.adapters.sql.audit_reads import SqlAuditReads
@@ -318,6 +317,8 @@ def _unnest_insert(table: sa.Table, names: tuple[str, ...]) -> sa.Insert:
     """INSERT INTO table (names) SELECT unnest(:p_name), ... (PostgreSQL), built once per table."""
     key = (table.name, names)
     if key not in _UNNEST:
+        from sqlalchemy.dialects import postgresql as pg  # PostgreSQL only: a SQLite process never loads it
+
         arrays = [sa.func.unnest(sa.bindparam(f"p_{n}", type_=pg.ARRAY(table.c[n].type))) for n in names]
         _UNNEST[key] = table.insert().from_select(list(names), sa.select(*arrays))
     return _UNNEST[key]

@@ -9,7 +9,6 @@ from __future__ import annotations
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import mysql
 
 metadata = sa.MetaData()
 
@@ -38,6 +37,8 @@ class Digest(sa.types.TypeDecorator[str]):
 
     def load_dialect_impl(self, dialect: sa.Dialect) -> sa.types.TypeEngine[Any]:
         if dialect.name in ("mysql", "mariadb"):  # BLOB would be MySQL's LargeBinary
+            from sqlalchemy.dialects import mysql  # loaded by a MySQL engine already; never by the others
+
             return dialect.type_descriptor(mysql.VARBINARY(32))
         return super().load_dialect_impl(dialect)
 
@@ -46,6 +47,21 @@ class Digest(sa.types.TypeDecorator[str]):
 
     def process_result_value(self, value: Any, dialect: sa.Dialect) -> str | None:
         return None if value is None else digest_hex(value)
+
+
+class LongText(sa.types.TypeDecorator[str]):
+    """Text, as LONGTEXT on MySQL and MariaDB (whose TEXT holds 64 KiB), as the migrations create it: the
+    MySQL types are looked up when a MySQL engine compiles, so the other backends never import them."""
+
+    impl = sa.Text
+    cache_ok = True
+
+    def load_dialect_impl(self, dialect: sa.Dialect) -> sa.types.TypeEngine[Any]:
+        if dialect.name in ("mysql", "mariadb"):
+            from sqlalchemy.dialects import mysql
+
+            return dialect.type_descriptor(mysql.LONGTEXT())
+        return super().load_dialect_impl(dialect)
 
 
 runs = sa.Table(

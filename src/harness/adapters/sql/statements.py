@@ -10,7 +10,6 @@ from functools import cache
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql as pg
 
 from harness.adapters.sql import schema as t
 
@@ -82,10 +81,28 @@ RECORDS_OF_RUN = sa.union_all(
 OUTBOX_DELETE_ONE = t.outbox.delete().where(t.outbox.c.id == b("p_id"))
 #: SQLite: a batch is every row from its first id to its last (read under the one writer's lock, in id order)
 OUTBOX_DELETE_RANGE = t.outbox.delete().where(t.outbox.c.id.between(b("p_first"), b("p_last")))
-#: PostgreSQL: a whole batch in one statement (an array parameter), where each row would be a round trip
-CHAINED_IDS_ANY = sa.select(t.trace_records.c.record_id).where(
-    t.trace_records.c.record_id == sa.any_(b("p_ids", type_=pg.ARRAY(sa.String))))
-OUTBOX_DELETE_ANY = t.outbox.delete().where(t.outbox.c.id == sa.any_(b("p_ids", type_=pg.ARRAY(sa.Integer))))
+
+
+# PostgreSQL: a whole batch in one statement (an array parameter), where each row would be a round trip.
+# Built at first use, once: SQLAlchemy's postgresql package (all its drivers' modules) costs a SQLite
+# process's start ~20 ms.
+@cache
+def chained_ids_any() -> sa.Select[tuple[str]]:
+    """The record ids among :p_ids (an array) the chain holds."""
+    from sqlalchemy.dialects import postgresql as pg
+
+    return sa.select(t.trace_records.c.record_id).where(
+        t.trace_records.c.record_id == sa.any_(b("p_ids", type_=pg.ARRAY(sa.String))))
+
+
+@cache
+def outbox_delete_any() -> sa.Delete:
+    """Delete the outbox rows whose ids are in :p_ids (an array)."""
+    from sqlalchemy.dialects import postgresql as pg
+
+    return t.outbox.delete().where(t.outbox.c.id == sa.any_(b("p_ids", type_=pg.ARRAY(sa.Integer))))
+
+
 OUTBOX_DELETE_RECORDS = t.outbox.delete().where(t.outbox.c.record_id.in_(b("p_ids", expanding=True)))
 
 

@@ -115,7 +115,7 @@ class TraceChain(StoreBase):
     def _already_chained(self, conn: sa.Connection, records: Sequence[PendingRecord]) -> set[str]:
         """Which of these records the chain already holds (a re-delivery)."""
         if self._batches_by_array:  # one round trip for the batch, not one per record
-            return {r[0] for r in self._raw.fetchall(conn, q.CHAINED_IDS_ANY,
+            return {r[0] for r in self._raw.fetchall(conn, q.chained_ids_any(),
                                                      {"p_ids": [r.record_id for r in records]})}
         # in process (SQLite) one probe of the record_id index per record is cheaper than an IN list
         return {r.record_id for r in records
@@ -146,7 +146,7 @@ class TraceChain(StoreBase):
                                           for p in pending], head=(int(head[0]), head[1]),
                                    chained={r[1] for r in batch if r[5] is not None})
         if self._batches_by_array:
-            self._raw.later(conn, q.OUTBOX_DELETE_ANY, {"p_ids": [p.id for p in pending]})
+            self._raw.later(conn, q.outbox_delete_any(), {"p_ids": [p.id for p in pending]})
         elif not self._locks_rows:  # SQLite: nobody else writes while this transaction holds the write lock,
             # so the batch (the outbox's first rows, in id order) is exactly the rows from its first id to its last
             self._raw.later(conn, q.OUTBOX_DELETE_RANGE, {"p_first": pending[0].id, "p_last": pending[-1].id})
