@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, ParamSpec, TypeVar
 
 import typer
-from rich.table import Table
 
 from harness.audit.places import DEFAULT_DIR, DIR_ENV, WITNESS_ENV, checkpoint_dir
 from harness.cli.support import EXIT_CHECK_FAILED, DbOption, JsonOption, cli_errors, emit, fail, screen
@@ -93,6 +92,8 @@ def _print_verify(report: ChainReport) -> None:
         console.print(f"first bad: [bold]{bad.kind}[/] seq={bad.seq} record={bad.record_id} "
                       f"run={bad.run_id}: {bad.detail}")
     if len(report.problems) > 1:
+        from rich.table import Table
+
         table = Table("kind", "seq", "record", "run", "table", "field", "detail")
         for p in report.problems:
             table.add_row(p.kind, str(p.seq or ""), p.record_id or "", p.run_id or "", p.table or "", p.field or "",
@@ -145,6 +146,8 @@ def verify(
 def _print_reconcile(report: ReconcileReport) -> None:
     console = screen()
     console.print(f"reconcile: {'[green]OK[/]' if report.ok else '[red]MISMATCH[/]'}")
+    from rich.table import Table
+
     table = Table("final state", "runs", "audit event", "events", "")
     for f in report.finals:
         table.add_row(f.state, str(f.runs), f.event, str(f.events), "ok" if f.ok else "MISMATCH")

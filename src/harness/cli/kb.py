@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.table import Table
 
 from harness.cli.support import DbOption, JsonOption, cli_errors, emit, screen
 
@@ -76,6 +75,8 @@ def list_(
     if json_:
         emit({"tenant": tenant, "documents": [d.to_dict() for d in documents]})
         return
+    from rich.table import Table
+
     table = Table("document", "knowledge base", "title", "type", "chunks", "tags", "only for")
     for d in documents:
         only = ", ".join(f"{k} {v}" for k, v in (("agent", d.agent), ("team", d.team_id)) if v)

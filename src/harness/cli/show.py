@@ -6,7 +6,6 @@ import datetime as dt
 from typing import Annotated
 
 import typer
-from rich.table import Table
 
 from harness.cli import archive as cli_archive
 from harness.cli.support import DbOption, JsonOption, cli_errors, emit, screen
@@ -48,6 +47,8 @@ def runs_show(
         return
     console = screen()
     console.print(f"[bold]Run {doc['run_id']}[/]  state [bold]{doc['state']}[/]  legacy status {doc['legacy_status']}")
+    from rich.table import Table
+
     table = Table("#", "from", "to", "at", "by", "reason")
     for t in doc["transitions"]:
         table.add_row(str(t["seq"]), t["from"] or "", t["to"], _ts(t["at"]), t["actor"], t["reason"])

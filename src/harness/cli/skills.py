@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import typer
-from rich.table import Table
 
 from harness.cli.runs import runtime
 from harness.cli.support import DbOption, JsonOption, cli_errors, emit, screen
@@ -53,6 +52,8 @@ def list_skills(db: DbOption = None, json_: JsonOption = False) -> None:
     if json_:
         emit({"skills": docs, "withheld": withheld})
         return
+    from rich.table import Table
+
     table = Table("skill", "version", "source", "risk", "level", "idempotent", "server's word")
     for d in docs:
         risk = d["risk"]

@@ -13,10 +13,9 @@ import json
 import os
 import sys
 from collections.abc import Callable
-from typing import Annotated, Any, NoReturn, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn, ParamSpec, TypeVar
 
 import typer
-from rich.console import Console
 
 from harness.domain.errors import (
     BacklogFullError,
@@ -25,6 +24,9 @@ from harness.domain.errors import (
     HarnessError,
     InvalidTransitionError,
 )
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -101,7 +103,10 @@ def make_app() -> typer.Typer:
 
 def screen() -> Console:
     """Where a command prints for people. On a terminal lines wrap at its width; into a pipe or a file
-    nothing wraps (a suggested command stays on one line, a table keeps whole timestamps)."""
+    nothing wraps (a suggested command stays on one line, a table keeps whole timestamps). Rich is imported
+    here: a command printing JSON or failing never loads it."""
+    from rich.console import Console
+
     if sys.stdout.isatty():
         return Console()
     return Console(width=UNWRAPPED, soft_wrap=True)

@@ -9,7 +9,6 @@ import re
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.table import Table
 
 from harness.cli.runs import runtime
 from harness.cli.support import EXIT_CHECK_FAILED, DbOption, JsonOption, cli_errors, emit, fail, screen
@@ -115,6 +114,8 @@ def list_(
     if json_:
         emit({"deliveries": docs, "counts": rt.webhook_outbox.counts(tenant)})
         return
+    from rich.table import Table
+
     table = Table("delivery", "event", "run", "endpoint", "status", "attempts", "last error")
     for d in docs:
         table.add_row(str(d["delivery_id"]), str(d["event_type"]), str(d["run_id"] or ""), str(d["endpoint"]),
@@ -181,6 +182,8 @@ def costs(
         emit({"group_by": by, "since": start.isoformat() if start else None, "tenant": tenant, "total_usd": total,
               "groups": [g.to_dict() for g in groups]})
         return
+    from rich.table import Table
+
     table = Table(by, "USD", "runs", "tokens in", "tokens out", "API calls", "sandbox s", "unpriced",
                   title=f"spend by {by}" + (f" since {start:%Y-%m-%d %H:%M} UTC" if start else ""))
     for g in groups:
