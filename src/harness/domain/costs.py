@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from typing import Any, Final, Literal
+
+#: the shape of CostTrace payloads this version writes. 1 (before it): source, input/output tokens, usd,
+#: tenant and user. 2: also API calls, sandbox seconds, the unit price applied (and whether the model was
+#: priced), the model, the skill and the parent Run. Chained records keep the shape they were written in
+#: (their hashes cover those bytes); `cost_fields` reads both. Defined here, beside the totals that carry it,
+#: so that reading a Run's cost (`runs show`) does not load the trace models.
+COST_TRACE_VERSION: Final = 2
 
 GroupBy = Literal["tenant", "user", "skill", "day"]
 GROUPS: tuple[GroupBy, ...] = ("tenant", "user", "skill", "day")
@@ -67,6 +74,4 @@ class RunTotal:
 
     def to_dict(self) -> dict[str, Any]:
         """The RunTrace's total_cost."""
-        from harness.domain.traces import COST_TRACE_VERSION  # here: the trace models cost a CLI's start
-
         return {"v": COST_TRACE_VERSION, **asdict(self)}

@@ -22,6 +22,7 @@ from typing import Any, ClassVar, Final, Literal
 from pydantic import BaseModel, ConfigDict
 
 from harness.domain.chain import content_hash
+from harness.domain.costs import COST_TRACE_VERSION
 from harness.domain.records import TraceRecordIn
 
 STEP_NAMES = {
@@ -191,11 +192,6 @@ class HITLTrace(TraceModel):
     reason: str = ""
 
 
-#: the shape of CostTrace payloads this version writes. 1 (before it): source, input/output tokens, usd,
-#: tenant and user. 2: also API calls, sandbox seconds, the unit price applied (and whether the model was
-#: priced), the model, the skill and the parent Run. Chained records keep the shape they were written in
-#: (their hashes cover those bytes); `cost_fields` reads both.
-COST_TRACE_VERSION: Final = 2
 
 
 class CostTrace(TraceModel):

@@ -20,11 +20,12 @@ from harness.adapters.sql.database import connection_of
 from harness.adapters.sql.raw import RawStatements
 from harness.adapters.sql.store import SqlStore
 from harness.domain.costs import PLANNING, CostGroup, GroupBy, RunTotal, Spend
-from harness.domain.traces import CostTrace
 from harness.ports import Tx
 
 if TYPE_CHECKING:
     from sqlalchemy.dialects import postgresql, sqlite
+
+    from harness.domain.traces import CostTrace
 
 b = sa.bindparam
 costs, totals = t.costs, t.spend_totals

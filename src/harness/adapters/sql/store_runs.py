@@ -32,7 +32,6 @@ from harness.domain.records import (
     TraceRecordIn,
     TransitionResult,
 )
-from harness.domain.traces import STEPS_KEY, fold_steps
 from harness.kernel import (
     RunState,
     audit_events_for,
@@ -308,7 +307,10 @@ class RunWrites(TraceChain):
             self._raw.later(conn, q.JOB_INSERT, {"job_id": run_id, **projection})
         else:
             self._raw.later(conn, q.JOB_UPDATE, {"p_job_id": run_id, **projection})
-        # the StepTraces of the steps this transition ends ride in its record (trace format 2)
+        # the StepTraces of the steps this transition ends ride in its record (trace format 2); the trace
+        # models are imported by the first write, not by a command that only reads (runs show, approvals)
+        from harness.domain.traces import STEPS_KEY, fold_steps
+
         steps, records = fold_steps(run_id, records)
         change = {"run_id": run_id, "seq": seq, "from": source.value if source else None, "to": target.value,
                   "actor": actor, "reason": reason, "forced_by": forced_by, "at": now}
