@@ -9,6 +9,7 @@ erasure, the checkpoint signer); the store and the views over it in harness.stor
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -27,13 +28,11 @@ from harness.adapters.sql.pg_listen import PgChangeFeed, listens
 from harness.adapters.sql.run_writes import SqlRunWrites
 from harness.adapters.sql.store import SqlStore
 from harness.adapters.sql.webhooks import WebhookOutbox
-from harness.adapters.webhook_http import WebhookSender, system_resolver
 from harness.agents import Agent, load_agent, support_agent
 from harness.context.secrets import SecretFilter
 from harness.context.tokenizer import tokenizer_for
 from harness.domain.contracts import RunResult
 from harness.domain.errors import InvalidRequestError
-from harness.domain.outbound import OutboundGuard
 from harness.drive.leased import LeasedDrive, default_owner
 from harness.drive.state_machine import Listener, StateMachine
 from harness.kernel import FINAL, RunState
@@ -58,14 +57,16 @@ from harness.ports.queries import ReadModel
 from harness.skills.manifests import SkillRegistry
 from harness.stores import read_model, stored_contents
 from harness.webhooks.config import WebhookConfig, load_webhook_config
-from harness.webhooks.delivery import WebhookDispatcher
 from harness.webhooks.notifier import PushEvents, WebhookNotifier, WebhookResultSink
 from harness.wiring.llm import call_budget, check_priced, llm_provider
-from harness.wiring.retention import open_segment_store
 from harness.wiring.sandbox import sandbox_pool, sandbox_provider
 
 if TYPE_CHECKING:
+    from harness.adapters.webhook_http import WebhookSender
+    from harness.domain.contracts import RunRequest
+    from harness.ports.segments import SegmentStore
     from harness.skills.mcp import McpServers
+    from harness.webhooks.delivery import WebhookDispatcher
 
 
 #: how a process is configured (harness.settings), importable from here as before
@@ -108,8 +109,10 @@ class Runtime:
 
     def dispatcher(self) -> WebhookDispatcher:
         """A delivery loop for this runtime's webhook outbox (the caller closes it)."""
+        from harness.webhooks.delivery import WebhookDispatcher
+
         assert self.webhooks is not None and self.webhook_outbox is not None
-        return WebhookDispatcher(self.webhook_outbox, self.webhooks, WebhookSender(self.webhooks.delivery.timeout_s))
+        return WebhookDispatcher(self.webhook_outbox, self.webhooks, webhook_sender(self.webhooks.delivery.timeout_s))
 
     def close(self) -> None:
         """Release threads and connections."""
@@ -129,7 +132,30 @@ def skill_data_dir(settings: Settings, store: SqlStore) -> Path:
 
 def webhook_sender(timeout_s: float) -> WebhookSender:
     """A signed HTTP sender of webhook events (the caller closes it)."""
+    from harness.adapters.webhook_http import WebhookSender
+
     return WebhookSender(timeout_s)
+
+
+def _artifact_store(url: str | None) -> SegmentStore | None:
+    """Where a Run's artifacts go beside the database, when the settings name a place (the archive's
+    segment stores, imported only then)."""
+    if not url:
+        return None
+    from harness.wiring.retention import open_segment_store
+
+    return open_segment_store(url)
+
+
+def _check_callback(webhooks: WebhookConfig) -> Callable[[RunRequest], None]:
+    """The check of a Run's callback URL against the webhook settings and the outbound rules, made when a
+    Run asks for one (the HTTP sender's module, and its DNS resolver, loaded then)."""
+    def check(request: RunRequest) -> None:
+        from harness.adapters.webhook_http import system_resolver
+        from harness.domain.outbound import OutboundGuard
+
+        webhooks.check_callback(request.tenant_id, request.callback or "", OutboundGuard(system_resolver))
+    return check
 
 
 def _release_workdir(tools: ToolController) -> Listener:
@@ -255,8 +281,7 @@ def build_runtime(settings: Settings | None = None, *, clock: Clock | None = Non
                            redact=lambda value: secret_filter.scrub_json(value)[0], sandbox_price=pricing.sandbox_price,
                            price_table=pricing.as_of, sandbox_pool=sandboxes, kinds=mcp_kinds(mcp, ledger, store),
                            artifact_limits=ArtifactLimits(settings.artifact_max_bytes, settings.artifact_max_count),
-                           artifact_store=open_segment_store(settings.artifact_store) if settings.artifact_store
-                           else None,
+                           artifact_store=_artifact_store(settings.artifact_store),
                            stream_bytes=settings.sandbox_stream_bytes)
     machine.in_transaction(sandboxes.on_transition)  # instances end (and are billed) as their Run closes
     machine.subscribe(sandboxes.after_change)  # then their processes are stopped
@@ -291,8 +316,7 @@ def build_runtime(settings: Settings | None = None, *, clock: Clock | None = Non
         policy=policy, tools=tools, hitl=hitl, ledger=ledger, execution_limit_s=settings.execution_limit_s,
         chain_depth=settings.chain_depth, max_rounds=settings.max_rounds, limits=settings.limits,
         roles_of=identities.roles_of,
-        check_callback=lambda request: webhooks.check_callback(request.tenant_id, request.callback or "",
-                                                               OutboundGuard(system_resolver)),
+        check_callback=_check_callback(webhooks),
         child_leases=Leases(store, ttl_s=60.0),
         queue=QueueLimits(settings.max_backlog, settings.backlog_retry_after_s, settings.queue_max_wait_s),
         system_history=agent is not None and agent.system_history,
