@@ -10,19 +10,15 @@ from typing import TYPE_CHECKING
 
 from harness.adapters.sql import database
 from harness.adapters.sql.approvals import SqlApprovals
-from harness.adapters.sql.audit_reads import SqlAuditReads
-from harness.adapters.sql.blobs import BlobStore
 from harness.adapters.sql.ledger import CostLedger
-from harness.adapters.sql.reconcile_reads import SqlReconcileReads
-from harness.adapters.sql.replay_reads import ReplayReads
-from harness.adapters.sql.replay_reads import set_deadline as _set_deadline
-from harness.adapters.sql.retention import RetentionStore
-from harness.adapters.sql.run_queries import RunQueries
-from harness.adapters.sql.sandbox_instances import InstanceTable
 from harness.adapters.sql.store import SqlStore, open_existing
-from harness.adapters.sql.webhooks import WebhookOutbox
 
+# the views a command reads a Run through (its approvals, its cost) are imported here; the others (the
+# audit's, a replay's, the listings, the blobs, the webhook outbox, the sandbox instances) by their factory,
+# so that `runs show` and `approvals` load none of them
 if TYPE_CHECKING:
+    from harness.adapters.sql.replay_reads import ReplayReads
+    from harness.adapters.sql.webhooks import WebhookOutbox
     from harness.domain.retention import ArchivedRun
     from harness.ports import Clock
     from harness.ports.approvals import ApprovalRows
@@ -56,11 +52,15 @@ def open_existing_store(db: str | None) -> SqlStore:
 
 def read_model(store: SqlStore) -> ReadModel:
     """The read model (listings, the change feed, counts) over a store."""
+    from harness.adapters.sql.run_queries import RunQueries
+
     return RunQueries(store)
 
 
 def stored_contents(store: SqlStore) -> StoredContents:
     """The contents the trace references by hash (files a sandboxed skill kept among them), over a store."""
+    from harness.adapters.sql.blobs import BlobStore
+
     return BlobStore(store.engine)
 
 
@@ -76,34 +76,48 @@ def approval_rows(store: SqlStore) -> ApprovalRows:
 
 def archived_run(store: SqlStore, run_id: str) -> ArchivedRun | None:
     """Where an archived Run is (segment, location, checkpoint), when it was archived."""
+    from harness.adapters.sql.retention import RetentionStore
+
     return RetentionStore(store).archived(run_id)
 
 
 def audit_reads(store: SqlStore) -> AuditReads:
     """The audit's read port over a store: what the verifier, checkpoints and exports read."""
+    from harness.adapters.sql.audit_reads import SqlAuditReads
+
     return SqlAuditReads(store)
 
 
 def reconcile_reads(store: SqlStore) -> ReconcileReads:
     """What `harness audit reconcile` reads, over a store."""
+    from harness.adapters.sql.reconcile_reads import SqlReconcileReads
+
     return SqlReconcileReads(store)
 
 
 def replay_reads(store: SqlStore) -> ReplayReads:
     """What a replay reads of a recorded Run beyond the store's reads (outbox, blobs, decisions, history)."""
+    from harness.adapters.sql.replay_reads import ReplayReads
+
     return ReplayReads(store)
 
 
 def set_deadline(store: SqlStore, run_id: str, deadline_at: float) -> None:
     """Give a replayed Run the deadline its recorded original had (the one write a replay makes itself)."""
+    from harness.adapters.sql.replay_reads import set_deadline as _set_deadline
+
     _set_deadline(store, run_id, deadline_at)
 
 
 def sandbox_instances(store: SqlStore) -> SandboxInstances:
     """The sandbox instances of every host, over a store."""
+    from harness.adapters.sql.sandbox_instances import InstanceTable
+
     return InstanceTable(store)
 
 
 def webhook_outbox(store: SqlStore) -> WebhookOutbox:
     """The webhook deliveries waiting, done and dead, over a store."""
+    from harness.adapters.sql.webhooks import WebhookOutbox
+
     return WebhookOutbox(store)
