@@ -8,6 +8,9 @@ support holds the options, the output helpers and the error handling they share.
 
 from __future__ import annotations
 
+import atexit
+import gc
+
 from harness.cli import archive, demo, ops, replay, runs, serve, show, webhooks
 from harness.cli.audit import audit_app
 from harness.cli.kb import kb_app
@@ -37,6 +40,11 @@ for _name, _fn in (("run", runs.run), ("trace", runs.trace), ("cancel", runs.can
 
 def main() -> None:
     """Entry point of the `harness` script."""
+    # At exit the interpreter's garbage collections traverse every object the command still holds (the
+    # runtime, SQLAlchemy's and pydantic's structures: ~80,000 objects after an approve), ~0.1 s of CPU spent
+    # finding nothing to free. Frozen, they are left to the process's end; atexit handlers registered later
+    # (thread pools, logging) run before this one, and objects freed by reference counting are freed as before.
+    atexit.register(gc.freeze)
     app()
 
 
