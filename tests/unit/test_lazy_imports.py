@@ -21,6 +21,10 @@ HEAVY = ("alembic", "detect_secrets", "requests", "fastapi", "uvicorn", "celery"
          "torch", "sentence_transformers", "bpe_openai", "httpx")
 #: what `harness --help` does not load either: the composition root and the libraries beneath it
 NOT_FOR_HELP = (*HEAVY, "harness.config", "sqlalchemy", "cedarpy", "jsonschema", "cryptography")
+#: what a command on SQLite does not load until it needs it: the other backends' SQLAlchemy dialects, rich
+#: (only to print for people), the trace models (only to write), the checkpoint signing and the archiver
+NOT_AT_START = ("sqlalchemy.dialects.postgresql", "sqlalchemy.dialects.mysql", "rich", "cryptography",
+                "harness.retention.archiver", "harness.adapters.webhook_http")
 #: a Standard Webhooks secret for the send that nobody receives
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 
@@ -73,6 +77,7 @@ def test_a_read_only_command_builds_its_runtime_without_the_heavy_libraries(tmp_
                             "build_runtime(Settings.from_env()).close()", tmp_path)
     assert "harness.pipeline.run_manager" in modules
     assert loaded(modules, HEAVY) == []
+    assert loaded(modules, NOT_AT_START) == []
 
 
 @pytest.mark.parametrize(("name", "code", "module"), [
@@ -102,7 +107,7 @@ def test_runs_show_reads_without_the_composition_root(tmp_path: Path) -> None:
     shown = modules_after(code, tmp_path)
     assert "harness.stores" in shown
     assert loaded(shown, ("harness.config", "harness.pipeline.run_manager", "harness.policy", "cedarpy",
-                          "harness.skills.manifests", "jsonschema")) == []
+                          "harness.skills.manifests", "jsonschema", "harness.domain.traces", *NOT_AT_START)) == []
 
 
 def test_approvals_lists_without_the_composition_root_until_a_timeout_is_due(tmp_path: Path) -> None:
@@ -112,4 +117,4 @@ def test_approvals_lists_without_the_composition_root_until_a_timeout_is_due(tmp
     listed = modules_after(cli("approvals", "--json"), tmp_path)
     assert "harness.stores" in listed
     assert loaded(listed, ("harness.config", "harness.pipeline.run_manager", "harness.policy", "cedarpy",
-                           "harness.skills.manifests")) == []
+                           "harness.skills.manifests", "harness.domain.traces", *NOT_AT_START)) == []
