@@ -209,7 +209,8 @@ def _schedule_checkpoints(app: Celery) -> None:
         s = rt.settings
         published = CheckpointPublisher.from_settings(audit_reads(rt.store), s.checkpoint_interval_s,
                                                       s.checkpoint_dir, s.checkpoint_witnesses,
-                                                      signer=checkpoint_signer(s)).publish_if_due()
+                                                      signer=checkpoint_signer(s),
+                                                      rule=s.witness_rule()).publish_if_due()
         if published is None:
             return {"published": None}
         return {"published": str(published.path), "tree_size": published.tree_size,
@@ -227,7 +228,7 @@ def _schedule_archive(app: Celery) -> None:
     def archive() -> dict[str, object]:
         rt = runtime()
         report = archive_once(archiver_factory(rt.store, rt.settings.checkpoint_dir, rt.settings.checkpoint_witnesses,
-                                               checkpoint_signer(rt.settings)))
+                                               checkpoint_signer(rt.settings), rt.settings.witness_rule()))
         return {"archived": None} if report is None else report.to_dict()
 
 

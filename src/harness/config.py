@@ -151,8 +151,8 @@ def _check_callback(webhooks: WebhookConfig) -> Callable[[RunRequest], None]:
     """The check of a Run's callback URL against the webhook settings and the outbound rules, made when a
     Run asks for one (the HTTP sender's module, and its DNS resolver, loaded then)."""
     def check(request: RunRequest) -> None:
-        from harness.adapters.webhook_http import system_resolver
         from harness.domain.outbound import OutboundGuard
+        from harness.settings import system_resolver
 
         webhooks.check_callback(request.tenant_id, request.callback or "", OutboundGuard(system_resolver))
     return check

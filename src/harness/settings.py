@@ -215,12 +215,17 @@ class Settings(BaseModel):
         OutboundRule.parse(value)  # ValueError naming the entry that is not a host, an address or a network
         return value
 
+    def witness_rule(self) -> OutboundRule:
+        """What an HTTP witness may reach: public addresses, and the internal ones `witness_allow_internal`
+        names."""
+        return OutboundRule.parse(self.witness_allow_internal)
+
     def check_witnesses(self, specs: Sequence[str] | None = None, resolve: Resolver | None = None) -> None:
         """Refuse an http(s) witness (of `specs`, else the configured ones) whose host is, or resolves to, an
         internal address `witness_allow_internal` does not allow: InvalidRequestError naming the URL and the
         setting. A name that does not resolve yet passes (the witness is then reported unreachable)."""
-        guard = OutboundGuard(resolve or _system_resolver, remedy=WITNESS_REMEDY)
-        rule = OutboundRule.parse(self.witness_allow_internal)
+        guard = OutboundGuard(resolve or system_resolver, remedy=WITNESS_REMEDY)
+        rule = self.witness_rule()
         for spec in self.checkpoint_witnesses if specs is None else specs:
             if not spec.startswith(("http://", "https://")):
                 continue  # a directory
@@ -316,7 +321,7 @@ WITNESS_REMEDY = ("a checkpoint witness may only reach public addresses unless t
                   "(witness_allow_internal in the config file)")
 
 
-def _system_resolver(host: str) -> list[str]:
+def system_resolver(host: str) -> list[str]:
     """The addresses the system resolver gives `host` (OSError when it gives none)."""
     return [str(info[4][0]) for info in socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)]
 

@@ -31,6 +31,8 @@ from harness.audit.formats import key_id_of, signed_message
 from harness.audit.verify import verify_chain
 from harness.audit.witness import DirectoryWitness, HttpWitness, WitnessError, WitnessRefusedError
 from harness.clock import FakeClock
+from harness.domain.outbound import OutboundGuard, OutboundRule
+from harness.settings import Settings
 
 from . import witness_child
 from .test_checkpoint_export import key_of
@@ -258,3 +260,35 @@ def test_a_restored_snapshot_is_reported_as_a_rollback(tmp_path: Path, witness_u
     assert forked.exit_code == 1 and "fork" in forked.output, forked.output
     code, kinds, _ = _verify_kinds(db, cpdir, witness_url)
     assert code == 1 and "forked" in kinds, kinds
+
+
+def test_an_http_witness_connects_only_to_the_address_it_checked(store: SqlStore, tmp_path: Path,
+                                                                  witness_url: str) -> None:
+    """The witness's host is resolved and checked at every request, and the request goes to that address
+    (the URL's name kept as Host): a name that resolved to a public address when the settings were read and
+    to loopback when the checkpoint is sent (DNS rebinding) is not contacted; a name the operator allows
+    reaches the real witness through the address it was checked at."""
+    port = int(witness_url.rsplit(":", 1)[1])
+    url = f"http://witness.test:{port}"
+    answers = [["93.184.216.34"]]  # the first answer; every later one is loopback
+
+    def rebinding(host: str) -> list[str]:
+        return answers.pop() if answers else ["127.0.0.1"]
+
+    settings = Settings(checkpoint_witnesses=(url,))
+    settings.check_witnesses(resolve=rebinding)  # public when checked: accepted
+    rebound = HttpWitness(url, token=TOKEN, rule=settings.witness_rule(), guard=OutboundGuard(rebinding))
+    runs_with_steps(store, 1)
+    cp = publish_checkpoint(SqlAuditReads(store), tmp_path / "cps", witnesses=[rebound])
+    [(name, error)] = cp.witnessed
+    assert name == url and error is not None and "not contacted" in error and "127.0.0.1" in error
+    with pytest.raises(WitnessError, match="not contacted"):
+        rebound.checkpoints(store.database_id())
+
+    allowed = HttpWitness(url, token=TOKEN, rule=OutboundRule.parse(["witness.test"]),
+                          guard=OutboundGuard(lambda host: ["127.0.0.1"]))
+    assert allowed.checkpoints(store.database_id()) == []  # nothing reached the witness before
+    runs_with_steps(store, 1)
+    kept = publish_checkpoint(SqlAuditReads(store), tmp_path / "cps", witnesses=[allowed])
+    assert kept.witnessed == ((url, None),)
+    assert [d["tree_size"] for d in allowed.checkpoints(store.database_id())] == [kept.tree_size]

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-import socket
 import threading
 import time
 import urllib.parse
@@ -28,13 +27,14 @@ from standardwebhooks import Webhook
 
 from harness.domain.outbound import (
     PUBLIC_ONLY,
-    Address,
     OutboundGuard,
     OutboundRefusedError,
     OutboundRule,
     OutboundUnresolvedError,
+    pinned,
 )
 from harness.domain.webhooks import SendOutcome
+from harness.settings import system_resolver
 
 if TYPE_CHECKING:
     import httpx
@@ -43,24 +43,6 @@ USER_AGENT = "harness-kernel-webhooks/1"
 log = logging.getLogger("harness.webhooks")
 #: the category of a send that was not made because the target is an address the tenant may not reach
 REFUSED_TARGET = "refused: the address is not allowed"
-
-
-def system_resolver(host: str) -> list[str]:
-    """The addresses the system resolver gives `host` (OSError when it gives none)."""
-    return [str(info[4][0]) for info in socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)]
-
-
-def pinned(url: str, address: Address) -> tuple[str, dict[str, str], dict[str, str]]:
-    """`url` addressed to `address`, with the Host header and the TLS server name that keep the URL's own
-    name: the URL to request, the headers and the request extensions."""
-    parts = urllib.parse.urlsplit(url)
-    host = parts.hostname or ""
-    literal = f"[{address}]" if address.version == 6 else str(address)
-    netloc = literal if parts.port is None else f"{literal}:{parts.port}"
-    named = f"[{host}]" if ":" in host else host
-    host_header = named if parts.port is None else f"{named}:{parts.port}"
-    extensions = {"sni_hostname": host} if parts.scheme == "https" else {}
-    return urllib.parse.urlunsplit(parts._replace(netloc=netloc)), {"host": host_header}, extensions
 
 
 def signed_headers(secret: str, message_id: str, body: str, at: float) -> dict[str, str]:

@@ -26,6 +26,7 @@ from harness.audit.checkpoint_files import Checkpoint, latest_checkpoint
 from harness.audit.keys import CheckpointError
 from harness.audit.places import checkpoint_dir
 from harness.audit.witness import Witness, open_witness
+from harness.domain.outbound import OutboundRule
 from harness.ports.audit import ChainReads
 from harness.ports.signer import Signer
 
@@ -56,10 +57,10 @@ class CheckpointPublisher:
     @classmethod
     def from_settings(cls, store: ChainReads, interval_s: float, directory: Path | None,
                       witnesses: Sequence[str], *, wait_first: bool = False,
-                      signer: Signer | None = None) -> CheckpointPublisher:
+                      signer: Signer | None = None, rule: OutboundRule | None = None) -> CheckpointPublisher:
         """A publisher as the settings describe it."""
         return cls(store, interval_s=interval_s, directory=directory,
-                   witnesses=[open_witness(w) for w in witnesses], wait_first=wait_first, signer=signer)
+                   witnesses=[open_witness(w, rule) for w in witnesses], wait_first=wait_first, signer=signer)
 
     def folder(self) -> Path:
         """Where this database's checkpoints go."""

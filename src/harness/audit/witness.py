@@ -21,6 +21,7 @@ import contextlib
 import fcntl
 import os
 import re
+import urllib.parse
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +46,8 @@ from harness.audit.formats import (
 )
 from harness.audit.keys import CheckpointError
 from harness.audit.places import TOKEN_ENV, WITNESS_ENV
+from harness.domain.outbound import OutboundGuard, OutboundRefusedError, OutboundRule, OutboundUnresolvedError, pinned
+from harness.settings import WITNESS_ALLOW_INTERNAL_ENV, WITNESS_REMEDY, system_resolver
 
 if TYPE_CHECKING:
     import httpx
@@ -241,24 +244,47 @@ class DirectoryWitness:
 
 
 class HttpWitness:
-    """A client of a witness served over HTTP (`harness witness serve`, harness.audit.witness_server)."""
+    """A client of a witness served over HTTP (`harness witness serve`, harness.audit.witness_server).
+
+    Every request goes to an address the witness's host resolves to at that moment and `rule` allows (the
+    outbound rule of callbacks: public addresses only, unless the operator allows internal ones), and is
+    sent to that address with the URL's own name as Host and TLS server name: a name that resolves to an
+    allowed address when checked and to an internal one when connected (DNS rebinding) is refused."""
 
     def __init__(self, url: str, *, token: str | None = None, timeout_s: float = 10.0,
-                 transport: httpx.BaseTransport | None = None) -> None:
+                 transport: httpx.BaseTransport | None = None, rule: OutboundRule | None = None,
+                 guard: OutboundGuard | None = None) -> None:
+        """`rule` defaults to what HARNESS_WITNESS_ALLOW_INTERNAL allows (public addresses only when unset)."""
         self.name = url.rstrip("/")
         token = token if token is not None else os.environ.get(TOKEN_ENV)
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.rule = rule if rule is not None else witness_rule()
+        self.guard = guard or OutboundGuard(system_resolver, remedy=WITNESS_REMEDY)
         import httpx  # loaded by the processes that talk to an HTTP witness only
 
-        self._client = httpx.Client(base_url=self.name, timeout=timeout_s, headers=headers, transport=transport)
+        self._client = httpx.Client(timeout=timeout_s, follow_redirects=False, transport=transport)
 
-    def _get(self, path: str) -> httpx.Response | None:
+    def _request(self, method: str, path: str, body: dict[str, Any] | None = None) -> httpx.Response:
+        """`method` `path` on the witness, at an address its rule allows; WitnessError when there is none or
+        the witness cannot be reached."""
         import httpx
 
+        host = urllib.parse.urlsplit(self.name).hostname or ""
         try:
-            response = self._client.get(path)
+            address = self.guard.addresses(host, self.rule)[0]
+        except OutboundRefusedError as exc:
+            raise WitnessError(f"witness {self.name} not contacted: {exc}") from None
+        except OutboundUnresolvedError:
+            raise WitnessError(f"witness {self.name} is unreachable: its host {host!r} does not resolve") from None
+        url, headers, extensions = pinned(self.name + path, address)
+        try:
+            return self._client.request(method, url, json=body, headers={**self._headers, **headers},
+                                        extensions=extensions)
         except httpx.HTTPError as exc:
             raise WitnessError(f"witness {self.name} is unreachable: {exc}") from None
+
+    def _get(self, path: str) -> httpx.Response | None:
+        response = self._request("GET", path)
         if response.status_code == 404:
             return None
         if response.status_code != 200:
@@ -280,12 +306,7 @@ class HttpWitness:
     def submit(self, database_id: str, checkpoint: dict[str, Any], public_key_pem: str | None,
                consistency: dict[str, Any] | None) -> Receipt:
         body = {"checkpoint": checkpoint, "public_key": public_key_pem, "consistency": consistency}
-        import httpx
-
-        try:
-            response = self._client.post(f"/v1/{database_id}/checkpoints", json=body)
-        except httpx.HTTPError as exc:
-            raise WitnessError(f"witness {self.name} is unreachable: {exc}") from None
+        response = self._request("POST", f"/v1/{database_id}/checkpoints", body)
         if response.status_code in (200, 201):
             answer = response.json()
             return Receipt(int(answer["serial"]), bool(answer.get("duplicate")))
@@ -302,17 +323,26 @@ class HttpWitness:
         self._client.close()
 
 
-def open_witness(spec: str) -> Witness:
-    """The witness a setting names: an http(s) URL, else a directory."""
+def witness_rule(allow: Sequence[str] | None = None) -> OutboundRule:
+    """What an HTTP witness may reach: public addresses, and the internal ones `allow` names (default: those
+    HARNESS_WITNESS_ALLOW_INTERNAL names, comma-separated)."""
+    if allow is None:
+        allow = [a.strip() for a in os.environ.get(WITNESS_ALLOW_INTERNAL_ENV, "").split(",") if a.strip()]
+    return OutboundRule.parse(allow)
+
+
+def open_witness(spec: str, rule: OutboundRule | None = None) -> Witness:
+    """The witness a setting names: an http(s) URL (reaching what `rule` allows), else a directory."""
     if spec.startswith(("http://", "https://")):
-        return HttpWitness(spec)
+        return HttpWitness(spec, rule=rule)
     return DirectoryWitness(Path(spec).expanduser())
 
 
-def configured_witnesses(options: Sequence[str] | None = None) -> list[Witness]:
+def configured_witnesses(options: Sequence[str] | None = None,
+                         rule: OutboundRule | None = None) -> list[Witness]:
     """The witnesses given as options, else those HARNESS_CHECKPOINT_WITNESS names (comma-separated)."""
     specs = list(options or []) or [s.strip() for s in os.environ.get(WITNESS_ENV, "").split(",")]
-    return [open_witness(s) for s in specs if s]
+    return [open_witness(s, rule) for s in specs if s]
 
 
 def verified_docs(witness: Witness, database_id: str) -> list[dict[str, Any]]:

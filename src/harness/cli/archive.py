@@ -67,7 +67,8 @@ def archive(
     store = open_store(db)
     directory = checkpoint_dir(checkpoint_dir_, store.database_id())
     archiver = Archiver(archive_rows(store), open_segment_store(to, s3_endpoint), directory, policy=policy,
-                        witnesses=configured_witnesses(witness), signer=checkpoint_signer(settings))
+                        witnesses=configured_witnesses(witness, settings.witness_rule()),
+                        signer=checkpoint_signer(settings))
     if dry_run:
         due = archiver.choose(limit)
         emit({"due": due, "policy": policy.describe()}) if json_ else screen().print(

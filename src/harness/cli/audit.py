@@ -75,8 +75,9 @@ def _witnesses(options: list[str] | None) -> list[Witness]:
     from harness.audit.witness import configured_witnesses
     from harness.config import Settings
 
-    Settings.from_env().check_witnesses(options or ())  # HARNESS_CHECKPOINT_WITNESS is checked by from_env
-    return configured_witnesses(options)
+    settings = Settings.from_env()
+    settings.check_witnesses(options or ())  # HARNESS_CHECKPOINT_WITNESS is checked by from_env
+    return configured_witnesses(options, settings.witness_rule())
 
 
 def _print_verify(report: ChainReport) -> None:

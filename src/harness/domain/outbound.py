@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ipaddress
 import socket
+import urllib.parse
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -184,3 +185,15 @@ def _unique(addresses: Iterable[Address | None]) -> list[Address]:
             seen.append(address)
     return seen
 
+
+def pinned(url: str, address: Address) -> tuple[str, dict[str, str], dict[str, str]]:
+    """`url` addressed to `address`, with the Host header and the TLS server name that keep the URL's own
+    name: the URL to request, the headers and the request extensions."""
+    parts = urllib.parse.urlsplit(url)
+    host = parts.hostname or ""
+    literal = f"[{address}]" if address.version == 6 else str(address)
+    netloc = literal if parts.port is None else f"{literal}:{parts.port}"
+    named = f"[{host}]" if ":" in host else host
+    host_header = named if parts.port is None else f"{named}:{parts.port}"
+    extensions = {"sni_hostname": host} if parts.scheme == "https" else {}
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc)), {"host": host_header}, extensions

@@ -45,7 +45,8 @@ def _checkpoint_publisher(runtime: Runtime) -> CheckpointPublisher:
     """The service's checkpoint publisher: its first checkpoint one interval after it starts."""
     s = runtime.settings
     return CheckpointPublisher.from_settings(audit_reads(runtime.store), s.checkpoint_interval_s, s.checkpoint_dir,
-                                             s.checkpoint_witnesses, wait_first=True, signer=checkpoint_signer(s))
+                                             s.checkpoint_witnesses, wait_first=True, signer=checkpoint_signer(s),
+                                             rule=s.witness_rule())
 
 
 class Admission:
@@ -83,7 +84,8 @@ class EmbeddedWorker:
         #: archives final Runs past the retention period (HARNESS_RETENTION_DAYS) every archive interval
         self.archiver = ScheduledArchiver(archiver_factory(runtime.store, runtime.settings.checkpoint_dir,
                                                            runtime.settings.checkpoint_witnesses,
-                                                           checkpoint_signer(runtime.settings)))
+                                                           checkpoint_signer(runtime.settings),
+                                                           runtime.settings.witness_rule()))
 
     # ------------------------------------------------------------------ lifecycle
 

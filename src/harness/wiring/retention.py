@@ -11,6 +11,7 @@ from harness.adapters.sql.erasure import ErasureStore
 from harness.adapters.sql.retention import RetentionStore
 from harness.audit.places import checkpoint_dir
 from harness.audit.witness import Witness, open_witness
+from harness.domain.outbound import OutboundRule
 from harness.retention import storage
 from harness.retention.archiver import Archiver
 from harness.retention.erase import EraseReport
@@ -56,18 +57,19 @@ def read_location(location: str, endpoint: str | None = None) -> bytes:
 
 def make_archiver(store: SqlStore, directory: Path | None, witnesses: Sequence[str],
                   policy: RetentionPolicy | None = None, segments: SegmentStore | None = None,
-                  signer: Signer | None = None) -> Archiver:
+                  signer: Signer | None = None, rule: OutboundRule | None = None) -> Archiver:
     """An archiver as the settings describe it (HARNESS_ARCHIVE_URL, the checkpoint directory, the signer)."""
-    ws: list[Witness] = [open_witness(w) for w in witnesses]
+    ws: list[Witness] = [open_witness(w, rule) for w in witnesses]
     return Archiver(RetentionStore(store), segments or open_segment_store(),
                     directory or checkpoint_dir(None, store.database_id()),
                     policy=policy or RetentionPolicy.from_env(), witnesses=ws, signer=signer)
 
 
 def archiver_factory(store: SqlStore, directory: Path | None,
-                     witnesses: Sequence[str], signer: Signer | None = None) -> ArchiverFactory:
+                     witnesses: Sequence[str], signer: Signer | None = None,
+                     rule: OutboundRule | None = None) -> ArchiverFactory:
     """Makes the archiver of each scheduled pass (the segment store is opened per pass, from the settings)."""
-    return lambda policy: make_archiver(store, directory, witnesses, policy, signer=signer)
+    return lambda policy: make_archiver(store, directory, witnesses, policy, signer=signer, rule=rule)
 
 
 def erase_user(store: SqlStore, tenant_id: str, user_id: str, *, salt: bytes | None = None,
