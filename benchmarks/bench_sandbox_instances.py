@@ -21,14 +21,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harness.adapters.sandbox import BwrapSandbox
-from harness.adapters.sandbox.bwrap import unavailable_reason
+from harness.adapters.sandbox.bwrap import BwrapSandbox, unavailable_reason
 from harness.adapters.sandbox.instance import stop
 from harness.adapters.sandbox.workdirs import Workdirs
-from harness.adapters.sql.sandbox_instances import RELEASED
 from harness.adapters.sql.store import SqlStore
-from harness.domain.sandbox import Holder, SandboxJob
-from harness.pipeline.sandbox_pool import PoolSettings, SandboxPool
+from harness.domain.sandbox import RELEASED, Holder, PoolSettings, SandboxJob
+from harness.pipeline.sandbox_pool import SandboxPool
 
 CODE = "def noop(args, ctx):\n    return {'n': args.get('n', 0)}\n"
 

@@ -24,8 +24,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from harness.adapters.sandbox import BwrapSandbox, RlimitSandbox, Workdirs, select_sandbox
-from harness.adapters.sandbox.bwrap import unavailable_reason
+from harness.adapters.sandbox import select_sandbox
+from harness.adapters.sandbox.bwrap import BwrapSandbox, unavailable_reason
+from harness.adapters.sandbox.rlimit import RlimitSandbox
+from harness.adapters.sandbox.workdirs import Workdirs
 from harness.domain.contracts import CallerIdentity
 from harness.pipeline.tool_controller import ToolController
 from harness.ports import Sandbox

@@ -35,12 +35,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from harness.domain.errors import BadInputError
 from harness.examples.support import EXAMPLE_DIR
-from harness.pipeline.context_assembler import PLAN_FORMAT, system_prompt_for
+from harness.pipeline.context_assembler import system_prompt_for
 from harness.settings import AGENT_REFERENCE
 from harness.skills.decorated import CodeSkill
 from harness.yamlfile import read_yaml
 
-__all__ = ["PLAN_FORMAT", "Agent", "load_agent", "support_agent", "system_prompt"]
+__all__ = ["Agent", "load_agent", "support_agent", "system_prompt"]
 
 def system_prompt(instructions: str) -> str:
     """The system prompt for an agent with these instructions."""

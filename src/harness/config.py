@@ -18,7 +18,7 @@ from harness import settings as _settings
 from harness.adapters.change_feed import LocalChangeFeed
 from harness.adapters.llm.pricing import PricingTable
 from harness.adapters.llm.resilient import GuardedProvider
-from harness.adapters.sandbox import Workdirs
+from harness.adapters.sandbox.workdirs import Workdirs
 from harness.adapters.sql.approvals import SqlApprovals
 from harness.adapters.sql.knowledge import SqlKnowledgeRows
 from harness.adapters.sql.leases import Leases
@@ -35,7 +35,7 @@ from harness.domain.contracts import RunResult
 from harness.domain.errors import InvalidRequestError
 from harness.drive.leased import LeasedDrive, default_owner
 from harness.drive.state_machine import Listener, StateMachine
-from harness.kernel import FINAL, RunState
+from harness.kernel.states import FINAL, RunState
 from harness.knowledge.base import DEFAULT_KB, KnowledgeBase, open_knowledge
 from harness.memory.store import open_memory
 from harness.memory.writeback import MemoryWriteBack

@@ -8,7 +8,7 @@ import time
 
 from fastapi.testclient import TestClient
 
-from harness.adapters.sandbox import RlimitSandbox
+from harness.adapters.sandbox.rlimit import RlimitSandbox
 from harness.config import Runtime
 from harness.domain.sandbox import SandboxJob
 from tests.acceptance.api_helpers import (  # noqa: F401 - fixtures

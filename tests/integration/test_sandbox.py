@@ -19,8 +19,10 @@ from typing import Any, Literal
 import pytest
 import yaml
 
-from harness.adapters.sandbox import RlimitSandbox, Workdirs, select_sandbox
+from harness.adapters.sandbox import select_sandbox
 from harness.adapters.sandbox.bwrap import identity_for, unavailable_reason
+from harness.adapters.sandbox.rlimit import RlimitSandbox
+from harness.adapters.sandbox.workdirs import Workdirs
 from harness.clock import FakeClock
 from harness.config import Runtime, Settings, build_runtime
 from harness.domain.contracts import CallerIdentity

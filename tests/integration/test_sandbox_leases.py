@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.adapters.sandbox import RlimitSandbox
 from harness.adapters.sandbox.instance import alive
+from harness.adapters.sandbox.rlimit import RlimitSandbox
 from harness.clock import FakeClock
 from harness.config import Runtime, build_runtime
 from harness.domain.sandbox import DEAD, LIVE, RELEASED, Holder, PoolSettings, SandboxJob

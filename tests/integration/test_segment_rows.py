@@ -16,7 +16,7 @@ import pytest
 
 from harness.clock import FakeClock
 from harness.config import Runtime
-from harness.policy.identity import CallerIdentity
+from harness.domain.contracts import CallerIdentity
 from harness.retention.archiver import Archiver
 from harness.retention.policy import DAY_S, RetentionPolicy
 from harness.retention.storage import LocalSegmentStore

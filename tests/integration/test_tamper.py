@@ -15,11 +15,12 @@ from harness.adapters.sql.audit_reads import SqlAuditReads
 from harness.adapters.sql.schema import digest_bytes
 from harness.adapters.sql.store import SqlStore
 from harness.audit.checkpoint import publish_checkpoint
-from harness.audit.verify import ChainReport, verify_chain
+from harness.audit.verify import verify_chain
+from harness.domain.audit import ChainReport
 from harness.domain.chain import GENESIS_HASH, record_hash
 from harness.domain.records import NewRun, StoredTraceRecord, TraceRecordIn
 from harness.drive.state_machine import StateMachine
-from harness.kernel import RunState
+from harness.kernel.states import RunState
 
 S = RunState
 APPEND_ONLY = ("transitions", "audit_events", "trace_records")

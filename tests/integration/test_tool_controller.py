@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 import yaml
 
-from harness.adapters.sandbox import Workdirs, select_sandbox
+from harness.adapters.sandbox import select_sandbox
+from harness.adapters.sandbox.workdirs import Workdirs
 from harness.clock import FakeClock
 from harness.config import Runtime, Settings, build_runtime
 from harness.domain.contracts import CallerIdentity

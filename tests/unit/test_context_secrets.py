@@ -7,8 +7,9 @@ from collections.abc import Iterable
 import pytest
 
 from harness.context.errors import SecretFilterError
+from harness.context.library_secrets import DetectSecretsDetector
 from harness.context.prose_secrets import ProseDetector
-from harness.context.secrets import PLACEHOLDER, DetectSecretsDetector, PatternDetector, SecretFilter, Span
+from harness.context.secrets import PLACEHOLDER, PatternDetector, SecretFilter, Span
 
 #: (name, text as it might appear in a conversation, the part that must never reach a model)
 CANARIES: tuple[tuple[str, str, str], ...] = (

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from harness.adapters.llm.scripted import ScriptedProvider
-from harness.adapters.sandbox import Workdirs
+from harness.adapters.sandbox.workdirs import Workdirs
 from harness.adapters.sql.approvals import SqlApprovals
 from harness.adapters.sql.ledger import CostLedger
 from harness.adapters.sql.run_writes import SqlRunWrites
@@ -23,7 +23,7 @@ from harness.domain.contracts import CallerIdentity, RunRequest
 from harness.domain.records import NewRun, RunRecord
 from harness.domain.traces import step_entries
 from harness.drive.state_machine import StateMachine
-from harness.kernel import RunState
+from harness.kernel.states import RunState
 from harness.pipeline.context_assembler import ContextAssembler
 from harness.pipeline.gatekeeper import PolicyEngine
 from harness.pipeline.plan_orchestrator import PlanOrchestrator

@@ -28,7 +28,7 @@ from mcp.shared.exceptions import MCPError
 from harness.pipeline import waits
 from harness.ports.mcp import Listing, McpError, Target
 
-__all__ = ["Listing", "McpClient", "McpConnection", "McpError", "McpLoop", "Target"]
+__all__ = ["McpClient", "McpConnection", "McpLoop"]
 
 class McpLoop:
     """The event loop every MCP connection of a process runs on, on a daemon thread started at first use."""

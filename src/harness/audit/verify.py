@@ -25,7 +25,7 @@ from harness.domain.chain import GENESIS_HASH, record_bytes, record_hash
 from harness.domain.records import StoredTraceRecord
 from harness.ports.audit import AuditReads
 
-__all__ = ["ChainReport", "Problem", "verify_chain"]
+__all__ = ["verify_chain"]
 
 #: how far from its current seq a moved record's original seq is searched, to tell "reordered" from "edited"
 _MOVE_WINDOW = 64

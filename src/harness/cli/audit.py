@@ -20,8 +20,8 @@ from harness.cli.support import EXIT_CHECK_FAILED, DbOption, JsonOption, cli_err
 if TYPE_CHECKING:
     from harness.audit.checkpoint_files import Checkpoint
     from harness.audit.reconcile import ReconcileReport
-    from harness.audit.verify import ChainReport
     from harness.audit.witness import Witness
+    from harness.domain.audit import ChainReport
     from harness.stores import Store
 
 P = ParamSpec("P")

@@ -253,12 +253,3 @@ class SecretFilter:
 def _inside(placeholders: list[tuple[int, int]], start: int, end: int) -> bool:
     at = bisect.bisect_right(placeholders, (start, len(placeholders) and 1 << 62)) - 1
     return at >= 0 and placeholders[at][0] <= start and end <= placeholders[at][1]
-
-
-def __getattr__(name: str) -> Any:
-    """The library's detector, importable from here as before, loaded on first use."""
-    if name == "DetectSecretsDetector":
-        from harness.context.library_secrets import DetectSecretsDetector
-
-        return DetectSecretsDetector
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from harness.context.compression import compress, key_tokens
 from harness.context.errors import CompressionRefusedError, ScopeViolationError
 from harness.context.secrets import SecretFilter
-from harness.context.tokenizer import MESSAGE_OVERHEAD, ApproxTokenizer, BpeTokenizer, Tokenizer
+from harness.context.tokenizer import MESSAGE_OVERHEAD, BpeTokenizer, Tokenizer
 from harness.domain.chain import canonical_json
 from harness.domain.contracts import AssembledContext, GivenChunk, Message, RunRequest
 from harness.domain.errors import ContextError
@@ -38,8 +38,7 @@ from harness.knowledge.scope import KnowledgeScope
 from harness.memory.scope import MemoryScope, scope_of
 from harness.memory.store import MemoryStore
 
-__all__ = ["DEFAULT_SYSTEM_PROMPT", "GENERIC_INSTRUCTIONS", "PLAN_FORMAT", "ApproxTokenizer", "ContextAssembler",
-           "Tokenizer", "system_prompt_for"]
+__all__ = ["DEFAULT_SYSTEM_PROMPT", "GENERIC_INSTRUCTIONS", "PLAN_FORMAT", "ContextAssembler", "system_prompt_for"]
 
 #: how the model answers: harness's side of the system prompt, after the agent's instructions
 PLAN_FORMAT = (

@@ -4,13 +4,14 @@ move; and, before a decision is recorded, whether this process can drive what it
 
 from __future__ import annotations
 
+from harness.domain.approvals import HitlRequest
 from harness.domain.contracts import CallerIdentity
 from harness.domain.errors import InvalidRequestError, SkillsUnavailableError
 from harness.domain.records import TransitionResult
 from harness.domain.traces import HITLTrace, step_trace
 from harness.drive.state_machine import StateMachine
 from harness.pipeline.run_core import S, trace_records
-from harness.policy.hitl import Decision, HitlDesk, HitlRequest
+from harness.policy.hitl import Decision, HitlDesk
 from harness.ports import Tx
 from harness.ports.runs import RunStore, RunWrites
 from harness.skills.manifests import SkillRegistry

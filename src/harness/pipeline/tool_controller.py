@@ -67,8 +67,7 @@ from harness.ports.segments import SegmentStore
 from harness.ports.workdirs import Workdirs
 from harness.skills.manifests import Skill, SkillContext, SkillRegistry
 
-__all__ = ["CallResult", "RetryableSkillError", "StepTimeoutError", "ToolCallError", "ToolController",
-           "error_code", "is_retryable"]
+__all__ = ["CallResult", "ToolController", "error_code", "is_retryable"]
 
 
 def is_retryable(exc: BaseException) -> bool:

@@ -28,13 +28,13 @@ from harness.domain.ids import ordered_id
 from harness.domain.plans import Plan
 from harness.domain.records import TransitionResult
 from harness.domain.traces import HITLTrace
-from harness.kernel import RunState
+from harness.kernel.states import RunState
 from harness.policy.config import Hitl, Level
 from harness.ports import Clock, Tx
 from harness.ports.approvals import ApprovalRows
 
-__all__ = ["BREAK_GLASS_ROLE", "Decision", "Expiry", "HitlDesk", "HitlRequest", "InsertHook", "Mover",
-           "UnknownRequestError", "actions_hash", "plan_actions"]
+__all__ = ["BREAK_GLASS_ROLE", "Decision", "Expiry", "HitlDesk", "InsertHook", "Mover", "UnknownRequestError",
+           "actions_hash", "plan_actions"]
 
 BREAK_GLASS_ROLE = "break_glass"
 #: runs inside the transaction that inserts an approval request: (transaction, request, escalated_from);

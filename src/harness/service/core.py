@@ -7,10 +7,11 @@ from dataclasses import dataclass, field
 from fastapi import Request
 
 from harness.config import Runtime
+from harness.domain.approvals import HitlRequest
 from harness.domain.errors import UnknownRunError
 from harness.domain.records import RunRecord
 from harness.domain.retention import ArchivedRun
-from harness.policy.hitl import HitlRequest, UnknownRequestError
+from harness.policy.hitl import UnknownRequestError
 from harness.service.auth import Authenticator, Principal
 from harness.service.errors import ApiError, not_found
 from harness.service.metrics import Metrics

@@ -7,16 +7,16 @@ from typing import Any
 
 from harness.audit.places import checkpoint_dir
 from harness.config import Runtime
+from harness.domain.approvals import HitlRequest
 from harness.domain.contracts import effects_of
 from harness.domain.errors import UnknownRunError
 from harness.domain.feed import RunRow
 from harness.domain.records import RunRecord, StoredTraceRecord
 from harness.domain.retention import ArchivedRun
-from harness.kernel import FINAL, RunState, job_status
-from harness.kernel.states import PHASE_OF
+from harness.kernel.projection import job_status
+from harness.kernel.states import FINAL, PHASE_OF, RunState
 from harness.pipeline import trace_groups
 from harness.pipeline.artifacts import files_of, streams_of
-from harness.policy.hitl import HitlRequest
 from harness.retention import readback
 from harness.service import schemas
 from harness.service.errors import ApiError

@@ -52,8 +52,8 @@ from harness.skills import entrypoints
 from harness.skills.entrypoints import Entrypoint
 from harness.yamlfile import read_yaml
 
-__all__ = ["BreakerSettings", "Entrypoint", "Limits", "Manifest", "RetryPolicy", "Skill", "SkillContext",
-           "SkillFn", "SkillRegistry", "SkillSource", "load_manifest"]
+__all__ = ["BreakerSettings", "Manifest", "RetryPolicy", "Skill", "SkillContext", "SkillFn", "SkillRegistry",
+           "SkillSource", "load_manifest"]
 
 
 class RetryPolicy(BaseModel):

@@ -6,7 +6,3 @@ change (`notifier`). Delivery processes send the queued events signed in the Sta
 retry them with exponential backoff and end them delivered or dead (`delivery`). The endpoints, their
 signing secrets and the retry schedule are configuration (`config`).
 """
-
-from harness.webhooks.config import WebhookConfig, load_webhook_config
-
-__all__ = ["WebhookConfig", "load_webhook_config"]

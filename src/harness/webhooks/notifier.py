@@ -19,13 +19,13 @@ from typing import TYPE_CHECKING, Any
 from harness.domain.contracts import Notification, NotificationType, RunRequest, RunResult, effects_of
 from harness.domain.ids import ordered_id
 from harness.domain.webhooks import OutgoingEvent
-from harness.kernel import FINAL, RunState
+from harness.kernel.states import FINAL, RunState
 from harness.ports import ResultSink, Tx
 from harness.ports.webhooks import WebhookQueue
 from harness.webhooks.config import WebhookConfig
 
 if TYPE_CHECKING:
-    from harness.policy.hitl import HitlRequest
+    from harness.domain.approvals import HitlRequest
 
 S = RunState
 #: how the approval levels (SPEC G2) read as a risk to someone outside

@@ -8,12 +8,10 @@ from typing import Literal
 
 from harness.adapters.sandbox.bwrap import BwrapSandbox, unavailable_reason
 from harness.adapters.sandbox.rlimit import RlimitSandbox
-from harness.adapters.sandbox.workdirs import Workdirs
 from harness.domain.errors import InvalidRequestError
-from harness.domain.sandbox import SandboxJob, SandboxOutcome
 from harness.ports import Sandbox
 
-__all__ = ["BwrapSandbox", "RlimitSandbox", "SandboxJob", "SandboxOutcome", "Workdirs", "select_sandbox"]
+__all__ = ["select_sandbox"]
 
 log = logging.getLogger("harness.sandbox")
 SandboxMode = Literal["auto", "bwrap", "rlimit"]

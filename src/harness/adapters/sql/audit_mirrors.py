@@ -17,10 +17,10 @@ import sqlalchemy as sa
 from harness.adapters.sql import schema as t
 from harness.adapters.sql.retention_schema import erased_runs
 from harness.adapters.sql.store import SqlStore
-from harness.audit.row_check import MIRRORED, Record, RowChecker, audit_rows, check_archived_run, check_run, parsed
+from harness.audit.row_check import MIRRORED, Record, RowChecker, audit_rows, check_run, parsed
 from harness.domain.audit import ChainReport
 
-__all__ = ["check_archived_run", "check_rows"]
+__all__ = ["check_rows"]
 
 _ROW_TABLES = (t.transitions, t.audit_events, t.costs, t.hitl_requests, t.hitl_decisions)
 

@@ -22,9 +22,7 @@ from harness.adapters.sql.database import connection_of
 from harness.adapters.sql.raw import statements_for
 from harness.adapters.sql.store import SqlStore
 from harness.domain.sandbox import (
-    DEAD,
     LIVE,
-    RELEASED,
     Capacity,
     Claim,
     InstanceRow,
@@ -34,8 +32,7 @@ from harness.domain.sandbox import (
 from harness.ports import Clock, Tx
 
 #: the domain's names, importable from here as before
-__all__ = ["DEAD", "LIVE", "RELEASED", "Capacity", "Claim", "InstanceRow", "InstanceTable", "PoolUse",
-           "ShortageError", "instance_id_of"]
+__all__ = ["InstanceTable", "instance_id_of"]
 
 instances, leases = t.sandbox_instances, t.sandbox_leases
 _RACE_RETRIES = 8
