@@ -42,7 +42,9 @@ from harness.adapters.sql.store import SqlStore
 from harness.domain.chain import GENESIS_HASH, record_hash
 from harness.domain.records import NewRun
 from harness.drive.state_machine import StateMachine
-from harness.kernel import RunState, audit_events_for, job_status
+from harness.kernel.events import audit_events_for
+from harness.kernel.projection import job_status
+from harness.kernel.states import RunState
 
 S = RunState
 PATH = [S.PREPARING, S.PLANNING, S.POLICY_CHECK, S.EXECUTING, S.TRACING]

@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict
 from harness.agents import Agent, load_agent
 from harness.config import Runtime, Settings, build_runtime
 from harness.domain.contracts import Message, RunResult
-from harness.kernel import FINAL, RunState
+from harness.kernel.states import FINAL, RunState
 from harness.pipeline import waits
 from harness.ports import Clock, LLMProvider
 from harness.ports.changes import ChangeWaiter

@@ -31,7 +31,7 @@ from harness.domain.errors import DatabaseUnavailableError, SkillsElsewhereError
 from harness.domain.ids import ordered_id
 from harness.drive.sweeper import ZombieSweeper
 from harness.drive.worker import RunWorker
-from harness.kernel import RunState
+from harness.kernel.states import RunState
 from harness.pipeline.drive_loop import DriveLoop
 from harness.retention.policy import RetentionPolicy
 from harness.retention.scheduled import archive_once

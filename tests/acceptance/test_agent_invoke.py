@@ -22,7 +22,7 @@ from harness.domain.contracts import CallerIdentity, RunResult
 from harness.domain.errors import InvalidRequestError
 from harness.domain.records import RunRecord
 from harness.drive.sweeper import ZombieSweeper
-from harness.kernel import RunState
+from harness.kernel.states import RunState
 from harness.kernel.thresholds import Thresholds
 from tests.acceptance.agent_skills import TESTER, agent_settings
 from tests.acceptance.api_helpers import make_client

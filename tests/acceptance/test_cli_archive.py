@@ -18,7 +18,7 @@ from harness.cli import app
 from harness.clock import FakeClock
 from harness.domain.records import NewRun
 from harness.drive.state_machine import StateMachine
-from harness.kernel import RunState
+from harness.kernel.states import RunState
 from harness.retention.policy import DAY_S
 
 S = RunState

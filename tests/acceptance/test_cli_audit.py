@@ -14,7 +14,7 @@ from harness.audit import standalone
 from harness.cli import app
 from harness.domain.records import NewRun
 from harness.drive.state_machine import StateMachine
-from harness.kernel import RunState
+from harness.kernel.states import RunState
 
 S = RunState
 

@@ -19,7 +19,7 @@ from harness.adapters.sql.store import SqlStore
 from harness.clock import FakeClock
 from harness.domain.records import NewRun
 from harness.domain.traces import CostTrace
-from harness.kernel import FINAL
+from harness.kernel.states import FINAL
 
 from .test_console_browser import ARGS, ARTIFACTS, CHROMIUM, _sign_in, playwright_api
 from .test_console_browser import server as _server_fixture

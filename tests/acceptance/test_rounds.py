@@ -15,7 +15,7 @@ from harness.config import Runtime, Settings, build_runtime
 from harness.domain.contracts import CallerIdentity
 from harness.domain.llm import LLMRequest, LLMResponse
 from harness.domain.traces import policy_verdicts
-from harness.kernel import RunState
+from harness.kernel.states import RunState
 from harness.replay.runner import replay
 
 from .checks import assert_audit_clean, trace_kinds

@@ -21,7 +21,7 @@ from harness.domain.chain import canonical_json, record_hash
 from harness.domain.ids import ordered_id
 from harness.domain.records import NewRun
 from harness.drive.state_machine import StateMachine
-from harness.kernel import RunState
+from harness.kernel.states import RunState
 
 S = RunState
 SUCCESS = (S.PREPARING, S.PLANNING, S.POLICY_CHECK, S.EXECUTING, S.TRACING)

@@ -11,7 +11,7 @@ from harness.audit.publisher import CheckpointPublisher
 from harness.clock import FakeClock
 from harness.domain.records import NewRun
 from harness.drive.state_machine import StateMachine
-from harness.kernel import RunState as S
+from harness.kernel.states import RunState as S
 
 
 def grow(store: SqlStore) -> None:

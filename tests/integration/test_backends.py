@@ -27,7 +27,7 @@ from harness.config import Settings, build_runtime
 from harness.domain.chain import canonical_json
 from harness.domain.contracts import CallerIdentity
 from harness.domain.records import NewRun, TraceRecordIn
-from harness.kernel import RunState
+from harness.kernel.states import RunState
 
 from ..acceptance.checks import assert_audit_clean
 from ..conftest import FIXTURES

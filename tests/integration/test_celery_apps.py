@@ -12,7 +12,7 @@ import pytest
 from harness.adapters.sql.store import SqlStore
 from harness.clock import SystemClock
 from harness.domain.records import NewRun
-from harness.kernel import RunState
+from harness.kernel.states import RunState
 
 S = RunState
 TASKS = ("harness.drive", "harness.sweep", "harness.webhooks.deliver", "harness.checkpoint", "harness.archive")

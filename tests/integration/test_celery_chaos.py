@@ -27,7 +27,7 @@ from harness.adapters.sql.reconcile_reads import SqlReconcileReads
 from harness.audit.reconcile import reconcile
 from harness.audit.verify import verify_chain
 from harness.config import Settings, build_runtime
-from harness.kernel import FINAL
+from harness.kernel.states import FINAL
 
 from ..conftest import FIXTURES
 

@@ -22,7 +22,7 @@ import pytest
 
 from harness.audit.verify import verify_chain
 from harness.config import Settings, build_runtime
-from harness.kernel import FINAL
+from harness.kernel.states import FINAL
 from harness.stores import audit_reads
 from tests.fakes.slow_model import SlowModel
 

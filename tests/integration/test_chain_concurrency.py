@@ -15,7 +15,7 @@ from harness.adapters.sql import schema as t
 from harness.adapters.sql.store import SqlStore
 from harness.domain.records import NewRun, TraceRecordIn
 from harness.drive.state_machine import StateMachine
-from harness.kernel import FINAL, RunState
+from harness.kernel.states import FINAL, RunState
 from tests.integration.test_races import (
     assert_chain_intact,
     assert_runs_consistent,

@@ -15,7 +15,7 @@ from harness.adapters.sql import schema as t
 from harness.adapters.sql.store import SqlStore
 from harness.clock import FakeClock
 from harness.domain.records import NewRun
-from harness.kernel import RunState
+from harness.kernel.states import RunState
 from harness.service.sse import ChangeHub, change_stream
 from harness.stores import read_model
 

@@ -29,7 +29,7 @@ from harness.audit.standalone import verify_consistency, verify_export, verify_s
 from harness.domain.chain import record_hash
 from harness.domain.records import NewRun
 from harness.drive.state_machine import StateMachine
-from harness.kernel import RunState
+from harness.kernel.states import RunState
 from tests.integration.test_tamper import rebuild_chain
 
 S = RunState

@@ -35,7 +35,7 @@ from harness.clock import FakeClock
 from harness.domain.chain import GENESIS_HASH, record_hash
 from harness.domain.records import NewRun, TraceRecordIn
 from harness.drive.state_machine import StateMachine
-from harness.kernel import RunState as S
+from harness.kernel.states import RunState as S
 
 from .test_checkpoint_export import SUCCESS, drive, key_of
 from .test_tamper_rows import drop_append_only

@@ -25,7 +25,7 @@ import sqlalchemy as sa
 from harness.adapters.sql import schema as t
 from harness.config import Runtime, build_runtime
 from harness.drive.worker import RunWorker
-from harness.kernel import RunState
+from harness.kernel.states import RunState
 from tests.acceptance.agent_skills import FIXTURES, TESTER, agent_settings
 from tests.acceptance.checks import assert_audit_clean
 

@@ -21,7 +21,7 @@ from harness.audit.verify import verify_chain
 from harness.config import Runtime, Settings, build_runtime
 from harness.domain.errors import InvalidRequestError
 from harness.drive.worker import RunWorker
-from harness.kernel import RunState
+from harness.kernel.states import RunState
 from tests.integration.test_worker import _kill_during_call, calls, settings
 
 TESS = {"tenant_id": "t1", "user_id": "tess", "roles": ["tester"]}

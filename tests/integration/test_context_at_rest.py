@@ -22,7 +22,7 @@ from harness.domain.chain import canonical_json
 from harness.domain.errors import StoreError
 from harness.domain.records import NewRun, TraceRecordIn
 from harness.drive.state_machine import StateMachine
-from harness.kernel import RunState as S
+from harness.kernel.states import RunState as S
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "fixtures" / "bench_rules.yaml"
 #: a context over the packing size: the shape of a finished Run's (plan, steps, pinned manifests)

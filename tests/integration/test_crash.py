@@ -21,7 +21,8 @@ from harness.adapters.sql import schema as t
 from harness.adapters.sql.store import SqlStore
 from harness.domain.records import NewRun, TraceRecordIn
 from harness.drive.state_machine import StateMachine
-from harness.kernel import FINAL, TRANSIENT, RunState, targets_from
+from harness.kernel.states import FINAL, TRANSIENT, RunState
+from harness.kernel.transitions import targets_from
 from tests.integration.test_races import (
     assert_chain_intact,
     assert_runs_consistent,

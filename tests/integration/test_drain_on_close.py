@@ -13,7 +13,7 @@ from harness.audit.verify import verify_chain
 from harness.clock import FakeClock
 from harness.domain.records import NewRun
 from harness.drive.state_machine import StateMachine
-from harness.kernel import RunState
+from harness.kernel.states import RunState
 
 S = RunState
 

@@ -22,7 +22,7 @@ from harness.config import Runtime
 from harness.domain.errors import CancelRefusedError
 from harness.domain.records import TraceRecordIn
 from harness.drive.state_machine import StateMachine
-from harness.kernel import RunState as S
+from harness.kernel.states import RunState as S
 
 from .test_checkpoint_export import SUCCESS, drive
 

@@ -24,7 +24,7 @@ from harness.domain.records import NewRun
 from harness.drive.leased import Fence, Heartbeats
 from harness.drive.state_machine import StateMachine
 from harness.drive.worker import RunWorker
-from harness.kernel import RunState
+from harness.kernel.states import RunState
 from harness.pipeline import waits
 from harness.pipeline.waits import Lane
 from tests.integration.test_child_runs import eventually

@@ -23,7 +23,7 @@ from harness.domain.errors import BacklogFullError, InvalidRequestError
 from harness.domain.ids import ordered_id
 from harness.drive.sweeper import ZombieSweeper
 from harness.drive.worker import RunWorker
-from harness.kernel import RunState
+from harness.kernel.states import RunState
 
 from ..conftest import FIXTURES
 

@@ -26,7 +26,10 @@ from harness.adapters.sql.store import SqlStore
 from harness.domain.chain import GENESIS_HASH, record_hash
 from harness.domain.records import NewRun
 from harness.drive.state_machine import StateMachine
-from harness.kernel import FINAL, FINAL_EVENT, LEGAL, RunState, job_status
+from harness.kernel.events import FINAL_EVENT
+from harness.kernel.projection import job_status
+from harness.kernel.states import FINAL, RunState
+from harness.kernel.transitions import LEGAL
 
 pytestmark = pytest.mark.slow
 #: SQLite here; test_races_servers.py runs these tests on PostgreSQL and MariaDB

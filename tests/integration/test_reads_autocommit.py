@@ -12,7 +12,7 @@ from harness.adapters.sql.store import SqlStore
 from harness.clock import FakeClock
 from harness.domain.records import NewRun
 from harness.drive.state_machine import StateMachine
-from harness.kernel import RunState
+from harness.kernel.states import RunState
 
 BACKENDS = ("postgresql",)
 

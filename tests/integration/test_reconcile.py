@@ -8,7 +8,7 @@ from harness.adapters.sql.reconcile_reads import SqlReconcileReads
 from harness.adapters.sql.store import SqlStore
 from harness.audit.reconcile import ReconcileReport, reconcile
 from harness.drive.state_machine import StateMachine
-from harness.kernel import RunState
+from harness.kernel.states import RunState
 from tests.integration.test_tamper import drive, raw
 
 S = RunState

@@ -29,7 +29,7 @@ from harness.clock import FakeClock
 from harness.config import Settings, build_runtime
 from harness.domain.errors import InvalidRequestError
 from harness.domain.records import PendingRecord, TraceRecordIn
-from harness.kernel import FINAL, RunState
+from harness.kernel.states import FINAL, RunState
 
 from ..conftest import FIXTURES
 from .conftest import require_service, wait_for_port

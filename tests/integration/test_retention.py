@@ -25,7 +25,7 @@ from harness.audit.verify import verify_chain
 from harness.clock import FakeClock
 from harness.domain.errors import UnknownRunError
 from harness.drive.state_machine import StateMachine
-from harness.kernel import RunState
+from harness.kernel.states import RunState
 from harness.retention.archiver import Archiver
 from harness.retention.policy import DAY_S, RetentionPolicy
 from harness.retention.readback import read_back

@@ -20,7 +20,7 @@ from harness.clock import FakeClock
 from harness.domain.records import NewRun
 from harness.domain.traces import CostTrace
 from harness.drive.state_machine import StateMachine
-from harness.kernel import RunState
+from harness.kernel.states import RunState
 from harness.retention.archiver import Archiver
 from harness.retention.policy import DAY_S, RetentionPolicy
 from harness.retention.storage import LocalSegmentStore

@@ -27,7 +27,7 @@ from harness.adapters.sql import schema as t
 from harness.config import Runtime, Settings, build_runtime
 from harness.domain.errors import InvalidRequestError
 from harness.domain.sandbox import DEAD, LIVE, RELEASED, Holder, InstanceRow, SandboxJob
-from harness.kernel import RunState
+from harness.kernel.states import RunState
 from harness.pipeline.sandbox_pool import SandboxUnavailableError
 from tests.acceptance.agent_skills import TESTER
 from tests.acceptance.checks import assert_audit_clean

@@ -35,7 +35,7 @@ from harness.adapters.sql import schema as t
 from harness.adapters.sql.reconcile_reads import SqlReconcileReads
 from harness.adapters.sql.store import SqlStore
 from harness.audit.reconcile import reconcile
-from harness.kernel import FINAL
+from harness.kernel.states import FINAL
 
 from ..conftest import FIXTURES
 

@@ -19,7 +19,7 @@ from harness.adapters.sql.store import SqlStore
 from harness.clock import FakeClock, SystemClock
 from harness.config import Settings, build_runtime
 from harness.domain.records import NewRun
-from harness.kernel import RunState
+from harness.kernel.states import RunState
 from harness.service.worker import EmbeddedWorker
 
 S = RunState

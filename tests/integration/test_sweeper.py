@@ -18,7 +18,7 @@ from harness.domain.errors import InvalidRequestError
 from harness.domain.records import NewRun
 from harness.drive.state_machine import StateMachine
 from harness.drive.sweeper import ZombieSweeper
-from harness.kernel import FINAL, RunState
+from harness.kernel.states import FINAL, RunState
 from harness.kernel.thresholds import DEFAULT, SWEEP_INTERVAL_S
 
 S = RunState

@@ -19,8 +19,8 @@ from harness.config import Runtime, Settings, build_runtime
 from harness.domain.records import NewRun
 from harness.drive.state_machine import StateMachine
 from harness.drive.sweeper import ZombieSweeper
-from harness.kernel import RunState
 from harness.kernel.events import RUN_REQUEUED
+from harness.kernel.states import RunState
 from harness.kernel.thresholds import DEFAULT
 from harness.policy.config import Hitl, PolicyFile
 

@@ -17,7 +17,7 @@ from harness.domain.contracts import CallerIdentity
 from harness.domain.errors import BadInputError
 from harness.domain.records import NewRun
 from harness.drive.sweeper import ZombieSweeper
-from harness.kernel import RunState
+from harness.kernel.states import RunState
 from tests.fakes.webhook_receiver import WebhookReceiver
 
 from .webhook_setup import webhook_runtime, write_config

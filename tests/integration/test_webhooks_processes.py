@@ -23,7 +23,7 @@ from harness.adapters.webhook_http import WebhookSender
 from harness.clock import FakeClock
 from harness.domain.ids import ordered_id
 from harness.domain.webhooks import OutgoingEvent
-from harness.kernel import FINAL
+from harness.kernel.states import FINAL
 from harness.webhooks.config import load_webhook_config
 from harness.webhooks.delivery import WebhookDispatcher
 from tests.fakes.webhook_receiver import Got, read_log, start_process

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from harness.cli import app
 from harness.config import Runtime, Settings, build_runtime
 from harness.drive.state_machine import StateMachine
-from harness.kernel import RunState
+from harness.kernel.states import RunState
 
 S = RunState
 TESTER = {"tenant_id": "t1", "user_id": "tess", "roles": ["tester"]}

@@ -13,7 +13,7 @@ from pathlib import Path
 from harness.clock import FakeClock
 from harness.config import Runtime, Settings, build_runtime
 from harness.drive.worker import RunWorker
-from harness.kernel import RunState
+from harness.kernel.states import RunState
 
 from ..conftest import FIXTURES
 

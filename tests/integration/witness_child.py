@@ -12,7 +12,7 @@ from harness.audit.witness import DirectoryWitness
 from harness.clock import FakeClock
 from harness.domain.records import NewRun, TraceRecordIn
 from harness.drive.state_machine import StateMachine
-from harness.kernel import RunState as S
+from harness.kernel.states import RunState as S
 
 
 def publisher(url: str, witness_dir: str, local: str, barrier: Any, out: str) -> None:

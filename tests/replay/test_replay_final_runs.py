@@ -29,7 +29,7 @@ from harness.config import Runtime, Settings, build_runtime
 from harness.domain.contracts import CallerIdentity
 from harness.drive.sweeper import ZombieSweeper
 from harness.drive.worker import RunWorker
-from harness.kernel import RunState
+from harness.kernel.states import RunState
 from harness.replay.runner import replay
 from tests.acceptance.agent_skills import agent_settings
 from tests.integration.conftest import backend_url, pytest_generate_tests, servers

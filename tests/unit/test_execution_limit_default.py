@@ -7,7 +7,7 @@ import ast
 import inspect
 from pathlib import Path
 
-from harness.kernel import RunState
+from harness.kernel.states import RunState
 from harness.kernel.thresholds import DEFAULT_EXECUTION_LIMIT_S, Thresholds
 from harness.pipeline.run_manager import RunManager
 from harness.settings import Settings

@@ -12,24 +12,17 @@ from itertools import pairwise
 
 import pytest
 
-from harness.kernel import (
-    FINAL,
-    FINAL_EVENT,
+from harness.kernel.events import FINAL_EVENT, audit_events_for
+from harness.kernel.projection import JobStatus, job_status
+from harness.kernel.states import FINAL, NON_FINAL, TRANSIENT, CloseReason, RunState, is_final
+from harness.kernel.transitions import (
     LEGAL,
-    NON_FINAL,
     TABLE,
-    TRANSIENT,
-    CloseReason,
-    JobStatus,
-    RunState,
-    audit_events_for,
     automatic_next,
     close_reason_on_entry,
     exit_reasons,
     final_state_for,
-    is_final,
     is_legal,
-    job_status,
     keeps_close_reason,
     targets_from,
 )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from harness.adapters.sql.run_rows import created_record, documents, new_run_row, transition_row
 from harness.domain.records import UNSET, NewRun
-from harness.kernel import RunState
+from harness.kernel.states import RunState
 
 
 def test_a_new_run_row_names_the_optional_columns_only_when_given() -> None:

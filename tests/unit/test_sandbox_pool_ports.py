@@ -27,7 +27,7 @@ from harness.domain.sandbox import (
     ShortageError,
 )
 from harness.domain.traces import CostTrace
-from harness.kernel import RunState
+from harness.kernel.states import RunState
 from harness.pipeline.sandbox_pool import SandboxPool, SandboxUnavailableError
 from harness.ports import Tx
 

@@ -37,7 +37,10 @@ from harness.domain.chain import GENESIS_HASH, record_hash
 from harness.domain.errors import InvalidTransitionError
 from harness.domain.records import NewRun
 from harness.drive.state_machine import StateMachine
-from harness.kernel import FINAL, FINAL_EVENT, LEGAL, TRANSIENT, RunState, job_status, targets_from
+from harness.kernel.events import FINAL_EVENT
+from harness.kernel.projection import job_status
+from harness.kernel.states import FINAL, TRANSIENT, RunState
+from harness.kernel.transitions import LEGAL, targets_from
 
 S = RunState
 SETTINGS = settings(

@@ -18,7 +18,7 @@ from harness.clock import FakeClock
 from harness.domain.errors import InvalidTransitionError, UnknownRunError
 from harness.domain.records import NewRun
 from harness.drive.state_machine import StateMachine
-from harness.kernel import RunState
+from harness.kernel.states import RunState
 
 S = RunState
 TO_TRACING = [

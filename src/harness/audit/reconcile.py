@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from harness.kernel import FINAL_EVENT
+from harness.kernel.events import FINAL_EVENT
 from harness.ports.audit import ReconcileReads, ReconcileSnapshot
 
 #: how far (relative, plus as much in absolute USD) a spend total may stray from its costs' sum: the same

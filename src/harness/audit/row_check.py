@@ -24,8 +24,10 @@ from harness.audit import commitment, mirror_records
 from harness.domain.audit import ChainReport, Problem
 from harness.domain.chain import canonical_json, content_hash
 from harness.domain.records import RUN_TRACE
-from harness.kernel import FINAL, CloseReason, RunState, close_reason_on_entry, job_status
 from harness.kernel.events import RUN_CREATED
+from harness.kernel.projection import job_status
+from harness.kernel.states import FINAL, CloseReason, RunState
+from harness.kernel.transitions import close_reason_on_entry
 
 MIRRORED = ("transition", "audit", "cost", RUN_TRACE, mirror_records.HITL_REQUEST, mirror_records.HITL_DECISION)
 #: payload keys whose column is named otherwise

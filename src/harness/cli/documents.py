@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from harness.kernel import RunState
+from harness.kernel.states import RunState
 
 if TYPE_CHECKING:
     from harness.stores import Store

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from harness.cli.support import DbOption, JsonOption, agent_reference, emit, fail, screen
-from harness.kernel import FINAL, RunState
+from harness.kernel.states import FINAL, RunState
 from harness.timefmt import deadline_reason, human, iso
 
 if TYPE_CHECKING:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from harness.kernel import RunState
+from harness.kernel.states import RunState
 
 
 @dataclass(frozen=True)

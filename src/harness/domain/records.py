@@ -7,8 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from harness.domain.ids import ordered_id
-from harness.kernel import RunState
-from harness.kernel.states import CloseReason
+from harness.kernel.states import CloseReason, RunState
 
 #: "not given" for a transition's context and result (None means: clear it)
 UNSET: Any = object()

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from harness.domain.contracts import RunResult
 from harness.domain.leases import Lease, Standing
 from harness.drive.state_machine import StateMachine
-from harness.kernel import FINAL, NOTHING_TO_DRIVE, RunState
+from harness.kernel.states import FINAL, NOTHING_TO_DRIVE, RunState
 from harness.pipeline import waits
 from harness.pipeline.run_manager import RunManager
 from harness.ports.leases import RunLeases, RunLookup

@@ -13,7 +13,8 @@ from typing import Any
 from harness.audit.commitment import RUN_TRACE_VERSION
 from harness.domain.chain import content_hash
 from harness.domain.records import RUN_TRACE, UNSET, RunRecord, TraceRecordIn, TransitionResult, TransitionRow
-from harness.kernel import FINAL, TRANSIENT, CloseReason, RunState, automatic_next, final_state_for
+from harness.kernel.states import FINAL, TRANSIENT, CloseReason, RunState
+from harness.kernel.transitions import automatic_next, final_state_for
 from harness.ports import Tx
 from harness.ports.transitions import TransitionStore
 

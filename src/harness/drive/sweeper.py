@@ -38,9 +38,10 @@ from typing import Literal
 
 from harness.domain.records import StuckRun
 from harness.drive.state_machine import StateMachine
-from harness.kernel import TRANSIENT, RunState, final_state_for
 from harness.kernel.events import RUN_REQUEUED
+from harness.kernel.states import TRANSIENT, RunState
 from harness.kernel.thresholds import DEFAULT, Thresholds
+from harness.kernel.transitions import final_state_for
 from harness.pipeline.queue import close_not_started
 from harness.ports.runs import RunStore
 

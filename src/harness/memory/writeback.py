@@ -18,7 +18,7 @@ from typing import Any
 from harness.domain.chain import content_hash
 from harness.domain.records import RunRecord, TraceRecordIn
 from harness.domain.traces import error_trace
-from harness.kernel import RunState
+from harness.kernel.states import RunState
 from harness.memory.scope import ScopeLevel
 from harness.memory.store import MemoryStore, NewMemory
 

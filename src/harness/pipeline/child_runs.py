@@ -38,7 +38,7 @@ from harness.domain.errors import UnknownRunError
 from harness.domain.leases import Lease
 from harness.domain.records import RunRecord, TraceRecordIn
 from harness.drive.state_machine import StateMachine
-from harness.kernel import FINAL, RunState
+from harness.kernel.states import FINAL, RunState
 from harness.pipeline import waits
 from harness.pipeline.tool_kinds import ChildWait
 from harness.ports import Fence

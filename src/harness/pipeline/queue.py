@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING
 
 from harness.domain.errors import BacklogFullError, InvalidRequestError
 from harness.drive.state_machine import StateMachine
-from harness.kernel import RunState
 from harness.kernel.events import RUN_NOT_STARTED
+from harness.kernel.states import RunState
 from harness.ports.runs import RunStore
 from harness.timefmt import iso
 

@@ -22,8 +22,8 @@ from harness.domain.llm import LLMRequest
 from harness.domain.records import RunRecord, TraceRecordIn
 from harness.domain.traces import TraceModel, error_trace, step_trace
 from harness.drive.state_machine import StateMachine
-from harness.kernel import FINAL, TRANSIENT, RunState
 from harness.kernel.events import LOST_RACE
+from harness.kernel.states import FINAL, TRANSIENT, RunState
 from harness.pipeline.call_budget import CallBudget
 from harness.pipeline.context_assembler import ContextAssembler
 from harness.policy.hitl import HitlDesk

@@ -34,7 +34,7 @@ from harness.domain.limits import RequestLimits
 from harness.domain.records import NewRun, RunRecord
 from harness.domain.traces import error_trace, step_trace
 from harness.drive.state_machine import StateMachine
-from harness.kernel import TRANSIENT
+from harness.kernel.states import TRANSIENT
 from harness.kernel.thresholds import DEFAULT_EXECUTION_LIMIT_S
 from harness.pipeline.call_budget import CallBudget
 from harness.pipeline.child_runs import ChildRuns

@@ -41,7 +41,7 @@ from harness.domain.sandbox import (
     ShortageError,
 )
 from harness.domain.traces import CostTrace
-from harness.kernel import RunState
+from harness.kernel.states import RunState
 from harness.ports import Clock, Sandbox, Tx
 from harness.ports.ledger import CostBook
 from harness.ports.sandboxes import InstanceProcesses, SandboxInstances

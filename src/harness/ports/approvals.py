@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from harness.domain.approvals import HitlRequest
     from harness.domain.records import TraceRecordIn
-    from harness.kernel import RunState
+    from harness.kernel.states import RunState
     from harness.ports import Clock, Tx
 
 

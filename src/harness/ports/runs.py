@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from harness.domain.records import NewRun, QueuedRun, RunRecord, StuckRun, TraceRecordIn, TransitionRow
     from harness.domain.traces import CostTrace
-    from harness.kernel import RunState
+    from harness.kernel.states import RunState
     from harness.ports import Clock, Tx
 
 

@@ -10,7 +10,7 @@ from harness.domain.records import UNSET
 
 if TYPE_CHECKING:
     from harness.domain.records import RunRecord, TraceRecordIn, TransitionResult, TransitionRow
-    from harness.kernel import RunState
+    from harness.kernel.states import RunState
     from harness.ports import TraceBuffer, Tx
 
 

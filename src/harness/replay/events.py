@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Literal
 from harness.clock import FakeClock
 from harness.domain.contracts import RunRequest
 from harness.drive.sweeper import SWEEPER, ZombieSweeper
-from harness.kernel import FINAL, RunState
+from harness.kernel.states import FINAL, RunState
 from harness.pipeline.queue import START_DEADLINE, close_not_started, start_deadline
 from harness.ports.queries import RunHistory
 

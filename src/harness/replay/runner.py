@@ -42,7 +42,7 @@ from harness.config import Runtime, Settings, build_runtime
 from harness.domain.contracts import RunRequest
 from harness.domain.errors import BadInputError
 from harness.domain.recorded import RecordedDecision
-from harness.kernel import FINAL, RunState
+from harness.kernel.states import FINAL, RunState
 from harness.knowledge.base import RecordedSearch
 from harness.pipeline.tool_controller import ToolController
 from harness.replay.events import OutsideEvents, ReplayStopped, WorkerDied, move_to, outside_events

@@ -22,7 +22,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from harness.config import Runtime, Settings, build_runtime
-from harness.kernel import RunState
+from harness.kernel.states import RunState
 from harness.policy.identity import IdentityDirectory
 from harness.service import entrances, errors
 from harness.service.auth import Authenticator, SessionSigner

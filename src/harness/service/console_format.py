@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from harness.domain.traces import policy_verdicts
-from harness.kernel import FINAL, RunState
 from harness.kernel.projection import job_status
+from harness.kernel.states import FINAL, RunState
 from harness.timefmt import parse_deadline_reason
 
 S = RunState

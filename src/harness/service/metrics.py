@@ -17,7 +17,7 @@ from prometheus_client.registry import Collector
 
 from harness.config import Runtime
 from harness.domain.sandbox import PoolSettings
-from harness.kernel import FINAL, RunState
+from harness.kernel.states import FINAL, RunState
 from harness.kernel.thresholds import DEFAULT, Thresholds
 from harness.pipeline.waits import Lane
 from harness.stores import cost_ledger, sandbox_instances, webhook_outbox

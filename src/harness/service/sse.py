@@ -18,7 +18,8 @@ from typing import Any
 from starlette.concurrency import run_in_threadpool
 
 from harness.domain.feed import Change
-from harness.kernel import RunState, is_final, job_status
+from harness.kernel.projection import job_status
+from harness.kernel.states import RunState, is_final
 from harness.ports.changes import ChangeFeed, ChangeWaiter
 from harness.ports.queries import ReadModel
 from harness.stores import DatabaseError, is_outage

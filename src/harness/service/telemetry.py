@@ -34,7 +34,7 @@ from opentelemetry.trace import NonRecordingSpan, Span, SpanContext, StatusCode,
 from harness.config import Runtime
 from harness.domain.errors import InvalidRequestError, ProviderError
 from harness.domain.llm import LLMRequest, LLMResponse
-from harness.kernel import FINAL, RunState
+from harness.kernel.states import FINAL, RunState
 from harness.pipeline.tool_controller import CallResult
 from harness.ports import LLMProvider
 from harness.skills.manifests import Skill

@@ -22,7 +22,7 @@ from harness.audit import mirror_records
 from harness.domain.approvals import ApprovalConflictError, HitlRequest
 from harness.domain.chain import canonical_json
 from harness.domain.records import TraceRecordIn
-from harness.kernel import RunState
+from harness.kernel.states import RunState
 from harness.ports import Clock, Tx
 
 r = t.hitl_requests

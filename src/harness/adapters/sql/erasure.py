@@ -49,7 +49,7 @@ from harness.audit import merkle
 from harness.domain.chain import canonical_json, record_bytes
 from harness.domain.errors import StoreError
 from harness.domain.retention import LiveErasure, hashes_in, redacted_payload, swap_ids
-from harness.kernel import FINAL
+from harness.kernel.states import FINAL
 
 USER_ERASED = "user_erased"
 _FINAL = sorted(s.value for s in FINAL)

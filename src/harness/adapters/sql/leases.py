@@ -20,8 +20,8 @@ from harness.adapters.sql.raw import statements_for
 from harness.adapters.sql.store import SqlStore
 from harness.domain.errors import UnknownRunError
 from harness.domain.leases import Lease, Standing
-from harness.kernel import NOTHING_TO_DRIVE, RunState
 from harness.kernel.events import LEASE_TAKEN_OVER
+from harness.kernel.states import NOTHING_TO_DRIVE, RunState
 
 b = sa.bindparam
 

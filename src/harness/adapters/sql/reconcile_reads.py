@@ -18,8 +18,9 @@ from harness.adapters.sql.ledger import TENANT_TOTAL, descendants
 from harness.adapters.sql.retention_schema import archived_costs
 from harness.adapters.sql.store import SqlStore
 from harness.audit.reconcile import SPEND_TOLERANCE
-from harness.kernel import FINAL, FINAL_EVENT
+from harness.kernel.events import FINAL_EVENT
 from harness.kernel.projection import PROJECTION
+from harness.kernel.states import FINAL
 
 _FINAL_STATES = sorted(s.value for s in FINAL)
 _FINAL_EVENTS = sorted(FINAL_EVENT.values())

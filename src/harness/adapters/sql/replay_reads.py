@@ -12,7 +12,7 @@ from harness.adapters.sql.blobs import BlobStore
 from harness.adapters.sql.ledger import recount_totals
 from harness.adapters.sql.store import SqlStore
 from harness.domain.recorded import RecordedDecision
-from harness.kernel import RunState
+from harness.kernel.states import RunState
 
 
 class ReplayReads:

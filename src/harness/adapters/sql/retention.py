@@ -32,7 +32,7 @@ from harness.adapters.sql.store_base import stored_record
 from harness.domain.errors import StoreError
 from harness.domain.records import StoredTraceRecord
 from harness.domain.retention import ARCHIVE_SEGMENT, ArchivedRun, PruneResult
-from harness.kernel import FINAL
+from harness.kernel.states import FINAL
 
 RUNS_PRUNED = "runs_pruned"
 #: the tables whose rows of a Run the segment carries (as read back by `--from-archive`) and prune deletes

@@ -15,7 +15,7 @@ from harness.adapters.sql import schema as t
 from harness.adapters.sql.store import SqlStore
 from harness.domain.feed import Change, RunRow
 from harness.domain.records import RunRecord
-from harness.kernel import RunState
+from harness.kernel.states import RunState
 from harness.kernel.thresholds import DEFAULT, Thresholds
 
 

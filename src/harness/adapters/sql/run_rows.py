@@ -10,7 +10,7 @@ from typing import Any
 from harness.adapters.sql.documents import encode_context
 from harness.domain.chain import canonical_json
 from harness.domain.records import UNSET, NewRun, RunRecord
-from harness.kernel import RunState
+from harness.kernel.states import RunState
 
 
 def new_run_row(new: NewRun, now: float, request: str) -> dict[str, Any]:

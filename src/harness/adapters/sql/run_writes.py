@@ -20,7 +20,7 @@ from harness.adapters.sql.ledger import CostLedger
 from harness.adapters.sql.store import SqlStore
 from harness.domain.records import TraceRecordIn
 from harness.domain.traces import CostTrace
-from harness.kernel import RunState
+from harness.kernel.states import RunState
 from harness.ports import Tx
 
 

@@ -23,10 +23,7 @@ from harness.domain.records import (
     StoredTraceRecord,
     TransitionRow,
 )
-from harness.kernel import (
-    RunState,
-)
-from harness.kernel.states import CloseReason
+from harness.kernel.states import CloseReason, RunState
 from harness.ports import Clock, TraceBuffer
 
 

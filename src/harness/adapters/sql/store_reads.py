@@ -26,10 +26,7 @@ from harness.domain.records import (
     StuckRun,
     TransitionRow,
 )
-from harness.kernel import (
-    FINAL,
-    RunState,
-)
+from harness.kernel.states import FINAL, RunState
 
 #: Runs in one state unchanged since a cutoff, oldest first
 _STUCK = (

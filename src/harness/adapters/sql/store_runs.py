@@ -32,18 +32,16 @@ from harness.domain.records import (
     TraceRecordIn,
     TransitionResult,
 )
-from harness.kernel import (
-    RunState,
-    audit_events_for,
+from harness.kernel.events import ILLEGAL_TRANSITION, LOST_RACE, audit_events_for
+from harness.kernel.projection import job_status
+from harness.kernel.states import CloseReason, RunState
+from harness.kernel.transitions import (
     close_reason_on_entry,
     exit_reasons,
     final_state_for,
     is_legal,
-    job_status,
     keeps_close_reason,
 )
-from harness.kernel.events import ILLEGAL_TRANSITION, LOST_RACE
-from harness.kernel.states import CloseReason
 from harness.ports import Tx
 
 

@@ -15,7 +15,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 
 from harness.domain.traces import policy_passed, policy_verdicts
-from harness.kernel import FINAL, RunState
+from harness.kernel.states import FINAL, RunState
 from harness.pipeline.artifacts import skipped_files_of
 from harness.pipeline.trace_groups import group_records
 from harness.policy.hitl import BREAK_GLASS_ROLE

@@ -9,7 +9,7 @@ from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from harness.domain.contracts import RunRequest
-from harness.kernel import RunState
+from harness.kernel.states import RunState
 from harness.service import views
 from harness.service.auth import OPERATOR_ROLES, Principal, principal
 from harness.service.bodies import CancelBody, CreateRunBody
