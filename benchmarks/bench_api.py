@@ -29,7 +29,8 @@ from typing import Any
 
 import httpx
 
-from harness.config import Settings, build_runtime
+from harness.config import build_runtime
+from harness.settings import Settings
 
 TASK = "Where is order A-1001?"
 KEY = {"X-API-Key": "demo-alice-key"}

@@ -36,7 +36,8 @@ FIVE_CALLS = {"steps": [
 
 
 def _runtime(folder: Path) -> Any:
-    from harness.config import Settings, build_runtime
+    from harness.config import build_runtime
+    from harness.settings import Settings
 
     os.environ["HARNESS_EXAMPLE_LEDGER"] = str(folder / "ledger.jsonl")
     return build_runtime(Settings(db=str(folder / "gk.db"), llm_rules=HERE / "fixtures" / "bench_rules.yaml",

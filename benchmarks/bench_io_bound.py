@@ -261,7 +261,8 @@ def run_celery(runs: int, origin: str, limit_s: float, concurrency: int | None) 
             os.environ.update(env)  # this process creates and queues the Runs, as celery_app.submit does
             try:
                 from harness.celery_app import make_app
-                from harness.config import Settings, build_runtime
+                from harness.config import build_runtime
+                from harness.settings import Settings
 
                 rt = build_runtime(Settings.from_env())  # migrates the fresh database
                 app = make_app(env["HARNESS_BROKER_URL"])

@@ -21,8 +21,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harness.config import Settings, build_runtime
+from harness.config import build_runtime
 from harness.local_model import LocalModelServer
+from harness.settings import Settings
 
 TASKS = (
     "Where is order A-1001?",

@@ -75,8 +75,9 @@ def _synchronous_of(conn: Any) -> str:
 
 def _harness(runs: int, folder: Path, hitl: bool, db_url: str | None = None, count: int = 0) -> list[float]:
     import harness
-    from harness.config import Settings, build_runtime
+    from harness.config import build_runtime
     from harness.examples.support import EXAMPLE_DIR
+    from harness.settings import Settings
 
     EFFECTIVE["source"] = str(Path(harness.__file__).resolve().parents[1])
     os.environ["HARNESS_EXAMPLE_LEDGER"] = str(folder / "ledger.jsonl")
@@ -518,7 +519,8 @@ def _peak_rss_kb() -> int:
 def harness_shape() -> dict[str, int]:
     """Trace records and transitions of one example-shaped harness Run (the floor does as many)."""
     with tempfile.TemporaryDirectory() as tmp:
-        from harness.config import Settings, build_runtime
+        from harness.config import build_runtime
+        from harness.settings import Settings
 
         os.environ["HARNESS_EXAMPLE_LEDGER"] = str(Path(tmp) / "ledger.jsonl")
         rt = build_runtime(Settings(db=str(Path(tmp) / "s.db"), llm_rules=HERE / "fixtures" / "bench_rules.yaml",

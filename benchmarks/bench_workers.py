@@ -104,7 +104,8 @@ def measure(workers: int, runs: int, warmup: int = 10, limit_s: float = 1800) ->
                    "HARNESS_EXAMPLE_LEDGER": str(Path(tmp) / "ledger.jsonl"), "HARNESS_DATA_DIR": tmp}
             os.environ.update(env)
             from harness.celery_app import make_app
-            from harness.config import Settings, build_runtime
+            from harness.config import build_runtime
+            from harness.settings import Settings
 
             rt = build_runtime(Settings.from_env())  # migrates the fresh database
             app = make_app(env["HARNESS_BROKER_URL"])

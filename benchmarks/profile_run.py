@@ -37,8 +37,9 @@ FRAME_OVERHEAD = 24
 
 def runtime(folder: Path, db_url: str | None = None) -> tuple[Any, Callable[[], None]]:
     """The benchmark's runtime and one Run of it (on `db_url` when given, else a SQLite file)."""
-    from harness.config import Settings, build_runtime
+    from harness.config import build_runtime
     from harness.examples.support import EXAMPLE_DIR
+    from harness.settings import Settings
 
     os.environ["HARNESS_EXAMPLE_LEDGER"] = str(folder / "ledger.jsonl")
     rt = build_runtime(Settings(db=db_url or str(folder / "bench.db"), llm_rules=HERE / "fixtures" / "bench_rules.yaml",

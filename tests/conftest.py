@@ -10,8 +10,9 @@ import pytest
 
 from harness.adapters.sql.store import SqlStore
 from harness.clock import FakeClock
-from harness.config import Runtime, Settings, build_runtime
+from harness.config import Runtime, build_runtime
 from harness.drive.state_machine import StateMachine
+from harness.settings import Settings
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 

@@ -25,12 +25,13 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ConfigDict
 
 from harness.agents import Agent, load_agent
-from harness.config import Runtime, Settings, build_runtime
+from harness.config import Runtime, build_runtime
 from harness.domain.contracts import Message, RunResult
 from harness.kernel.states import FINAL, RunState
 from harness.pipeline import waits
 from harness.ports import Clock, LLMProvider
 from harness.ports.changes import ChangeWaiter
+from harness.settings import Settings
 
 if TYPE_CHECKING:
     from harness.knowledge.base import KnowledgeBase

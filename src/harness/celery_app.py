@@ -26,7 +26,7 @@ from celery import Celery
 from celery.signals import worker_process_init, worker_process_shutdown, worker_shutting_down
 
 from harness.audit.publisher import CheckpointPublisher
-from harness.config import Runtime, Settings, build_runtime
+from harness.config import Runtime, build_runtime
 from harness.domain.errors import DatabaseUnavailableError, SkillsElsewhereError
 from harness.domain.ids import ordered_id
 from harness.drive.sweeper import ZombieSweeper
@@ -35,6 +35,7 @@ from harness.kernel.states import RunState
 from harness.pipeline.drive_loop import DriveLoop
 from harness.retention.policy import RetentionPolicy
 from harness.retention.scheduled import archive_once
+from harness.settings import Settings
 from harness.stores import audit_reads, is_outage
 from harness.wiring.retention import archiver_factory
 from harness.wiring.signer import checkpoint_signer

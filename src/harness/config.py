@@ -1,6 +1,6 @@
 """The composition root: one place that wires ports to adapters (SPEC D1).
 
-`build_runtime` builds a Runtime from Settings (harness.settings, importable from here as before), with
+`build_runtime` builds a Runtime from Settings (harness.settings), with
 what a Runtime needs besides the pipeline (the agent it runs, its MCP servers, knowledge bases and change
 feed). The factories of one family of ports each are in harness.wiring (the model, the sandbox, archive and
 erasure, the checkpoint signer); the store and the views over it in harness.stores.
@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from harness import settings as _settings
 from harness.adapters.change_feed import LocalChangeFeed
 from harness.adapters.llm.pricing import PricingTable
 from harness.adapters.llm.resilient import GuardedProvider
@@ -54,6 +53,7 @@ from harness.ports.changes import ChangeFeed
 from harness.ports.contents import StoredContents
 from harness.ports.leases import RunLeases
 from harness.ports.queries import ReadModel
+from harness.settings import Settings
 from harness.skills.manifests import SkillRegistry
 from harness.stores import read_model, stored_contents
 from harness.webhooks.config import WebhookConfig, load_webhook_config
@@ -67,11 +67,6 @@ if TYPE_CHECKING:
     from harness.ports.segments import SegmentStore
     from harness.skills.mcp import McpServers
     from harness.webhooks.delivery import WebhookDispatcher
-
-
-#: how a process is configured (harness.settings), importable from here as before
-Settings = _settings.Settings
-parse_port_range = _settings.parse_port_range
 
 
 @dataclass

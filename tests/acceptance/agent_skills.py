@@ -8,7 +8,7 @@ from typing import Any
 
 import yaml
 
-from harness.config import Settings
+from harness.settings import Settings
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 TESTER = {"tenant_id": "t1", "user_id": "tess", "roles": ["tester"]}

@@ -11,10 +11,11 @@ import pytest
 from fastapi.testclient import TestClient
 
 from harness.clock import FakeClock
-from harness.config import Runtime, Settings, build_runtime
+from harness.config import Runtime, build_runtime
 from harness.service.app import create_app
 from harness.service.settings import ServiceSettings
 from harness.service.telemetry import Telemetry
+from harness.settings import Settings
 
 REFUND_L2 = "Refund 42.50 EUR for order A-1001"  # self-confirm by the requester
 REFUND_L3 = "Refund 180 EUR for order A-1003"  # needs a support lead

@@ -17,13 +17,14 @@ from typer.testing import CliRunner
 
 from harness.cli import app as cli_app
 from harness.clock import FakeClock
-from harness.config import Runtime, Settings, build_runtime
+from harness.config import Runtime, build_runtime
 from harness.domain.contracts import CallerIdentity, RunResult
 from harness.domain.errors import InvalidRequestError
 from harness.domain.records import RunRecord
 from harness.drive.sweeper import ZombieSweeper
 from harness.kernel.states import RunState
 from harness.kernel.thresholds import Thresholds
+from harness.settings import Settings
 from tests.acceptance.agent_skills import TESTER, agent_settings
 from tests.acceptance.api_helpers import make_client
 

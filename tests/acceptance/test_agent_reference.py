@@ -22,8 +22,9 @@ from typer.testing import CliRunner, Result
 import harness as harness_pkg
 from harness import Harness
 from harness.cli import app
-from harness.config import Settings, build_runtime
+from harness.config import build_runtime
 from harness.domain.errors import SkillsUnavailableError
+from harness.settings import Settings
 from tests.acceptance.api_helpers import key, make_client
 from tests.fakes.ops_agent import TASK, ops, ops_changed
 

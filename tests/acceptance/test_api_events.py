@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from harness.config import Runtime, Settings, build_runtime
+from harness.config import Runtime, build_runtime
+from harness.settings import Settings
 from tests.acceptance.api_helpers import (  # noqa: F401 - fixtures
     ORDER_STATUS,
     REFUND_L3,

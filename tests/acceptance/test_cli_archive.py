@@ -109,7 +109,8 @@ def test_the_api_says_a_run_is_archived(old_runs: tuple[str, list[str], Path],
                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """GET /api/v1/runs/ID of an archived Run of the caller's tenant answers 410 with where it is; another
     tenant still gets 404."""
-    from harness.config import Settings, build_runtime
+    from harness.config import build_runtime
+    from harness.settings import Settings
     from tests.acceptance.api_helpers import key, make_client
 
     db, ids, tmp = old_runs
@@ -142,7 +143,8 @@ def test_the_api_reads_an_archived_run_back_checked(old_runs: tuple[str, list[st
     """GET /api/v1/runs/ID?from_archive=true answers the archived Run as its segment holds it, after checking
     the segment: the same path the live Run had; without the flag still 410; an unknown id, another tenant's
     Run or a never-archived id 404; a live Run answers as usual; the OpenAPI documents both bodies."""
-    from harness.config import Settings, build_runtime
+    from harness.config import build_runtime
+    from harness.settings import Settings
     from tests.acceptance.api_helpers import key, make_client
 
     db, ids, tmp = old_runs
@@ -180,7 +182,8 @@ def test_the_api_refuses_a_tampered_segment_on_read_back(old_runs: tuple[str, li
     """from_archive of a Run whose segment was cut, had a record edited, or had only a row edited (rows are
     not in the Merkle proof: they are checked against the proven records) answers 409 archive_unverified
     naming the problem, never the altered Run."""
-    from harness.config import Settings, build_runtime
+    from harness.config import build_runtime
+    from harness.settings import Settings
     from tests.acceptance.api_helpers import key, make_client
 
     db, ids, tmp = old_runs

@@ -24,9 +24,10 @@ from harness.adapters.llm.resilient import ProviderSettings
 from harness.adapters.llm.scripted import ScriptedProvider
 from harness.adapters.sql import schema as t
 from harness.clock import FakeClock
-from harness.config import Runtime, Settings, build_runtime
+from harness.config import Runtime, build_runtime
 from harness.domain.llm import LLMRequest, LLMResponse
 from harness.ports import LLMProvider
+from harness.settings import Settings
 from tests.fakes import openai_api as api
 from tests.fakes.server import ScriptedServer
 from tests.unit.test_context_secrets import CANARIES

@@ -21,9 +21,10 @@ from harness.adapters.sql.audit_reads import SqlAuditReads
 from harness.adapters.sql.reconcile_reads import SqlReconcileReads
 from harness.audit.reconcile import reconcile
 from harness.clock import FakeClock
-from harness.config import Runtime, Settings, build_runtime
+from harness.config import Runtime, build_runtime
 from harness.domain.records import TraceRecordIn
 from harness.domain.traces import cost_fields
+from harness.settings import Settings
 
 from .api_helpers import make_client
 

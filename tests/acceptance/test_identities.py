@@ -10,7 +10,8 @@ import pytest
 from typer.testing import CliRunner
 
 from harness.cli import app
-from harness.config import Runtime, Settings, build_runtime
+from harness.config import Runtime, build_runtime
+from harness.settings import Settings
 from tests.acceptance.api_helpers import ORDER_STATUS, REFUND_L3
 
 

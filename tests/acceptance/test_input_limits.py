@@ -15,8 +15,9 @@ from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
 from harness.adapters.sql import schema as t
-from harness.config import Runtime, Settings, build_runtime
+from harness.config import Runtime, build_runtime
 from harness.domain.limits import RequestLimits
+from harness.settings import Settings
 from tests.acceptance.api_helpers import (  # noqa: F401 - fixtures
     ORDER_STATUS,
     client_fixture,

@@ -129,7 +129,7 @@ def test_example_data_goes_to_the_data_directory_not_the_working_folder(demo: De
 
 def test_the_default_data_directory_is_the_users_data_folder(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """Without HARNESS_DATA_DIR the data directory is harness in $XDG_DATA_HOME (else ~/.local/share)."""
-    from harness.config import Settings
+    from harness.settings import Settings
 
     monkeypatch.delenv("HARNESS_DATA_DIR", raising=False)
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))

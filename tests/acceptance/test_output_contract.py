@@ -180,9 +180,10 @@ def test_the_api_gives_an_archived_runs_times_in_iso(archived: tuple[str, str, P
     """The 410 body of an archived Run names when it was created, closed and archived in ISO 8601, UTC."""
     from fastapi.testclient import TestClient
 
-    from harness.config import Settings, build_runtime
+    from harness.config import build_runtime
     from harness.service.app import create_app
     from harness.service.settings import ServiceSettings
+    from harness.settings import Settings
 
     db, run_id, folder = archived
     monkeypatch.chdir(folder)

@@ -17,8 +17,9 @@ from harness.adapters.sql import schema as t
 from harness.adapters.sql.store import SqlStore
 from harness.cli import app
 from harness.clock import FakeClock
-from harness.config import Settings, build_runtime
+from harness.config import build_runtime
 from harness.domain.records import NewRun
+from harness.settings import Settings
 
 from .api_helpers import key, make_client
 

@@ -11,12 +11,13 @@ import pytest
 from harness.adapters.llm.scripted import ScriptedProvider
 from harness.adapters.sql.blobs import BlobStore
 from harness.clock import FakeClock
-from harness.config import Runtime, Settings, build_runtime
+from harness.config import Runtime, build_runtime
 from harness.domain.contracts import CallerIdentity
 from harness.domain.llm import LLMRequest, LLMResponse
 from harness.domain.traces import policy_verdicts
 from harness.kernel.states import RunState
 from harness.replay.runner import replay
+from harness.settings import Settings
 
 from .checks import assert_audit_clean, trace_kinds
 

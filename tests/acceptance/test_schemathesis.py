@@ -23,9 +23,10 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from harness.config import Settings, build_runtime
+from harness.config import build_runtime
 from harness.service.app import create_app
 from harness.service.settings import ServiceSettings
+from harness.settings import Settings
 from tests.acceptance.api_helpers import key
 
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]

@@ -17,7 +17,8 @@ import yaml
 from typer.testing import CliRunner
 
 from harness.cli import app
-from harness.config import Runtime, Settings, build_runtime
+from harness.config import Runtime, build_runtime
+from harness.settings import Settings
 from tests.fakes.webhook_receiver import SECRET, WebhookReceiver
 
 from .api_helpers import make_client

@@ -9,7 +9,7 @@ from typing import Any
 
 import yaml
 
-from harness.config import Settings
+from harness.settings import Settings
 from tests.acceptance.agent_skills import RULES, agent_settings, one_step
 
 SKILLS = '''

@@ -18,10 +18,11 @@ import yaml
 from harness.adapters.sql.blobs import blob_refs
 from harness.cli.documents import run_document
 from harness.clock import FakeClock
-from harness.config import Runtime, Settings, build_runtime
+from harness.config import Runtime, build_runtime
 from harness.pipeline.artifacts import stored_bytes
 from harness.ports import Clock
 from harness.replay.runner import replay
+from harness.settings import Settings
 from harness.wiring.retention import erase_user, segment_locator
 from tests.conftest import FIXTURES
 from tests.integration.test_sandbox import need_bwrap

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from harness import AsyncHarness
-from harness.config import Settings
 from harness.drive.leased import Heartbeats
+from harness.settings import Settings
 from tests.fakes.slow_model import SlowModel
 
 RUNS = 200

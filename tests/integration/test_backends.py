@@ -23,11 +23,12 @@ from harness.adapters.sql.store import SqlStore
 from harness.audit.reconcile import reconcile
 from harness.audit.verify import verify_chain
 from harness.clock import FakeClock
-from harness.config import Settings, build_runtime
+from harness.config import build_runtime
 from harness.domain.chain import canonical_json
 from harness.domain.contracts import CallerIdentity
 from harness.domain.records import NewRun, TraceRecordIn
 from harness.kernel.states import RunState
+from harness.settings import Settings
 
 from ..acceptance.checks import assert_audit_clean
 from ..conftest import FIXTURES

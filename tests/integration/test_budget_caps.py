@@ -13,7 +13,8 @@ import pytest
 import yaml
 
 from harness.clock import FakeClock
-from harness.config import Runtime, Settings, build_runtime
+from harness.config import Runtime, build_runtime
+from harness.settings import Settings
 from tests.conftest import FIXTURES
 
 

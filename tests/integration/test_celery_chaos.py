@@ -26,8 +26,9 @@ from harness.adapters.sql.audit_reads import SqlAuditReads
 from harness.adapters.sql.reconcile_reads import SqlReconcileReads
 from harness.audit.reconcile import reconcile
 from harness.audit.verify import verify_chain
-from harness.config import Settings, build_runtime
+from harness.config import build_runtime
 from harness.kernel.states import FINAL
+from harness.settings import Settings
 
 from ..conftest import FIXTURES
 

@@ -21,8 +21,9 @@ from pathlib import Path
 import pytest
 
 from harness.audit.verify import verify_chain
-from harness.config import Settings, build_runtime
+from harness.config import build_runtime
 from harness.kernel.states import FINAL
+from harness.settings import Settings
 from harness.stores import audit_reads
 from tests.fakes.slow_model import SlowModel
 

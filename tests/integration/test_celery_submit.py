@@ -14,8 +14,9 @@ import pytest
 import sqlalchemy as sa
 
 from harness import celery_app
-from harness.config import Runtime, Settings, build_runtime
+from harness.config import Runtime, build_runtime
 from harness.domain.errors import DatabaseUnavailableError
+from harness.settings import Settings
 
 from ..conftest import FIXTURES
 from .conftest import PG_ADMIN

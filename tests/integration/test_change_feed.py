@@ -168,7 +168,8 @@ def test_the_service_stream_of_a_run_driven_elsewhere_is_pushed(
     with the service's poll interval at a minute."""
     if backend != "postgresql":
         pytest.skip("only PostgreSQL pushes changes across processes")
-    from harness.config import Settings, build_runtime
+    from harness.config import build_runtime
+    from harness.settings import Settings
     from tests.acceptance.api_helpers import key, make_client
 
     runtime = build_runtime(Settings(db=backend_url, data_dir=tmp_path / "data"))

@@ -23,8 +23,9 @@ from harness.audit.checkpoint_files import list_checkpoints
 from harness.audit.verify import verify_chain
 from harness.audit.witness import DirectoryWitness
 from harness.clock import FakeClock
-from harness.config import Runtime, Settings, build_runtime
+from harness.config import Runtime, build_runtime
 from harness.service.worker import EmbeddedWorker
+from harness.settings import Settings
 
 from ..conftest import FIXTURES
 from . import publishing_child

@@ -18,10 +18,11 @@ import sqlalchemy as sa
 from harness.adapters.sql.audit_reads import SqlAuditReads
 from harness.adapters.sql.store import SqlStore
 from harness.audit.verify import verify_chain
-from harness.config import Runtime, Settings, build_runtime
+from harness.config import Runtime, build_runtime
 from harness.domain.errors import InvalidRequestError
 from harness.drive.worker import RunWorker
 from harness.kernel.states import RunState
+from harness.settings import Settings
 from tests.integration.test_worker import _kill_during_call, calls, settings
 
 TESS = {"tenant_id": "t1", "user_id": "tess", "roles": ["tester"]}

@@ -17,12 +17,13 @@ from harness.adapters.sql import schema as t
 from harness.adapters.sql.documents import PACK_FROM, pack, unpack
 from harness.adapters.sql.store import SqlStore
 from harness.clock import FakeClock
-from harness.config import Settings, build_runtime
+from harness.config import build_runtime
 from harness.domain.chain import canonical_json
 from harness.domain.errors import StoreError
 from harness.domain.records import NewRun, TraceRecordIn
 from harness.drive.state_machine import StateMachine
 from harness.kernel.states import RunState as S
+from harness.settings import Settings
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "fixtures" / "bench_rules.yaml"
 #: a context over the packing size: the shape of a finished Run's (plan, steps, pinned manifests)

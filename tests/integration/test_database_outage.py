@@ -23,9 +23,10 @@ import sqlalchemy as sa
 from fastapi.testclient import TestClient
 
 from harness.adapters.sql import schema as t
-from harness.config import Settings, build_runtime
+from harness.config import build_runtime
 from harness.service.app import create_app
 from harness.service.settings import ServiceSettings
+from harness.settings import Settings
 from tests.acceptance.api_helpers import ORDER_STATUS, key
 
 from .conftest import MARIADB_ADMIN, PG_ADMIN

@@ -16,12 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from harness.config import Settings, build_runtime
+from harness.config import build_runtime
 from harness.domain.contracts import RunRequest
 from harness.pipeline import waits
 from harness.pipeline.drive_loop import DriveLoop
 from harness.pipeline.waits import Lane
 from harness.service.worker import Admission, EmbeddedWorker
+from harness.settings import Settings
 from tests.fakes.slow_model import SlowModel
 
 

@@ -10,9 +10,10 @@ from collections import Counter
 from pathlib import Path
 
 from harness.clock import FakeClock
-from harness.config import Runtime, Settings, build_runtime
+from harness.config import Runtime, build_runtime
 from harness.domain.contracts import CallerIdentity, RunResult
 from harness.domain.errors import ConflictError
+from harness.settings import Settings
 
 from ..conftest import FIXTURES
 

@@ -18,8 +18,9 @@ from typer.testing import CliRunner
 
 from harness.agents import support_agent
 from harness.cli import app
-from harness.config import Runtime, Settings, build_runtime
+from harness.config import Runtime, build_runtime
 from harness.examples.support import EXAMPLE_DIR
+from harness.settings import Settings
 from tests.acceptance.api_helpers import key, make_client
 from tests.knowledge_files import HANDBOOK_MD, SHIPPING_TXT, tiny_pdf
 

@@ -11,10 +11,11 @@ from typing import Any
 
 import pytest
 
-from harness.config import Runtime, Settings, build_runtime
+from harness.config import Runtime, build_runtime
 from harness.domain.chain import content_hash
 from harness.examples.support import HANDBOOK_KB, handbook_files
 from harness.kernel.states import RunState
+from harness.settings import Settings
 
 REFUND = "Refund 42.50 EUR for order A-1001"
 CITATION = "Policy [refund-policy.md § Refund policy > Refunds up to 100 EUR]: A support agent may refund up to 100 EUR"

@@ -24,10 +24,11 @@ import sqlalchemy as sa
 from harness.adapters.sql import schema as t
 from harness.adapters.sql.reconcile_reads import SqlReconcileReads
 from harness.audit.reconcile import reconcile
-from harness.config import Runtime, Settings, build_runtime
+from harness.config import Runtime, build_runtime
 from harness.domain.contracts import CallerIdentity
 from harness.domain.errors import CancelRefusedError
 from harness.drive.worker import RunWorker
+from harness.settings import Settings
 
 from ..conftest import FIXTURES
 

@@ -17,11 +17,12 @@ from harness.adapters.llm.anthropic import AnthropicProvider
 from harness.adapters.llm.pricing import ModelPrice, PricingTable
 from harness.adapters.llm.resilient import ProviderSettings
 from harness.clock import FakeClock
-from harness.config import Settings, build_runtime
+from harness.config import build_runtime
 from harness.domain.contracts import Message
 from harness.domain.errors import ProviderError
 from harness.domain.llm import FallbackResponse, LLMRequest, ToolSpec
 from harness.pipeline.resilience import BreakerConfig, RetryQuota
+from harness.settings import Settings
 from tests.fakes import anthropic_api as api
 from tests.fakes.server import Reply, ScriptedServer
 

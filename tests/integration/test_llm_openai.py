@@ -18,12 +18,13 @@ from harness.adapters.llm.openai_compat import OpenAICompatProvider
 from harness.adapters.llm.pricing import ModelPrice, PricingTable
 from harness.adapters.llm.resilient import GuardedProvider, ProviderSettings
 from harness.clock import FakeClock
-from harness.config import Settings, build_runtime
+from harness.config import build_runtime
 from harness.domain.contracts import Message
 from harness.domain.errors import InvalidRequestError, ProviderError
 from harness.domain.llm import FallbackResponse, LLMRequest, ToolSpec
 from harness.pipeline.resilience import BreakerConfig, BreakerState, RetryQuota
 from harness.replay.runner import replay
+from harness.settings import Settings
 from tests.fakes import openai_api as api
 from tests.fakes.server import Reply, ScriptedServer
 

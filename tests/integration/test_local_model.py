@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from harness.config import Runtime, Settings, build_runtime
+from harness.config import Runtime, build_runtime
 from harness.examples.support import EXAMPLE_DIR
 from harness.local_model import LocalModelServer, server_available
+from harness.settings import Settings
 
 if not server_available():
     if os.environ.get("HARNESS_REQUIRE_LOCAL_MODEL") == "1":

@@ -10,9 +10,10 @@ import sys
 import threading
 from pathlib import Path
 
-from harness.config import Settings, build_runtime
+from harness.config import build_runtime
 from harness.domain.contracts import RunRequest
 from harness.service.worker import Admission, EmbeddedWorker
+from harness.settings import Settings
 
 from .test_mcp_skills import FIXTURES, MCP, _free_port
 

@@ -23,8 +23,9 @@ from mcp import Client
 from typer.testing import CliRunner
 
 from harness.cli import app
-from harness.config import Runtime, Settings, build_runtime
+from harness.config import Runtime, build_runtime
 from harness.domain.contracts import CallerIdentity
+from harness.settings import Settings
 
 from ..acceptance.checks import assert_audit_clean
 

@@ -17,11 +17,12 @@ from harness.adapters.sql import schema as t
 from harness.adapters.sql.memory import SqlMemoryRows
 from harness.adapters.sql.store import SqlStore
 from harness.clock import FakeClock
-from harness.config import Settings, build_runtime
+from harness.config import build_runtime
 from harness.context.secrets import SecretFilter
 from harness.memory.scope import MemoryScope
 from harness.memory.semantic import DIM, MiniLMEmbedder, missing_extra
 from harness.memory.store import MemoryStore, NewMemory
+from harness.settings import Settings
 
 MISSING = missing_extra()
 REQUIRED = os.environ.get("HARNESS_REQUIRE_SEMANTIC") == "1"

@@ -21,11 +21,12 @@ from harness.adapters.sql.database import create_engine, head_revision, migrate,
 from harness.adapters.sql.store import SqlStore
 from harness.audit.verify import verify_chain
 from harness.clock import FakeClock
-from harness.config import Settings, build_runtime
+from harness.config import build_runtime
 from harness.domain.contracts import CallerIdentity
 from harness.domain.records import TraceRecordIn
 from harness.drive.state_machine import StateMachine
 from harness.pipeline.sandbox_pool import SandboxPool
+from harness.settings import Settings
 
 from ..conftest import FIXTURES
 from .test_migration_0006 import _to, _version

@@ -12,9 +12,10 @@ import pytest
 
 from harness.adapters.llm.scripted import ScriptedProvider
 from harness.clock import FakeClock
-from harness.config import Runtime, Settings, build_runtime
+from harness.config import Runtime, build_runtime
 from harness.domain.errors import ProviderError, SkillsElsewhereError, StoreError
 from harness.domain.llm import LLMRequest, LLMResponse
+from harness.settings import Settings
 from tests.conftest import FIXTURES
 
 TESS = {"tenant_id": "t1", "user_id": "tess", "roles": ["tester"]}

@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from harness.config import Settings, build_runtime
+from harness.config import build_runtime
 from harness.domain.contracts import RunRequest
+from harness.settings import Settings
 from tests.acceptance.api_helpers import key, make_client
 
 NUL = "a\x00b"

@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from harness.adapters.llm.scripted import ScriptedProvider
-from harness.config import Runtime, Settings, build_runtime
+from harness.config import Runtime, build_runtime
 from harness.domain.llm import LLMRequest, LLMResponse
+from harness.settings import Settings
 from tests.conftest import FIXTURES
 
 

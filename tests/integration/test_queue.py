@@ -18,12 +18,13 @@ from harness.adapters.sql.reconcile_reads import SqlReconcileReads
 from harness.audit.reconcile import reconcile
 from harness.audit.verify import verify_chain
 from harness.clock import FakeClock
-from harness.config import Runtime, Settings, build_runtime
+from harness.config import Runtime, build_runtime
 from harness.domain.errors import BacklogFullError, InvalidRequestError
 from harness.domain.ids import ordered_id
 from harness.drive.sweeper import ZombieSweeper
 from harness.drive.worker import RunWorker
 from harness.kernel.states import RunState
+from harness.settings import Settings
 
 from ..conftest import FIXTURES
 

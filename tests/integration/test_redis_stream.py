@@ -26,10 +26,11 @@ from harness.adapters.sql.audit_reads import SqlAuditReads
 from harness.adapters.sql.store import SqlStore
 from harness.audit.verify import verify_chain
 from harness.clock import FakeClock
-from harness.config import Settings, build_runtime
+from harness.config import build_runtime
 from harness.domain.errors import InvalidRequestError
 from harness.domain.records import PendingRecord, TraceRecordIn
 from harness.kernel.states import FINAL, RunState
+from harness.settings import Settings
 
 from ..conftest import FIXTURES
 from .conftest import require_service, wait_for_port

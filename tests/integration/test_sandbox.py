@@ -24,12 +24,13 @@ from harness.adapters.sandbox.bwrap import identity_for, unavailable_reason
 from harness.adapters.sandbox.rlimit import RlimitSandbox
 from harness.adapters.sandbox.workdirs import Workdirs
 from harness.clock import FakeClock
-from harness.config import Runtime, Settings, build_runtime
+from harness.config import Runtime, build_runtime
 from harness.domain.contracts import CallerIdentity
 from harness.domain.errors import InvalidRequestError
 from harness.examples.support import EXAMPLE_DIR
 from harness.policy.config import Guardrail
 from harness.policy.guardrails import matches
+from harness.settings import Settings
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 TESTER = {"tenant_id": "t1", "user_id": "tess", "roles": ["tester"]}

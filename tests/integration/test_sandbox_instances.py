@@ -24,11 +24,12 @@ import sqlalchemy as sa
 
 from harness.adapters.sandbox.instance import alive, process_start
 from harness.adapters.sql import schema as t
-from harness.config import Runtime, Settings, build_runtime
+from harness.config import Runtime, build_runtime
 from harness.domain.errors import InvalidRequestError
 from harness.domain.sandbox import DEAD, LIVE, RELEASED, Holder, InstanceRow, SandboxJob
 from harness.kernel.states import RunState
 from harness.pipeline.sandbox_pool import SandboxUnavailableError
+from harness.settings import Settings
 from tests.acceptance.agent_skills import TESTER
 from tests.acceptance.checks import assert_audit_clean
 from tests.integration.conftest import port_open

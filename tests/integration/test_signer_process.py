@@ -25,8 +25,8 @@ from harness.audit.formats import CHECKPOINT_FORMAT_V2, key_id_of, signed_messag
 from harness.audit.keys import CheckpointError, create_private_key
 from harness.audit.publisher import CheckpointPublisher
 from harness.cli import app
-from harness.config import Settings
 from harness.drive.state_machine import StateMachine
+from harness.settings import Settings
 from harness.wiring.signer import checkpoint_signer
 from tests.integration.test_checkpoint_export import SUCCESS, drive
 

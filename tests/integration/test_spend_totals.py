@@ -25,10 +25,11 @@ from harness.adapters.sql.store import SqlStore
 from harness.audit.reconcile import Mismatch, reconcile
 from harness.cli import app
 from harness.clock import FakeClock
-from harness.config import Runtime, Settings, build_runtime
+from harness.config import Runtime, build_runtime
 from harness.domain.contracts import RunResult
 from harness.domain.traces import CostTrace
 from harness.replay.runner import replay
+from harness.settings import Settings
 
 from ..conftest import FIXTURES
 

@@ -17,10 +17,11 @@ import pytest
 
 from harness.adapters.sql.store import SqlStore
 from harness.clock import FakeClock, SystemClock
-from harness.config import Settings, build_runtime
+from harness.config import build_runtime
 from harness.domain.records import NewRun
 from harness.kernel.states import RunState
 from harness.service.worker import EmbeddedWorker
+from harness.settings import Settings
 
 S = RunState
 

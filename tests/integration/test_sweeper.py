@@ -13,13 +13,14 @@ from harness.adapters.sql.leases import Leases
 from harness.adapters.sql.reconcile_reads import SqlReconcileReads
 from harness.adapters.sql.store import SqlStore
 from harness.clock import FakeClock
-from harness.config import Runtime, Settings
+from harness.config import Runtime
 from harness.domain.errors import InvalidRequestError
 from harness.domain.records import NewRun
 from harness.drive.state_machine import StateMachine
 from harness.drive.sweeper import ZombieSweeper
 from harness.kernel.states import FINAL, RunState
 from harness.kernel.thresholds import DEFAULT, SWEEP_INTERVAL_S
+from harness.settings import Settings
 
 S = RunState
 WAY_TO = {

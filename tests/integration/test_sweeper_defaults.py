@@ -15,7 +15,7 @@ import yaml
 
 from harness.adapters.sql.store import SqlStore
 from harness.clock import FakeClock
-from harness.config import Runtime, Settings, build_runtime
+from harness.config import Runtime, build_runtime
 from harness.domain.records import NewRun
 from harness.drive.state_machine import StateMachine
 from harness.drive.sweeper import ZombieSweeper
@@ -23,6 +23,7 @@ from harness.kernel.events import RUN_REQUEUED
 from harness.kernel.states import RunState
 from harness.kernel.thresholds import DEFAULT
 from harness.policy.config import Hitl, PolicyFile
+from harness.settings import Settings
 
 from ..conftest import FIXTURES
 

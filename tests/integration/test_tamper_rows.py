@@ -18,8 +18,9 @@ from harness.adapters.sql.audit_reads import SqlAuditReads
 from harness.audit.verify import verify_chain
 from harness.cli import app
 from harness.clock import FakeClock
-from harness.config import Runtime, Settings, build_runtime
+from harness.config import Runtime, build_runtime
 from harness.domain.contracts import CallerIdentity
+from harness.settings import Settings
 
 from ..conftest import FIXTURES
 

@@ -15,10 +15,11 @@ import yaml
 from harness.adapters.sandbox import select_sandbox
 from harness.adapters.sandbox.workdirs import Workdirs
 from harness.clock import FakeClock
-from harness.config import Runtime, Settings, build_runtime
+from harness.config import Runtime, build_runtime
 from harness.domain.contracts import CallerIdentity
 from harness.pipeline.resilience import BreakerRegistry, BreakerState
 from harness.pipeline.tool_controller import CallResult, ToolController
+from harness.settings import Settings
 from harness.skills.manifests import SkillRegistry
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"

@@ -19,9 +19,10 @@ from harness.adapters.sql.audit_reads import SqlAuditReads
 from harness.audit.checkpoint import publish_checkpoint
 from harness.audit.export import export_run
 from harness.clock import FakeClock
-from harness.config import Runtime, Settings, build_runtime
+from harness.config import Runtime, build_runtime
 from harness.service.app import create_app
 from harness.service.settings import ServiceSettings
+from harness.settings import Settings
 from tests.conftest import FIXTURES
 from tests.fakes.webhook_receiver import WebhookReceiver
 

@@ -10,9 +10,10 @@ import pytest
 from typer.testing import CliRunner
 
 from harness.cli import app
-from harness.config import Runtime, Settings, build_runtime
+from harness.config import Runtime, build_runtime
 from harness.drive.state_machine import StateMachine
 from harness.kernel.states import RunState
+from harness.settings import Settings
 
 S = RunState
 TESTER = {"tenant_id": "t1", "user_id": "tess", "roles": ["tester"]}

@@ -11,9 +11,10 @@ import time
 from pathlib import Path
 
 from harness.clock import FakeClock
-from harness.config import Runtime, Settings, build_runtime
+from harness.config import Runtime, build_runtime
 from harness.drive.worker import RunWorker
 from harness.kernel.states import RunState
+from harness.settings import Settings
 
 from ..conftest import FIXTURES
 

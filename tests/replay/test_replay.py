@@ -20,13 +20,14 @@ from harness.adapters.sql.blobs import BlobStore
 from harness.cli.replay import replay as replay_command
 from harness.cli.support import cli_errors
 from harness.clock import FakeClock
-from harness.config import Runtime, Settings, build_runtime
+from harness.config import Runtime, build_runtime
 from harness.domain.contracts import CallerIdentity
 from harness.domain.plans import Plan
 from harness.domain.traces import TraceModel
 from harness.pipeline.gatekeeper import Evaluation
 from harness.replay.facts import ReplayReport
 from harness.replay.runner import ReplayError, replay
+from harness.settings import Settings
 from tests.integration.conftest import (  # the real database servers, shared with the integration tests
     backend_url,
     pytest_generate_tests,

@@ -25,12 +25,13 @@ from typer.testing import CliRunner
 from harness.adapters.sql.blobs import BlobStore
 from harness.adapters.sql.leases import Leases
 from harness.clock import FakeClock
-from harness.config import Runtime, Settings, build_runtime
+from harness.config import Runtime, build_runtime
 from harness.domain.contracts import CallerIdentity
 from harness.drive.sweeper import ZombieSweeper
 from harness.drive.worker import RunWorker
 from harness.kernel.states import RunState
 from harness.replay.runner import replay
+from harness.settings import Settings
 from tests.acceptance.agent_skills import agent_settings
 from tests.integration.conftest import backend_url, pytest_generate_tests, servers
 from tests.replay.test_replay import cli, cli_settings, replayed, tamper

@@ -102,8 +102,9 @@ def test_an_agent_names_the_knowledge_bases_its_runs_read(tmp_path: Path) -> Non
     """`knowledge_bases` of an agent file (or `Agent(...)`) is what the context assembler searches, for that
     agent by name; a name that is not one is refused, naming the file and the field."""
     from harness.agents import Agent, support_agent
-    from harness.config import Settings, build_runtime
+    from harness.config import build_runtime
     from harness.domain.errors import BadInputError
+    from harness.settings import Settings
 
     assert support_agent().knowledge_bases == ("default", "handbook")
     agent = Agent(name="helpdesk", instructions="Help.", knowledge_bases=("faq",))

@@ -11,9 +11,10 @@ import pytest
 import yaml
 
 from harness.clock import FakeClock
-from harness.config import Settings, build_runtime
+from harness.config import build_runtime
 from harness.domain.contracts import CallerIdentity
 from harness.domain.errors import ManifestError, SkillsUnavailableError
+from harness.settings import Settings
 from harness.skills.manifests import SkillRegistry, load_manifest
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"

@@ -10,8 +10,9 @@ import pytest
 import yaml
 
 from harness.adapters.llm.pricing import PricingTable
-from harness.config import Settings, build_runtime
+from harness.config import build_runtime
 from harness.domain.errors import InvalidRequestError
+from harness.settings import Settings
 from harness.wiring.llm import check_priced
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"

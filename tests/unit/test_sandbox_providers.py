@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from harness.adapters.sandbox.providers import ProviderChoice
-from harness.config import Settings
 from harness.domain.errors import InvalidRequestError
+from harness.settings import Settings
 from harness.wiring.sandbox import sandbox_provider
 
 

@@ -1,4 +1,4 @@
-"""Settings live in harness.settings, below the composition root, and stay importable from where they were."""
+"""Settings live in harness.settings, below the composition root, and nowhere else."""
 
 from __future__ import annotations
 
@@ -8,16 +8,14 @@ import sys
 import pytest
 
 import harness
-import harness.config
 import harness.settings
 from harness.settings import Settings
 
 
-def test_settings_are_one_class_wherever_they_are_imported_from() -> None:
-    """`harness.config.Settings` and `harness.Settings` are the class harness.settings defines."""
-    assert harness.config.Settings is harness.settings.Settings
+def test_the_public_settings_are_the_class_harness_settings_defines() -> None:
+    """`harness.Settings` is the class harness.settings defines (the composition root no longer offers it:
+    tests/unit/test_architecture.py keeps every name in one home)."""
     assert harness.Settings is harness.settings.Settings
-    assert harness.config.parse_port_range is harness.settings.parse_port_range
 
 
 def test_reading_settings_loads_no_adapter() -> None:

@@ -50,9 +50,9 @@ def archive(
     """Move final Runs past the retention period into an archive segment, proven against a new signed
     checkpoint, then prune them from the database (the chain keeps their hashes, so it still verifies)."""
     from harness.audit.witness import configured_witnesses
-    from harness.config import Settings
     from harness.retention.archiver import ArchiveError, Archiver
     from harness.retention.policy import RetentionPolicy
+    from harness.settings import Settings
     from harness.stores import open_store
     from harness.wiring.retention import archive_rows, open_segment_store
     from harness.wiring.signer import checkpoint_signer

@@ -73,7 +73,7 @@ def _witnesses(options: list[str] | None) -> list[Witness]:
     """The witnesses the options (else HARNESS_CHECKPOINT_WITNESS) name; a URL at an internal address the
     settings do not allow is refused (exit 2) before anything is sent."""
     from harness.audit.witness import configured_witnesses
-    from harness.config import Settings
+    from harness.settings import Settings
 
     settings = Settings.from_env()
     settings.check_witnesses(options or ())  # HARNESS_CHECKPOINT_WITNESS is checked by from_env
@@ -186,7 +186,7 @@ def checkpoint_cmd(db: DbOption = None, json_: JsonOption = False, dir_: DirOpti
     """Drain the outbox, then publish a signed Merkle tree head of the whole chain as a new file, and give
     it to the witnesses; exit 1 when a witness did not keep it."""
     from harness.audit.checkpoint import publish_checkpoint
-    from harness.config import Settings
+    from harness.settings import Settings
     from harness.stores import audit_reads
     from harness.wiring.signer import checkpoint_signer
 

@@ -24,8 +24,9 @@ from harness.cli.runs import print_result, result_document
 from harness.cli.support import DbOption, JsonOption, emit, fail
 
 if TYPE_CHECKING:
-    from harness.config import Runtime, Settings
+    from harness.config import Runtime
     from harness.domain.contracts import RunResult
+    from harness.settings import Settings
 
 #: the demo's Runs: (what it shows, task, who asks, who decides an approval at once — None: leave it waiting)
 DEMO_SCENARIOS = (
@@ -78,7 +79,8 @@ def demo(db: DbOption = None, json_: JsonOption = False, llm: DemoLlm = "scripte
     and a total (exit 1 when any scenario did not come out as expected)."""
     if llm not in ("scripted", "local"):
         fail(f"--llm must be scripted or local, not {llm!r}")
-    from harness.config import Settings, build_runtime
+    from harness.config import build_runtime
+    from harness.settings import Settings
 
     if llm == "scripted":
         # the default database, so `harness serve` afterwards shows these Runs

@@ -27,8 +27,8 @@ def replay(
     """Re-execute a finished Run with its recorded LLM answers and tool results; report any divergence."""
     if db and "://" not in db and not Path(db).expanduser().exists():
         raise InvalidRequestError(f"no database at {db!r}")
-    from harness.config import Settings
     from harness.replay.runner import replay as replay_run
+    from harness.settings import Settings
     from harness.stores import open_store
 
     source = open_store(db, migrate_schema=False)  # replay never writes to the Run's database

@@ -27,7 +27,8 @@ Session = Annotated[str, typer.Option("--session", help="Conversation session id
 def runtime(db: str | None) -> Runtime:
     """The composition root for a CLI command, for the agent `harness --agent` or HARNESS_AGENT names
     (imported here: `harness --help` loads none of it)."""
-    from harness.config import Settings, build_runtime
+    from harness.config import build_runtime
+    from harness.settings import Settings
 
     return build_runtime(Settings.from_env(db=db, agent=agent_reference()))
 

@@ -28,7 +28,7 @@ def serve(
     """Run sandboxed skill calls (and kept instances) sent over HTTP, each authenticated by the bearer
     token in HARNESS_SANDBOX_TOKEN, until SIGTERM or SIGINT. The calls' paths (working directories, skill
     code) must be the same on this host as on the harness host."""
-    from harness.config import Settings
+    from harness.settings import Settings
     from harness.wiring.sandbox import sandbox_server
 
     token = os.environ.get("HARNESS_SANDBOX_TOKEN", "")

@@ -36,10 +36,11 @@ def serve(
     # imported here so that every other `harness` command starts without loading the web stack
     import uvicorn
 
-    from harness.config import Settings, build_runtime
+    from harness.config import build_runtime
     from harness.service import logs
     from harness.service.app import create_app
     from harness.service.settings import ServiceSettings
+    from harness.settings import Settings
 
     if log_level.lower() not in ("debug", "info", "warning", "error"):
         raise typer.BadParameter("must be debug, info, warning or error", param_hint="--log-level")

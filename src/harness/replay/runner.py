@@ -38,7 +38,7 @@ from typing import cast
 
 from harness.agents import Agent
 from harness.clock import FakeClock
-from harness.config import Runtime, Settings, build_runtime
+from harness.config import Runtime, build_runtime
 from harness.domain.contracts import RunRequest
 from harness.domain.errors import BadInputError
 from harness.domain.recorded import RecordedDecision
@@ -48,6 +48,7 @@ from harness.pipeline.tool_controller import ToolController
 from harness.replay.events import OutsideEvents, ReplayStopped, WorkerDied, move_to, outside_events
 from harness.replay.facts import ReplayReport, RunFacts, compare, records_of
 from harness.replay.recording import Recording, ReplayProvider, ReplayTools
+from harness.settings import Settings
 from harness.stores import Store, replay_reads, set_deadline
 
 

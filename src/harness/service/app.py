@@ -21,7 +21,7 @@ from fastapi.staticfiles import StaticFiles
 from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from harness.config import Runtime, Settings, build_runtime
+from harness.config import Runtime, build_runtime
 from harness.kernel.states import RunState
 from harness.policy.identity import IdentityDirectory
 from harness.service import entrances, errors
@@ -34,6 +34,7 @@ from harness.service.settings import ServiceSettings
 from harness.service.sse import ChangeHub
 from harness.service.telemetry import Telemetry
 from harness.service.worker import EmbeddedWorker
+from harness.settings import Settings
 from harness.webhooks.delivery import DeliveryThread
 
 STATIC_DIR = Path(__file__).resolve().parent / "console" / "static"
