@@ -3,6 +3,7 @@ contracts (pyproject.toml, checked by `lint-imports` in scripts/test.sh), and no
 
 from __future__ import annotations
 
+import ast
 import tomllib
 from pathlib import Path
 
@@ -113,3 +114,107 @@ def test_no_module_is_longer_than_the_limit() -> None:
                   for p in package.rglob("*.py"))
     offenders = [f"{name} ({lines} lines)" for lines, name in long if lines > MAX_MODULE_LINES]
     assert not offenders, f"modules over {MAX_MODULE_LINES} lines (split them by responsibility): {offenders}"
+
+
+#: the modules that offer names defined elsewhere, on purpose: module -> (the names, None for any; the reason)
+PUBLIC_FACES: dict[str, tuple[frozenset[str] | None, str]] = {
+    "harness": (None, "the library API, `from harness import Harness, Agent, skill, ...` (README.md, "
+                      "docs/guide-your-own-agent.md): names loaded lazily from their homes by `__getattr__`"),
+    "harness.stores": (frozenset({"DatabaseError", "is_outage"}),
+                       "the composition root lends the shells the store's database error and its outage test, which "
+                       "they may not import from harness.adapters (import-linter contract composition-root)"),
+}
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT / "src").with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _top_level(tree: ast.Module) -> list[ast.stmt]:
+    """The module's statements, with those under a top-level `if` (TYPE_CHECKING) or `try` (optional extras)."""
+    found: list[ast.stmt] = []
+    pending: list[ast.stmt] = list(tree.body)
+    while pending:
+        node = pending.pop(0)
+        found.append(node)
+        if isinstance(node, ast.If | ast.Try):
+            pending += [*node.body, *node.orelse, *getattr(node, "finalbody", [])]
+            pending += [s for h in getattr(node, "handlers", []) for s in h.body]
+    return found
+
+
+def _bindings(path: Path) -> tuple[dict[str, str], set[str], list[str]]:
+    """What a module binds by import (name -> module imported from), what it defines itself, and its
+    re-export markers: `__all__` entries that are imported names, `import x as x`, `import *`, a
+    module-level `__getattr__`, a module's name bound again under its own name (`Name = module.Name`)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    imported: dict[str, str] = {}
+    defined: set[str] = set()
+    markers: list[str] = []
+    exported: list[str] = []
+    for node in _top_level(tree):
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            source = (node.module or "") if isinstance(node, ast.ImportFrom) else ""
+            for alias in node.names:
+                if alias.name == "*":
+                    markers.append(f"`from {source} import *`")
+                    continue
+                bound = alias.asname or alias.name.split(".")[0]
+                imported[bound] = source or alias.name
+                if alias.asname is not None and alias.asname == alias.name.rsplit(".", 1)[-1]:
+                    markers.append(f"`{alias.name} as {alias.asname}`")
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            defined.add(node.name)
+            if node.name == "__getattr__":
+                markers.append("a module-level `__getattr__`")
+        elif isinstance(node, ast.Assign | ast.AnnAssign | ast.AugAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names = {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+            defined |= names
+            value = node.value
+            if (isinstance(value, ast.Attribute) and isinstance(value.value, ast.Name)
+                    and imported.get(value.value.id, "").startswith("harness")):
+                markers += [f"`{name} = {ast.unparse(value)}`" for name in sorted(names) if name == value.attr]
+            if "__all__" in names and isinstance(node.value, ast.List | ast.Tuple):
+                exported = [e.value for e in node.value.elts if isinstance(e, ast.Constant)]
+    markers += [f"`{name}` in __all__" for name in exported if name in imported and name not in defined]
+    return imported, defined, markers
+
+
+def _modules() -> dict[str, Path]:
+    return {_module_name(p): p for p in (ROOT / "src" / "harness").rglob("*.py")}
+
+
+def test_no_module_re_exports_a_name_it_imports() -> None:
+    """A name has one home: no module under src/harness (but the public faces of PUBLIC_FACES) offers a name
+    it imports, by `__all__`, `import x as x`, `import *`, a module-level `__getattr__` or an assignment."""
+    offenders = []
+    for name, path in sorted(_modules().items()):
+        allowed, _reason = PUBLIC_FACES.get(name, (frozenset(), ""))
+        offenders += [f"{name}: {marker}" for marker in _bindings(path)[2]
+                      if allowed is not None and not any(f"`{a} " in marker or f"`{a}`" in marker for a in allowed)]
+    assert not offenders, f"re-exports (import the name from its home instead): {offenders}"
+
+
+def test_importers_take_each_name_from_its_home() -> None:
+    """Code, tests, benchmarks and scripts import a harness name from the module that defines it, not from
+    one that merely imports it (an implicit re-export that `__all__` does not show)."""
+    modules = _modules()
+    bindings = {name: _bindings(path) for name, path in modules.items()}
+    offenders = []
+    for folder in ("src", "tests", "benchmarks", "scripts"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if not isinstance(node, ast.ImportFrom) or node.level or node.module not in bindings:
+                    continue
+                if PUBLIC_FACES.get(node.module, (frozenset(), ""))[0] is None:
+                    continue
+                imported, defined, _ = bindings[node.module]
+                offenders += [
+                    f"{path.relative_to(ROOT)}:{node.lineno}: {a.name} from {node.module} "
+                    f"(its home: {imported[a.name]})"
+                    for a in node.names
+                    if a.name in imported and a.name not in defined and f"{node.module}.{a.name}" not in modules
+                ]
+    assert not offenders, f"names imported from a module that only re-exports them: {offenders}"
