@@ -33,6 +33,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from harness.domain.contracts import MAX_ROUNDS
 from harness.domain.errors import BadInputError
 from harness.examples.support import EXAMPLE_DIR
 from harness.pipeline.context_assembler import system_prompt_for
@@ -59,7 +60,7 @@ class Agent(BaseModel):
     policy: Path | None = None
     identities: Path | None = None
     llm_rules: Path | None = None
-    max_rounds: int | None = Field(default=None, ge=1, le=64)
+    max_rounds: int | None = Field(default=None, ge=1, le=MAX_ROUNDS)
     #: whether a caller's `history` may hold messages with role system (by default they are refused: a
     #: caller speaking as the system would sit beside the agent's own instructions)
     system_history: bool = False

@@ -17,7 +17,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from harness.domain.contracts import MAX_CHAIN_DEPTH
+from harness.domain.contracts import DEFAULT_CHAIN_DEPTH, DEFAULT_MAX_ROUNDS, MAX_CHAIN_DEPTH, MAX_ROUNDS
 from harness.domain.errors import InvalidRequestError
 from harness.domain.limits import RequestLimits
 from harness.domain.outbound import (
@@ -78,9 +78,9 @@ class Settings(BaseModel):
     execution_limit_s: float = Field(default=DEFAULT_EXECUTION_LIMIT_S, gt=0)
     #: how many levels of child Runs (AgentInvoke) a Run may start when its caller gives no
     #: chain_remaining, and the most a caller may give
-    chain_depth: int = Field(default=4, ge=0, le=MAX_CHAIN_DEPTH)
+    chain_depth: int = Field(default=DEFAULT_CHAIN_DEPTH, ge=0, le=MAX_CHAIN_DEPTH)
     #: how many rounds a Run may plan (each round's results are shown to the model before the next)
-    max_rounds: int = Field(default=4, ge=1, le=64)
+    max_rounds: int = Field(default=DEFAULT_MAX_ROUNDS, ge=1, le=MAX_ROUNDS)
     sandbox: Literal["auto", "bwrap", "rlimit"] = "auto"
     #: where sandboxed calls run: "local" (this host) or "remote" (a `harness sandbox serve` at sandbox_url,
     #: authenticated by HARNESS_SANDBOX_TOKEN); with "local", the tenants and skills listed in

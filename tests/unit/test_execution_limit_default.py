@@ -37,12 +37,12 @@ def _is_number(default: ast.expr | None) -> bool:
     return isinstance(default, ast.Constant) and isinstance(default.value, (int, float))
 
 
-def _literal_defaults() -> list[str]:
-    """Every place in the source that gives `execution_limit_s` a number as its default."""
+def _literal_defaults(name_: str = NAME) -> list[str]:
+    """Every place in the source that gives `name_` a number as its default."""
     return [f"{path.relative_to(SRC)}:{getattr(node, 'lineno', 0)}"
             for path in sorted(SRC.rglob("*.py"))
             for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
-            for name, default in _defaults(node) if name == NAME and _is_number(default)]
+            for name, default in _defaults(node) if name == name_ and _is_number(default)]
 
 
 def test_the_execution_limit_default_is_written_once() -> None:
@@ -56,3 +56,14 @@ def test_every_default_execution_limit_is_the_kernels() -> None:
     assert inspect.signature(RunManager).parameters[NAME].default == DEFAULT_EXECUTION_LIMIT_S
     assert inspect.signature(Thresholds.build).parameters[NAME].default == DEFAULT_EXECUTION_LIMIT_S
     assert Settings().thresholds().threshold(RunState.EXECUTING) == Thresholds.build().threshold(RunState.EXECUTING)
+
+
+def test_the_chain_depth_and_rounds_defaults_are_written_once() -> None:
+    """The same for a Run's child-Run depth and its planning rounds: the settings and the run manager name
+    the domain's defaults, and agree."""
+    from harness.domain.contracts import DEFAULT_CHAIN_DEPTH, DEFAULT_MAX_ROUNDS
+
+    assert _literal_defaults("chain_depth") == [] and _literal_defaults("max_rounds") == []
+    manager = inspect.signature(RunManager.__init__).parameters
+    assert manager["chain_depth"].default == Settings().chain_depth == DEFAULT_CHAIN_DEPTH
+    assert manager["max_rounds"].default == Settings().max_rounds == DEFAULT_MAX_ROUNDS

@@ -19,6 +19,11 @@ Ident = Annotated[str, Field(pattern=IDENT)]
 SKILL_ID = r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)*$"
 #: the most levels of child Runs any request may ask for (a deployment's own limit is usually lower)
 MAX_CHAIN_DEPTH = 64
+#: the levels of child Runs a Run may start when neither its caller nor the deployment says otherwise
+DEFAULT_CHAIN_DEPTH = 4
+#: the rounds a Run may plan (each round's results shown to the model before the next) by default, and at most
+DEFAULT_MAX_ROUNDS = 4
+MAX_ROUNDS = 64
 
 MAX_URL = 2_048
 

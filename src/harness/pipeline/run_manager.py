@@ -20,7 +20,14 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from harness.domain.contracts import AssembledContext, CallerIdentity, RunRequest, RunResult
+from harness.domain.contracts import (
+    DEFAULT_CHAIN_DEPTH,
+    DEFAULT_MAX_ROUNDS,
+    AssembledContext,
+    CallerIdentity,
+    RunRequest,
+    RunResult,
+)
 from harness.domain.errors import (
     BadInputError,
     ConflictError,
@@ -82,9 +89,11 @@ class RunManager:
 
     def __init__(self, *, store: RunStore, writes: RunWrites, machine: StateMachine, assembler: ContextAssembler,
                  orchestrator: PlanOrchestrator, policy: PolicyEngine, tools: ToolController, hitl: HitlDesk,
-                 ledger: CostLedger, execution_limit_s: float = DEFAULT_EXECUTION_LIMIT_S, chain_depth: int = 4,
+                 ledger: CostLedger, execution_limit_s: float = DEFAULT_EXECUTION_LIMIT_S,
+                 chain_depth: int = DEFAULT_CHAIN_DEPTH,
                  limits: RequestLimits | None = None, roles_of: RolesOf | None = None,
-                 check_callback: Callable[[RunRequest], None] | None = None, max_rounds: int = 4,
+                 check_callback: Callable[[RunRequest], None] | None = None,
+                 max_rounds: int = DEFAULT_MAX_ROUNDS,
                  child_leases: RunLeases, units: UnitOfWork, queue: QueueLimits | None = None,
                  system_history: bool = False, call_budget: CallBudget | None = None) -> None:
         self.store = store
