@@ -295,6 +295,7 @@ def reject(request_id: Annotated[str, typer.Argument()], as_: AsOption, reason: 
 def approvals(tenant: Annotated[str | None, typer.Option("--tenant")] = None, db: DbOption = None,
               json_: JsonOption = False) -> None:
     """List approval requests that are waiting."""
+    from harness.domain.approvals import parent_runs_of
     from harness.stores import approval_rows, open_store
 
     reference = agent_reference()
@@ -307,8 +308,7 @@ def approvals(tenant: Annotated[str | None, typer.Option("--tenant")] = None, db
     if rows.due(store.clock.now(), 1):  # a timeout to apply first: that takes the whole runtime
         runtime(db).runs.expire_approvals()
     pending = rows.pending(tenant, 200)
-    by_run = rows.parent_runs(sorted({r.run_id for r in pending}))
-    parents = {r.request_id: by_run[r.run_id] for r in pending if r.run_id in by_run}
+    parents = parent_runs_of(pending, rows.parent_runs)
     docs = [{"request_id": r.request_id, "run_id": r.run_id, "tenant_id": r.tenant_id, "requester": r.requester,
              "level": r.level, "required_approvals": r.required_approvals, "approver_roles": list(r.approver_roles),
              "created_at": iso(r.created_at), "deadline_at": iso(r.deadline_at), "actions": r.actions,

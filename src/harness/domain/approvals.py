@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -32,3 +33,12 @@ class HitlRequest:
 class ApprovalConflictError(StoreError):
     """A write of a decision's transaction collided with a stored row (the same person's approval, written
     by a decider that skipped the row locks); the transaction changed nothing."""
+
+
+def parent_runs_of(requests: Sequence[HitlRequest],
+                   parents_of_runs: Callable[[list[str]], dict[str, str]]) -> dict[str, str]:
+    """For the requests of child Runs (AgentInvoke): the parent Run each one serves, by request id, from
+    `parents_of_runs` (run ids to their parent's, for those that have one). The link is stored once, on the
+    child's Run; approval documents show it from there."""
+    parents = parents_of_runs(sorted({r.run_id for r in requests}))
+    return {r.request_id: parents[r.run_id] for r in requests if r.run_id in parents}

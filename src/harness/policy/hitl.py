@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from harness.domain.approvals import ApprovalConflictError, HitlRequest
+from harness.domain.approvals import ApprovalConflictError, HitlRequest, parent_runs_of
 from harness.domain.chain import content_hash
 from harness.domain.contracts import CallerIdentity
 from harness.domain.errors import BadInputError, StoreError
@@ -139,10 +139,8 @@ class HitlDesk:
         return self.rows.due(now, limit)
 
     def parent_runs(self, requests: list[HitlRequest]) -> dict[str, str]:
-        """For requests of child Runs (AgentInvoke): the parent Run each one serves, by request id. The
-        link is stored once, on the child's Run; approval documents show it from there."""
-        parents = self.rows.parent_runs(sorted({r.run_id for r in requests}))
-        return {r.request_id: parents[r.run_id] for r in requests if r.run_id in parents}
+        """For requests of child Runs (AgentInvoke): the parent Run each one serves, by request id."""
+        return parent_runs_of(requests, self.rows.parent_runs)
 
     def approvals(self, request_id: str) -> list[str]:
         """Approvers whose approval of this request was accepted (each person once)."""
