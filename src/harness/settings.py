@@ -29,7 +29,7 @@ from harness.domain.outbound import (
 )
 from harness.domain.sandbox import PoolSettings
 from harness.examples.support import EXAMPLE_DIR
-from harness.kernel.thresholds import DEFAULT_EXECUTION_LIMIT_S, Thresholds, parse_overrides
+from harness.kernel.thresholds import DEFAULT_EXECUTION_LIMIT_S, SWEEP_INTERVAL_S, Thresholds, parse_overrides
 from harness.paths import default_data_dir
 from harness.yamlfile import read_yaml
 
@@ -139,7 +139,7 @@ class Settings(BaseModel):
     #: the sweeper: how often it passes, per-state thresholds in seconds overriding the defaults (by state
     #: name; EXECUTING's default is execution_limit_s plus one sweep interval), the heartbeat ceiling as a
     #: multiple of a state's threshold, and how long a decided approval may wait for its Run to move
-    sweep_interval_s: float = Field(default=30.0, gt=0)
+    sweep_interval_s: float = Field(default=SWEEP_INTERVAL_S, gt=0)
     state_thresholds: dict[str, float] = Field(default_factory=dict)
     heartbeat_ceiling_factor: float = Field(default=2.0, ge=1.0)
     decided_approval_s: float = Field(default=30.0, gt=0)

@@ -59,11 +59,12 @@ def test_every_default_execution_limit_is_the_kernels() -> None:
 
 
 def test_the_chain_depth_and_rounds_defaults_are_written_once() -> None:
-    """The same for a Run's child-Run depth and its planning rounds: the settings and the run manager name
-    the domain's defaults, and agree."""
+    """The same for a Run's child-Run depth and its planning rounds (the settings and the run manager name
+    the domain's defaults, and agree) and for the sweep interval (the kernel's)."""
     from harness.domain.contracts import DEFAULT_CHAIN_DEPTH, DEFAULT_MAX_ROUNDS
 
     assert _literal_defaults("chain_depth") == [] and _literal_defaults("max_rounds") == []
+    assert _literal_defaults("sweep_interval_s") == []
     manager = inspect.signature(RunManager.__init__).parameters
     assert manager["chain_depth"].default == Settings().chain_depth == DEFAULT_CHAIN_DEPTH
     assert manager["max_rounds"].default == Settings().max_rounds == DEFAULT_MAX_ROUNDS
