@@ -59,7 +59,7 @@ from harness.stores import read_model, stored_contents
 from harness.webhooks.config import WebhookConfig, load_webhook_config
 from harness.webhooks.notifier import PushEvents, WebhookNotifier, WebhookResultSink
 from harness.wiring.llm import call_budget, check_priced, llm_provider
-from harness.wiring.sandbox import sandbox_pool, sandbox_provider
+from harness.wiring.sandbox import remote_sandbox, sandbox_pool, sandbox_provider
 
 if TYPE_CHECKING:
     from harness.adapters.webhook_http import WebhookSender
@@ -265,7 +265,8 @@ def build_runtime(settings: Settings | None = None, *, clock: Clock | None = Non
     provider = provider or llm_provider(settings, store.clock)
     secret_filter = SecretFilter()
     sandboxes = sandbox_pool(store, settings.pool_settings(), owner=f"{settings.sandbox_host}:{os.getpid()}",
-                             ledger=ledger, price_per_s=pricing.sandbox_price, price_table=pricing.as_of)
+                             ledger=ledger, price_per_s=pricing.sandbox_price, price_table=pricing.as_of,
+                             remote=remote_sandbox(settings))
     tools = ToolController(registry, workdirs=Workdirs(settings.data_dir / "runs"),
                            data_dir=skill_data_dir(settings, store),
                            lanes=Lanes.sized(settings.local_skill_threads, settings.sandbox_threads,

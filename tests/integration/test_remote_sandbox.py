@@ -2,12 +2,17 @@
 process over HTTP, and the same Run gives the same result, the same trace and the same costs through it as
 through the local provider — its kept instance, its leased port and its billed seconds included. The server
 refuses a request without its token (401) or with too large a body (413); a server that is down fails the
-Run's call with a reason naming it, at once."""
+Run's call with a reason naming it, at once.
+
+The server runs in a PID namespace of its own where the machine allows it, as on another host: the pids of
+its instances mean nothing in this host's /proc, so the pool must ask the server whether an instance runs
+and tell the server to stop it."""
 
 from __future__ import annotations
 
 import os
 import secrets
+import signal
 import socket
 import subprocess
 import sys
@@ -40,6 +45,48 @@ SERVE_AND_QUERY = {"name": "serve_query", "when": "^serve (?P<text>\\w+) and que
     ]}}
 
 
+#: the sandbox server's process (the test module's one), for the tests that look at what it runs
+SERVER: dict[str, subprocess.Popen[bytes]] = {}
+
+
+def own_pid_namespace() -> list[str]:
+    """The command prefix that starts a process in a PID namespace of its own, or [] where that is refused."""
+    prefix = ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child"]
+    try:
+        done = subprocess.run([*prefix, "true"], capture_output=True, timeout=10, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return prefix if done.returncode == 0 else []
+
+
+def descendants(root: int) -> set[int]:
+    """The pids of every running process below `root` (from this host's /proc; a zombie does not run: the
+    server, first process of its namespace, does not reap the instance holders it inherits)."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            state, parent = stat.rsplit(")", 1)[1].split()[:2]
+            if state not in ("Z", "X"):
+                parents[int(entry.name)] = int(parent)
+    below, grew = set(), True
+    while grew:
+        more = {pid for pid, parent in parents.items() if (parent == root or parent in below) and pid not in below}
+        below |= more
+        grew = bool(more)
+    return below
+
+
+def command(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:200]
+    except OSError:
+        return f"{pid} (gone)"
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -52,16 +99,19 @@ def server() -> Iterator[tuple[str, str]]:
     """A real `harness sandbox serve` process on a free loopback port: (its URL, its token)."""
     need_bwrap()
     token, port = secrets.token_urlsafe(24), free_port()
-    proc = subprocess.Popen([str(Path(sys.executable).parent / "harness"), "sandbox", "serve", "--host", "127.0.0.1",
-                             "--port", str(port)], env={**os.environ, "HARNESS_SANDBOX_TOKEN": token},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen([*own_pid_namespace(), str(Path(sys.executable).parent / "harness"), "sandbox", "serve",
+                             "--host", "127.0.0.1", "--port", str(port)],
+                            env={**os.environ, "HARNESS_SANDBOX_TOKEN": token},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    SERVER["process"] = proc
     deadline = time.monotonic() + 15
     while not port_open(port):
         assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else "the server exited"
         assert time.monotonic() < deadline, "the sandbox server did not start listening"
         time.sleep(0.05)
     yield f"http://127.0.0.1:{port}", token
-    proc.terminate()
+    SERVER.clear()
+    os.killpg(proc.pid, signal.SIGTERM)  # unshare itself ignores SIGTERM while it waits for the server
     proc.wait(10)
 
 
@@ -127,6 +177,32 @@ def test_the_same_run_gives_the_same_result_through_the_remote_provider(
     assert remote_seen == local
     assert local["costs"] == ["llm:scripted:plan", "sandbox_instance:bwrap:test.devserver"]
     assert local["audit"] == ["sandbox_instance_created", "sandbox_instance_released"]
+
+
+def test_a_kept_instance_on_the_server_is_asked_after_and_stopped_there(
+        server: tuple[str, str], tmp_path: Path, call_log: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pool asks the server, not this host's /proc, whether a kept instance still runs (the Run's second
+    call reuses it: one created, none re-created), and the Run's close stops its process on the server."""
+    url, token = server
+    monkeypatch.setenv("HARNESS_SANDBOX_TOKEN", token)
+    server_process = SERVER["process"]
+    before = descendants(server_process.pid)
+    rt = runtime(tmp_path / "kept", sandbox="bwrap", sandbox_provider="remote", sandbox_url=url)
+    try:
+        done = rt.runs.create_run({"task": "serve hello and query", **TESTER})
+        assert done.state == "SUCCEEDED" and done.answer == "the site said hello", done.error
+        audit = [e for e in rt.store.audit_events(run_id=done.run_id) if e.event.startswith("sandbox_")]
+        assert [e.event for e in audit] == ["sandbox_instance_created", "sandbox_instance_released"]
+        pool = rt.tools.sandbox_pool
+        assert pool is not None
+        row = pool.table.get(done.run_id, "test.devserver")
+        assert row is not None and row.provider == "remote" and row.pid is None  # stopped, and forgotten
+        deadline = time.monotonic() + 10
+        while (left := descendants(server_process.pid) - before) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not left, f"the instance's processes still run on the server: {[command(p) for p in sorted(left)]}"
+    finally:
+        close(rt)
 
 
 def test_the_server_refuses_a_request_without_its_token_or_too_large(server: tuple[str, str]) -> None:

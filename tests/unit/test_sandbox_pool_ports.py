@@ -59,7 +59,8 @@ class MemoryInstances:
         self.rows[key] = InstanceRow(
             key, claim.run_id, claim.skill_id, claim.tenant_id, claim.user_id, claim.host, LIVE, claim.isolation,
             None, None, claim.owner, ports, old.generation + 1 if old else 1, old.calls if old else 0,
-            claim.persistent, old.held_s if old else 0.0, False, now, now, now, lease_until, None, None)
+            claim.persistent, old.held_s if old else 0.0, False, now, now, now, lease_until, None, None,
+            claim.provider)
         return self.rows[key]
 
     def started(self, instance_id: str, pid: int | None, pid_start: int | None, now: float, *,
@@ -141,8 +142,9 @@ class KeptSandbox:
 
     isolation = "bwrap"
 
-    def __init__(self) -> None:
-        self.pid = 1000
+    def __init__(self, provider: str = "local", first_pid: int = 1000) -> None:
+        self.provider = provider
+        self.pid = first_pid
 
     def run(self, job: SandboxJob) -> SandboxOutcome:
         return SandboxOutcome(ok=True, isolation=self.isolation)
@@ -231,3 +233,33 @@ def test_the_close_releases_bills_once_and_stops_the_process_after_the_commit(pa
     assert processes.stopped == []
     pool.after_change("r1", RunState.EXECUTING, RunState.TRACING)
     assert processes.stopped == [held.holder.pid]
+
+
+def test_a_remote_instance_is_asked_after_and_stopped_through_its_provider() -> None:
+    """An instance a sandbox server started is looked at and stopped through that provider, never through
+    this host's processes (its pid means nothing here); a call that switches provider ends it (stopping its
+    process where it runs) and starts a new one; a process without that provider leaves it alone."""
+    instances, here, server = MemoryInstances(FakeClock(1_000.0)), FakeProcesses(), FakeProcesses()
+    settings = PoolSettings(host="h1", host_cap=3, tenant_cap=5, port_range=(42000, 42001))
+    pool = SandboxPool(instances, here, settings, owner="h1:1", providers={"remote": server})
+    remote, local = KeptSandbox("remote", first_pid=50), KeptSandbox()
+    first = lease(pool, remote, "r1")
+    assert first.row.provider == "remote" and first.event == "created"
+    here.gone.add(first.holder.pid)  # the same pid on this host is no process of the instance
+    assert lease(pool, remote, "r1").event == "reused"
+    assert pool.reclaim_dead() == 0 and instances.get("r1", "test.devserver").state == LIVE
+
+    other = SandboxPool(instances, FakeProcesses(), settings, owner="h1:2")  # no remote provider here
+    assert other.reclaim_dead() == 0 and other.stop_ended() == 0
+    assert instances.get("r1", "test.devserver").state == LIVE
+
+    moved = lease(pool, local, "r1")
+    assert moved.event == "recreated" and moved.row.provider == "local"
+    assert server.stopped == [first.holder.pid] and here.stopped == []
+    ended = [d for _, event, d in instances.events if event == "sandbox_instance_recreated"]
+    assert ended[-1]["reason"] == "the sandbox provider changed from remote to local"
+
+    second = lease(pool, remote, "r2")
+    pool.on_transition(object(), "r2", RunState.EXECUTING, RunState.TRACING)
+    pool.after_change("r2", RunState.EXECUTING, RunState.TRACING)
+    assert server.stopped == [first.holder.pid, second.holder.pid] and here.stopped == []

@@ -129,6 +129,8 @@ class InstanceRow:
     lease_expires_at: float
     ended_at: float | None
     end_reason: str | None
+    #: which sandbox provider holds its process: "local" (this row's host) or "remote" (a sandbox server)
+    provider: str = "local"
 
     def held_until(self, now: float) -> float:
         """Seconds this instance has existed, over all its generations, up to `now`."""
@@ -148,6 +150,7 @@ class Claim:
     persistent: bool
     ports: int
     owner: str
+    provider: str = "local"
 
 
 @dataclass(frozen=True)

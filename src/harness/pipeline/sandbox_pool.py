@@ -5,7 +5,8 @@ A Run's first call of a sandboxed skill takes an instance: a slot of the host's 
 tenant's cap and the ports its manifest asks for, all in one transaction of the instance store. The Run keeps
 it for its later calls of that skill — through a wait for approval and across restarts of the harness
 process — and gives it back when it enters TRACING, in that transaction. A `persistent` skill's instance
-also keeps a process holding its namespaces (the InstanceProcesses port): when that process is
+also keeps a process holding its namespaces (the InstanceProcesses port of the provider that started it:
+this host's, or a sandbox server's for the remote provider): when that process is
 found gone at the next call (the machine restarted, someone killed it), the instance is re-created over
 the Run's preserved working directory, with the same ports when they were still its, and the
 re-creation is in the Run's audit trail.
@@ -25,7 +26,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from harness.domain.sandbox import (
@@ -86,10 +87,12 @@ class SandboxPool:
 
     def __init__(self, instances: SandboxInstances, processes: InstanceProcesses, settings: PoolSettings, *,
                  owner: str, ledger: CostBook | None = None, price_per_s: float = 0.0,
-                 price_table: str | None = None) -> None:
+                 price_table: str | None = None, providers: Mapping[str, InstanceProcesses] | None = None) -> None:
         #: where instances and their units are kept (and their audit events written)
         self.table = instances
-        self.processes = processes
+        #: the processes of kept instances, by the provider that started them: this host's ("local") and
+        #: those of the other providers this process may use (a sandbox server's, "remote")
+        self.processes: dict[str, InstanceProcesses] = {**(providers or {}), "local": processes}
         self.settings = settings
         self.owner = owner
         self.ledger = ledger
@@ -126,14 +129,18 @@ class SandboxPool:
         began = time.monotonic()
         run_id, skill_id, host = job.run_id, job.skill_id, self.settings.host
         row = self.table.get(run_id, skill_id)
+        provider = getattr(sandbox, "provider", "local")
         reason = None
-        if row is not None and row.state == LIVE and row.host == host and row.isolation != sandbox.isolation:
+        if row is not None and row.state == LIVE and row.host == host and row.provider != provider:
+            reason = f"the sandbox provider changed from {row.provider} to {provider}"
+            self._end_changed(row, reason)
+        elif row is not None and row.state == LIVE and row.host == host and row.isolation != sandbox.isolation:
             reason = f"the sandbox changed from {row.isolation} to {sandbox.isolation}"
-            self.table.end_now(row, DEAD, reason, self.clock.now())
+            self._end_changed(row, reason)
         elif row is not None and row.state == LIVE and row.host == host:
             holder = Holder(row.pid, row.pid_start)
             has_process = persistent and row.isolation == "bwrap"
-            if not has_process or (row.pid is not None and self.processes.alive(holder)):
+            if not has_process or (row.pid is not None and self._alive(row)):
                 self.table.touch(row.instance_id, self.clock.now(), self._lease_until())
                 return Lease(row, holder, port_env(row), 0.0, "reused")
             if row.pid is not None:
@@ -145,7 +152,8 @@ class SandboxPool:
             self.table.end_now(row, DEAD, reason, self.clock.now())
         elif row is not None:
             reason = row.end_reason or f"it was {row.state}"
-        claim = Claim(run_id, skill_id, tenant_id, user_id, host, sandbox.isolation, persistent, ports, self.owner)
+        claim = Claim(run_id, skill_id, tenant_id, user_id, host, sandbox.isolation, persistent, ports, self.owner,
+                      provider)
         row = self._acquire(claim, began, deadline)
         event = "created" if row.generation == 1 else "recreated"
         holder = self._start(sandbox, job, row, persistent)
@@ -191,6 +199,21 @@ class SandboxPool:
                     raise SandboxUnavailableError(message, short.resource) from None
                 time.sleep(pause)
                 pause = min(pause * 2, 0.25)
+
+    def _end_changed(self, row: InstanceRow, reason: str) -> None:
+        """End a live instance the call can no longer use (its provider or its isolation changed); its
+        process, if any, is stopped by the provider that started it."""
+        if self.table.end_now(row, DEAD, reason, self.clock.now()) and row.pid is not None:
+            self.stop_ended(row.run_id)
+
+    def _processes_of(self, row: InstanceRow) -> InstanceProcesses | None:
+        """Who can look at and stop the row's process: the provider that started it; None when this process
+        does not use that provider (it cannot tell whether the process runs)."""
+        return self.processes.get(row.provider)
+
+    def _alive(self, row: InstanceRow) -> bool:
+        processes = self._processes_of(row)
+        return processes is not None and processes.alive(Holder(row.pid, row.pid_start))
 
     def _lease_until(self) -> float:
         return self.clock.now() + self.settings.lease_s
@@ -244,7 +267,9 @@ class SandboxPool:
         stopped = 0
         for row in self.table.ended_with_process(self.settings.host):
             ours = run_id is None or row.run_id == run_id
-            if ours and row.pid is not None and self.processes.stop(Holder(row.pid, row.pid_start)):
+            processes = self._processes_of(row)
+            if ours and row.pid is not None and processes is not None \
+                    and processes.stop(Holder(row.pid, row.pid_start)):
                 self.table.forget_process(row.instance_id, row.pid)
                 stopped += 1
         return stopped
@@ -260,8 +285,9 @@ class SandboxPool:
         for row in self.table.live():
             reason = None
             if row.host == host:
-                holder = Holder(row.pid, row.pid_start)
-                if row.persistent and row.pid is not None and not self.processes.alive(holder):
+                if row.persistent and row.pid is not None and self._processes_of(row) is None:
+                    continue  # started by a provider this process does not use: its Run's close ends it
+                if row.persistent and row.pid is not None and not self._alive(row):
                     reason = "its process was gone"
                 elif row.persistent and row.pid is None and row.isolation == "bwrap" \
                         and now - row.started_at > START_GRACE_S:

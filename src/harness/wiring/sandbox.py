@@ -16,6 +16,7 @@ from harness.pipeline.sandbox_pool import SandboxPool
 if TYPE_CHECKING:
     from http.server import ThreadingHTTPServer
 
+    from harness.adapters.sandbox.remote import RemoteSandbox
     from harness.adapters.sql.store import SqlStore
     from harness.domain.sandbox import PoolSettings
     from harness.ports import Sandbox
@@ -27,18 +28,26 @@ def sandbox_provider(settings: Settings) -> Sandbox:
     """The sandbox of the settings: this host's (bubblewrap, or the rlimit fallback), a sandbox server's
     (HARNESS_SANDBOX_PROVIDER=remote, HARNESS_SANDBOX_URL, HARNESS_SANDBOX_TOKEN), or this host's with some
     tenants' or skills' calls sent to the server."""
-    remote_some = settings.sandbox_remote_tenants or settings.sandbox_remote_skills
-    if settings.sandbox_provider == "local" and not remote_some:
+    remote = remote_sandbox(settings)
+    if remote is None:
         return select_sandbox(settings.sandbox)
-    if not settings.sandbox_url:
-        raise InvalidRequestError("the remote sandbox provider needs HARNESS_SANDBOX_URL (the sandbox server's URL)")
-    from harness.adapters.sandbox.remote import RemoteSandbox  # httpx, only when a remote provider is set
-
-    remote = RemoteSandbox(settings.sandbox_url, os.environ.get("HARNESS_SANDBOX_TOKEN", ""))
     if settings.sandbox_provider == "remote":
         return remote
     return ProviderChoice(lambda: select_sandbox(settings.sandbox), remote,
                           remote_tenants=settings.sandbox_remote_tenants, remote_skills=settings.sandbox_remote_skills)
+
+
+def remote_sandbox(settings: Settings) -> RemoteSandbox | None:
+    """The sandbox server's client when the settings send some calls there (HARNESS_SANDBOX_PROVIDER=remote,
+    or some tenants or skills), else None."""
+    remote_some = settings.sandbox_remote_tenants or settings.sandbox_remote_skills
+    if settings.sandbox_provider == "local" and not remote_some:
+        return None
+    if not settings.sandbox_url:
+        raise InvalidRequestError("the remote sandbox provider needs HARNESS_SANDBOX_URL (the sandbox server's URL)")
+    from harness.adapters.sandbox.remote import RemoteSandbox  # httpx, only when a remote provider is set
+
+    return RemoteSandbox(settings.sandbox_url, os.environ.get("HARNESS_SANDBOX_TOKEN", ""))
 
 
 def sandbox_server(settings: Settings, token: str, host: str, port: int) -> ThreadingHTTPServer:
@@ -49,8 +58,11 @@ def sandbox_server(settings: Settings, token: str, host: str, port: int) -> Thre
 
 
 def sandbox_pool(store: SqlStore, pool: PoolSettings, *, owner: str, ledger: CostBook | None = None,
-                 price_per_s: float = 0.0, price_table: str | None = None) -> SandboxPool:
-    """This host's sandbox pool over a store's instance table, with the processes of this host; a kept
-    instance's seconds are booked to `ledger` (none: not booked)."""
+                 price_per_s: float = 0.0, price_table: str | None = None,
+                 remote: RemoteSandbox | None = None) -> SandboxPool:
+    """This host's sandbox pool over a store's instance table, with the processes of this host and, when
+    some calls go to a sandbox server, those of its instances (asked of the server); a kept instance's
+    seconds are booked to `ledger` (none: not booked)."""
     return SandboxPool(InstanceTable(store), HolderProcesses(), pool, owner=owner, ledger=ledger,
-                       price_per_s=price_per_s, price_table=price_table)
+                       price_per_s=price_per_s, price_table=price_table,
+                       providers={"remote": remote} if remote is not None else None)

@@ -9,6 +9,7 @@ the local sandbox's does (the pool gives the call `sandbox_unavailable`).
 from __future__ import annotations
 
 import functools
+import logging
 from typing import Any
 
 import httpx
@@ -16,6 +17,7 @@ import httpx
 from harness.adapters.sandbox.wire import holder_from_json, holder_to_json, job_to_json, outcome_from_json
 from harness.domain.sandbox import Holder, SandboxJob, SandboxOutcome
 
+log = logging.getLogger("harness.sandbox.remote")
 CONNECT_TIMEOUT_S = 5.0
 #: what a call may take beyond its wall time (the server's process start, the transfer)
 GRACE_S = 30.0
@@ -59,12 +61,23 @@ class RemoteSandbox:
         return self._call("/v1/instances/run", {"holder": holder_to_json(holder), "job": job_to_json(job)}, job)
 
     def alive(self, holder: Holder) -> bool:
-        """Whether the instance's process on the server still runs."""
-        return bool(self._request("POST", "/v1/instances/alive", holder_to_json(holder))["alive"])
+        """Whether the instance's process on the server still runs (ports.sandboxes.InstanceProcesses): False
+        also while the server cannot be reached, so the next call re-creates the instance there (or fails
+        naming the server) and a sweep ends it; its process is stopped once the server answers again."""
+        try:
+            return bool(self._request("POST", "/v1/instances/alive", holder_to_json(holder))["alive"])
+        except RemoteSandboxError as exc:
+            log.warning("cannot ask whether a sandbox instance runs: %s", exc)
+            return False
 
     def stop(self, holder: Holder) -> bool:
-        """Kill the instance's process on the server; True when it is gone."""
-        return bool(self._request("POST", "/v1/instances/stop", holder_to_json(holder))["stopped"])
+        """Kill the instance's process on the server; True when it is gone, False while the server cannot
+        be reached (the sweeper asks again)."""
+        try:
+            return bool(self._request("POST", "/v1/instances/stop", holder_to_json(holder))["stopped"])
+        except RemoteSandboxError as exc:
+            log.warning("cannot stop a sandbox instance: %s", exc)
+            return False
 
     def close(self) -> None:
         """Close the connections to the server."""

@@ -108,7 +108,7 @@ class InstanceTable:
                   "isolation": claim.isolation, "pid": None, "pid_start": None, "owner": claim.owner,
                   "ports": ",".join(str(p) for p in ports), "persistent": claim.persistent,
                   "started_at": now, "used_at": now, "lease_expires_at": lease_until, "ended_at": None,
-                  "end_reason": None}
+                  "end_reason": None, "provider": claim.provider}
         done = conn.execute(instances.update().where(instances.c.instance_id == instance_id,
                                                      instances.c.state != LIVE)
                             .values(generation=instances.c.generation + 1, **values))

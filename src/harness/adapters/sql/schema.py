@@ -366,6 +366,7 @@ sandbox_instances = sa.Table(
     sa.Column("lease_expires_at", sa.Double, nullable=False),
     sa.Column("ended_at", sa.Double),
     sa.Column("end_reason", sa.String(200)),
+    sa.Column("provider", sa.String(16), nullable=False, server_default="local"),  # revision 0022
     sa.UniqueConstraint("run_id", "skill_id", name="uq_sandbox_instance_run_skill"),
     sa.Index("ix_sandbox_instances_state", "state", "host"),
 )
