@@ -4,18 +4,21 @@ through the local provider — its kept instance, its leased port and its billed
 refuses a request without its token (401) or with too large a body (413); a server that is down fails the
 Run's call with a reason naming it, at once.
 
-The server runs in a PID namespace of its own where the machine allows it, as on another host: the pids of
+The server runs as on another host where the machine allows it: in a PID namespace of its own (the pids of
 its instances mean nothing in this host's /proc, so the pool must ask the server whether an instance runs
-and tell the server to stop it."""
+and tell the server to stop it) and a mount namespace where the tests' folders are hidden (the skills' code
+and the Runs' working directories exist only on the harness side, so each call must carry them)."""
 
 from __future__ import annotations
 
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,13 +29,18 @@ import pytest
 import sqlalchemy as sa
 import yaml
 
+from harness import Agent, Harness
 from harness.adapters.sandbox.server import MAX_BODY
 from harness.adapters.sql import schema as t
 from harness.config import Runtime, build_runtime
 from harness.domain.sandbox import DEAD
+from harness.pipeline.artifacts import stored_bytes
 from tests.acceptance.agent_skills import RULES, TESTER
+from tests.fakes.prying_skills import pry_in_process, pry_sandboxed
 from tests.integration.conftest import port_open
 from tests.integration.instance_skills import INSTANCE_RULES, instance_settings
+from tests.integration.test_artifacts import TESS, sandbox_runtime
+from tests.integration.test_code_skill_sandbox import CEDAR, IDENTITIES, POLICY, SECRETS, _rules
 from tests.integration.test_sandbox import need_bwrap
 
 SERVE_AND_QUERY = {"name": "serve_query", "when": "^serve (?P<text>\\w+) and query$", "plan": {
@@ -46,14 +54,17 @@ SERVE_AND_QUERY = {"name": "serve_query", "when": "^serve (?P<text>\\w+) and que
 
 
 #: the sandbox server's process (the test module's one), for the tests that look at what it runs
-SERVER: dict[str, subprocess.Popen[bytes]] = {}
+SERVER: dict[str, Any] = {}
 
 
-def own_pid_namespace() -> list[str]:
-    """The command prefix that starts a process in a PID namespace of its own, or [] where that is refused."""
-    prefix = ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child"]
+def elsewhere(hidden: Path) -> list[str]:
+    """The command prefix that starts a process as on another host: PID and mount namespaces of its own, with
+    an empty folder mounted over `hidden`; [] where the machine refuses that."""
+    prefix = ["unshare", "--mount", "--pid", "--fork", "--mount-proc", "--kill-child", "sh", "-c",
+              'mount -t tmpfs hidden "$0" && exec "$@"', str(hidden)]
     try:
-        done = subprocess.run([*prefix, "true"], capture_output=True, timeout=10, check=False)
+        done = subprocess.run([*prefix, "test", "!", "-e", str(hidden / "probe")], capture_output=True, timeout=10,
+                              check=False)
     except (OSError, subprocess.TimeoutExpired):
         return []
     return prefix if done.returncode == 0 else []
@@ -95,15 +106,20 @@ def free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[tuple[str, str]]:
-    """A real `harness sandbox serve` process on a free loopback port: (its URL, its token)."""
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
+    """A real `harness sandbox serve` process on a free loopback port, as on another host where the machine
+    allows it: (its URL, its token)."""
     need_bwrap()
     token, port = secrets.token_urlsafe(24), free_port()
-    proc = subprocess.Popen([*own_pid_namespace(), str(Path(sys.executable).parent / "harness"), "sandbox", "serve",
-                             "--host", "127.0.0.1", "--port", str(port)],
+    hidden = tmp_path_factory.getbasetemp()  # every folder of the harness side (skills, data, workdirs)
+    (hidden / "probe").touch()
+    prefix = elsewhere(hidden)
+    own = Path(tempfile.mkdtemp(prefix="harness-sandbox-server-", dir="/var/tmp" if prefix else hidden))
+    proc = subprocess.Popen([*prefix, str(Path(sys.executable).parent / "harness"), "sandbox", "serve",
+                             "--host", "127.0.0.1", "--port", str(port), "--data-dir", str(own)],
                             env={**os.environ, "HARNESS_SANDBOX_TOKEN": token},
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
-    SERVER["process"] = proc
+    SERVER["process"], SERVER["isolated"] = proc, bool(prefix)
     deadline = time.monotonic() + 15
     while not port_open(port):
         assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else "the server exited"
@@ -113,6 +129,7 @@ def server() -> Iterator[tuple[str, str]]:
     SERVER.clear()
     os.killpg(proc.pid, signal.SIGTERM)  # unshare itself ignores SIGTERM while it waits for the server
     proc.wait(10)
+    shutil.rmtree(own, ignore_errors=True)
 
 
 def runtime(folder: Path, **extra: Any) -> Runtime:
@@ -251,3 +268,55 @@ def test_a_server_that_is_down_fails_the_run_at_once_naming_it(
         assert tool["error_code"] == "sandbox_unavailable" and tool["sandbox_provider"] == "remote"
     finally:
         close(rt)
+
+
+def test_the_files_a_call_writes_on_the_server_come_back_as_the_runs_files(
+        server: tuple[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sandboxed skill that writes files in its working directory on the server gives the Run the same
+    files (names, sizes, hashes, filtering), the same skipped ones and the same streams as on this host: the
+    files travel back into the Run's working directory here before they are collected."""
+    url, token = server
+    monkeypatch.setenv("HARNESS_SANDBOX_TOKEN", token)
+    seen = []
+    for name, extra in (("local", {}), ("remote", {"sandbox_provider": "remote", "sandbox_url": url})):
+        (tmp_path / name).mkdir()
+        rt = sandbox_runtime(tmp_path / name, f"sqlite:///{tmp_path / name / 'h.db'}", **extra)
+        try:
+            result = rt.runs.create_run({"task": "report", **TESS})
+            assert result.state == "SUCCEEDED", result.error
+            outcome = (rt.store.get_run(result.run_id).context or {})["steps"]["a"]
+            seen.append({
+                "files": [(f.name, f.size, f.sha256, f.media_type, f.filtered) for f in result.files],
+                "bytes": [stored_bytes(rt.contents, f) for f in result.files],
+                "skipped": outcome["skipped_files"], "stdout": outcome["stdout"], "stderr": outcome["stderr"]})
+        finally:
+            rt.close()
+    local, remote = seen
+    assert remote == local
+    assert [name for name, *_ in local["files"]] == ["chart.png", "out/report.csv"]
+
+
+def test_a_sandboxed_code_skill_runs_on_the_server_from_the_code_it_was_sent(
+        server: tuple[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An `@skill(sandbox=True)` of an agent defined in Python runs on the server: its package travels with
+    the call, the harness package is the server's own, and what it finds there is what the local sandbox
+    shows it (no secret of the harness process, none of its files)."""
+    url, token = server
+    monkeypatch.setenv("HARNESS_SANDBOX_TOKEN", token)
+    for name, value in SECRETS.items():
+        monkeypatch.setenv(name, value)
+    db = tmp_path / "harness.db"
+    for name, text in (("rules.yaml", _rules([str(db)])), ("p.cedar", CEDAR), ("policy.yaml", POLICY),
+                       ("ids.yaml", IDENTITIES)):
+        (tmp_path / name).write_text(text)
+    agent = Agent(name="pry", instructions="Pry.", skills=[pry_sandboxed, pry_in_process],
+                  policy=tmp_path / "policy.yaml", identities=tmp_path / "ids.yaml", llm_rules=tmp_path / "rules.yaml")
+    with Harness(agent, db=str(db), data_dir=tmp_path / "data", sandbox="bwrap", sandbox_provider="remote",
+                 sandbox_url=url) as h:
+        done = h.run("pry sandboxed", user="ana")
+        assert done.state == "SUCCEEDED", done.error
+        found = done.artifacts["found"]
+        assert found["env"] == {name: False for name in SECRETS}
+        assert found["files"] == {str(db): "FileNotFoundError"}
+        (tool,) = [t.data for t in h.trace(done.run_id) if t.kind == "tool"]
+        assert (tool["call_kind"], tool["isolation"], tool["sandbox_provider"]) == ("sandbox", "bwrap", "remote")

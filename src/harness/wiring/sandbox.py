@@ -15,6 +15,7 @@ from harness.pipeline.sandbox_pool import SandboxPool
 
 if TYPE_CHECKING:
     from http.server import ThreadingHTTPServer
+    from pathlib import Path
 
     from harness.adapters.sandbox.remote import RemoteSandbox
     from harness.adapters.sql.store import SqlStore
@@ -50,11 +51,16 @@ def remote_sandbox(settings: Settings) -> RemoteSandbox | None:
     return RemoteSandbox(settings.sandbox_url, os.environ.get("HARNESS_SANDBOX_TOKEN", ""))
 
 
-def sandbox_server(settings: Settings, token: str, host: str, port: int) -> ThreadingHTTPServer:
-    """`harness sandbox serve`: this host's sandbox (by HARNESS_SANDBOX) over HTTP, accepting only `token`."""
+def sandbox_server(settings: Settings, token: str, host: str, port: int,
+                   data_dir: Path | None = None) -> ThreadingHTTPServer:
+    """`harness sandbox serve`: this host's sandbox (by HARNESS_SANDBOX) over HTTP, accepting only `token`,
+    keeping the code and the Runs' files it is sent under `data_dir` (default: the data directory's
+    sandbox-server folder)."""
     from harness.adapters.sandbox.server import make_server
+    from harness.adapters.sandbox.yard import Yard
 
-    return make_server(select_sandbox(settings.sandbox), token, host, port)
+    yard = Yard(data_dir if data_dir is not None else settings.data_dir / "sandbox-server")
+    return make_server(select_sandbox(settings.sandbox), token, host, port, yard)
 
 
 def sandbox_pool(store: SqlStore, pool: PoolSettings, *, owner: str, ledger: CostBook | None = None,
