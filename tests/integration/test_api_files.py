@@ -28,14 +28,14 @@ def key(user: str) -> dict[str, str]:
 
 
 @pytest.fixture
-def runtime(tmp_path: Path) -> Iterator[Runtime]:
+def runtime(tmp_path: Path, backend_url: str) -> Iterator[Runtime]:
     need_bwrap()
     identities = tmp_path / "identities.yaml"
     identities.write_text(yaml.safe_dump({"identities": {
         f"{TENANTS[user]}/{user}": {"roles": ["tester"], "api_key_sha256": hashlib.sha256(k.encode()).hexdigest()}
         for user, k in KEYS.items()}}))
     # the service's worker and its waits run on real time
-    rt = sandbox_runtime(tmp_path, str(tmp_path / "files.db"), SystemClock(), identities_file=identities)
+    rt = sandbox_runtime(tmp_path, backend_url, SystemClock(), identities_file=identities)
     yield rt
     rt.close()
 
