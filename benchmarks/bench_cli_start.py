@@ -1,8 +1,9 @@
-"""CPU time each CLI command costs to start: `harness --help`, `runs show`, `approve`, `approvals`.
+"""CPU time each CLI command costs to start: every commonly scripted `harness` command, on a demo database.
 
-    python benchmarks/bench_cli_start.py               # a Markdown table
-    python benchmarks/bench_cli_start.py --json        # one JSON document
+    python benchmarks/bench_cli_start.py                          # a Markdown table
+    python benchmarks/bench_cli_start.py --json                   # one JSON document
     python benchmarks/bench_cli_start.py --rounds 7
+    python benchmarks/bench_cli_start.py --baseline /tmp/base/src # also another source tree, same run
 
 CPU time, not wall time: the user + system seconds of the command's process (resource.getrusage of
 RUSAGE_CHILDREN, before and after each child), so a machine shared with other jobs inflates it far less
@@ -10,10 +11,17 @@ than a stopwatch. The median of --rounds runs of each command; the first run of 
 fills the page cache and writes the bytecode cache, kept under the temporary folder by PYTHONPYCACHEPREFIX:
 a run with PYTHONDONTWRITEBYTECODE would compile every module on every start).
 
+With --baseline SRC the same commands also run with SRC first on PYTHONPATH (a checkout's `src` folder,
+e.g. main before a change): each round runs the baseline's command, then this one's, so both see the same
+load on the machine; the table gets one column per tree. "this" is whatever `harness` the environment
+imports (PYTHONPATH as given).
+
 Set-up, not measured: `harness demo` in a new folder (a database with Runs, one waiting for a support
-lead). Then each command on that database: `--help`; `runs show RUN_ID --json` of a succeeded Run;
-`approve REQUEST --as carol` of a request that does not exist (refused with exit 2 after the command has
-built all it needs to decide: the start without the decision's own work); `approvals --json`.
+lead). Then each command on that database. Commands that decide about or act on something name one that
+does not exist (`approve`, `reject`, `cancel`): they are refused with exit 2 after the command has built
+all it needs to decide, so the figure is its start without the decision's own work. `run --json` and
+`replay` are measured whole: a Run of the scripted model, start to end, and the replay of the demo's
+first Run.
 """
 
 from __future__ import annotations
@@ -28,6 +36,10 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
+
+#: a request or Run id that no database holds
+NOBODY = "01a00000-0000-7000-8000-000000000000"
 
 
 def cpu_of(args: list[str], cwd: Path, env: dict[str, str]) -> tuple[float, int]:
@@ -39,11 +51,41 @@ def cpu_of(args: list[str], cwd: Path, env: dict[str, str]) -> tuple[float, int]
     return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), done.returncode
 
 
+def commands_for(run_id: str) -> dict[str, list[str]]:
+    """Each measured command line (its name in the table) and its arguments."""
+    return {
+        "harness --help": ["--help"],
+        "harness run TASK --json": ["run", "Where is my order 1001?", "--json"],
+        "harness runs show RUN_ID --json": ["runs", "show", run_id, "--json"],
+        "harness trace RUN_ID --json": ["trace", run_id, "--json"],
+        "harness approve REQUEST --as carol": ["approve", NOBODY, "--as", "carol"],
+        "harness reject REQUEST --as carol": ["reject", NOBODY, "--as", "carol"],
+        "harness approvals --json": ["approvals", "--json"],
+        "harness cancel RUN_ID": ["cancel", NOBODY],
+        "harness skills list --json": ["skills", "list", "--json"],
+        "harness audit verify --json": ["audit", "verify", "--json"],
+        "harness costs --json": ["costs", "--json"],
+        "harness webhooks list --json": ["webhooks", "list", "--json"],
+        "harness kb list --json": ["kb", "list", "--json"],
+        "harness sweep --json": ["sweep", "--json"],
+        "harness replay RUN_ID --json": ["replay", run_id, "--json"],
+    }
+
+
+def summary(samples: list[float], codes: set[int]) -> dict[str, Any]:
+    """Median, min and max of the samples after the first (the warm-up), and the exit codes seen."""
+    kept = samples[1:]
+    return {"median_cpu_s": round(statistics.median(kept), 3), "min_cpu_s": round(min(kept), 3),
+            "max_cpu_s": round(max(kept), 3), "exit_codes": sorted(codes)}
+
+
 def main() -> None:
     """Measure and print."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--baseline", type=Path, help="another source tree to measure in the same run")
+    parser.add_argument("--only", action="append", default=[], help="only commands whose name contains this")
     options = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         cwd = Path(tmp)
@@ -52,33 +94,39 @@ def main() -> None:
                   if not k.startswith("HARNESS_") and k != "PYTHONDONTWRITEBYTECODE"},
                "PYTHONPYCACHEPREFIX": str(cwd / "pycache"),
                "HARNESS_DATA_DIR": str(cwd / "data"), "HARNESS_CHECKPOINT_KEY_DIR": str(cwd / "keys")}
+        trees = {"this": env}
+        if options.baseline is not None:
+            path = [str(options.baseline.resolve()), *filter(None, [env.get("PYTHONPATH")])]
+            trees = {"baseline": {**env, "PYTHONPATH": os.pathsep.join(path)}, "this": env}
         demo = subprocess.run([sys.executable, "-m", "harness.cli", "demo"], cwd=cwd, env=env, capture_output=True,
                               text=True, check=True)
         run_id = re.findall(r"run ([0-9a-f-]{36})  SUCCEEDED", demo.stdout)[0]
-        commands = {
-            "harness --help": ["--help"],
-            "harness runs show RUN_ID --json": ["runs", "show", run_id, "--json"],
-            "harness approve REQUEST --as carol": ["approve", "01a00000-0000-7000-8000-000000000000", "--as", "carol"],
-            "harness approvals --json": ["approvals", "--json"],
-        }
-        results = {}
-        for name, args in commands.items():
-            samples, codes = [], set()
+        results: dict[str, dict[str, dict[str, Any]]] = {}
+        for name, args in commands_for(run_id).items():
+            if options.only and not any(o in name for o in options.only):
+                continue
+            samples: dict[str, list[float]] = {t: [] for t in trees}
+            codes: dict[str, set[int]] = {t: set() for t in trees}
             for _ in range(options.rounds + 1):
-                cpu, code = cpu_of(args, cwd, env)
-                samples.append(cpu)
-                codes.add(code)
-            kept = samples[1:]
-            results[name] = {"median_cpu_s": round(statistics.median(kept), 3), "min_cpu_s": round(min(kept), 3),
-                             "max_cpu_s": round(max(kept), 3), "exit_codes": sorted(codes)}
+                for tree, tree_env in trees.items():
+                    cpu, code = cpu_of(args, cwd, tree_env)
+                    samples[tree].append(cpu)
+                    codes[tree].add(code)
+            results[name] = {t: summary(samples[t], codes[t]) for t in trees}
     if options.json:
         print(json.dumps({"rounds": options.rounds, "commands": results}, indent=2))
         return
-    print(f"| command | CPU s, median of {options.rounds} | min | max | exit |")
-    print("| --- | --- | --- | --- | --- |")
-    for name, r in results.items():
-        print(f"| `{name}` | {r['median_cpu_s']:.2f} | {r['min_cpu_s']:.2f} | {r['max_cpu_s']:.2f} | "
-              f"{','.join(map(str, r['exit_codes']))} |")
+    print_table(results, list(trees), options.rounds)
+
+
+def print_table(results: dict[str, dict[str, dict[str, Any]]], trees: list[str], rounds: int) -> None:
+    """One row per command: each tree's median CPU seconds (min-max), and the exit codes."""
+    print(f"| command | {' | '.join(f'{t}: CPU s, median of {rounds} (min-max)' for t in trees)} | exit |")
+    print(f"| --- | {' | '.join('---:' for _ in trees)} | --- |")
+    for name, by_tree in results.items():
+        cells = [f"{r['median_cpu_s']:.2f} ({r['min_cpu_s']:.2f}-{r['max_cpu_s']:.2f})" for r in by_tree.values()]
+        exits = sorted({c for r in by_tree.values() for c in r["exit_codes"]})
+        print(f"| `{name}` | {' | '.join(cells)} | {','.join(map(str, exits))} |")
 
 
 if __name__ == "__main__":

@@ -69,6 +69,29 @@ def test_help_loads_no_database_policy_or_web_code(tmp_path: Path) -> None:
     assert loaded(modules_after(cli("--help"), tmp_path), NOT_FOR_HELP) == []
 
 
+def test_a_command_loads_its_own_module_not_every_commands(tmp_path: Path) -> None:
+    """`harness approve` imports the CLI module that defines it and builds only its own parameters: the other
+    commands' modules (the archive, the server, the demo, audit, ...) stay unloaded (here for a request the
+    database does not hold: the whole start, then exit 2)."""
+    migrated(tmp_path)
+    code = cli("approve", "01a00000-0000-7000-8000-000000000000", "--as", "carol")
+    modules = modules_after(code.replace("assert not exc.code", "assert exc.code == 2"), tmp_path)
+    assert "harness.pipeline.run_manager" in modules  # it did build the runtime
+    assert sorted(m for m in modules if m.startswith("harness.cli")) == [
+        "harness.cli", "harness.cli.runs", "harness.cli.support"]
+
+
+def test_help_lists_every_command_of_the_table() -> None:
+    """The lazily built group lists the same commands `COMMANDS` names, in its order, each with its help."""
+    import typer.main
+
+    from harness.cli import COMMANDS, app
+
+    group = typer.main.get_command(app)
+    assert list(group.commands) == list(COMMANDS)  # type: ignore[attr-defined]
+    assert all(group.commands[name].help for name in COMMANDS)  # type: ignore[attr-defined]
+
+
 def test_a_read_only_command_builds_its_runtime_without_the_heavy_libraries(tmp_path: Path) -> None:
     """Building the whole runtime (as `approve` does) on a current database loads no migration tool, no secret
     detectors, no tokenizer vocabulary, no web stack, no HTTP client, no Celery, MCP or OpenTelemetry SDK."""

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn, ParamSpec, TypeVar
 
 import typer
+from typer.core import TyperGroup
 
 from harness.domain.errors import (
     BacklogFullError,
@@ -86,11 +87,13 @@ default/operator unless --as names someone; `harness approve` and `harness rejec
 The database is --db (before or after the command) or HARNESS_DATABASE_URL, default ./harness.db."""
 
 
-def make_app() -> typer.Typer:
-    """The `harness` command group, before its commands are added. On a terminal help is drawn in panels
-    at its width; into a pipe or a file it is plain text that wraps nowhere (a path stays whole)."""
+def make_app(group: type[TyperGroup]) -> typer.Typer:
+    """The `harness` command group, of the click group class `group` (which knows its commands). On a
+    terminal help is drawn in panels at its width; into a pipe or a file it is plain text that wraps nowhere
+    (a path stays whole)."""
     terminal = sys.stdout.isatty()
     return typer.Typer(
+        cls=group,
         help=APP_HELP,
         callback=root_options,
         no_args_is_help=True,

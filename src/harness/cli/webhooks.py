@@ -160,7 +160,6 @@ def parse_since(value: str, now: dt.datetime) -> dt.datetime:
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.UTC)
 
 
-@cli_errors
 def costs(
     by: Annotated[str, typer.Option("--by", help=f"Group by {', '.join(GROUPS)}.")] = "user",
     since: Annotated[str | None, typer.Option("--since", help="Only costs since: 7d, 12h, 30m or an ISO date.")]
