@@ -12,9 +12,10 @@ fills the page cache and writes the bytecode cache, kept under the temporary fol
 a run with PYTHONDONTWRITEBYTECODE would compile every module on every start).
 
 With --baseline SRC the same commands also run with SRC first on PYTHONPATH (a checkout's `src` folder,
-e.g. main before a change): each round runs the baseline's command, then this one's, so both see the same
-load on the machine; the table gets one column per tree. "this" is whatever `harness` the environment
-imports (PYTHONPATH as given).
+e.g. main before a change; it must know the demo database's migrations, or its commands fail: see the
+exit codes): each round runs the baseline's command, then this one's, so both see the same load on the
+machine; the table gets columns per tree. "this" is whatever `harness` the environment imports
+(PYTHONPATH as given).
 
 Set-up, not measured: `harness demo` in a new folder (a database with Runs, one waiting for a support
 lead). Then each command on that database. Commands that decide about or act on something name one that
@@ -120,14 +121,13 @@ def main() -> None:
 
 
 def print_table(results: dict[str, dict[str, dict[str, Any]]], trees: list[str], rounds: int) -> None:
-    """One row per command: each tree's median CPU seconds (min-max), and the exit codes."""
-    print(f"| command | {' | '.join(f'{t}: CPU s, median of {rounds} (min-max)' for t in trees)} | exit |")
-    print(f"| --- | {' | '.join('---:' for _ in trees)} | --- |")
+    """One row per command: each tree's median CPU seconds (min-max) and exit codes."""
+    print(f"| command | {' | '.join(f'{t}: CPU s, median of {rounds} (min-max) | exit' for t in trees)} |")
+    print(f"| --- | {' | '.join('---: | ---' for _ in trees)} |")
     for name, by_tree in results.items():
-        cells = [f"{r['median_cpu_s']:.2f} ({r['min_cpu_s']:.2f}-{r['max_cpu_s']:.2f})" for r in by_tree.values()]
-        exits = sorted({c for r in by_tree.values() for c in r["exit_codes"]})
-        print(f"| `{name}` | {' | '.join(cells)} | {','.join(map(str, exits))} |")
-
+        cells = [f"{r['median_cpu_s']:.2f} ({r['min_cpu_s']:.2f}-{r['max_cpu_s']:.2f}) | "
+                 f"{','.join(map(str, r['exit_codes']))}" for r in by_tree.values()]
+        print(f"| `{name}` | {' | '.join(cells)} |")
 
 if __name__ == "__main__":
     main()

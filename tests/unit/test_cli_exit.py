@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import subprocess
 import sys
@@ -28,3 +29,41 @@ def test_the_objects_of_a_command_are_frozen_at_exit(tmp_path: Path) -> None:
                           timeout=120, check=False)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.rstrip().endswith("frozen True")
+
+
+AFTER_START = textwrap.dedent("""
+    import atexit, gc, sys
+    atexit.register(lambda: print("collector on", gc.isenabled(), "frozen", gc.get_freeze_count() > 0))
+    sys.argv = ["harness", *sys.argv[1:]]
+    from harness.cli import main
+    try:
+        main()
+    except SystemExit:
+        pass
+""")
+
+
+def test_the_collector_pauses_for_the_start_only(tmp_path: Path) -> None:
+    """The script pauses the garbage collector while a command loads and builds its runtime, then freezes
+    what it built and turns the collector back on for the command's own work (a `serve` or a `sweep
+    --forever` collects as before)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HARNESS_")}
+    env |= {"HARNESS_DATABASE_URL": str(tmp_path / "harness.db"), "HARNESS_DATA_DIR": str(tmp_path / "data")}
+    done = subprocess.run([sys.executable, "-c", AFTER_START, "cancel", "no-such-run"], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert "no run with id" in done.stderr, done.stderr[-2000:]  # refused after building the runtime
+    assert done.stdout.rstrip().endswith("collector on True frozen True")
+
+
+def test_a_program_calling_the_app_keeps_its_collector(tmp_path: Path) -> None:
+    """The app invoked from Python (CliRunner, a user's script) neither pauses nor freezes anything."""
+    from typer.testing import CliRunner
+
+    from harness.cli import app
+
+    frozen = gc.get_freeze_count()
+    result = CliRunner().invoke(app, ["cancel", "no-such-run", "--db", str(tmp_path / "harness.db")],
+                                env={"HARNESS_DATA_DIR": str(tmp_path / "data")})
+    assert result.exit_code == 2, result.output
+    assert gc.isenabled()
+    assert gc.get_freeze_count() == frozen

@@ -78,7 +78,7 @@ def test_a_command_loads_its_own_module_not_every_commands(tmp_path: Path) -> No
     modules = modules_after(code.replace("assert not exc.code", "assert exc.code == 2"), tmp_path)
     assert "harness.pipeline.run_manager" in modules  # it did build the runtime
     assert sorted(m for m in modules if m.startswith("harness.cli")) == [
-        "harness.cli", "harness.cli.runs", "harness.cli.support"]
+        "harness.cli", "harness.cli.runs", "harness.cli.startup", "harness.cli.support"]
 
 
 def test_help_lists_every_command_of_the_table() -> None:

@@ -22,6 +22,7 @@ import typer
 import typer.main
 from typer.core import TyperGroup
 
+from harness.cli.startup import script_starts
 from harness.cli.support import cli_errors, make_app
 
 if TYPE_CHECKING:
@@ -117,6 +118,7 @@ def main() -> None:
     # finding nothing to free. Frozen, they are left to the process's end; atexit handlers registered later
     # (thread pools, logging) run before this one, and objects freed by reference counting are freed as before.
     atexit.register(gc.freeze)
+    script_starts()  # the collector pauses while the command loads (harness.cli.startup)
     app()
 
 

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from harness.cli.startup import kept_until_exit
 from harness.cli.support import DbOption, JsonOption, agent_reference, emit, fail, screen
 from harness.kernel.states import FINAL, RunState
 from harness.timefmt import deadline_reason, human, iso
@@ -27,10 +28,11 @@ Session = Annotated[str, typer.Option("--session", help="Conversation session id
 def runtime(db: str | None) -> Runtime:
     """The composition root for a CLI command, for the agent `harness --agent` or HARNESS_AGENT names
     (imported here: `harness --help` loads none of it)."""
-    from harness.config import build_runtime
-    from harness.settings import Settings
+    with kept_until_exit():  # imported and built with the collector paused (harness.cli.startup)
+        from harness.config import build_runtime
+        from harness.settings import Settings
 
-    return build_runtime(Settings.from_env(db=db, agent=agent_reference()))
+        return build_runtime(Settings.from_env(db=db, agent=agent_reference()))
 
 
 def result_document(rt: Runtime, result: RunResult) -> dict[str, Any]:

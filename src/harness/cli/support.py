@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn, ParamSpec, TypeVar
 import typer
 from typer.core import TyperGroup
 
+from harness.cli.startup import command_runs
 from harness.domain.errors import (
     BacklogFullError,
     BadInputError,
@@ -62,6 +63,7 @@ def root_options(agent: AgentOption = None, db: RootDbOption = None) -> None:
     `harness --db helpdesk.db runs show ID`); commands that build a runtime read the agent through
     `agent_reference`, and every command reads its --db from HARNESS_DATABASE_URL when not given one, so a
     --db before the command becomes that default (for this process and the ones it starts)."""
+    command_runs()  # every command passes here first: the start's pause of the collector ends
     _ROOT_AGENT.set(agent or None)
     if db is not None:
         os.environ["HARNESS_DATABASE_URL"] = db
