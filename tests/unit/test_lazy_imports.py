@@ -133,6 +133,21 @@ def test_runs_show_reads_without_the_composition_root(tmp_path: Path) -> None:
                           "harness.skills.manifests", "jsonschema", "harness.domain.traces", *NOT_AT_START)) == []
 
 
+@pytest.mark.parametrize("args", [("trace", "no-such-run", "--json"), ("costs", "--json"),
+                                  ("webhooks", "list", "--json")])
+def test_a_command_that_reads_opens_the_store_alone(tmp_path: Path, args: tuple[str, ...]) -> None:
+    """`trace`, `costs` and `webhooks list` read through the store: no composition root, pipeline, policy,
+    Cedar or skills load (`trace` here of a Run the database does not hold: the same reads, then exit 2)."""
+    migrated(tmp_path)
+    code = cli(*args)
+    if args[0] == "trace":
+        code = code.replace("assert not exc.code", "assert exc.code == 2")
+    read = modules_after(code, tmp_path)
+    assert "harness.stores" in read
+    assert loaded(read, ("harness.config", "harness.pipeline.run_manager", "harness.policy", "cedarpy",
+                         "harness.skills.manifests", "jsonschema", *NOT_AT_START)) == []
+
+
 def test_approvals_lists_without_the_composition_root_until_a_timeout_is_due(tmp_path: Path) -> None:
     """`harness approvals` reads the waiting requests through the store alone; the runtime (pipeline,
     policy, skills) loads only when a request's deadline has passed and its timeout must be applied."""

@@ -17,6 +17,7 @@ from harness.timefmt import deadline_reason, human, iso
 if TYPE_CHECKING:
     from rich.tree import Tree
 
+    from harness.adapters.sql.store import SqlStore
     from harness.config import Runtime
     from harness.domain.contracts import RunResult
 
@@ -33,6 +34,21 @@ def runtime(db: str | None) -> Runtime:
         from harness.settings import Settings
 
         return build_runtime(Settings.from_env(db=db, agent=agent_reference()))
+
+
+def read_store(db: str | None) -> SqlStore:
+    """The store alone, for a command that only reads it: no pipeline, policy, skills or model load. An
+    agent named by `harness --agent` or HARNESS_AGENT is loaded all the same, so that a bad reference is
+    named (exit 2) as by every command."""
+    reference = agent_reference()
+    if reference:
+        from harness.agents import load_agent
+
+        load_agent(reference)
+    with kept_until_exit():
+        from harness.stores import open_store
+
+        return open_store(db)
 
 
 def result_document(rt: Runtime, result: RunResult) -> dict[str, Any]:
@@ -148,14 +164,14 @@ def wait_for_decision(rt: Runtime, run_id: str, timeout: float) -> RunResult:
 def trace(run_id: Annotated[str, typer.Argument(help="The Run's id.")], db: DbOption = None,
           json_: JsonOption = False) -> None:
     """Print a Run's trace as a tree: transitions, steps, policy verdicts, approvals, tool calls, costs."""
-    rt = runtime(db)
-    run = rt.store.get_run(run_id)
-    rt.store.drain_all()
-    records = [{"seq": r.seq, "kind": r.kind, "hash": r.hash, **r.data()} for r in rt.store.trace_of(run_id)]
+    store = read_store(db)
+    run = store.get_run(run_id)
+    store.drain_all()
+    records = [{"seq": r.seq, "kind": r.kind, "hash": r.hash, **r.data()} for r in store.trace_of(run_id)]
     if json_:
         emit({"run_id": run_id, "state": run.state.value, "records": records})
         return
-    screen().print(trace_tree(run_id, run.state.value, records, rt.store.clock.now()))
+    screen().print(trace_tree(run_id, run.state.value, records, store.clock.now()))
 
 
 def trace_tree(run_id: str, state: str, records: list[dict[str, Any]], now: float | None = None) -> Tree:
@@ -298,14 +314,9 @@ def approvals(tenant: Annotated[str | None, typer.Option("--tenant")] = None, db
               json_: JsonOption = False) -> None:
     """List approval requests that are waiting."""
     from harness.domain.approvals import parent_runs_of
-    from harness.stores import approval_rows, open_store
+    from harness.stores import approval_rows
 
-    reference = agent_reference()
-    if reference:  # the listing needs no agent, but a bad reference is named (exit 2) as by every command
-        from harness.agents import load_agent
-
-        load_agent(reference)
-    store = open_store(db)
+    store = read_store(db)
     rows = approval_rows(store)
     if rows.due(store.clock.now(), 1):  # a timeout to apply first: that takes the whole runtime
         runtime(db).runs.expire_approvals()

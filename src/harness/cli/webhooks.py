@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from harness.cli.runs import runtime
+from harness.cli.runs import read_store, runtime
 from harness.cli.support import EXIT_CHECK_FAILED, DbOption, JsonOption, cli_errors, emit, fail, screen
 from harness.domain.costs import GROUPS
 from harness.domain.ids import ordered_id
@@ -102,17 +102,17 @@ def list_(
     """List webhook deliveries, newest first (`--status dead` for the dead letters)."""
     if status is not None and status not in STATUSES:
         fail(f"--status: {status!r} is not one of {', '.join(STATUSES)}")
+    from harness.stores import webhook_outbox
     from harness.webhooks.notifier import iso
 
-    rt = runtime(db)
-    assert rt.webhook_outbox is not None
-    rows = rt.webhook_outbox.list(tenant_id=tenant, status=status, limit=limit)
+    outbox = webhook_outbox(read_store(db))
+    rows = outbox.list(tenant_id=tenant, status=status, limit=limit)
     docs = [{"delivery_id": d.delivery_id, "event_id": d.event_id, "event_type": d.event_type, "run_id": d.run_id,
              "tenant_id": d.tenant_id, "endpoint": d.endpoint, "url": d.url, "status": d.status,
              "attempts": d.attempts, "last_status": d.last_status, "last_error": d.last_error,
              "created_at": iso(d.created_at)} for d in rows]
     if json_:
-        emit({"deliveries": docs, "counts": rt.webhook_outbox.counts(tenant)})
+        emit({"deliveries": docs, "counts": outbox.counts(tenant)})
         return
     from rich.table import Table
 
@@ -171,11 +171,13 @@ def costs(
     """Recorded spend grouped by tenant, user, skill or UTC day: USD, tokens, API calls, sandbox seconds."""
     if by not in GROUPS:
         fail(f"--by: {by!r} is not one of {', '.join(GROUPS)}")
-    rt = runtime(db)
-    now = dt.datetime.fromtimestamp(rt.store.clock.now(), dt.UTC)
+    from harness.stores import cost_ledger
+
+    store = read_store(db)
+    now = dt.datetime.fromtimestamp(store.clock.now(), dt.UTC)
     start = parse_since(since, now) if since else None
     group: GroupBy = by
-    groups = rt.runs.ledger.by_group(group, tenant_id=tenant, since=start.timestamp() if start else None)
+    groups = cost_ledger(store).by_group(group, tenant_id=tenant, since=start.timestamp() if start else None)
     total = round(sum(g.usd for g in groups), 8)
     if json_:
         emit({"group_by": by, "since": start.isoformat() if start else None, "tenant": tenant, "total_usd": total,
