@@ -17,9 +17,9 @@ from harness.timefmt import deadline_reason, human, iso
 if TYPE_CHECKING:
     from rich.tree import Tree
 
-    from harness.adapters.sql.store import SqlStore
     from harness.config import Runtime
     from harness.domain.contracts import RunResult
+    from harness.stores import Store
 
 Tenant = Annotated[str, typer.Option("--tenant", help="Tenant of the caller.")]
 User = Annotated[str, typer.Option("--user", help="User id of the caller.")]
@@ -36,7 +36,7 @@ def runtime(db: str | None) -> Runtime:
         return build_runtime(Settings.from_env(db=db, agent=agent_reference()))
 
 
-def read_store(db: str | None) -> SqlStore:
+def read_store(db: str | None) -> Store:
     """The store alone, for a command that only reads it: no pipeline, policy, skills or model load. An
     agent named by `harness --agent` or HARNESS_AGENT is loaded all the same, so that a bad reference is
     named (exit 2) as by every command."""
