@@ -292,7 +292,7 @@ class Harness:
         naming it and stores nothing; an unknown document raises UnknownDocumentError. Managed here even
         where the settings keep knowledge out of the context (HARNESS_KNOWLEDGE=off)."""
         if self._knowledge is None:
-            from harness.config import knowledge_base
+            from harness.stores import knowledge_base
 
             self._knowledge = self.runtime.knowledge or knowledge_base(self.runtime.store, self.runtime.settings)
         return self._knowledge

@@ -55,7 +55,7 @@ from harness.ports.leases import RunLeases
 from harness.ports.queries import ReadModel
 from harness.settings import Settings
 from harness.skills.manifests import SkillRegistry
-from harness.stores import read_model, stored_contents
+from harness.stores import knowledge_base, read_model, stored_contents
 from harness.webhooks.config import WebhookConfig, load_webhook_config
 from harness.webhooks.notifier import PushEvents, WebhookNotifier, WebhookResultSink
 from harness.wiring.llm import call_budget, check_priced, llm_provider
@@ -216,16 +216,6 @@ def resolve_agent(settings: Settings, agent: Agent | None = None) -> tuple[Setti
     # same agent again
     object.__setattr__(resolved, "__pydantic_fields_set__", set(settings.model_fields_set))
     return resolved, agent
-
-
-def knowledge_base(store: SqlStore, settings: Settings | None = None) -> KnowledgeBase:
-    """The knowledge bases over a store, for ingestion and listing: searched and embedded as the settings say
-    (HARNESS_KNOWLEDGE=semantic embeds each chunk as it is added; off still lets documents be managed)."""
-    mode = (settings or Settings.from_env()).knowledge
-    found = open_knowledge("lexical" if mode == "off" else mode, SqlKnowledgeRows(store.engine), store.clock,
-                           SecretFilter())
-    assert found is not None
-    return found
 
 
 def change_feed(store: SqlStore, push: bool = True) -> ChangeFeed:

@@ -20,12 +20,14 @@ if TYPE_CHECKING:
     from harness.adapters.sql.replay_reads import ReplayReads
     from harness.adapters.sql.webhooks import WebhookOutbox
     from harness.domain.retention import ArchivedRun
+    from harness.knowledge.base import KnowledgeBase
     from harness.ports import Clock
     from harness.ports.approvals import ApprovalRows
     from harness.ports.audit import AuditReads, ReconcileReads
     from harness.ports.contents import StoredContents
     from harness.ports.queries import ReadModel
     from harness.ports.sandboxes import SandboxInstances
+    from harness.settings import Settings
 
 #: the store the composition root opens: shells name it in signatures where they hand a store on to code
 #: typed against it, and never build one themselves
@@ -121,3 +123,18 @@ def webhook_outbox(store: SqlStore) -> WebhookOutbox:
     from harness.adapters.sql.webhooks import WebhookOutbox
 
     return WebhookOutbox(store)
+
+
+def knowledge_base(store: SqlStore, settings: Settings | None = None) -> KnowledgeBase:
+    """The knowledge bases over a store, for ingestion and listing: searched and embedded as the settings say
+    (HARNESS_KNOWLEDGE=semantic embeds each chunk as it is added; off still lets documents be managed)."""
+    from harness.adapters.sql.knowledge import SqlKnowledgeRows
+    from harness.context.secrets import SecretFilter
+    from harness.knowledge.base import open_knowledge
+    from harness.settings import Settings
+
+    mode = (settings or Settings.from_env()).knowledge
+    found = open_knowledge("lexical" if mode == "off" else mode, SqlKnowledgeRows(store.engine), store.clock,
+                           SecretFilter())
+    assert found is not None
+    return found

@@ -25,9 +25,8 @@ KbOption = Annotated[str, typer.Option("--kb", help="The knowledge base (an agen
 
 def _knowledge(db: str | None) -> KnowledgeBase:
     """The knowledge bases of the database `db` names (imported here: `harness --help` loads none of it)."""
-    from harness.config import knowledge_base
     from harness.settings import Settings
-    from harness.stores import open_store
+    from harness.stores import knowledge_base, open_store
 
     settings = Settings.from_env(db=db)
     return knowledge_base(open_store(settings.db), settings)
