@@ -28,6 +28,7 @@ from harness.agents import Agent, load_agent
 from harness.config import Runtime, build_runtime
 from harness.domain.contracts import Message, RunResult
 from harness.kernel.states import FINAL, RunState
+from harness.operations import Operations
 from harness.pipeline import waits
 from harness.ports import Clock, LLMProvider
 from harness.ports.changes import ChangeWaiter
@@ -296,6 +297,13 @@ class Harness:
 
             self._knowledge = self.runtime.knowledge or knowledge_base(self.runtime.store, self.runtime.settings)
         return self._knowledge
+
+    @property
+    def operations(self) -> Operations:
+        """What operators need beyond this class, over the same runtime: Runs asked for with every field
+        of the request, Run records, decisions with their verdict, approval timeouts, the cost ledger, the
+        audit's checks (harness.operations)."""
+        return Operations(self.runtime)
 
     @staticmethod
     def _request(task: str, user: str, tenant: str, session: str, history: Sequence[Message | dict[str, str]],

@@ -60,9 +60,9 @@ from harness.webhooks.config import WebhookConfig, load_webhook_config
 from harness.webhooks.notifier import PushEvents, WebhookNotifier, WebhookResultSink
 from harness.wiring.llm import call_budget, check_priced, llm_provider
 from harness.wiring.sandbox import remote_sandbox, sandbox_pool, sandbox_provider
+from harness.wiring.webhooks import webhook_sender
 
 if TYPE_CHECKING:
-    from harness.adapters.webhook_http import WebhookSender
     from harness.domain.contracts import RunRequest
     from harness.ports.segments import SegmentStore
     from harness.skills.mcp import McpServers
@@ -123,13 +123,6 @@ def skill_data_dir(settings: Settings, store: SqlStore) -> Path:
     """Where skills keep files of their own: a folder per database in the data directory, so that two
     databases (two checkouts, a test and a demo) never share the example's ledger."""
     return settings.data_dir / store.database_id()
-
-
-def webhook_sender(timeout_s: float) -> WebhookSender:
-    """A signed HTTP sender of webhook events (the caller closes it)."""
-    from harness.adapters.webhook_http import WebhookSender
-
-    return WebhookSender(timeout_s)
 
 
 def _artifact_store(url: str | None) -> SegmentStore | None:

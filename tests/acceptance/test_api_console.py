@@ -8,6 +8,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from harness.config import Runtime
+from harness.operations import Operations
 from harness.service import views
 from tests.acceptance.api_helpers import (  # noqa: F401 - fixtures
     ORDER_STATUS,
@@ -102,9 +103,9 @@ def test_a_change_committed_while_the_run_page_is_built_reaches_its_live_stream(
     assert run["state"] == "AWAITING_HITL"
     read = views.run_document
 
-    def read_then_cancel(rt: Runtime, record: object) -> object:
-        document = read(rt, record)  # type: ignore[arg-type]
-        rt.runs.cancel(run["run_id"], by="default/alice")
+    def read_then_cancel(ops: Operations, record: object) -> object:
+        document = read(ops, record)  # type: ignore[arg-type]
+        ops.cancel(run["run_id"], by="default/alice")
         return document
 
     monkeypatch.setattr(views, "run_document", read_then_cancel)

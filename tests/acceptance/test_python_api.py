@@ -190,3 +190,25 @@ def test_the_manifest_hash_covers_schema_and_code(tmp_path: Path) -> None:
     assert declare("return {'a': a}", "int") != base  # the schema
     assert declare("return {'a': a, 'b': 1}", "str") != base  # the code
     assert declare("return {'a': a}", "str") == base
+
+
+def test_the_operator_api_submits_the_full_request_decides_and_checks_the_audit(h: Harness) -> None:
+    """`Harness.operations` is what the CLI and the service call: a submit with roles and an idempotency key
+    returns the same Run (created False) the second time, a decision comes back with its verdict, and the
+    chain verifies."""
+    ops = h.operations
+    request = {"task": "close T-9", "tenant_id": "default", "user_id": "ana", "roles": ["agent"],
+               "idempotency_key": "op-1"}
+    run, created = ops.submit(request)
+    again, created_again = ops.submit(request)
+    assert created and not created_again and again.run_id == run.run_id
+    assert ops.run(run.run_id).state.value == "CREATED"
+    parked = h.drive(run.run_id)
+    assert parked.state == "AWAITING_HITL" and parked.approval_request_id is not None
+    assert parked.approval_request_id in {r.request_id for r in ops.hitl.pending("default")}
+    verdict, result = ops.decide(parked.approval_request_id, ops.identities.resolve("ana"), "approve",
+                                 reason="confirmed")
+    assert verdict.accepted and verdict.effect == "approved" and result.state == "SUCCEEDED"
+    assert [t.to_state.value for t in ops.transitions(run.run_id)][-1] == "SUCCEEDED"
+    assert ops.ledger.run_total(run.run_id).to_dict()["usd"] >= 0
+    assert ops.verify().ok and ops.reconcile().ok and ops.trace_backlog() == 0

@@ -109,7 +109,7 @@ def test_a_read_only_command_builds_its_runtime_without_the_heavy_libraries(tmp_
                 "assert SecretFilter().scrub('key AKIAQ7CANARY4EXAMPLE1').count", "detect_secrets"),
     ("a token count", "from harness.context.tokenizer import tokenizer_for\n"
                       "assert tokenizer_for('openai', 'gpt-4o').count('hello world')", "bpe_openai"),
-    ("a webhook sent", "from harness.config import webhook_sender\n"
+    ("a webhook sent", "from harness.wiring.webhooks import webhook_sender\n"
                        "from harness.domain.outbound import OutboundRule\n"
                        "s = webhook_sender(1.0)\n"
                        f"assert not s.send('http://127.0.0.1:9/', 'm1', '{{}}', {SECRET!r},\n"

@@ -24,8 +24,8 @@ from harness.cli.runs import print_result, result_document
 from harness.cli.support import DbOption, JsonOption, emit, fail
 
 if TYPE_CHECKING:
-    from harness.config import Runtime
     from harness.domain.contracts import RunResult
+    from harness.operations import Operations
     from harness.settings import Settings
 
 #: the demo's Runs: (what it shows, task, who asks, who decides an approval at once — None: leave it waiting)
@@ -79,12 +79,12 @@ def demo(db: DbOption = None, json_: JsonOption = False, llm: DemoLlm = "scripte
     and a total (exit 1 when any scenario did not come out as expected)."""
     if llm not in ("scripted", "local"):
         fail(f"--llm must be scripted or local, not {llm!r}")
-    from harness.config import build_runtime
+    from harness.operations import Operations
     from harness.settings import Settings
 
     if llm == "scripted":
         # the default database, so `harness serve` afterwards shows these Runs
-        _demo(build_runtime(Settings.from_env(db=db)), json_)
+        _demo(Operations.open(Settings.from_env(db=db)), json_)
         return
     base_url = os.environ.get("HARNESS_LLM_BASE_URL")
     if base_url:
@@ -100,12 +100,12 @@ def demo(db: DbOption = None, json_: JsonOption = False, llm: DemoLlm = "scripte
         raise typer.Exit(1)
 
 
-def _demo(rt: Runtime, json_: bool) -> None:
+def _demo(ops: Operations, json_: bool) -> None:
     from harness.examples.support import HANDBOOK_KB, handbook_files
 
-    rt.runs.assembler.warm()  # the vocabulary loads before the Run, not inside its step 2
-    if rt.knowledge is not None:  # the refund answers cite it (a file already there is not stored again)
-        rt.knowledge.add_files(handbook_files(), tenant_id="default", kb=HANDBOOK_KB)
+    ops.warm()  # the vocabulary loads before the Run, not inside its step 2
+    if ops.knowledge is not None:  # the refund answers cite it (a file already there is not stored again)
+        ops.knowledge.add_files(handbook_files(), tenant_id="default", kb=HANDBOOK_KB)
         if not json_:
             typer.echo(f"the policy handbook is in the knowledge base {HANDBOOK_KB!r}: harness kb list --kb "
                        f"{HANDBOOK_KB}")
@@ -113,23 +113,23 @@ def _demo(rt: Runtime, json_: bool) -> None:
     for label, task, user, decider in DEMO_SCENARIOS:
         if not json_:
             typer.echo(f"\n== {label}: {task!r}")
-        result = rt.runs.create_run({"task": task, "user_id": user})  # roles: from the identity directory
+        result = ops.create_run({"task": task, "user_id": user})  # roles: from the identity directory
         if result.approval_request_id and decider is not None:
             if not json_:
                 print_result(result)
                 typer.echo(f"  → {decider} confirms the refund: harness approve {result.approval_request_id} "
                            f"--as {decider}")
-            _, result = rt.runs.decide(result.approval_request_id, rt.identities.resolve(decider), "approve",
-                                       reason="demo")
+            _, result = ops.decide(result.approval_request_id, ops.identities.resolve(decider), "approve",
+                                   reason="demo")
         elif result.approval_request_id:
             waiting.append(result)
-        out.append({"scenario": label, "task": task, **result_document(rt, result)})
+        out.append({"scenario": label, "task": task, **result_document(ops, result)})
         if not json_:
             print_result(result)
     if json_:
         emit({"runs": out, "waiting": [{"run_id": r.run_id, "request_id": r.approval_request_id} for r in waiting]})
         return
-    option = f" --db {rt.settings.db}" if rt.settings.db else ""
+    option = f" --db {ops.settings.db}" if ops.settings.db else ""
     for result in waiting:
         typer.echo(f"\nWaiting for a support lead: the refund of run {result.run_id}.\n"
                    "  In the console: `harness serve`, open http://127.0.0.1:8000/, sign in with demo-carol-key, "
@@ -157,26 +157,26 @@ def offering(folder: Path, skill: str) -> Path:
 
 def _local_demo(settings: Settings, json_: bool) -> bool:
     """Each local scenario on a runtime offered its one skill; True when every one came out as expected."""
-    from harness.config import build_runtime
+    from harness.operations import Operations
 
     out = []
     with tempfile.TemporaryDirectory(prefix="harness-local-demo-") as scratch:
         for number, scenario in enumerate(LOCAL_SCENARIOS, 1):
             skills = offering(Path(scratch) / str(number), scenario.skill)
-            rt = build_runtime(settings.model_copy(update={"skills_dirs": (skills,)}))
+            ops = Operations.open(settings.model_copy(update={"skills_dirs": (skills,)}))
             try:
                 if not json_:
                     typer.echo(f"\n== {scenario.label}: {scenario.task!r} (offered: {scenario.skill[:-5]})")
-                result = _run_local(rt, scenario, json_)
+                result = _run_local(ops, scenario, json_)
                 ok = result.state == scenario.expected
                 out.append({"scenario": scenario.label, "task": scenario.task, "expected": scenario.expected,
-                            "passed": ok, **result_document(rt, result)})
+                            "passed": ok, **result_document(ops, result)})
                 if not json_:
                     print_result(result)
                     verdict = "PASS" if ok else "FAIL"
                     typer.echo(f"  {verdict}: expected {scenario.expected}, got {result.state}")
             finally:
-                rt.close()
+                ops.close()
     passed = sum(1 for doc in out if doc["passed"])
     if json_:
         emit({"runs": out, "passed": passed, "scenarios": len(out)})
@@ -186,13 +186,13 @@ def _local_demo(settings: Settings, json_: bool) -> bool:
     return passed == len(out)
 
 
-def _run_local(rt: Runtime, scenario: LocalScenario, json_: bool) -> RunResult:
-    result = rt.runs.create_run({"task": scenario.task, "user_id": "alice"})
+def _run_local(ops: Operations, scenario: LocalScenario, json_: bool) -> RunResult:
+    result = ops.create_run({"task": scenario.task, "user_id": "alice"})
     if result.approval_request_id and scenario.decider is not None:
         if not json_:
             print_result(result)
             typer.echo(f"  → {scenario.decider} confirms: harness approve {result.approval_request_id} "
                        f"--as {scenario.decider}")
-        _, result = rt.runs.decide(result.approval_request_id, rt.identities.resolve(scenario.decider), "approve",
-                                   reason="demo")
+        _, result = ops.decide(result.approval_request_id, ops.identities.resolve(scenario.decider), "approve",
+                               reason="demo")
     return result

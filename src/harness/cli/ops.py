@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from harness.cli.runs import runtime
+from harness.cli.runs import operations
 from harness.cli.support import AgentOption, DbOption, JsonOption, agent_reference, emit
 
 if TYPE_CHECKING:
@@ -36,14 +36,9 @@ def sweep(
     """Find Runs stuck past their state's threshold and close (or resume) them; close queued Runs past their
     start deadline (never a queued Run for waiting); expire overdue approvals; carry out decided approvals
     whose Run did not move."""
-    rt = runtime(db)
-    from harness.drive.sweeper import ZombieSweeper
-
-    sweeper = ZombieSweeper(rt.store, rt.machine, thresholds=rt.settings.thresholds(),
-                            expire_approvals=rt.runs.expire_approvals,
-                            resume=rt.runs.drive if resume else None,
-                            resume_decisions=rt.runs.resume_decisions, max_stalls=rt.settings.max_stalls)
-    interval = interval if interval is not None else rt.settings.sweep_interval_s
+    ops = operations(db)
+    sweeper = ops.sweeper(resume=resume)
+    interval = interval if interval is not None else ops.settings.sweep_interval_s
     if not once:
         typer.echo(f"sweeping every {interval:g}s; Ctrl-C to stop", err=True)
         try:
@@ -51,7 +46,7 @@ def sweep(
         except KeyboardInterrupt:
             return
     report = sweeper.sweep_once()
-    pruned = rt.runs.prune_workdirs()  # this host's directories of Runs closed by any process
+    pruned = ops.prune_workdirs()  # this host's directories of Runs closed by any process
     if json_:
         emit({**_doc(report), "workdirs_removed": pruned})
     else:

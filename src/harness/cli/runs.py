@@ -17,8 +17,8 @@ from harness.timefmt import deadline_reason, human, iso
 if TYPE_CHECKING:
     from rich.tree import Tree
 
-    from harness.config import Runtime
     from harness.domain.contracts import RunResult
+    from harness.operations import Operations
     from harness.stores import Store
 
 Tenant = Annotated[str, typer.Option("--tenant", help="Tenant of the caller.")]
@@ -26,14 +26,14 @@ User = Annotated[str, typer.Option("--user", help="User id of the caller.")]
 Session = Annotated[str, typer.Option("--session", help="Conversation session id.")]
 
 
-def runtime(db: str | None) -> Runtime:
-    """The composition root for a CLI command, for the agent `harness --agent` or HARNESS_AGENT names
+def operations(db: str | None) -> Operations:
+    """The operator's API for a CLI command, for the agent `harness --agent` or HARNESS_AGENT names
     (imported here: `harness --help` loads none of it)."""
     with kept_until_exit():  # imported and built with the collector paused (harness.cli.startup)
-        from harness.config import build_runtime
+        from harness.operations import Operations
         from harness.settings import Settings
 
-        return build_runtime(Settings.from_env(db=db, agent=agent_reference()))
+        return Operations.open(Settings.from_env(db=db, agent=agent_reference()))
 
 
 def read_store(db: str | None) -> Store:
@@ -51,11 +51,11 @@ def read_store(db: str | None) -> Store:
         return open_store(db)
 
 
-def result_document(rt: Runtime, result: RunResult) -> dict[str, Any]:
+def result_document(ops: Operations, result: RunResult) -> dict[str, Any]:
     """The JSON a command prints for a Run's result: the Run's document, as `runs show --json` prints it."""
     from harness.cli.documents import run_document
 
-    return run_document(rt.store, result.run_id)
+    return run_document(ops.store, result.run_id)
 
 
 def print_result(result: RunResult) -> None:
@@ -105,22 +105,22 @@ def run(
     """Run a task in-process until it is final or waits for a human; show the state path live. When too
     many accepted Runs wait to start (HARNESS_MAX_BACKLOG) the Run is refused, nothing written: exit 1."""
     deadline = _start_by(start_by, start_within)
-    rt = runtime(db)
-    rt.runs.assembler.warm()  # the vocabulary loads before the Run, not inside its step 2
-    roles = caller_roles(rt, tenant, user, role)
-    if team is not None and team not in rt.identities.teams_of(tenant, user):
-        teams = ", ".join(rt.identities.teams_of(tenant, user)) or "none"
+    ops = operations(db)
+    ops.warm()  # the vocabulary loads before the Run, not inside its step 2
+    roles = caller_roles(ops, tenant, user, role)
+    if team is not None and team not in ops.identities.teams_of(tenant, user):
+        teams = ", ".join(ops.identities.teams_of(tenant, user)) or "none"
         fail(f"--team {team}: {tenant}/{user} is not a member of it (its teams: {teams})")
     if not json_:
-        rt.machine.subscribe(lambda run_id, source, target: typer.echo(f"  {source.value:>13} → {target.value}"))
+        ops.on_change(lambda run_id, source, target: typer.echo(f"  {source.value:>13} → {target.value}"))
     request = {"task": task, "tenant_id": tenant, "user_id": user, "session_id": session, "roles": list(roles),
                "idempotency_key": idempotency_key, "chain_remaining": chain_remaining, "start_by": deadline,
                "team_id": team}
-    result = rt.runs.create_run(request)
+    result = ops.create_run(request)
     if wait and result.state == RunState.AWAITING_HITL.value:
-        result = wait_for_decision(rt, result.run_id, timeout)
+        result = wait_for_decision(ops, result.run_id, timeout)
     if json_:
-        emit(result_document(rt, result))
+        emit(result_document(ops, result))
     else:
         print_result(result)
 
@@ -134,11 +134,11 @@ def _start_by(start_by: str | None, start_within: float | None) -> str | None:
     return start_by
 
 
-def caller_roles(rt: Runtime, tenant: str, user: str, narrowed_to: list[str] | None) -> tuple[str, ...]:
+def caller_roles(ops: Operations, tenant: str, user: str, narrowed_to: list[str] | None) -> tuple[str, ...]:
     """The roles the identity directory gives tenant/user (none for an identity it does not know, with a
     note on stderr), narrowed to `narrowed_to` when given; claiming a role it does not hold is bad input."""
-    held = rt.identities.roles_of(tenant, user)
-    if rt.identities.find(tenant, user) is None:
+    held = ops.identities.roles_of(tenant, user)
+    if ops.identities.find(tenant, user) is None:
         typer.echo(f"note: {tenant}/{user} is not in the identity directory, so it has no roles", err=True)
     if not narrowed_to:
         return held
@@ -149,16 +149,16 @@ def caller_roles(rt: Runtime, tenant: str, user: str, narrowed_to: list[str] | N
     return tuple(r for r in held if r in narrowed_to)
 
 
-def wait_for_decision(rt: Runtime, run_id: str, timeout: float) -> RunResult:
+def wait_for_decision(ops: Operations, run_id: str, timeout: float) -> RunResult:
     """Poll until the Run leaves AWAITING_HITL and settles; approval timeouts are applied meanwhile."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        rt.runs.expire_approvals()
-        run = rt.store.get_run(run_id)
+        ops.expire_approvals()
+        run = ops.run(run_id)
         if run.state in FINAL:
             break
         time.sleep(0.5)
-    return rt.runs.result(run_id)
+    return ops.result(run_id)
 
 
 def trace(run_id: Annotated[str, typer.Argument(help="The Run's id.")], db: DbOption = None,
@@ -252,26 +252,26 @@ def cancel(run_id: Annotated[str, typer.Argument(help="The Run's id.")],
            reason: Annotated[str, typer.Option("--reason")] = "cancelled by the user",
            db: DbOption = None, json_: JsonOption = False) -> None:
     """Cancel a Run that has not finished."""
-    rt = runtime(db)
-    who = rt.identities.resolve(as_)
-    run = rt.store.get_run(run_id)
+    ops = operations(db)
+    who = ops.identities.resolve(as_)
+    run = ops.run(run_id)
     if run.tenant_id != who.tenant_id:
         fail(f"no run with id {run_id!r} in tenant {who.tenant_id}")
-    result = rt.runs.cancel(run_id, by=f"{who.tenant_id}/{who.user_id}", reason=reason)
-    emit(result_document(rt, result)) if json_ else print_result(result)
+    result = ops.cancel(run_id, by=f"{who.tenant_id}/{who.user_id}", reason=reason)
+    emit(result_document(ops, result)) if json_ else print_result(result)
 
 
 def decide(decision: str, request_id: str, as_: str, reason: str, break_glass: bool, db: str | None,
            json_: bool, resume: bool = True) -> None:
     """approve / reject: judge and persist the decision, then (unless not `resume`) drive the Run in this
     process; an approval this process cannot drive (it lacks the Run's skills) is refused unrecorded."""
-    rt = runtime(db)
-    approver = rt.identities.resolve(as_)
-    verdict, result = rt.runs.decide(request_id, approver, decision, break_glass=break_glass, reason=reason,
-                                     resume=resume)
+    ops = operations(db)
+    approver = ops.identities.resolve(as_)
+    verdict, result = ops.decide(request_id, approver, decision, break_glass=break_glass, reason=reason,
+                                 resume=resume)
     doc = {"request_id": request_id, "decision": decision, "accepted": verdict.accepted, "effect": verdict.effect,
            "refusal": verdict.refusal, "approvals": verdict.approvals,
-           "required_approvals": verdict.request.required_approvals, "run": result_document(rt, result)}
+           "required_approvals": verdict.request.required_approvals, "run": result_document(ops, result)}
     if json_:
         emit(doc)
     elif verdict.accepted:
@@ -319,7 +319,7 @@ def approvals(tenant: Annotated[str | None, typer.Option("--tenant")] = None, db
     store = read_store(db)
     rows = approval_rows(store)
     if rows.due(store.clock.now(), 1):  # a timeout to apply first: that takes the whole runtime
-        runtime(db).runs.expire_approvals()
+        operations(db).expire_approvals()
     pending = rows.pending(tenant, 200)
     parents = parent_runs_of(pending, rows.parent_runs)
     docs = [{"request_id": r.request_id, "run_id": r.run_id, "tenant_id": r.tenant_id, "requester": r.requester,

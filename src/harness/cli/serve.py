@@ -36,7 +36,6 @@ def serve(
     # imported here so that every other `harness` command starts without loading the web stack
     import uvicorn
 
-    from harness.config import build_runtime
     from harness.service import logs
     from harness.service.app import create_app
     from harness.service.settings import ServiceSettings
@@ -46,10 +45,8 @@ def serve(
         raise typer.BadParameter("must be debug, info, warning or error", param_hint="--log-level")
     logs.configure(json_lines=log_json, level=log_level)
     settings = ServiceSettings.from_env(concurrency=workers, otel_exporter=otel)
-    runtime = build_runtime(Settings.from_env(db=db, agent=agent_reference(agent)))
-    runtime.runs.assembler.warm()
-    app = create_app(runtime, settings)
-    app.state.service.owns_runtime = True
+    # the service builds its runtime (and owns it), the context's vocabulary loaded before the first Run
+    app = create_app(settings=settings, runtime_settings=Settings.from_env(db=db, agent=agent_reference(agent)))
     shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
     typer.echo(
         f"harness service on http://{shown}:{port}/  (console /ui, API docs /docs, metrics /metrics)",

@@ -6,17 +6,17 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from harness.cli.runs import runtime
+from harness.cli.runs import operations
 from harness.cli.support import DbOption, JsonOption, cli_errors, emit, screen
 
 if TYPE_CHECKING:
-    from harness.config import Runtime
+    from harness.operations import Operations
     from harness.skills.manifests import Skill
 
 skills_app = typer.Typer(help="The skills Runs may use.", no_args_is_help=True)
 
 
-def skill_document(rt: Runtime, skill: Skill) -> dict[str, Any]:
+def skill_document(ops: Operations, skill: Skill) -> dict[str, Any]:
     """One skill as `skills list` shows it: source, risk, approval level, where the risk came from, whether
     it runs on its server's word (a trusted MCP server's annotations decided its risk), and the JSON Schemas
     of its arguments and of its result (what a caller or a model must send)."""
@@ -24,9 +24,9 @@ def skill_document(rt: Runtime, skill: Skill) -> dict[str, Any]:
 
     manifest = skill.manifest
     trusted: bool | None = None
-    if manifest.kind == "mcp" and rt.mcp is not None:
-        source, risk_from = rt.mcp.describe(skill)
-        trusted = rt.mcp.trusted(skill)
+    if manifest.kind == "mcp" and ops.mcp is not None:
+        source, risk_from = ops.mcp.describe(skill)
+        trusted = ops.mcp.trusted(skill)
     else:
         source, risk_from = str(skill.path), "manifest"
     return {"id": skill.id, "version": manifest.version, "kind": manifest.kind, "source": source,
@@ -42,13 +42,13 @@ def skill_document(rt: Runtime, skill: Skill) -> dict[str, Any]:
 def list_skills(db: DbOption = None, json_: JsonOption = False) -> None:
     """List every skill (MCP servers' tools included: their servers are started to list them); --json adds
     each skill's input and output schema."""
-    rt = runtime(db)
+    ops = operations(db)
     try:
-        docs = [skill_document(rt, s) for s in rt.registry.all()]
+        docs = [skill_document(ops, s) for s in ops.registry.all()]
         withheld = [{"server": w.server, "tool": w.tool, "reason": w.reason}
-                    for w in (rt.mcp.withheld() if rt.mcp is not None else [])]
+                    for w in (ops.mcp.withheld() if ops.mcp is not None else [])]
     finally:
-        rt.close()
+        ops.close()
     if json_:
         emit({"skills": docs, "withheld": withheld})
         return

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from harness.cli.runs import read_store, runtime
+from harness.cli.runs import operations, read_store
 from harness.cli.support import EXIT_CHECK_FAILED, DbOption, JsonOption, cli_errors, emit, fail, screen
 from harness.domain.costs import GROUPS
 from harness.domain.ids import ordered_id
@@ -27,8 +27,8 @@ webhooks_app = typer.Typer(help="Webhook pushes to callers and approvers: delive
 @cli_errors
 def deliver(db: DbOption = None, json_: JsonOption = False) -> None:
     """Send every webhook that is due now, once (what the service and the Celery workers do in a loop)."""
-    rt = runtime(db)
-    dispatcher = rt.dispatcher()
+    ops = operations(db)
+    dispatcher = ops.dispatcher()
     try:
         report = dispatcher.deliver_all()
     finally:
@@ -52,11 +52,11 @@ def test(
 ) -> None:
     """Send one signed `webhook.ping` event to URL and say how the receiver answered (exit 1 if not 2xx).
     This is the operator's own check: it may reach internal addresses, which a tenant's callbacks may not."""
-    from harness.config import webhook_sender
     from harness.domain.contracts import check_callback_url
     from harness.domain.outbound import OutboundRule
     from harness.webhooks.config import SecretRef, WebhookConfigError
     from harness.webhooks.notifier import iso
+    from harness.wiring.webhooks import webhook_sender
 
     try:
         check_callback_url(url)
@@ -133,9 +133,9 @@ def redeliver(
 ) -> None:
     """Queue a dead delivery again, with the same webhook-id; `harness webhooks deliver` (or the service)
     sends it."""
-    rt = runtime(db)
-    assert rt.webhook_outbox is not None
-    again = rt.webhook_outbox.redeliver(delivery_id, tenant_id=None, actor=as_)
+    ops = operations(db)
+    assert ops.webhook_outbox is not None
+    again = ops.webhook_outbox.redeliver(delivery_id, tenant_id=None, actor=as_)
     if again is None:
         fail(f"no dead webhook delivery with id {delivery_id!r}")
     if json_:

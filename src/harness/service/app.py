@@ -1,7 +1,8 @@
-"""The HTTP service (SPEC U2-U4): a thin shell over the library's Runtime.
+"""The HTTP service (SPEC U2-U4): a thin shell over the library's operator API (harness.operations).
 
-`create_app()` wires the Runtime (the composition root in harness.config) to the API routes, the
-console, the embedded worker, live updates, metrics, spans and structured request logs.
+`create_app()` builds the service around a Runtime (the composition root in harness.config): the routes and
+the console reach it only through `Operations`; the embedded worker (the drive machinery), metrics and spans
+are wired on the runtime itself, with live updates and structured request logs.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from harness.config import Runtime, build_runtime
 from harness.kernel.states import RunState
+from harness.operations import Operations
 from harness.policy.identity import IdentityDirectory
 from harness.service import entrances, errors
 from harness.service.auth import Authenticator, SessionSigner
@@ -104,15 +106,19 @@ def build_service(
     settings: ServiceSettings | None = None,
     *,
     telemetry: Telemetry | None = None,
+    runtime_settings: Settings | None = None,
 ) -> Service:
-    """The service's parts around a Runtime (built from the environment when not given)."""
+    """The service's parts around a Runtime (built from `runtime_settings`, or the environment, when not
+    given: the context's vocabulary is loaded then, before the first Run)."""
     settings = settings or ServiceSettings.from_env()
     owns = runtime is None
-    runtime = runtime or build_runtime(Settings.from_env())
+    if runtime is None:
+        runtime = build_runtime(runtime_settings or Settings.from_env())
+        runtime.runs.assembler.warm()
     telemetry = telemetry or Telemetry.from_setting(settings.otel_exporter)
     directory: IdentityDirectory = runtime.identities
     svc = Service(
-        runtime=runtime,
+        ops=Operations(runtime),
         settings=settings,
         auth=Authenticator(directory, SessionSigner(settings.session_secret, settings.session_ttl_s)),
         worker=EmbeddedWorker(
@@ -141,9 +147,10 @@ def create_app(
     settings: ServiceSettings | None = None,
     *,
     telemetry: Telemetry | None = None,
+    runtime_settings: Settings | None = None,
 ) -> FastAPI:
     """The ASGI app: API under /api/v1, legacy /jobs, /health, /metrics, and the console under /ui."""
-    svc = build_service(runtime, settings, telemetry=telemetry)
+    svc = build_service(runtime, settings, telemetry=telemetry, runtime_settings=runtime_settings)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -178,7 +185,7 @@ def create_app(
     def favicon() -> FileResponse:  # browsers ask for it before reading the page's icon link
         return FileResponse(STATIC_DIR / "favicon.svg", media_type="image/svg+xml")
 
-    app.add_middleware(BodyLimit, max_bytes=svc.runtime.settings.limits.max_request_bytes)
+    app.add_middleware(BodyLimit, max_bytes=svc.ops.settings.limits.max_request_bytes)
     app.add_middleware(NulGuard)
     app.add_middleware(RequestLog, metrics=svc.metrics)
     return app
@@ -194,7 +201,7 @@ def shutdown(svc: Service) -> None:
     if svc.telemetry is not None:
         svc.telemetry.shutdown()
     if svc.owns_runtime:
-        svc.runtime.close()
+        svc.ops.close()
 
 
 def service_of_app(app: Any) -> Service:

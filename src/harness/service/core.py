@@ -6,11 +6,11 @@ from dataclasses import dataclass, field
 
 from fastapi import Request
 
-from harness.config import Runtime
 from harness.domain.approvals import HitlRequest
 from harness.domain.errors import UnknownRunError
 from harness.domain.records import RunRecord
 from harness.domain.retention import ArchivedRun
+from harness.operations import Operations
 from harness.policy.hitl import UnknownRequestError
 from harness.service.auth import Authenticator, Principal
 from harness.service.errors import ApiError, not_found
@@ -20,15 +20,15 @@ from harness.service.settings import ServiceSettings
 from harness.service.sse import ChangeHub
 from harness.service.telemetry import Telemetry
 from harness.service.worker import EmbeddedWorker
-from harness.stores import archived_run
 from harness.webhooks.delivery import DeliveryThread
 
 
 @dataclass
 class Service:
-    """What one service process holds: the runtime and the parts the HTTP layer adds around it."""
+    """What one service process holds: the operator's API over its runtime, and the parts the HTTP layer adds
+    around it."""
 
-    runtime: Runtime
+    ops: Operations
     settings: ServiceSettings
     auth: Authenticator
     worker: EmbeddedWorker
@@ -43,9 +43,9 @@ class Service:
     def owned_run(self, caller: Principal, run_id: str) -> RunRecord:
         """The caller's tenant's Run with this id; 404 for an unknown id and another tenant's Run alike."""
         try:
-            run = self.runtime.store.get_run(run_id)
+            run = self.ops.run(run_id)
         except UnknownRunError:
-            archived = archived_run(self.runtime.store, run_id)
+            archived = self.ops.archived(run_id)
             if archived is not None and archived.tenant_id == caller.tenant_id:
                 raise ApiError(410, "archived", f"run {run_id!r} was archived and pruned from the database: it is "
                                f"in segment {archived.segment_id} at {archived.location}",
@@ -57,13 +57,13 @@ class Service:
 
     def owned_archived(self, caller: Principal, run_id: str) -> ArchivedRun | None:
         """Where the caller's tenant's archived Run with this id is; None when there is no such Run."""
-        archived = archived_run(self.runtime.store, run_id)
+        archived = self.ops.archived(run_id)
         return archived if archived is not None and archived.tenant_id == caller.tenant_id else None
 
     def owned_request(self, caller: Principal, request_id: str) -> HitlRequest:
         """The caller's tenant's approval request with this id; 404 otherwise."""
         try:
-            return self.runtime.hitl.get(request_id, caller.tenant_id)
+            return self.ops.approval(request_id, caller.tenant_id)
         except UnknownRequestError:
             raise not_found("approval request", request_id) from None
 

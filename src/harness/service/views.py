@@ -6,7 +6,6 @@ import datetime as dt
 from typing import Any
 
 from harness.audit.places import checkpoint_dir
-from harness.config import Runtime
 from harness.domain.approvals import HitlRequest
 from harness.domain.contracts import effects_of
 from harness.domain.errors import UnknownRunError
@@ -15,6 +14,7 @@ from harness.domain.records import RunRecord, StoredTraceRecord
 from harness.domain.retention import ArchivedRun
 from harness.kernel.projection import job_status
 from harness.kernel.states import FINAL, PHASE_OF, RunState
+from harness.operations import Operations
 from harness.pipeline import trace_groups
 from harness.pipeline.artifacts import files_of, streams_of
 from harness.retention import readback
@@ -35,9 +35,9 @@ def task_of(run: RunRecord) -> str:
     return str(run.request.get("task", ""))
 
 
-def transitions(rt: Runtime, run: RunRecord) -> list[schemas.TransitionDoc]:
+def transitions(ops: Operations, run: RunRecord) -> list[schemas.TransitionDoc]:
     """The Run's timeline, each state with how long the Run stayed in it."""
-    rows = rt.store.transitions_of(run.run_id)
+    rows = ops.transitions(run.run_id)
     docs = []
     for i, row in enumerate(rows):
         if i + 1 < len(rows):
@@ -59,12 +59,12 @@ def transitions(rt: Runtime, run: RunRecord) -> list[schemas.TransitionDoc]:
     return docs
 
 
-def run_document(rt: Runtime, run: RunRecord) -> schemas.RunDoc:
+def run_document(ops: Operations, run: RunRecord) -> schemas.RunDoc:
     """Everything the API says about one Run."""
     result = run.result or {}
-    cost = rt.runs.ledger.run_total(run.run_id).to_dict()
-    pending = [r for r in rt.hitl.for_run(run.run_id) if r.status == "pending"]
-    timeline = transitions(rt, run)
+    cost = ops.ledger.run_total(run.run_id).to_dict()
+    pending = [r for r in ops.hitl.for_run(run.run_id) if r.status == "pending"]
+    timeline = transitions(ops, run)
     base = f"{API}/runs/{run.run_id}"
     return schemas.RunDoc(
         run_id=run.run_id,
@@ -98,11 +98,11 @@ def run_document(rt: Runtime, run: RunRecord) -> schemas.RunDoc:
     )
 
 
-def archived_run_document(rt: Runtime, archived: ArchivedRun) -> schemas.ArchivedRunDoc:
+def archived_run_document(ops: Operations, archived: ArchivedRun) -> schemas.ArchivedRunDoc:
     """An archived Run read back from its segment, checked first: 409 `archive_unverified` when the
     segment (or the Run's rows in it) does not verify, 503 `archive_unavailable` when it cannot be read."""
     try:
-        line = readback.read_back(archived, checkpoint_dir(rt.settings.checkpoint_dir, rt.store.database_id()),
+        line = readback.read_back(archived, checkpoint_dir(ops.settings.checkpoint_dir, ops.database_id()),
                                   segment_locator())
     except readback.SegmentUnverifiedError as exc:
         raise ApiError(409, "archive_unverified", f"run {archived.run_id!r} cannot be read back: {exc}",
@@ -152,10 +152,9 @@ def step_of(kind: str, data: dict[str, Any]) -> int | None:
     return trace_groups.step_of(kind, data)
 
 
-def trace_document(rt: Runtime, run: RunRecord) -> schemas.TraceDoc:
+def trace_document(ops: Operations, run: RunRecord) -> schemas.TraceDoc:
     """The Run's chained records, and the same records grouped under the eight pipeline steps."""
-    rt.store.drain_all()
-    records = [_record(r) for r in rt.store.trace_of(run.run_id)]
+    records = [_record(r) for r in ops.trace(run.run_id)]
     # the groups people read (trace_groups), in step-number order, each with its StepTrace
     groups = trace_groups.group_records(records, lambda r: (r.kind, r.data))
     steps = [schemas.TraceStepDoc(step=g.step, name=g.name, records=g.records, summary=g.summary)
@@ -163,17 +162,17 @@ def trace_document(rt: Runtime, run: RunRecord) -> schemas.TraceDoc:
     return schemas.TraceDoc(run_id=run.run_id, state=run.state.value, records=records, steps=steps)
 
 
-def approval_document(rt: Runtime, request: HitlRequest) -> schemas.ApprovalDoc:
+def approval_document(ops: Operations, request: HitlRequest) -> schemas.ApprovalDoc:
     """An approval request with its Run's task and every decision submitted so far."""
     parent_run_id = None
     try:
-        run = rt.store.get_run(request.run_id)
+        run = ops.run(request.run_id)
         task, parent_run_id = task_of(run), run.parent_run_id
     except UnknownRunError:  # a request whose Run vanished still shows; the task is just unknown
         task = ""
     decisions = [
         schemas.DecisionRecordDoc(**{**d, "at": when(d["at"])})
-        for d in rt.reads.decisions_of(request.request_id)
+        for d in ops.reads.decisions_of(request.request_id)
     ]
     return schemas.ApprovalDoc(
         request_id=request.request_id,
@@ -183,7 +182,7 @@ def approval_document(rt: Runtime, request: HitlRequest) -> schemas.ApprovalDoc:
         status=request.status,
         requester=request.requester,
         required_approvals=request.required_approvals,
-        approvals=len(rt.hitl.approvals(request.request_id)),
+        approvals=len(ops.hitl.approvals(request.request_id)),
         approver_roles=list(request.approver_roles),
         actions=[schemas.ActionDoc(**a) for a in request.actions],
         actions_hash=request.actions_hash,

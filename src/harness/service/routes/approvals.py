@@ -26,9 +26,9 @@ def list_approvals(
     caller: Caller, svc: Service = ServiceDep, limit: Annotated[int, Query(ge=1, le=500)] = 200
 ) -> ApprovalList:
     """Approval requests waiting in the caller's tenant, soonest deadline first (due timeouts applied)."""
-    svc.runtime.runs.expire_approvals()
-    pending = svc.runtime.hitl.pending(caller.tenant_id, limit=limit)
-    return ApprovalList(pending=[views.approval_document(svc.runtime, r) for r in pending])
+    svc.ops.expire_approvals()
+    pending = svc.ops.hitl.pending(caller.tenant_id, limit=limit)
+    return ApprovalList(pending=[views.approval_document(svc.ops, r) for r in pending])
 
 
 @router.get(
@@ -39,14 +39,14 @@ def list_approvals(
 )
 def get_approval(request_id: str, caller: Caller, svc: Service = ServiceDep) -> ApprovalDoc:
     """One request: the exact actions, who may decide, the deadline and every decision so far."""
-    return views.approval_document(svc.runtime, svc.owned_request(caller, request_id))
+    return views.approval_document(svc.ops, svc.owned_request(caller, request_id))
 
 
 def _decide(svc: Service, caller: Principal, request_id: str, body: DecisionBody) -> Decision:
     request = svc.owned_request(caller, request_id)
     if request.status != "pending":
         raise ApiError(409, "conflict", f"the approval request is already {request.status}")
-    verdict, _ = svc.runtime.runs.decide(
+    verdict, _ = svc.ops.decide(
         request_id,
         caller.identity,
         body.decision,
@@ -92,13 +92,13 @@ async def decide(
     if wait:
         await wait_settled(
             svc.hub,
-            svc.runtime.reads,
+            svc.ops.reads,
             run_id,
             min(timeout, svc.settings.max_wait_s),
             svc.settings.poll_interval_s,
         )
     run_doc = await run_in_threadpool(
-        lambda: views.run_document(svc.runtime, svc.runtime.store.get_run(run_id))
+        lambda: views.run_document(svc.ops, svc.ops.run(run_id))
     )
     return DecisionDoc(
         request_id=request_id,

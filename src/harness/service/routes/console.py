@@ -47,7 +47,7 @@ def _page(
     pages that show Run state take it *before* reading that state, so a change committed while the page
     was being built is delivered by the event stream instead of falling between the two reads."""
     token = request.cookies.get(SESSION_COOKIE, "")
-    pending = len(svc.runtime.hitl.pending(caller.tenant_id))
+    pending = len(svc.ops.hitl.pending(caller.tenant_id))
     return TEMPLATES.TemplateResponse(
         request,
         template,
@@ -56,7 +56,7 @@ def _page(
             "csrf": svc.auth.signer.csrf_token(token),
             "pending_count": pending,
             "can_break_glass": BREAK_GLASS_ROLE in caller.identity.roles,
-            "cursor": svc.runtime.reads.latest_cursor() if cursor is None else cursor,
+            "cursor": svc.ops.reads.latest_cursor() if cursor is None else cursor,
             **context,
         },
         status_code=status,
@@ -66,8 +66,8 @@ def _page(
 def _allowed(svc: Service, caller: Principal, request_id: str) -> dict[str, str | None]:
     """Why the caller may not approve / reject this request (None where they may): the console shows a
     button the caller may not use disabled, with the reason."""
-    request = svc.runtime.hitl.get(request_id, caller.tenant_id)
-    return {d: svc.runtime.hitl.refusal(request, caller.identity, d) for d in ("approve", "reject")}
+    request = svc.ops.approval(request_id, caller.tenant_id)
+    return {d: svc.ops.hitl.refusal(request, caller.identity, d) for d in ("approve", "reject")}
 
 
 def _currencies(svc: Service, approvals: list[ApprovalDoc]) -> dict[str, dict[str, str]]:
@@ -75,7 +75,7 @@ def _currencies(svc: Service, approvals: list[ApprovalDoc]) -> dict[str, dict[st
     currency, as its manifest declares them (none for a skill this process does not have)."""
     found: dict[str, dict[str, str]] = {}
     for action in (a for approval in approvals for a in approval.actions):
-        skill = svc.runtime.registry.get(action.skill)
+        skill = svc.ops.registry.get(action.skill)
         found[action.skill] = currency_fields(skill.manifest.input_schema) if skill else {}
     return found
 
@@ -134,8 +134,8 @@ def runs_page(request: Request, state: Annotated[str | None, Query()] = None) ->
     if caller is None:
         return _login_redirect(request)
     valid_state = state if state in {s.value for s in RunState} else None
-    cursor = svc.runtime.reads.latest_cursor()  # before the rows: see _page
-    rows = svc.runtime.reads.list_runs(caller.tenant_id, state=valid_state, limit=100)
+    cursor = svc.ops.reads.latest_cursor()  # before the rows: see _page
+    rows = svc.ops.reads.list_runs(caller.tenant_id, state=valid_state, limit=100)
     return _page(
         request,
         svc,
@@ -145,7 +145,7 @@ def runs_page(request: Request, state: Annotated[str | None, Query()] = None) ->
         runs=rows,
         state_filter=valid_state,
         states=[s.value for s in RunState],
-        now=svc.runtime.store.clock.now(),
+        now=svc.ops.clock.now(),
     )
 
 
@@ -156,18 +156,18 @@ def run_page(request: Request, run_id: str) -> Page:
     caller = session_principal(request)
     if caller is None:
         return _login_redirect(request)
-    cursor = svc.runtime.reads.latest_cursor()  # before the Run is read: see _page
+    cursor = svc.ops.reads.latest_cursor()  # before the Run is read: see _page
     try:
         run = svc.owned_run(caller, run_id)
     except ApiError:
         return _page(request, svc, caller, "missing.html", status=404, run_id=run_id)
-    doc = views.run_document(svc.runtime, run)
-    trace = views.trace_document(svc.runtime, run)
+    doc = views.run_document(svc.ops, run)
+    trace = views.trace_document(svc.ops, run)
     verdicts = [v for r in trace.records if r.kind == "policy" for v in policy_verdicts(r.data)]
     passed = sum(policy_passed(r.data) or 0 for r in trace.records if r.kind == "policy")
     approval, refusals = None, {}
     if doc.approval_request_id:
-        approval = views.approval_document(svc.runtime, svc.runtime.hitl.get(doc.approval_request_id))
+        approval = views.approval_document(svc.ops, svc.ops.approval(doc.approval_request_id))
         refusals[approval.request_id] = _allowed(svc, caller, approval.request_id)
     return _page(
         request,
@@ -184,7 +184,7 @@ def run_page(request: Request, run_id: str) -> Page:
         currencies=_currencies(svc, [approval] if approval else []),
         refusals=refusals,
         is_final=run.state in FINAL,
-        now=svc.runtime.store.clock.now(),
+        now=svc.ops.clock.now(),
         skipped_files=skipped_files_of(run.context),
     )
 
@@ -196,9 +196,9 @@ def approvals_page(request: Request) -> Page:
     caller = session_principal(request)
     if caller is None:
         return _login_redirect(request)
-    svc.runtime.runs.expire_approvals()
-    cursor = svc.runtime.reads.latest_cursor()  # before the requests are read: see _page
-    pending = [views.approval_document(svc.runtime, r) for r in svc.runtime.hitl.pending(caller.tenant_id)]
+    svc.ops.expire_approvals()
+    cursor = svc.ops.reads.latest_cursor()  # before the requests are read: see _page
+    pending = [views.approval_document(svc.ops, r) for r in svc.ops.hitl.pending(caller.tenant_id)]
     refusals = {a.request_id: _allowed(svc, caller, a.request_id) for a in pending}
     return _page(request, svc, caller, "approvals.html", cursor=cursor, approvals=pending, refusals=refusals,
-                 currencies=_currencies(svc, pending), now=svc.runtime.store.clock.now())
+                 currencies=_currencies(svc, pending), now=svc.ops.clock.now())

@@ -21,7 +21,6 @@ from harness.service.console_format import axis_ticks
 from harness.service.core import service_of
 from harness.service.routes.console import Page, _login_redirect, _page
 from harness.service.routes.webhooks import delivery_document
-from harness.stores import sandbox_instances
 
 router = APIRouter(prefix="/ui", include_in_schema=False)
 DAY = dt.timedelta(days=1)
@@ -80,11 +79,11 @@ def costs_page(request: Request, days: Annotated[int, Query(ge=1, le=366)] = 30)
     caller = session_principal(request)
     if caller is None:
         return _login_redirect(request)
-    now = dt.datetime.fromtimestamp(svc.runtime.store.clock.now(), dt.UTC)
+    now = dt.datetime.fromtimestamp(svc.ops.clock.now(), dt.UTC)
     last = now.date()
     first = last - dt.timedelta(days=days - 1)
     since = dt.datetime.combine(first, dt.time(), dt.UTC).timestamp()
-    ledger, tenant = svc.runtime.runs.ledger, caller.tenant_id
+    ledger, tenant = svc.ops.ledger, caller.tenant_id
     per_day = ledger.by_group("day", tenant_id=tenant, since=since)
     by_user = ledger.by_group("user", tenant_id=tenant, since=since)
     by_skill = ledger.by_group("skill", tenant_id=tenant, since=since)
@@ -100,7 +99,7 @@ def webhooks_page(request: Request, status: str | None = None) -> Page:
     caller = session_principal(request)
     if caller is None:
         return _login_redirect(request)
-    outbox = svc.runtime.webhook_outbox
+    outbox = svc.ops.webhook_outbox
     chosen = status if status in STATUSES else None
     rows = outbox.list(tenant_id=caller.tenant_id, status=chosen, limit=200) if outbox else []
     counts = outbox.counts(caller.tenant_id) if outbox else {s: 0 for s in STATUSES}
@@ -116,10 +115,10 @@ def sandboxes_page(request: Request) -> Page:
     caller = session_principal(request)
     if caller is None:
         return _login_redirect(request)
-    table, pool = sandbox_instances(svc.runtime.store), svc.runtime.settings.pool_settings()
+    table, pool = svc.ops.sandbox_instances(), svc.ops.settings.pool_settings()
     use = table.use()
     low, high = pool.port_range or (1, 0)
-    now = svc.runtime.store.clock.now()
+    now = svc.ops.clock.now()
     rows = [{"run_id": r.run_id, "skill_id": r.skill_id, "host": r.host, "ports": ", ".join(map(str, r.ports)),
              "generation": r.generation, "calls": r.calls, "isolation": r.isolation, "persistent": r.persistent,
              "created_at": r.created_at, "held_s": round(r.held_until(now), 1)}

@@ -35,9 +35,8 @@ def cost_view(svc: Service, tenant_id: str, group_by: Literal["tenant", "user", 
     """The tenant's spend grouped, within [since, until): one document for the API and the console."""
     if since is not None and until is not None and until <= since:
         raise ApiError(422, "invalid_request", "to: must be after from")
-    groups = svc.runtime.runs.ledger.by_group(group_by, tenant_id=tenant_id,
-                                              since=since.timestamp() if since else None,
-                                              until=until.timestamp() if until else None)
+    groups = svc.ops.ledger.by_group(group_by, tenant_id=tenant_id, since=since.timestamp() if since else None,
+                                     until=until.timestamp() if until else None)
     return CostView.model_validate({
         "group_by": group_by, "from": since, "to": until, "total_usd": round(sum(g.usd for g in groups), 8),
         "groups": [group_doc(g) for g in groups]})

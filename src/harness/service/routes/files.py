@@ -55,7 +55,7 @@ def download_file(run_id: str, sha256: Sha256, caller: Caller, svc: Service = Se
     file = find_file(run.context, sha256)
     if file is None:
         raise ApiError(404, "not_found", f"run {run_id!r} kept no file with SHA-256 {sha256}")
-    data = stored_bytes(svc.runtime.contents, file, segment_locator())
+    data = stored_bytes(svc.ops.contents, file, segment_locator())
     if data is None:
         raise ApiError(404, "not_found", f"the content of {file.name!r} is no longer stored (erased) or does "
                                          "not match its hash")

@@ -81,7 +81,7 @@ class RemovedDoc(BaseModel):
 
 
 def _knowledge(svc: Service) -> KnowledgeBase:
-    knowledge = svc.runtime.knowledge
+    knowledge = svc.ops.knowledge
     if knowledge is None:
         raise ApiError(503, "unavailable", "this runtime has no knowledge base")
     return knowledge

@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Response, Security
 
-from harness.audit.reconcile import reconcile
-from harness.audit.verify import verify_chain
 from harness.service import views
 from harness.service.auth import Principal, operator, principal
 from harness.service.core import Service
@@ -17,7 +14,7 @@ from harness.service.errors import DATABASE_RETRY_AFTER_S, not_found
 from harness.service.metrics import CONTENT_TYPE
 from harness.service.routes.common import ServiceDep, errors
 from harness.service.schemas import CheckDoc, HealthDoc, JobDoc, MeDoc, WorkerDoc
-from harness.stores import DatabaseError, Store, audit_reads, reconcile_reads
+from harness.stores import DatabaseError
 
 router = APIRouter(tags=["operations"])
 Caller = Annotated[Principal, Security(principal)]
@@ -29,7 +26,7 @@ def get_job(job_id: str, caller: Caller, svc: Service = ServiceDep) -> JobDoc:
     """The legacy view of a Run: one of four statuses (pending, running, done, failed), and the live
     state as `run_state_snapshot`. Written only by the projector inside each state change."""
     svc.owned_run(caller, job_id)
-    row = svc.runtime.reads.job(job_id)
+    row = svc.ops.reads.job(job_id)
     if row is None:
         raise not_found("job", job_id)
     return JobDoc(
@@ -53,9 +50,7 @@ def _report(value: Any) -> dict[str, Any]:
     return dict(vars(value))
 
 
-def _check(svc: Service, check: Callable[[Store], Any]) -> CheckDoc:
-    svc.runtime.store.drain_all()
-    result = check(svc.runtime.store)
+def _check(result: Any) -> CheckDoc:
     return CheckDoc(ok=bool(result.ok), report=_report(result))
 
 
@@ -68,7 +63,7 @@ def _check(svc: Service, check: Callable[[Store], Any]) -> CheckDoc:
 def audit_verify(_caller: Operator, svc: Service = ServiceDep) -> CheckDoc:
     """Walk the whole hash chain; `ok` is false and the report names the first bad record on any edit,
     deletion, insertion or reordering. Needs the operator or auditor role."""
-    return _check(svc, lambda store: verify_chain(audit_reads(store)))
+    return _check(svc.ops.verify())
 
 
 @router.get(
@@ -79,22 +74,21 @@ def audit_verify(_caller: Operator, svc: Service = ServiceDep) -> CheckDoc:
 )
 def audit_reconcile(_caller: Operator, svc: Service = ServiceDep) -> CheckDoc:
     """Count Runs in each final state against the matching audit events (run_succeeded, …); any mismatch is listed."""
-    return _check(svc, lambda store: reconcile(reconcile_reads(store)))
+    return _check(svc.ops.reconcile())
 
 
 @router.get("/health", response_model=HealthDoc, responses=errors(503), summary="Health")
 def health(_caller: Caller, response: Response, svc: Service = ServiceDep) -> HealthDoc:
     """Whether the database answers reads and takes writes (a row inserted in a transaction that is
     rolled back), and how loaded the embedded worker is. 503 with Retry-After when either fails."""
-    store = svc.runtime.store
     backlog, database = 0, "ok"
     try:
-        backlog = store.outbox_backlog()
+        backlog = svc.ops.trace_backlog()
     except DatabaseError as exc:
         database = f"error: cannot read: {type(exc).__name__}"
     if database == "ok":
         try:
-            store.probe_write()
+            svc.ops.probe_write()
         except DatabaseError as exc:
             database = f"error: cannot write: {type(exc).__name__}"
     if database != "ok":

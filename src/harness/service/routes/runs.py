@@ -46,12 +46,12 @@ SSE: dict[int | str, dict[str, Any]] = {
 
 
 def _submit(svc: Service, caller: Principal, body: CreateRunBody) -> tuple[str, bool]:
-    if body.retry_of is not None and svc.runtime.reads.tenant_of(body.retry_of) != caller.tenant_id:
+    if body.retry_of is not None and svc.ops.reads.tenant_of(body.retry_of) != caller.tenant_id:
         raise ApiError(422, "invalid_request", f"retry_of: no run with id {body.retry_of!r}")
     if not body.task.strip():
         raise ApiError(422, "invalid_request", "task: must not be blank")
     identity = caller.identity
-    if body.team_id is not None and body.team_id not in svc.runtime.identities.teams_of(identity.tenant_id,
+    if body.team_id is not None and body.team_id not in svc.ops.identities.teams_of(identity.tenant_id,
                                                                                            identity.user_id):
         raise ApiError(403, "forbidden", f"team_id: you are not a member of team {body.team_id!r}")
     request = RunRequest(
@@ -71,7 +71,7 @@ def _submit(svc: Service, caller: Principal, body: CreateRunBody) -> tuple[str, 
         start_by=body.start_by,
     )
     with svc.worker.admit() as admission:
-        run, created = svc.runtime.runs.submit(request)
+        run, created = svc.ops.submit(request)
         if created:
             svc.worker.drive(run.run_id, admission)
     return run.run_id, created
@@ -110,13 +110,13 @@ async def create_run(
     if wait:
         await wait_settled(
             svc.hub,
-            svc.runtime.reads,
+            svc.ops.reads,
             run_id,
             min(timeout, svc.settings.max_wait_s),
             svc.settings.poll_interval_s,
         )
     response.headers["Location"] = f"{views.API}/runs/{run_id}"
-    return await run_in_threadpool(lambda: views.run_document(svc.runtime, svc.runtime.store.get_run(run_id)))
+    return await run_in_threadpool(lambda: views.run_document(svc.ops, svc.ops.run(run_id)))
 
 
 @router.get("/runs", response_model=RunList, responses=errors(), summary="List Runs")
@@ -130,7 +130,7 @@ def list_runs(
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
 ) -> RunList:
     """The caller's tenant's Runs, newest first."""
-    rows = svc.runtime.reads.list_runs(caller.tenant_id, state=state.value if state else None, before=before,
+    rows = svc.ops.reads.list_runs(caller.tenant_id, state=state.value if state else None, before=before,
                                        limit=limit)
     return RunList(
         runs=[views.run_summary(r) for r in rows],
@@ -163,18 +163,18 @@ async def get_run(
     if from_archive:
         archived = await run_in_threadpool(svc.owned_archived, caller, run_id)
         if archived is not None:
-            return await run_in_threadpool(views.archived_run_document, svc.runtime, archived)
+            return await run_in_threadpool(views.archived_run_document, svc.ops, archived)
     run = await run_in_threadpool(svc.owned_run, caller, run_id)
     if wait:
         await wait_settled(
             svc.hub,
-            svc.runtime.reads,
+            svc.ops.reads,
             run_id,
             min(timeout, svc.settings.max_wait_s),
             svc.settings.poll_interval_s,
         )
-        run = await run_in_threadpool(svc.runtime.store.get_run, run_id)
-    return await run_in_threadpool(views.run_document, svc.runtime, run)
+        run = await run_in_threadpool(svc.ops.run, run_id)
+    return await run_in_threadpool(views.run_document, svc.ops, run)
 
 
 @router.post(
@@ -190,8 +190,8 @@ def cancel_run(
     if run.user_id != caller.identity.user_id and not caller.has_any(OPERATOR_ROLES):
         raise ApiError(403, "forbidden", "only the Run's requester or an operator may cancel it")
     reason = body.reason if body else "cancelled by the user"
-    svc.runtime.runs.cancel(run_id, by=caller.name, reason=reason)
-    return views.run_document(svc.runtime, svc.runtime.store.get_run(run_id))
+    svc.ops.cancel(run_id, by=caller.name, reason=reason)
+    return views.run_document(svc.ops, svc.ops.run(run_id))
 
 
 @router.get(
@@ -199,7 +199,7 @@ def cancel_run(
 )
 def get_trace(run_id: str, caller: Caller, svc: Service = ServiceDep) -> TraceDoc:
     """The Run's hash-chained trace records, and the same records grouped by pipeline step."""
-    return views.trace_document(svc.runtime, svc.owned_run(caller, run_id))
+    return views.trace_document(svc.ops, svc.owned_run(caller, run_id))
 
 
 def _cursor(last_event_id: str | None, query_after: int | None) -> int | None:
@@ -218,7 +218,7 @@ def _cursor(last_event_id: str | None, query_after: int | None) -> int | None:
 def _stream(svc: Service, tenant_id: str, run_id: str | None, cursor: int) -> StreamingResponse:
     frames = change_stream(
         svc.hub,
-        svc.runtime.reads,
+        svc.ops.reads,
         tenant_id,
         run_id=run_id,
         cursor=cursor,
@@ -267,5 +267,5 @@ def tenant_events(
     """Server-sent events for every Run of the caller's tenant, from now on unless resumed."""
     cursor = _cursor(last_event_id, after)
     return _stream(
-        svc, caller.tenant_id, None, svc.runtime.reads.latest_cursor() if cursor is None else cursor
+        svc, caller.tenant_id, None, svc.ops.reads.latest_cursor() if cursor is None else cursor
     )

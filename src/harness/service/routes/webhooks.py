@@ -32,7 +32,7 @@ def delivery_document(d: Delivery) -> DeliveryDoc:
 
 
 def _outbox(svc: Service) -> WebhookDeliveries:
-    outbox = svc.runtime.webhook_outbox
+    outbox = svc.ops.webhook_outbox
     if outbox is None:
         raise ApiError(503, "unavailable", "this runtime has no webhook outbox")
     return outbox
