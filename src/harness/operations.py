@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING, Any
 from harness.config import Runtime, build_runtime
 
 if TYPE_CHECKING:
-    from harness.adapters.sql.store import SqlStore
     from harness.audit.reconcile import ReconcileReport
     from harness.domain.approvals import HitlRequest
     from harness.domain.audit import ChainReport
@@ -43,6 +42,7 @@ if TYPE_CHECKING:
     from harness.settings import Settings
     from harness.skills.manifests import SkillRegistry
     from harness.skills.mcp import McpServers
+    from harness.stores import SqlStore
     from harness.webhooks.delivery import WebhookDispatcher
 
 

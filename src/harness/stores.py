@@ -9,9 +9,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from harness.adapters.sql import database
+from harness.adapters.sql import store as sql_store
 from harness.adapters.sql.approvals import SqlApprovals
 from harness.adapters.sql.ledger import CostLedger
-from harness.adapters.sql.store import SqlStore, open_existing
 
 # the views a command reads a Run through (its approvals, its cost) are imported here; the others (the
 # audit's, a replay's, the listings, the blobs, the webhook outbox, the sandbox instances) by their factory,
@@ -29,9 +29,9 @@ if TYPE_CHECKING:
     from harness.ports.sandboxes import SandboxInstances
     from harness.settings import Settings
 
-#: the store the composition root opens: shells name it in signatures where they hand a store on to code
-#: typed against it, and never build one themselves
-Store = SqlStore
+#: the store the composition root opens, lent to the shells (which may not import harness.adapters): they
+#: name it in signatures where they hand a store on to code typed against it, and never build one themselves
+SqlStore = sql_store.SqlStore
 
 #: the store's database error (SQLAlchemy's, as the adapters raise it)
 DatabaseError = database.DatabaseError
@@ -49,7 +49,7 @@ def open_store(db: str | None = None, clock: Clock | None = None, *, migrate_sch
 
 def open_existing_store(db: str | None) -> SqlStore:
     """The store named by `db`, refusing to create a new SQLite file (InvalidRequestError)."""
-    return open_existing(db)
+    return sql_store.open_existing(db)
 
 
 def read_model(store: SqlStore) -> ReadModel:

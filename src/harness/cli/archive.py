@@ -19,7 +19,7 @@ from harness.retention.storage import ENDPOINT_ENV, URL_ENV
 
 if TYPE_CHECKING:
     from harness.domain.retention import ArchivedRun
-    from harness.stores import Store
+    from harness.stores import SqlStore
 
 ToOption = Annotated[str | None, typer.Option(
     "--to", envvar=URL_ENV, show_envvar=True,
@@ -94,7 +94,7 @@ def _ts(seconds: float) -> str:
     return dt.datetime.fromtimestamp(seconds, dt.UTC).isoformat(timespec="milliseconds")
 
 
-def archived_or_none(store: Store, run_id: str) -> ArchivedRun | None:
+def archived_or_none(store: SqlStore, run_id: str) -> ArchivedRun | None:
     """Where an archived Run is, when it was archived."""
     from harness.stores import archived_run
 
@@ -114,7 +114,7 @@ def read_back(archived: ArchivedRun, directory: Path, endpoint: str | None) -> d
         fail(str(exc), EXIT_CHECK_FAILED)
 
 
-def show_archived(store: Store, archived: ArchivedRun, *, json_: bool, from_archive: bool,
+def show_archived(store: SqlStore, archived: ArchivedRun, *, json_: bool, from_archive: bool,
                   checkpoint_dir_: str | None, endpoint: str | None) -> None:
     """`runs show` of an archived Run: where it is, and with --from-archive what it held."""
     where = {k: _ts(v) if k.endswith("_at") else v for k, v in archived.to_dict().items()}

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from harness.audit.reconcile import ReconcileReport
     from harness.audit.witness import Witness
     from harness.domain.audit import ChainReport
-    from harness.stores import Store
+    from harness.stores import SqlStore
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -62,7 +62,7 @@ def _audit_errors(fn: Callable[P, R]) -> Callable[P, R]:
     return wrapper
 
 
-def _store(db: str | None) -> Store:
+def _store(db: str | None) -> SqlStore:
     """The store named by `db`, which must exist."""
     from harness.stores import open_existing_store
 

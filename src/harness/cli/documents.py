@@ -8,10 +8,10 @@ from typing import TYPE_CHECKING, Any
 from harness.kernel.states import RunState
 
 if TYPE_CHECKING:
-    from harness.stores import Store
+    from harness.stores import SqlStore
 
 
-def run_document(store: Store, run_id: str) -> dict[str, Any]:
+def run_document(store: SqlStore, run_id: str) -> dict[str, Any]:
     """What the Run holds now: state and outcome (answer, artifacts, the files its sandboxed skills kept,
     error, the request it waits on), who asked (and for which team), its path of transitions with their
     times, the legacy job status and its recorded cost. Times are epoch seconds here; `emit` writes them as

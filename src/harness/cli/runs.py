@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
     from harness.domain.contracts import RunResult
     from harness.operations import Operations
-    from harness.stores import Store
+    from harness.stores import SqlStore
 
 Tenant = Annotated[str, typer.Option("--tenant", help="Tenant of the caller.")]
 User = Annotated[str, typer.Option("--user", help="User id of the caller.")]
@@ -36,7 +36,7 @@ def operations(db: str | None) -> Operations:
         return Operations.open(Settings.from_env(db=db, agent=agent_reference()))
 
 
-def read_store(db: str | None) -> Store:
+def read_store(db: str | None) -> SqlStore:
     """The store alone, for a command that only reads it: no pipeline, policy, skills or model load. An
     agent named by `harness --agent` or HARNESS_AGENT is loaded all the same, so that a bad reference is
     named (exit 2) as by every command."""

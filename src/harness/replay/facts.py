@@ -12,7 +12,7 @@ from harness.domain.traces import policy_passed, policy_verdicts, simply_passes
 from harness.stores import replay_reads
 
 if TYPE_CHECKING:
-    from harness.stores import Store
+    from harness.stores import SqlStore
 
 
 @dataclass(frozen=True)
@@ -74,7 +74,7 @@ class RunFacts:
     result: dict[str, Any]
 
     @classmethod
-    def of(cls, store: Store, run_id: str) -> RunFacts:
+    def of(cls, store: SqlStore, run_id: str) -> RunFacts:
         """Read the facts of a Run from its store (chained trace plus anything still in the outbox)."""
         run = store.get_run(run_id)
         context = run.context or {}
@@ -108,7 +108,7 @@ def _policy_facts(payloads: list[dict[str, Any]]) -> dict[str, Any]:
     return {"policy": sorted(listed), "policy_passed": passed}
 
 
-def records_of(store: Store, run_id: str) -> list[tuple[str, dict[str, Any]]]:
+def records_of(store: SqlStore, run_id: str) -> list[tuple[str, dict[str, Any]]]:
     """(kind, payload) of a Run's trace records in order: the chain, then any not yet drained."""
     chained = [(r.kind, r.data()) for r in store.trace_of(run_id)]
     return chained + replay_reads(store).outbox_records(run_id)

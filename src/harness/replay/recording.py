@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from harness.domain.records import RunRecord
     from harness.replay.events import OutsideEvents
     from harness.skills.manifests import Skill
-    from harness.stores import Store
+    from harness.stores import SqlStore
 
 
 class Recording:
@@ -35,7 +35,7 @@ class Recording:
         self.problems: list[Divergence] = []
 
     @classmethod
-    def load(cls, source: Store, run_id: str) -> Recording:
+    def load(cls, source: SqlStore, run_id: str) -> Recording:
         """Read the Run, its records and every blob they reference."""
         records = records_of(source, run_id)
         wanted = {str(p.get(k) or "") for _, p in records for k in ("response_hash", "result_hash")}

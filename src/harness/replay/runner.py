@@ -49,14 +49,14 @@ from harness.replay.events import OutsideEvents, ReplayStopped, WorkerDied, move
 from harness.replay.facts import ReplayReport, RunFacts, compare, records_of
 from harness.replay.recording import Recording, ReplayProvider, ReplayTools
 from harness.settings import Settings
-from harness.stores import Store, replay_reads, set_deadline
+from harness.stores import SqlStore, replay_reads, set_deadline
 
 
 class ReplayError(BadInputError):
     """The Run cannot be replayed: unknown, not finished, or recorded without its contents."""
 
 
-def replay(run_id: str, source: Store, settings: Settings | None = None, agent: Agent | None = None) -> ReplayReport:
+def replay(run_id: str, source: SqlStore, settings: Settings | None = None, agent: Agent | None = None) -> ReplayReport:
     """Replay one finished Run of `source` (read only) and compare; ReplayError when it cannot be. `agent`:
     the agent the Run ran for, when it is defined in code (an agent file is found from the settings)."""
     run = source.get_run(run_id)
@@ -138,7 +138,7 @@ def _follow_clock(clock: FakeClock, times: list[float]) -> Callable[[], None]:
     return follow
 
 
-def _replay_humans(rt: Runtime, clock: FakeClock, source: Store, run_id: str, replay_id: str,
+def _replay_humans(rt: Runtime, clock: FakeClock, source: SqlStore, run_id: str, replay_id: str,
                    events: OutsideEvents) -> None:
     """Re-submit the Run's human decisions, apply its approval timeouts (and escalations) and any outside
     event that came while it waited (a cancel), each at its recorded moment, in that order."""
