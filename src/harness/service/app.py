@@ -1,8 +1,8 @@
 """The HTTP service (SPEC U2-U4): a thin shell over the library's operator API (harness.operations).
 
 `create_app()` builds the service around a Runtime (the composition root in harness.config): the routes and
-the console reach it only through `Operations`; the embedded worker (the drive machinery), metrics and spans
-are wired on the runtime itself, with live updates and structured request logs.
+the console and the metrics reach it only through `Operations`; the embedded worker (the drive machinery) and
+the spans are wired on the runtime itself, with live updates and structured request logs.
 """
 
 from __future__ import annotations
@@ -117,8 +117,9 @@ def build_service(
         runtime.runs.assembler.warm()
     telemetry = telemetry or Telemetry.from_setting(settings.otel_exporter)
     directory: IdentityDirectory = runtime.identities
+    ops = Operations(runtime)
     svc = Service(
-        ops=Operations(runtime),
+        ops=ops,
         settings=settings,
         auth=Authenticator(directory, SessionSigner(settings.session_secret, settings.session_ttl_s)),
         worker=EmbeddedWorker(
@@ -128,7 +129,7 @@ def build_service(
             housekeeping_interval_s=settings.housekeeping_interval_s,
         ),
         hub=ChangeHub(runtime.feed),
-        metrics=Metrics(runtime, runtime.settings.thresholds(), runtime.settings.pool_settings()),
+        metrics=Metrics(ops, runtime.settings.thresholds(), runtime.settings.pool_settings()),
         telemetry=telemetry,
         owns_runtime=owns,
         deliveries=DeliveryThread(runtime.dispatcher(), settings.webhook_interval_s)

@@ -15,12 +15,12 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from harness.config import Runtime
 from harness.domain.sandbox import PoolSettings
 from harness.kernel.states import FINAL, RunState
 from harness.kernel.thresholds import DEFAULT, Thresholds
+from harness.operations import Operations
 from harness.pipeline.waits import Lane
-from harness.stores import cost_ledger, sandbox_instances, webhook_outbox
+from harness.stores import webhook_outbox
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _WAIT_BUCKETS = (1, 5, 15, 60, 300, 900, 3600, 4 * 3600, 24 * 3600, float("inf"))
@@ -29,14 +29,14 @@ _WAIT_BUCKETS = (1, 5, 15, 60, 300, 900, 3600, 4 * 3600, 24 * 3600, float("inf")
 class DatabaseCollector(Collector):
     """Gauges computed from the database at each scrape."""
 
-    def __init__(self, runtime: Runtime, thresholds: Thresholds = DEFAULT,
+    def __init__(self, ops: Operations, thresholds: Thresholds = DEFAULT,
                  sandboxes: PoolSettings | None = None) -> None:
-        self.store = runtime.store
-        self.reads = runtime.reads
+        self.ops = ops
+        self.reads = ops.reads
         self.thresholds = thresholds
-        self.ledger = cost_ledger(runtime.store)
-        self.outbox = webhook_outbox(runtime.store)
-        self.instances = sandbox_instances(runtime.store)
+        self.ledger = ops.ledger
+        self.outbox = webhook_outbox(ops.store)
+        self.instances = ops.sandbox_instances()
         self.sandboxes = sandboxes
 
     def _sandboxes(self) -> Iterator[Metric]:
@@ -98,7 +98,7 @@ class DatabaseCollector(Collector):
         for status, n in self.outbox.counts().items():
             deliveries.add_metric([status], n)
         yield deliveries
-        now = self.store.clock.now()
+        now = self.ops.clock.now()
         by_state = self.reads.runs_by_state()
         runs = GaugeMetricFamily("harness_runs", "Runs currently in each state.", labels=["state"])
         for state, n in by_state.items():
@@ -113,7 +113,7 @@ class DatabaseCollector(Collector):
         yield GaugeMetricFamily(
             "harness_trace_backlog",
             "Trace records waiting in the outbox to be chained.",
-            value=self.store.outbox_backlog(),
+            value=self.ops.trace_backlog(),
         )
         pending, oldest = self.reads.pending_approvals()
         yield GaugeMetricFamily(
@@ -170,7 +170,7 @@ class DriveCollector(Collector):
 class Metrics:
     """This service's metrics registry (one per app, so tests and several apps do not collide)."""
 
-    def __init__(self, runtime: Runtime, thresholds: Thresholds = DEFAULT,
+    def __init__(self, ops: Operations, thresholds: Thresholds = DEFAULT,
                  sandboxes: PoolSettings | None = None) -> None:
         self.registry = CollectorRegistry()
         self.transitions = Counter(
@@ -192,7 +192,7 @@ class Metrics:
             buckets=_WAIT_BUCKETS,
             registry=self.registry,
         )
-        self.registry.register(DatabaseCollector(runtime, thresholds, sandboxes))
+        self.registry.register(DatabaseCollector(ops, thresholds, sandboxes))
 
     def watch_drives(self, worker: DriveLoad, lanes: Sequence[Lane]) -> None:
         """Add the gauges of this process's drives and lanes."""
