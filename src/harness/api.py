@@ -398,6 +398,11 @@ class AsyncHarness:
         thread)."""
         return self.sync.knowledge
 
+    @property
+    def operations(self) -> Operations:
+        """See Harness.operations (its calls are the runtime's own, made on the caller's thread)."""
+        return self.sync.operations
+
 
 def _pause(changes: ChangeWaiter, seconds: float | None) -> None:
     """Wait for the next change (or `seconds`): switched out when the caller is a drive on a loop

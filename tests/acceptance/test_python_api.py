@@ -157,6 +157,7 @@ def test_async_harness_runs_streams_and_approves(desk: Agent, tmp_path: Path, cl
             parked = await h.run("close T-1", user="ana")
             decided = await h.approve(parked.approval_request_id, as_="ana")
             targets = [e.target async for e in h.events(parked.run_id)]
+            assert h.operations.run(parked.run_id).state.value == "SUCCEEDED"  # the operator API beside it
             return decided.run.state, targets, (await h.get(parked.run_id)).answer
     state, targets, answer = asyncio.run(main())
     assert state == "SUCCEEDED" and targets[-1] == "SUCCEEDED" and answer == "T-1:close closed: resolved"

@@ -51,6 +51,22 @@ def test_the_package_root_holds_only_the_public_face_and_the_composition_root() 
     assert not stray, f"modules at the package root that belong in a package: {stray}"
 
 
+#: the modules of the shells that work on the runtime itself, not through the library API: the service's
+#: composition, its embedded worker (drive machinery) and the spans wrapped around the pipeline's calls
+RUNTIME_SIDE = {"harness.service.app", "harness.service.worker", "harness.service.telemetry"}
+
+
+def test_the_cli_and_the_service_are_faces_over_the_library_api() -> None:
+    """The contract that keeps the CLI and the service off the composition root's runtime and the Run manager
+    covers both packages whole; only the named runtime-side modules are let through."""
+    contract = _contracts()["thin-faces"]
+    assert contract["source_modules"] == ["harness.cli", "harness.service"]
+    assert set(contract["forbidden_modules"]) >= {"harness.config", "harness.pipeline.run_manager"}
+    ignored = contract.get("ignore_imports", [])
+    assert isinstance(ignored, list)
+    assert {line.split(" -> ")[0] for line in ignored} <= RUNTIME_SIDE
+
+
 def _cycles() -> set[frozenset[str]]:
     graph = grimp.build_graph("harness", cache_dir=None)
     index: dict[str, int] = {}
