@@ -185,3 +185,17 @@ def test_a_parked_runs_hint_names_the_agent_to_approve_with(tmp_path: Path, monk
                      "--db", str(tmp_path / "h.db"))
     assert result.exit_code == 0, result.output
     assert "decide with: harness --agent tests.fakes.ops_agent:ops approve " in result.stdout, result.stdout
+
+
+def test_the_agent_named_before_a_command_is_that_commands_alone(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """`harness --agent X cmd` names X for that command only: a later command in the same process (a test
+    runner, a program calling the CLI in-process) that names none falls back to the settings' agent."""
+    from harness.cli.support import agent_reference
+
+    monkeypatch.delenv("HARNESS_AGENT", raising=False)
+    monkeypatch.setenv("HARNESS_DATABASE_URL", str(tmp_path / "h.db"))
+    done = harness("--agent", "tests.fakes.ops_agent:ops", "skills", "list", "--json")
+    assert done.exit_code == 0, done.output
+    assert "ops." in done.stdout
+    assert agent_reference() is None

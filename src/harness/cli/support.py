@@ -58,13 +58,14 @@ RootDbOption = Annotated[str | None, typer.Option(
     "--db", help="Database URL or SQLite file path, for every command (a command's own --db wins).")]
 
 
-def root_options(agent: AgentOption = None, db: RootDbOption = None) -> None:
+def root_options(ctx: typer.Context, agent: AgentOption = None, db: RootDbOption = None) -> None:
     """Options of every command, given before it (`harness --agent helpdesk_agent:helpdesk approve ...`,
     `harness --db helpdesk.db runs show ID`); commands that build a runtime read the agent through
     `agent_reference`, and every command reads its --db from HARNESS_DATABASE_URL when not given one, so a
     --db before the command becomes that default (for this process and the ones it starts)."""
     command_runs()  # every command passes here first: the start's pause of the collector ends
-    _ROOT_AGENT.set(agent or None)
+    token = _ROOT_AGENT.set(agent or None)
+    ctx.call_on_close(lambda: _ROOT_AGENT.reset(token))  # it names this command's agent, no later one's
     if db is not None:
         os.environ["HARNESS_DATABASE_URL"] = db
 
