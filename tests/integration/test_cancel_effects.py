@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 from harness.cli import app
 from harness.config import Runtime
 from harness.drive.worker import RunWorker
+from harness.operations import Operations
 from harness.service.views import run_document
 from tests.fakes.webhook_receiver import WebhookReceiver
 
@@ -64,7 +65,7 @@ def test_a_cancel_during_a_call_lists_what_had_started(rt: Runtime, call_log: Pa
         assert shown.exit_code == 0, shown.output
         assert [(e["step_id"], e["status"]) for e in json.loads(shown.stdout)["effects"]] == [
             ("a", "completed"), ("b", "completed")]
-        api = run_document(rt, rt.store.get_run(run.run_id))  # what GET and POST .../cancel answer
+        api = run_document(Operations(rt), rt.store.get_run(run.run_id))  # what GET and POST .../cancel answer
         assert [(e["step_id"], e["status"]) for e in api.effects] == [("a", "completed"), ("b", "completed")]
         finished = [d.data() for d in rt.webhook_outbox.list(run_id=run.run_id) if d.event_type == "run.finished"]
         assert len(finished) == 1
