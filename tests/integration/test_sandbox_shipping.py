@@ -136,3 +136,19 @@ def test_code_that_is_not_its_digest_is_refused(served: tuple[RemoteSandbox, Yar
     answer = httpx.post(f"{client.url}/v1/run", json=body, headers={"Authorization": f"Bearer {TOKEN}"})
     assert answer.status_code == 400 and "does not match its digest" in answer.json()["error"], answer.text
     assert not (yard.root / "code" / ("0" * 64)).exists()
+
+
+def test_a_file_sent_through_a_link_the_skill_left_is_refused(
+        served: tuple[RemoteSandbox, Yard, Path], tmp_path: Path) -> None:
+    """A link a skill left in the Run's folder on the server (to a folder outside it): a request sending a
+    file through it is refused (400) and nothing is written where the link points."""
+    client, yard, skill = served
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    folder = yard.workdirs.ensure("run-1")
+    (folder / "link").symlink_to(outside)
+    body = client._job(job(skill, tmp_path / "client" / "run-1"))
+    body["files"]["send"]["link/escaped.txt"] = base64.b64encode(b"escape").decode()
+    answer = httpx.post(f"{client.url}/v1/run", json=body, headers={"Authorization": f"Bearer {TOKEN}"})
+    assert answer.status_code == 400 and "goes through a link" in answer.json()["error"], answer.text
+    assert not (outside / "escaped.txt").exists()

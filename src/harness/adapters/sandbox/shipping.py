@@ -145,11 +145,15 @@ def manifest(folder: Path) -> dict[str, str]:
 
 
 def _inside(folder: Path, relative: str) -> Path:
-    """The folder's file at `relative`; TransferError when the path would leave the folder."""
+    """The folder's file at `relative`; TransferError when the path would leave the folder, by its name or
+    through a link a skill left in the folder (a link to / would let the next write land anywhere)."""
     pure = PurePosixPath(relative)
     if not relative or pure.is_absolute() or ".." in pure.parts or "\0" in relative:
         raise TransferError(f"not a path inside the working directory: {relative!r}")
-    return folder.joinpath(*pure.parts)
+    path = folder.joinpath(*pure.parts)
+    if path.is_symlink() or not path.parent.resolve().is_relative_to(folder.resolve()):
+        raise TransferError(f"not a path inside the working directory: {relative!r} goes through a link")
+    return path
 
 
 def read_files(folder: Path, names: Iterable[str]) -> dict[str, str]:
