@@ -159,3 +159,89 @@ def test_a_read_in_a_drives_open_transaction_is_never_run_again(engine: sa.Engin
         with pytest.raises(sa.exc.OperationalError):
             read_retried(joined, _pid_read(calls))
     assert calls == [1]
+
+
+def _leases(engine: sa.Engine) -> tuple[Any, Any, Any]:
+    from harness.adapters.sql.leases import Leases
+    from harness.adapters.sql.store import SqlStore
+    from harness.domain.records import NewRun
+
+    store = SqlStore(engine)
+    leases = Leases(store, ttl_s=30)
+    run, _ = store.create_run(NewRun("t1", "u1", "s1", {"task": "x"}))
+    lease = leases.acquire(run.run_id, "driver-a")
+    assert lease is not None
+    return store, leases, lease
+
+
+def _statements(engine: sa.Engine) -> list[str]:
+    """Every statement psycopg sends from now on, BEGIN and COMMIT included (its own, not SQLAlchemy's)."""
+    sent: list[str] = []
+
+    @sa.event.listens_for(engine, "before_cursor_execute")
+    def _seen(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        sent.append(statement.split(None, 1)[0].upper())
+
+    @sa.event.listens_for(engine, "begin")
+    def _begun(conn: sa.Connection) -> None:
+        if not conn.connection.driver_connection.autocommit:
+            sent.append("BEGIN")
+
+    @sa.event.listens_for(engine, "commit")
+    def _committed(conn: sa.Connection) -> None:
+        if not conn.connection.driver_connection.autocommit:
+            sent.append("COMMIT")
+
+    return sent
+
+
+def test_a_lease_renewal_is_one_statement_without_a_ping(engine: sa.Engine, pings: list[Any]) -> None:
+    """A renewal sets the lease's expiry and its waiting mark, which it can do twice with the same outcome:
+    it runs alone in autocommit on a connection checked out without a ping (the four round trips of ping,
+    BEGIN, UPDATE and COMMIT are one), and the Run's row says what it wrote."""
+    _store, leases, lease = _leases(engine)
+    pings.clear()
+    sent = _statements(engine)
+    renewed = leases.heartbeat(lease, waiting=True)
+    assert renewed is not None and renewed.expires_at > lease.expires_at
+    assert (sent, pings) == (["UPDATE"], [])
+    with engine.connect() as conn:
+        row = conn.execute(sa.text("SELECT lease_waiting, lease_expires_at FROM runs WHERE run_id = :r"),
+                           {"r": lease.run_id}).one()
+    assert (row[0], float(row[1])) == (1, renewed.expires_at)
+
+
+def test_a_lease_renewal_on_a_session_terminated_a_moment_before_runs_again(engine: sa.Engine) -> None:
+    """The renewal's connection had its session ended just before (a failover): the renewal runs once more
+    on a live one and the lease is renewed, not lost."""
+    _store, leases, lease = _leases(engine)
+    for _ in range(10):
+        _terminate(_backend_pid(engine), wait=False)
+        renewed = leases.heartbeat(lease)
+        assert renewed is not None
+        lease = renewed
+    _terminate_pooled_sessions(engine, 3)
+    assert leases.heartbeat(lease) is not None
+
+
+def _lease_row(engine: sa.Engine, run_id: str) -> tuple[int, float]:
+    """The Run's committed waiting mark and lease expiry, read on a session of its own."""
+    url = engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
+    with psycopg.connect(url, autocommit=True) as other:
+        row = other.execute("SELECT lease_waiting, lease_expires_at FROM runs WHERE run_id = %s", (run_id,)).fetchone()
+    assert row is not None
+    return int(row[0]), float(row[1])
+
+
+def test_a_lease_renewal_in_a_drives_open_transaction_goes_with_it(engine: sa.Engine) -> None:
+    """Inside the drive's open transaction (which holds the Run's row) the renewal joins it rather than
+    wait for that row on a connection of its own: it is seen once the drive commits, not before."""
+    store, leases, lease = _leases(engine)
+    before = (0, float(lease.expires_at))
+    with store.unit(lease.run_id):
+        with store.engine.begin() as conn:  # the drive writes: its transaction holds the Run's row
+            conn.execute(sa.text("UPDATE runs SET stall_count = stall_count WHERE run_id = :r"), {"r": lease.run_id})
+        renewed = leases.heartbeat(lease, waiting=True)  # no wait on its own row
+        assert renewed is not None
+        assert _lease_row(engine, lease.run_id) == before
+    assert _lease_row(engine, lease.run_id) == (1, renewed.expires_at)

@@ -158,6 +158,29 @@ def read_retried(engine: sa.Engine, read: Callable[[sa.Connection], _T]) -> _T:
         return read(conn)
 
 
+def write_retried(engine: sa.Engine, write: Callable[[sa.Connection], _T]) -> _T:
+    """`write(conn)` committed on its own, for one statement that sets values and can run twice with the
+    same outcome (a lease's renewal): checked out without the pool's ping, and run once more on a pinged
+    connection when its own turns out dead, as `read_retried` does. On PostgreSQL the statement runs in
+    autocommit, one round trip where ping, BEGIN, the statement and COMMIT were four. `engine` is
+    `autocommit_writes(engine)`."""
+
+    def once(conn: sa.Connection) -> _T:
+        value = write(conn)
+        conn.commit()  # autocommit: nothing to send
+        return value
+
+    return read_retried(engine, once)
+
+
+def autocommit_writes(engine: sa.Engine) -> sa.Engine:
+    """The engine's view for `write_retried`: autocommit on PostgreSQL, the engine itself elsewhere (a
+    SQLite write takes the write lock with its BEGIN IMMEDIATE; MariaDB's transactions stay explicit)."""
+    if engine.dialect.name == "postgresql":
+        return engine.execution_options(isolation_level="AUTOCOMMIT")
+    return engine
+
+
 def read_only(engine: sa.Engine) -> sa.Engine:
     """The engine's view for connections that only read.
 

@@ -15,9 +15,10 @@ from typing import Any
 import sqlalchemy as sa
 
 from harness.adapters.sql import schema as t
-from harness.adapters.sql.database import read_retried
+from harness.adapters.sql.database import autocommit_writes, read_retried, write_retried
 from harness.adapters.sql.raw import statements_for
 from harness.adapters.sql.store import SqlStore
+from harness.adapters.sql.units import joins
 from harness.domain.errors import UnknownRunError
 from harness.domain.leases import Lease, Standing
 from harness.kernel.events import LEASE_TAKEN_OVER
@@ -96,6 +97,8 @@ class Leases:
         # a drive's acquire, its check before each step and its release run on the DBAPI cursor (every
         # parameter and column is a plain str, int or float)
         self._raw = statements_for(store.engine.dialect)
+        #: a renewal is one statement that can run twice (it sets the expiry and the waiting mark)
+        self._renewals = autocommit_writes(store.engine)
 
     def acquire(self, run_id: str, owner: str, *, to_drive: bool = False) -> Lease | None:
         """Take the Run's lease if it is free or expired (a takeover counts a stall); None if held, or,
@@ -135,9 +138,15 @@ class Leases:
         """Extend the lease, saying whether the holder's drive now waits on a call outside the process (a
         takeover while it does counts no stall); None when it was taken over (the holder must stop at once)."""
         now = self.store.clock.now()
-        with self.store.engine.begin() as conn:
-            moved = conn.execute(_HEARTBEAT, {"p_run_id": lease.run_id, "p_epoch": lease.epoch, "owner": lease.owner,
-                                              "expires": now + self.ttl_s, "waiting": int(waiting)}).rowcount
+        params = {"p_run_id": lease.run_id, "p_epoch": lease.epoch, "owner": lease.owner,
+                  "expires": now + self.ttl_s, "waiting": int(waiting)}
+        if joins(self.store.engine):  # the drive's open transaction has the row: the renewal goes with it
+            with self.store.engine.begin() as conn:
+                moved = conn.execute(_HEARTBEAT, params).rowcount
+        else:
+            # run twice (its connection found dead), it sets the same values: one round trip on PostgreSQL
+            # (autocommit, no ping) where ping, BEGIN, UPDATE and COMMIT were four
+            moved = write_retried(self._renewals, lambda conn: conn.execute(_HEARTBEAT, params).rowcount)
         if moved != 1:
             return None
         return Lease(lease.run_id, lease.owner, lease.epoch, now + self.ttl_s, lease.stalls)
