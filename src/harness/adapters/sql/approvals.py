@@ -16,7 +16,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from harness.adapters.sql import schema as t
-from harness.adapters.sql.database import connection_of
+from harness.adapters.sql.database import connection_of, read_retried
 from harness.adapters.sql.store import SqlStore
 from harness.audit import mirror_records
 from harness.domain.approvals import ApprovalConflictError, HitlRequest
@@ -53,8 +53,8 @@ class SqlApprovals:
     # ------------------------------------------------------------------ reads
 
     def _all(self, query: sa.Select[Any]) -> list[HitlRequest]:
-        with self.store.reader.connect() as conn:
-            return [_request_from_row(row) for row in conn.execute(query)]
+        return read_retried(self.store.reader,
+                            lambda conn: [_request_from_row(row) for row in conn.execute(query)])
 
     def get(self, request_id: str, tenant_id: str | None = None) -> HitlRequest | None:
         """The request with this id (in this tenant, when given)."""

@@ -17,7 +17,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from harness.adapters.sql import schema as t
-from harness.adapters.sql.database import READ_ONLY
+from harness.adapters.sql.database import read_only, read_retried
 from harness.adapters.sql.raw import statements_for
 from harness.adapters.sql.store import SqlStore
 from harness.domain.chain import canonical_json, content_hash, text_hash
@@ -112,9 +112,9 @@ class BlobStore:
         wanted = sorted(set(hashes))
         if not wanted:
             return {}
-        with self.engine.execution_options(**{READ_ONLY: True}).connect() as conn:
-            query = sa.select(blobs.c.hash, blobs.c.content).where(blobs.c.hash.in_(wanted))
-            rows = conn.execute(query).all()
+        query = sa.select(blobs.c.hash, blobs.c.content).where(blobs.c.hash.in_(wanted))
+        # autocommit on PostgreSQL (no BEGIN, no ROLLBACK), without a ping: a read that can run twice
+        rows = read_retried(read_only(self.engine), lambda conn: conn.execute(query).all())
         return {r.hash: r.content for r in rows}
 
     @staticmethod

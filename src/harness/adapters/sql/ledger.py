@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import sqlalchemy as sa
 
 from harness.adapters.sql import schema as t
-from harness.adapters.sql.database import connection_of
+from harness.adapters.sql.database import connection_of, read_retried
 from harness.adapters.sql.raw import RawStatements
 from harness.adapters.sql.store import SqlStore
 from harness.domain.costs import PLANNING, CostGroup, GroupBy, RunTotal, Spend
@@ -160,11 +160,9 @@ class CostLedger:
     def run_total(self, run_id: str, *, until: float | None = None) -> RunTotal:
         """What the Run and its child Runs (at any depth) recorded, optionally only up to `until`: the total
         a RunTrace carries (SPEC A1). One statement: the Run's tree and each member's sums."""
-        with self.store.reader.connect() as conn:
-            if until is None:
-                rows = self._raw.mappings(conn, _TREE_TOTALS, {"p_run": run_id})
-            else:
-                rows = self._raw.mappings(conn, _TREE_TOTALS_UNTIL, {"p_run": run_id, "p_until": until})
+        statement, params = ((_TREE_TOTALS, {"p_run": run_id}) if until is None
+                             else (_TREE_TOTALS_UNTIL, {"p_run": run_id, "p_until": until}))
+        rows = read_retried(self.store.reader, lambda conn: self._raw.mappings(conn, statement, params))
         sums = {r["run_id"]: RunTotal(int(r["input_tokens"]), int(r["output_tokens"]), int(r["api_calls"]),
                                       float(r["sandbox_s"]), float(r["usd"]), int(r["n"]), int(r["unpriced"]))
                 for r in rows}
@@ -179,10 +177,9 @@ class CostLedger:
     def spend(self, *, tenant_id: str, user_id: str, run_id: str) -> Spend:
         """What a budget check reads — the Run's, its user's and its tenant's spend, and the Run's models
         without a price — in one round trip on PostgreSQL (both reads in one pipeline)."""
-        with self.store.reader.connect() as conn:
-            by_scope, unpriced = self._raw.fetch_each(
-                conn, (_BY_SCOPE, {"p_tenant": tenant_id, "p_user": user_id, "p_run": run_id}),
-                (_UNPRICED, {"p_run": run_id}))
+        by_scope, unpriced = read_retried(self.store.reader, lambda conn: self._raw.fetch_each(
+            conn, (_BY_SCOPE, {"p_tenant": tenant_id, "p_user": user_id, "p_run": run_id}),
+            (_UNPRICED, {"p_run": run_id})))
         run_usd, user_usd, tenant_usd = by_scope[0]
         return Spend(float(run_usd), float(user_usd), float(tenant_usd), _models(unpriced))
 

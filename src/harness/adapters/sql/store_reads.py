@@ -10,7 +10,7 @@ import sqlalchemy as sa
 
 from harness.adapters.sql import schema as t
 from harness.adapters.sql import statements as q
-from harness.adapters.sql.database import SQLITE_BUSY_TIMEOUT_MS
+from harness.adapters.sql.database import SQLITE_BUSY_TIMEOUT_MS, read_retried
 from harness.adapters.sql.store_base import (
     StoreBase,
     run_from_row,
@@ -59,16 +59,15 @@ class RunReads(StoreBase):
 
     def get_run(self, run_id: str) -> RunRecord:
         """The Run with this id; UnknownRunError when there is none."""
-        with self.reader.connect() as conn:
-            rows = self._raw.mappings(conn, q.RUN_BY_ID, {"p_run_id": run_id})
+        # a read that can run twice: checked out without a ping round trip (the same below)
+        rows = read_retried(self.reader, lambda conn: self._raw.mappings(conn, q.RUN_BY_ID, {"p_run_id": run_id}))
         if not rows:
             raise UnknownRunError(run_id)
         return run_of(rows[0])
 
     def state_of(self, run_id: str) -> RunState:
         """Only the Run's state: the cheap check made between steps (cancelled? swept?)."""
-        with self.reader.connect() as conn:
-            found = self._raw.fetchone(conn, q.STATE_OF, {"p_run_id": run_id})
+        found = read_retried(self.reader, lambda conn: self._raw.fetchone(conn, q.STATE_OF, {"p_run_id": run_id}))
         if found is None:
             raise UnknownRunError(run_id)
         return RunState(found[0])
@@ -138,8 +137,7 @@ class RunReads(StoreBase):
 
     def transitions_of(self, run_id: str) -> list[TransitionRow]:
         """A Run's state changes in order, CREATED first."""
-        with self.reader.connect() as conn:
-            rows = self._raw.mappings(conn, q.TRANSITIONS_OF, {"p_run_id": run_id})
+        rows = read_retried(self.reader, lambda conn: self._raw.mappings(conn, q.TRANSITIONS_OF, {"p_run_id": run_id}))
         return [transition_of(r) for r in rows]
 
     def run_with_transitions(self, run_id: str) -> tuple[RunRecord, list[TransitionRow]]:

@@ -10,7 +10,7 @@ import sqlalchemy as sa
 
 from harness.adapters.sql import schema as t
 from harness.adapters.sql import statements as q
-from harness.adapters.sql.database import connection_of
+from harness.adapters.sql.database import connection_of, read_retried
 from harness.adapters.sql.documents import encode_context, unpack
 from harness.adapters.sql.pg_listen import NOTIFY
 from harness.adapters.sql.run_rows import created_record, documents, new_run_row, transition_row
@@ -94,9 +94,9 @@ class RunWrites(TraceChain):
         return found[0] if found else None
 
     def _by_key(self, tenant_id: str, user_id: str, key: str) -> tuple[RunRecord, str | None] | None:
-        with self.reader.connect() as conn:
-            row = conn.execute(sa.select(*q.RUN_RECORD, t.runs.c.request_hash).where(
-                t.runs.c.tenant_id == tenant_id, t.runs.c.user_id == user_id, t.runs.c.idempotency_key == key)).first()
+        query = sa.select(*q.RUN_RECORD, t.runs.c.request_hash).where(
+            t.runs.c.tenant_id == tenant_id, t.runs.c.user_id == user_id, t.runs.c.idempotency_key == key)
+        row = read_retried(self.reader, lambda conn: conn.execute(query).first())
         return (run_of(row._mapping), row._mapping["request_hash"]) if row else None
 
     def _existing_for_key(self, new: NewRun) -> RunRecord | None:
