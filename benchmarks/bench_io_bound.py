@@ -192,7 +192,11 @@ def _outcome(name: str, runs: int, db: Database, sampler: Sampler, started: floa
             "succeeded": states.get("SUCCEEDED", 0), "failures": runs - states.get("SUCCEEDED", 0),
             "failed_by_reason": failed, "all_final": ended is not None, "peak_model_calls": stats["peak_in_flight"],
             "model_calls": stats["calls"], "peak_runs_driven": sampler.peak_driven, **used,
-            "cpu_s_per_run": used["cpu_s"] / runs, **extra}
+            "cpu_s_per_run": used["cpu_s"] / runs, "db_cpu_s_per_run": _per(used["db_cpu_s"], runs), **extra}
+
+
+def _per(total: float | None, runs: int) -> float | None:
+    return None if total is None else total / runs
 
 
 def run_serve(backend: str, runs: int, origin: str, limit_s: float, tag: str, connections: int,
@@ -354,23 +358,27 @@ def summarise(rounds: list[dict[str, dict[str, Any]]], settings: dict[str, Any],
             "ratios": ratios}
 
 
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1000:.1f} ms"
+
+
 def table(report: dict[str, Any]) -> str:
     """The report as Markdown."""
     s = report["settings"]
     lines = [f"{s['runs']} Runs at once, model delay {s['delay']:g} s, {len(report['rounds'])} round(s), "
              f"{report['cores']} cores, {report['date']}", "",
              "| round | contender | wall s | Runs/s | model calls in flight (peak) | Runs driven at once (peak) | "
-             "peak RSS MB | peak PSS MB | PG connections (peak) | CPU s/Run | failures |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "peak RSS MB | peak PSS MB | PG connections (peak) | CPU/Run | PG server CPU/Run | failures |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for i, results in enumerate(report["rounds"], 1):
         for name, r in results.items():
             if "error" in r:
-                lines.append(f"| {i} | {name} | error: {r['error'][-300:]} |" + " |" * 9)
+                lines.append(f"| {i} | {name} | error: {r['error'][-300:]} |" + " |" * 10)
                 continue
             lines.append(f"| {i} | {name} | {r['wall_s']:.1f} | {r['runs_per_s']:.1f} | {r['peak_model_calls']} | "
                          f"{r['peak_runs_driven']} | {r['peak_rss_mb']:.0f} | {r['peak_pss_mb']:.0f} | "
                          f"{r['peak_pg_connections']} | {r['cpu_s_per_run'] * 1000:.1f} ms | "
-                         f"{r['failures']} of {r['runs']} |")
+                         f"{_ms(r.get('db_cpu_s_per_run'))} | {r['failures']} of {r['runs']} |")
     if report["ratios"]:
         lines += ["", "| ratio to LangGraph (median within rounds) | wall | peak RSS | peak PSS | CPU/Run |",
                   "|---|---|---|---|---|"]

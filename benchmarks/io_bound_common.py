@@ -80,6 +80,19 @@ def cpu_s(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / TICK
 
 
+def server_cpu_s(postmaster: int) -> float | None:
+    """CPU seconds (user + system) of a PostgreSQL server so far: its main process, the children it has
+    reaped (every backend that ended) and the children alive now (backends, the WAL writer, the
+    checkpointer). Between two readings, the server's work in that interval, whoever asked for it."""
+    try:
+        stat = Path(f"/proc/{postmaster}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2:].split()
+    own = sum(int(f) for f in fields[11:15]) / TICK
+    return own + sum(cpu_s(pid) or 0.0 for pid in tree([postmaster]) if pid != postmaster)
+
+
 def memory_kb(pid: int) -> tuple[int, int]:
     """A process's resident and proportional set sizes (Rss, Pss) in KB; 0, 0 once it is gone."""
     rss = pss = 0
@@ -143,6 +156,17 @@ class Database:
                 self.conn.rollback()
             return {}
 
+    def server_pid(self) -> int | None:
+        """The PostgreSQL server's main process (postmaster), when it runs on this machine and this user may
+        read its data directory's setting; None on SQLite or otherwise."""
+        if not self.postgres:
+            return None
+        try:
+            folder = self.rows("SELECT setting FROM pg_settings WHERE name = 'data_directory'")[0][0]
+            return int((Path(folder) / "postmaster.pid").read_text().split()[0])
+        except Exception:  # not a superuser, or another host's server
+            return None
+
     def connections(self) -> int:
         """Connections to this database other than this one (PostgreSQL; 0 on SQLite)."""
         if not self.postgres:
@@ -165,6 +189,11 @@ class Sampler:
         self.states: dict[str, int] = {}
         self.cpu: dict[int, float] = {}
         self.base = {pid: cpu_s(pid) or 0.0 for pid in tree(roots)}
+        #: the database server's CPU when it is PostgreSQL on this machine (its work for every client:
+        #: run one contender at a time to read it as that contender's)
+        self.server = database.server_pid() if database is not None else None
+        self.server_base = server_cpu_s(self.server) if self.server is not None else None
+        self.server_used: float | None = None
         self.errors: collections.Counter[str] = collections.Counter()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="sampler", daemon=True)
@@ -177,6 +206,9 @@ class Sampler:
         self._stop.set()
         self._thread.join(10)
         self.sample()  # the last word: the CPU of processes still there
+        if self.server is not None and self.server_base is not None:
+            now = server_cpu_s(self.server)
+            self.server_used = None if now is None else now - self.server_base
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval):
@@ -217,4 +249,5 @@ class Sampler:
         """Peaks and CPU, in MB and seconds."""
         return {"peak_rss_mb": self.peak_rss_kb / 1024, "peak_pss_mb": self.peak_pss_kb / 1024,
                 "peak_pg_connections": self.peak_pg, "cpu_s": self.cpu_used(), "samples": self.samples,
+                "db_cpu_s": self.server_used,
                 **({"sample_errors": dict(self.errors)} if self.errors else {})}

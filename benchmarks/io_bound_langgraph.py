@@ -178,6 +178,7 @@ def run_langgraph(runs: int, origin: str, limit_s: float, backend: str, pool: in
             "failed_by_reason": raw["failed_by_reason"], "all_final": True,
             "peak_model_calls": stats["peak_in_flight"], "model_calls": stats["calls"],
             "peak_runs_driven": raw["peak_runs_driven"], **used, "cpu_s_per_run": used["cpu_s"] / runs,
+            "db_cpu_s_per_run": None if used["db_cpu_s"] is None else used["db_cpu_s"] / runs,
             "checkpointer": "AsyncPostgresSaver" if pg else "AsyncSqliteSaver", "pool": pool}
 
 
