@@ -222,3 +222,33 @@ def test_an_outage_is_a_json_503_and_health_checks_writes(backend: str, backend_
             assert sorted(runs) == sorted([before["run_id"], after.json()["run_id"]])
         finally:
             rt.close()
+
+
+def test_a_sqlite_connection_opened_during_an_outage_is_replaced_once_the_file_is_writable(tmp_path: Path) -> None:
+    """SQLite opens a file it cannot write read-only, and such a connection stays read-only. Connections
+    the pool opened during the outage are replaced at checkout once the file can be written again, so
+    writes do not keep failing with "attempt to write a readonly database" after the outage is over."""
+    from harness.adapters.sql.database import create_engine, resolve_url
+
+    path = tmp_path / "h.db"
+    engine = create_engine(resolve_url(str(path)))
+    try:
+        with engine.begin() as conn:
+            conn.execute(sa.text("CREATE TABLE notes (n INTEGER)"))
+        outage = SqliteOutage(path)
+        outage.refuse_writes()
+        try:
+            opened = [engine.connect() for _ in range(4)]  # pooled during the outage: read-only
+            for conn in opened:
+                assert conn.execute(sa.text("SELECT count(*) FROM notes")).scalar_one() == 0
+            for conn in opened:
+                conn.close()
+        finally:
+            outage.restore()
+        for n in range(8):  # every pooled connection has its turn
+            with engine.begin() as conn:
+                conn.execute(sa.text("INSERT INTO notes VALUES (:n)"), {"n": n})
+        with engine.connect() as conn:
+            assert conn.execute(sa.text("SELECT count(*) FROM notes")).scalar_one() == 8
+    finally:
+        engine.dispose()

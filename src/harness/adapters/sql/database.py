@@ -34,6 +34,8 @@ _T = TypeVar("_T")
 #: set around the checkout of a read that runs again if its connection is found dead (`read_retried`):
 #: the pool's ping is skipped for it, and the checkout says so by appending to the list
 _UNPINGED: contextvars.ContextVar[list[bool] | None] = contextvars.ContextVar("harness_unpinged", default=None)
+#: a pooled SQLite connection's record info key: opened while its file could not be written (read-only)
+_OPENED_READ_ONLY = "harness_opened_read_only"
 #: a pooled connection's record info key: made by this checkout, so nothing to ping yet
 _FRESH = "harness_fresh"
 #: errors that mean the database cannot be reached or refuses work now (down, connections dropped or
@@ -244,6 +246,21 @@ def _sqlite_engine(url: str, synchronous: str) -> sa.Engine:
     # a second, empty one on every transaction of the hot path
     engine = sa.create_engine(url, connect_args={"timeout": 60, "check_same_thread": False},
                               pool_reset_on_return=None)
+    file = sa.engine.make_url(url).database or ""
+    on_disk = file not in ("", ":memory:") and not file.startswith("file:")
+
+    @sa.event.listens_for(engine.pool, "connect")
+    def _opened(_dbapi_connection: Any, record: Any) -> None:
+        # SQLite opens a file it may not write read-only, and the connection stays so after the file is
+        # writable again (an outage over: a full disk, a read-only mount, an immutable file)
+        if on_disk and os.path.exists(file) and not os.access(file, os.W_OK):
+            record.info[_OPENED_READ_ONLY] = True
+
+    @sa.event.listens_for(engine.pool, "checkout")
+    def _writable(_dbapi_connection: Any, record: Any, _proxy: Any) -> None:
+        if record.info.get(_OPENED_READ_ONLY) and os.access(file, os.W_OK):
+            # replaced by the pool (with every connection pooled before it): its writes would fail for good
+            raise sa.exc.DisconnectionError(f"opened while {file} could not be written, which it now can")
 
     @sa.event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
