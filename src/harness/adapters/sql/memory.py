@@ -70,10 +70,11 @@ def sqlite_query(scope: sa.ColumnElement[bool]) -> sa.Select[Any]:
 
 
 def postgres_query(scope: sa.ColumnElement[bool]) -> sa.Select[Any]:
-    """to_tsvector @@ to_tsquery on the indexed expression, ranked by ts_rank_cd (higher is better); binds
-    p_match, p_limit."""
+    """The stored vector (`content_tsv`, to_tsvector('english', content), GIN-indexed) @@ to_tsquery, ranked
+    by ts_rank_cd (higher is better); binds p_match, p_limit. Ranking the stored vector does not parse
+    each matching entry's content again (ten times the server's CPU with thousands of matches)."""
     config: sa.ColumnElement[Any] = sa.literal_column("'english'::regconfig")
-    vector = sa.func.to_tsvector(config, m.c.content)
+    vector: sa.ColumnElement[Any] = sa.literal_column("memory_entries.content_tsv")
     query = sa.func.to_tsquery(config, sa.bindparam("p_match", type_=sa.String))
     rank = (-sa.func.ts_rank_cd(vector, query)).label(_RANK)
     return (sa.select(*_columns(), rank).where(vector.op("@@")(query), scope).order_by(rank)

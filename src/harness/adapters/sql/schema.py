@@ -276,8 +276,9 @@ hitl_approvals = sa.Table(
 
 #: long-term memory (SPEC C2, C5); the columns that define an entry's scope are set, the others NULL:
 #: tenant (all of the tenant), team (team_id), user (user_id), session (user_id and session_id).
-#: On SQLite the FTS5 table memory_fts mirrors `content` (triggers); on PostgreSQL a GIN index on
-#: to_tsvector('english', content) serves the lexical recall. `embedding` is float32, little-endian.
+#: On SQLite the FTS5 table memory_fts mirrors `content` (triggers); on PostgreSQL the stored generated
+#: column content_tsv (to_tsvector('english', content), GIN-indexed; migration 0023, not declared here: it
+#: exists on PostgreSQL only) serves the lexical recall. `embedding` is float32, little-endian.
 memory_entries = sa.Table(
     "memory_entries",
     metadata,
