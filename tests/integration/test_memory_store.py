@@ -172,3 +172,24 @@ def test_a_ranked_row_names_the_columns_the_full_text_reads_select() -> None:
     from harness.adapters.sql.memory import Ranked, _columns
 
     assert list(Ranked._fields) == [c.key for c in _columns()] + ["rank"]
+
+
+def test_the_best_entries_that_count_are_recalled_past_many_better_ones_that_do_not(backend_url: str) -> None:
+    """Many entries of a Run that has not succeeded rank above the two that count (they match more of the
+    query): recall still returns exactly the best two that count, however many it ranks first to find
+    them (PostgreSQL ranks a few, then asks of those whether they count, then ranks more)."""
+    store = SqlStore.open(backend_url, FakeClock())
+    try:
+        run, _ = store.create_run(NewRun("t1", "alice", "s1", {"task": "x"}))
+        memory = MemoryStore(SqlMemoryRows(store.engine), store.clock, FILTER)
+        memory.add([NewMemory("t1", "user", f"refund refund by card for order A-{i} refund", user_id="alice",
+                              source_run_id=run.run_id, entry_id=f"pending-{i}") for i in range(70)])
+        memory.add([NewMemory("t1", "user", "refund by card", user_id="alice", entry_id="best"),
+                    NewMemory("t1", "user", "a refund was asked", user_id="alice", entry_id="second"),
+                    NewMemory("t1", "user", "a refund by post", user_id="alice", entry_id="third"),
+                    NewMemory("t1", "user", "nothing about money", user_id="alice", entry_id="unrelated")])
+        found = [r.entry_id for r in memory.recall(ALICE, "refund card", 2)]
+        assert found[0] == "best" and len(found) == 2 and found[1] in ("second", "third")
+        assert {r.entry_id for r in memory.recall(ALICE, "refund card", 10)} == {"best", "second", "third"}
+    finally:
+        store.close()
