@@ -266,7 +266,8 @@ def build_runtime(settings: Settings | None = None, *, clock: Clock | None = Non
     machine.subscribe(sandboxes.after_change)  # then their processes are stopped
     machine.cost_total = lambda run: ledger.run_total(run.run_id).to_dict()  # A1: child Runs included
     machine.subscribe(_release_workdir(tools))
-    memory = open_memory(settings.memory, SqlMemoryRows(store.engine), store.clock, secret_filter)
+    rows = SqlMemoryRows(store.engine, recall_window=settings.memory_recall_window)
+    memory = open_memory(settings.memory, rows, store.clock, secret_filter)
     if memory is not None:
         machine.on_close(MemoryWriteBack(memory, settings.memory_write_scope))  # C5: SUCCEEDED only
     knowledge = open_knowledge(settings.knowledge, SqlKnowledgeRows(store.engine), store.clock, secret_filter)

@@ -127,6 +127,9 @@ class Settings(BaseModel):
     memory: Literal["off", "lexical", "semantic"] = "lexical"
     memory_write_scope: Literal["user", "session"] = "user"
     memory_share: float = Field(default=0.25, ge=0.0, le=0.9)
+    #: how many of a scope's newest entries a lexical recall ranks on PostgreSQL (those sharing a word with
+    #: the query) and MySQL/MariaDB: one recall's cost stays bounded as memory grows (SQLite ranks all)
+    memory_recall_window: int = Field(default=1000, ge=10, le=1_000_000)
     #: knowledge bases in the context: how chunks are searched ("off" gives the model none), and the share
     #: of the token budget their snippets may take
     knowledge: Literal["off", "lexical", "semantic"] = "lexical"
@@ -256,6 +259,7 @@ class Settings(BaseModel):
                           ("chain_depth", "HARNESS_CHAIN_DEPTH"), ("max_rounds", "HARNESS_MAX_ROUNDS"),
                           ("tokenizer", "HARNESS_TOKENIZER"), ("memory", "HARNESS_MEMORY"),
                           ("memory_write_scope", "HARNESS_MEMORY_WRITE_SCOPE"),
+                          ("memory_recall_window", "HARNESS_MEMORY_RECALL_WINDOW"),
                           ("knowledge", "HARNESS_KNOWLEDGE"), ("knowledge_share", "HARNESS_KNOWLEDGE_SHARE"),
                           ("trace_buffer", "HARNESS_TRACE_BUFFER"),
                           ("webhooks_file", "HARNESS_WEBHOOKS_FILE"), ("agent", "HARNESS_AGENT"),

@@ -193,3 +193,40 @@ def test_the_best_entries_that_count_are_recalled_past_many_better_ones_that_do_
         assert {r.entry_id for r in memory.recall(ALICE, "refund card", 10)} == {"best", "second", "third"}
     finally:
         store.close()
+
+
+def test_a_recall_ranks_a_bounded_window_of_the_newest_entries(backend_url: str) -> None:
+    """PostgreSQL and MariaDB rank the scope's newest `recall_window` entries (PostgreSQL: those sharing a
+    word with the query), so one recall's cost does not grow with every summary written back: an old entry
+    that matches best is out of a small window and in a wide one. SQLite's FTS5 ranks every match."""
+    store = SqlStore.open(backend_url, FakeClock())
+    try:
+        def recalled(window: int) -> list[str]:
+            memory = MemoryStore(SqlMemoryRows(store.engine, recall_window=window), store.clock, FILTER)
+            return [r.entry_id for r in memory.recall(ALICE, "refund card", 1)]
+
+        writer = MemoryStore(SqlMemoryRows(store.engine), store.clock, FILTER)
+        writer.add([NewMemory("t1", "user", "refund by card", user_id="alice", entry_id="old-best")])
+        writer.add([NewMemory("t1", "user", f"a refund for order A-{i}", user_id="alice", entry_id=f"new-{i}")
+                    for i in range(30)])
+        assert recalled(1000) == ["old-best"]
+        narrow = recalled(10)
+        if store.engine.dialect.name == "sqlite":
+            assert narrow == ["old-best"]
+        else:  # the best of the ten newest
+            assert len(narrow) == 1 and narrow[0].startswith("new-")
+    finally:
+        store.close()
+
+
+def test_the_recall_window_is_a_setting_with_bounds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """HARNESS_MEMORY_RECALL_WINDOW sets it (default 1,000); a value out of bounds is refused by name."""
+    from harness.domain.errors import InvalidRequestError
+    from harness.settings import Settings
+
+    assert Settings.from_env().memory_recall_window == 1000
+    monkeypatch.setenv("HARNESS_MEMORY_RECALL_WINDOW", "250")
+    assert Settings.from_env().memory_recall_window == 250
+    monkeypatch.setenv("HARNESS_MEMORY_RECALL_WINDOW", "3")
+    with pytest.raises(InvalidRequestError, match="memory_recall_window"):
+        Settings.from_env()

@@ -79,25 +79,37 @@ def sqlite_query(scope: sa.ColumnElement[bool]) -> sa.Select[Any]:
             .order_by(rank).limit(sa.bindparam("p_limit", type_=sa.Integer)))
 
 
+#: how many of a scope's newest entries that share a word with the query are ranked (PostgreSQL), or of its
+#: newest entries (MySQL/MariaDB, ranked in Python): what one recall costs is bounded, not grown with every
+#: summary written back (HARNESS_MEMORY_RECALL_WINDOW)
+DEFAULT_RECALL_WINDOW = 1000
+
+
 def postgres_query(scope: sa.ColumnElement[bool]) -> sa.Select[Any]:
-    """The best `p_limit` entries of the scope by rank, each with whether it is recallable; binds p_match,
-    p_limit. The stored vector (`content_tsv`, to_tsvector('english', content), GIN-indexed) @@ to_tsquery,
-    ranked by ts_rank_cd (higher is better): ranking it does not parse each matching entry's content
-    again (ten times the server's CPU with thousands of matches). Whether an entry's Run SUCCEEDED is
-    asked of the ranked few only: asked of every match, PostgreSQL read the whole runs table at each
-    recall (a hashed subplan), which grew with every Run (53 ms a recall at 5,000 Runs)."""
+    """The best `p_limit` of the scope's newest `p_window` matching entries by rank, each with whether it
+    is recallable; binds p_match, p_limit, p_window. The stored vector (`content_tsv`,
+    to_tsvector('english', content), GIN-indexed) @@ to_tsquery, ranked by ts_rank_cd (higher is better):
+    ranking it does not parse each matching entry's content again (ten times the server's CPU with
+    thousands of matches). Whether an entry's Run SUCCEEDED is asked of the ranked few only: asked of
+    every match, PostgreSQL read the whole runs table at each recall (a hashed subplan), which grew with
+    every Run (53 ms a recall at 5,000 Runs)."""
     config: sa.ColumnElement[Any] = sa.literal_column("'english'::regconfig")
     vector: sa.ColumnElement[Any] = sa.literal_column("memory_entries.content_tsv")
     query = sa.func.to_tsquery(config, sa.bindparam("p_match", type_=sa.String))
     rank = (-sa.func.ts_rank_cd(vector, query)).label(_RANK)
-    best = (sa.select(*_columns(), rank).where(vector.op("@@")(query), scope).order_by(rank)
+    # ranking every match cost ~7 us an entry, and every Run's summary matches the next Run's task: the
+    # newest `p_window` matches are ranked (38 ms a recall with 5,000 summaries, 6 ms with a window of 1,000)
+    newest = (sa.select(m.c.id).where(vector.op("@@")(query), scope).order_by(m.c.id.desc())
+              .limit(sa.bindparam("p_window", type_=sa.Integer)).correlate(None))
+    best = (sa.select(*_columns(), rank).where(m.c.id.in_(newest)).order_by(rank)
             .limit(sa.bindparam("p_limit", type_=sa.Integer)).subquery("best"))
     return sa.select(*best.c, recallable(best.c.source_run_id).label("recallable")).order_by(best.c[_RANK])
 
 
 def scan_query(scope: sa.ColumnElement[bool]) -> sa.Select[Any]:
-    """Every row of the scope, for the Python BM25 fallback."""
-    return sa.select(*_columns()).where(scope)
+    """The scope's newest `p_window` rows, for the Python BM25 fallback; binds p_window."""
+    return sa.select(*_columns()).where(scope).order_by(m.c.id.desc()).limit(
+        sa.bindparam("p_window", type_=sa.Integer))
 
 
 #: (builder, scope clause) -> statement: built once, so a recall only binds values
@@ -125,8 +137,11 @@ class Ranked(NamedTuple):
     rank: float
 
 
-def search(conn: sa.Connection, query: str, scope: MemoryScope, k: int) -> list[tuple[Any, float]]:
-    """The best `k` (row, score) pairs for `query` within `scope`; higher score is better."""
+def search(conn: sa.Connection, query: str, scope: MemoryScope, k: int,
+           window: int = DEFAULT_RECALL_WINDOW) -> list[tuple[Any, float]]:
+    """The best `k` (row, score) pairs for `query` within `scope`; higher score is better. PostgreSQL ranks
+    the scope's newest `window` entries that share a word with the query, MySQL/MariaDB its newest
+    `window` entries; SQLite's FTS5 ranks every match (its bm25 stays cheap)."""
     words = terms(query)
     if not words or k <= 0:
         return []
@@ -144,12 +159,13 @@ def search(conn: sa.Connection, query: str, scope: MemoryScope, k: int) -> list[
         # that do not count (their Run still running, or failed) leave fewer than k
         statement, wanted = _built(postgres_query, in_scope(scope.team_id is not None)), max(2 * k, 16)
         while True:
-            found = raw.fetchall(conn, statement, {**params, "p_match": " | ".join(words), "p_limit": wanted})
+            found = raw.fetchall(conn, statement, {**params, "p_match": " | ".join(words), "p_limit": wanted,
+                                                   "p_window": window})
             counted = [Ranked._make(row[:-1]) for row in found if row[-1]]
             if len(counted) >= k or len(found) < wanted:
                 return [(row, -float(row.rank)) for row in counted[:k]]
             wanted *= 4
-    return bm25(words, conn.execute(_built(scan_query, clause), params).all(), k)
+    return bm25(words, conn.execute(_built(scan_query, clause), {**params, "p_window": window}).all(), k)
 
 
 def _same_content_query(nulls: tuple[bool, ...]) -> sa.Select[Any]:
@@ -166,8 +182,10 @@ def _same_content_query(nulls: tuple[bool, ...]) -> sa.Select[Any]:
 class SqlMemoryRows:
     """The MemoryRows port on the harness database."""
 
-    def __init__(self, engine: sa.Engine) -> None:
+    def __init__(self, engine: sa.Engine, *, recall_window: int = DEFAULT_RECALL_WINDOW) -> None:
         self.engine = engine
+        #: how many of a scope's newest entries a lexical recall ranks (`search`)
+        self.recall_window = recall_window
         #: the same pool for reads: on SQLite a recall or a lookup does not queue for the write lock
         self.reader = read_only(engine)
         self._raw = RawStatements(engine.dialect)  # the write-back's lookups on the DBAPI cursor (issue 9)
@@ -207,9 +225,9 @@ class SqlMemoryRows:
     def lexical(self, scope: MemoryScope, query: str, k: int) -> list[tuple[Any, float]]:
         if joins(self.reader):  # in a drive's open transaction: under a savepoint, a failure undoes only itself
             with guarded(self.reader, write=False) as conn:
-                return search(conn, query, scope, k)
+                return search(conn, query, scope, k, self.recall_window)
         # on its own: checked out without a ping round trip, run again if its connection was dead
-        return read_retried(self.reader, lambda conn: search(conn, query, scope, k))
+        return read_retried(self.reader, lambda conn: search(conn, query, scope, k, self.recall_window))
 
     def embedded(self, scope: MemoryScope, model: str) -> list[Any]:
         with guarded(self.reader, write=False) as conn:
