@@ -6,7 +6,9 @@ entry's content again, at every recall: with 5,000 matching entries a recall too
 CPU, ten times the ~18 ms it takes over a stored vector, and it grew with every answer written back.
 The vector is now a stored generated column, kept by the database whenever the content changes (an
 erasure's redaction included), with the GIN index on it instead of on the expression. SQLite (FTS5) and
-MySQL/MariaDB (BM25 in Python over the scope's rows) are unchanged.
+MySQL/MariaDB (BM25 in Python over the scope's rows) are unchanged. Adding the column computes it for every
+existing entry: PostgreSQL rewrites the table under its lock while the migration runs, so a deployment
+with a large memory migrates it in a quiet moment.
 
 Revision ID: 0023_memory_tsvector
 Revises: 0022_sandbox_instance_provider
