@@ -127,8 +127,8 @@ class Settings(BaseModel):
     memory: Literal["off", "lexical", "semantic"] = "lexical"
     memory_write_scope: Literal["user", "session"] = "user"
     memory_share: float = Field(default=0.25, ge=0.0, le=0.9)
-    #: how many of a scope's newest entries a lexical recall ranks on PostgreSQL (those sharing a word with
-    #: the query) and MySQL/MariaDB: one recall's cost stays bounded as memory grows (SQLite ranks all)
+    #: how many of a scope's newest entries a lexical recall ranks (those of them sharing a word with the
+    #: query): one recall's cost stays bounded as the memory grows
     memory_recall_window: int = Field(default=1000, ge=10, le=1_000_000)
     #: knowledge bases in the context: how chunks are searched ("off" gives the model none), and the share
     #: of the token budget their snippets may take

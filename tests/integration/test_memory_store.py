@@ -196,25 +196,26 @@ def test_the_best_entries_that_count_are_recalled_past_many_better_ones_that_do_
 
 
 def test_a_recall_ranks_a_bounded_window_of_the_newest_entries(backend_url: str) -> None:
-    """PostgreSQL and MariaDB rank the scope's newest `recall_window` entries (PostgreSQL: those sharing a
-    word with the query), so one recall's cost does not grow with every summary written back: an old entry
-    that matches best is out of a small window and in a wide one. SQLite's FTS5 ranks every match."""
+    """A recall ranks the scope's newest `recall_window` entries (those of them that share a word with the
+    query), so its cost does not grow with every summary written back: an old entry that matches best is
+    out of a small window and in a wide one; another scope's entries take no place in the window."""
     store = SqlStore.open(backend_url, FakeClock())
     try:
-        def recalled(window: int) -> list[str]:
+        def recalled(window: int, scope: MemoryScope = ALICE) -> list[str]:
             memory = MemoryStore(SqlMemoryRows(store.engine, recall_window=window), store.clock, FILTER)
-            return [r.entry_id for r in memory.recall(ALICE, "refund card", 1)]
+            return [r.entry_id for r in memory.recall(scope, "refund card", 1)]
 
         writer = MemoryStore(SqlMemoryRows(store.engine), store.clock, FILTER)
         writer.add([NewMemory("t1", "user", "refund by card", user_id="alice", entry_id="old-best")])
         writer.add([NewMemory("t1", "user", f"a refund for order A-{i}", user_id="alice", entry_id=f"new-{i}")
                     for i in range(30)])
+        writer.add([NewMemory("t1", "user", f"bob asked about order B-{i}", user_id="bob", entry_id=f"bob-{i}")
+                    for i in range(30)])
         assert recalled(1000) == ["old-best"]
-        narrow = recalled(10)
-        if store.engine.dialect.name == "sqlite":
-            assert narrow == ["old-best"]
-        else:  # the best of the ten newest
-            assert len(narrow) == 1 and narrow[0].startswith("new-")
+        assert recalled(31) == ["old-best"]  # bob's 30 newer entries are not alice's to count
+        narrow = recalled(10)  # the best of alice's ten newest
+        assert len(narrow) == 1 and narrow[0].startswith("new-")
+        assert recalled(10, MemoryScope("t1", "bob", "s9")) == []  # none of bob's shares a word
     finally:
         store.close()
 

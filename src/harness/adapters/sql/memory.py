@@ -38,16 +38,33 @@ def scope_clause(with_team: bool) -> sa.ColumnElement[bool]:
 
 
 @functools.cache
-def in_scope(with_team: bool) -> sa.ColumnElement[bool]:
-    """The scope rule without the condition on the entry's Run (`recallable`)."""
+def in_scope(with_team: bool, table: sa.FromClause = m) -> sa.ColumnElement[bool]:
+    """The scope rule without the condition on the entry's Run (`recallable`), on `table` (the entries, or
+    an alias of them)."""
+    c = table.c
     user: sa.BindParameter[str] = sa.bindparam("p_scope_user")
     session: sa.BindParameter[str] = sa.bindparam("p_scope_session")
-    visible = [m.c.scope == "tenant",
-               sa.and_(m.c.scope == "user", m.c.user_id == user),
-               sa.and_(m.c.scope == "session", m.c.user_id == user, m.c.session_id == session)]
+    visible = [c.scope == "tenant",
+               sa.and_(c.scope == "user", c.user_id == user),
+               sa.and_(c.scope == "session", c.user_id == user, c.session_id == session)]
     if with_team:
-        visible.append(sa.and_(m.c.scope == "team", m.c.team_id == sa.bindparam("p_scope_team")))
-    return sa.and_(m.c.tenant_id == sa.bindparam("p_scope_tenant"), sa.or_(*visible))
+        visible.append(sa.and_(c.scope == "team", c.team_id == sa.bindparam("p_scope_team")))
+    return sa.and_(c.tenant_id == sa.bindparam("p_scope_tenant"), sa.or_(*visible))
+
+
+#: how many of a scope's newest entries a recall ranks (those of them that share a word with the query):
+#: what one recall costs is bounded, not grown with every summary written back (HARNESS_MEMORY_RECALL_WINDOW)
+DEFAULT_RECALL_WINDOW = 1000
+_NEWEST = m.alias("newest")
+
+
+@functools.cache
+def window_floor(with_team: bool) -> sa.ColumnElement[Any]:
+    """The id of the scope's `p_window_skip + 1`-th newest entry (0 when it has fewer): a recall ranks the
+    entries from there on. One read down the scope's index, uncorrelated, so it is evaluated once."""
+    floor = (sa.select(_NEWEST.c.id).where(in_scope(with_team, _NEWEST)).order_by(_NEWEST.c.id.desc())
+             .limit(1).offset(sa.bindparam("p_window_skip", type_=sa.Integer)).scalar_subquery())
+    return sa.func.coalesce(floor, 0)
 
 
 def recallable(source_run_id: sa.ColumnElement[Any]) -> sa.ColumnElement[bool]:
@@ -70,24 +87,20 @@ def _columns() -> list[sa.ColumnElement[Any]]:
             m.c.source_run_id]
 
 
-def sqlite_query(scope: sa.ColumnElement[bool]) -> sa.Select[Any]:
-    """FTS5 MATCH joined back to the entries, ranked by bm25 (lower is better); binds p_match, p_limit."""
+def sqlite_query(with_team: bool) -> sa.Select[Any]:
+    """FTS5 MATCH joined back to the entries within the window, ranked by bm25 (lower is better); binds
+    p_match, p_limit, p_window_skip. The window is a rowid bound, which FTS5 applies as it reads."""
     fts = sa.table("memory_fts", sa.column("rowid"))
     rank = sa.func.bm25(sa.literal_column("memory_fts")).label(_RANK)
     return (sa.select(*_columns(), rank).select_from(fts.join(m, m.c.id == fts.c.rowid))
-            .where(sa.literal_column("memory_fts").op("MATCH")(sa.bindparam("p_match", type_=sa.String)), scope)
+            .where(sa.literal_column("memory_fts").op("MATCH")(sa.bindparam("p_match", type_=sa.String)),
+                   fts.c.rowid >= window_floor(with_team), scope_clause(with_team))
             .order_by(rank).limit(sa.bindparam("p_limit", type_=sa.Integer)))
 
 
-#: how many of a scope's newest entries that share a word with the query are ranked (PostgreSQL), or of its
-#: newest entries (MySQL/MariaDB, ranked in Python): what one recall costs is bounded, not grown with every
-#: summary written back (HARNESS_MEMORY_RECALL_WINDOW)
-DEFAULT_RECALL_WINDOW = 1000
-
-
-def postgres_query(scope: sa.ColumnElement[bool]) -> sa.Select[Any]:
-    """The best `p_limit` of the scope's newest `p_window` matching entries by rank, each with whether it
-    is recallable; binds p_match, p_limit, p_window. The stored vector (`content_tsv`,
+def postgres_query(with_team: bool) -> sa.Select[Any]:
+    """The best `p_limit` of the window's matching entries by rank, each with whether it is recallable;
+    binds p_match, p_limit, p_window_skip. The stored vector (`content_tsv`,
     to_tsvector('english', content), GIN-indexed) @@ to_tsquery, ranked by ts_rank_cd (higher is better):
     ranking it does not parse each matching entry's content again (ten times the server's CPU with
     thousands of matches). Whether an entry's Run SUCCEEDED is asked of the ranked few only: asked of
@@ -98,28 +111,26 @@ def postgres_query(scope: sa.ColumnElement[bool]) -> sa.Select[Any]:
     query = sa.func.to_tsquery(config, sa.bindparam("p_match", type_=sa.String))
     rank = (-sa.func.ts_rank_cd(vector, query)).label(_RANK)
     # ranking every match cost ~7 us an entry, and every Run's summary matches the next Run's task: the
-    # newest `p_window` matches are ranked (38 ms a recall with 5,000 summaries, 6 ms with a window of 1,000)
-    newest = (sa.select(m.c.id).where(vector.op("@@")(query), scope).order_by(m.c.id.desc())
-              .limit(sa.bindparam("p_window", type_=sa.Integer)).correlate(None))
-    best = (sa.select(*_columns(), rank).where(m.c.id.in_(newest)).order_by(rank)
-            .limit(sa.bindparam("p_limit", type_=sa.Integer)).subquery("best"))
+    # window's matches are ranked (38 ms a recall with 5,000 summaries, 6-8 ms with a window of 1,000)
+    best = (sa.select(*_columns(), rank)
+            .where(vector.op("@@")(query), m.c.id >= window_floor(with_team), in_scope(with_team))
+            .order_by(rank).limit(sa.bindparam("p_limit", type_=sa.Integer)).subquery("best"))
     return sa.select(*best.c, recallable(best.c.source_run_id).label("recallable")).order_by(best.c[_RANK])
 
 
-def scan_query(scope: sa.ColumnElement[bool]) -> sa.Select[Any]:
-    """The scope's newest `p_window` rows, for the Python BM25 fallback; binds p_window."""
-    return sa.select(*_columns()).where(scope).order_by(m.c.id.desc()).limit(
-        sa.bindparam("p_window", type_=sa.Integer))
+def scan_query(with_team: bool) -> sa.Select[Any]:
+    """The window's rows, for the Python BM25 fallback; binds p_window_skip."""
+    return sa.select(*_columns()).where(m.c.id >= window_floor(with_team), scope_clause(with_team))
 
 
-#: (builder, scope clause) -> statement: built once, so a recall only binds values
-_BUILT: dict[tuple[Any, int], sa.Select[Any]] = {}
+#: (builder, with a team?) -> statement: built once, so a recall only binds values
+_BUILT: dict[tuple[Any, bool], sa.Select[Any]] = {}
 
 
-def _built(build: Any, scope: sa.ColumnElement[bool]) -> sa.Select[Any]:
-    key = (build, id(scope))
+def _built(build: Any, with_team: bool) -> sa.Select[Any]:
+    key = (build, with_team)
     if key not in _BUILT:
-        _BUILT[key] = build(scope)
+        _BUILT[key] = build(with_team)
     return _BUILT[key]
 
 
@@ -139,33 +150,32 @@ class Ranked(NamedTuple):
 
 def search(conn: sa.Connection, query: str, scope: MemoryScope, k: int,
            window: int = DEFAULT_RECALL_WINDOW) -> list[tuple[Any, float]]:
-    """The best `k` (row, score) pairs for `query` within `scope`; higher score is better. PostgreSQL ranks
-    the scope's newest `window` entries that share a word with the query, MySQL/MariaDB its newest
-    `window` entries; SQLite's FTS5 ranks every match (its bm25 stays cheap)."""
+    """The best `k` (row, score) pairs for `query` within `scope`; higher score is better. Only the scope's
+    newest `window` entries are ranked (those of them that share a word with the query), on every backend."""
     words = terms(query)
     if not words or k <= 0:
         return []
     dialect = conn.dialect.name
-    params, clause = scope_params(scope), scope_clause(scope.team_id is not None)
+    team = scope.team_id is not None
+    params = {**scope_params(scope), "p_window_skip": window - 1}
     raw = statements_for(conn.dialect)
     # on the DBAPI cursor (SQLAlchemy's execution path costs more than the read): the statements'
-    # parameters are plain strings and an int
+    # parameters are plain strings and ints
     if dialect == "sqlite":
-        found = raw.fetchall(conn, _built(sqlite_query, clause),
+        found = raw.fetchall(conn, _built(sqlite_query, team),
                              {**params, "p_match": " OR ".join(f'"{w}"' for w in words), "p_limit": k})
         return [(row, -float(row.rank)) for row in map(Ranked._make, found)]
     if dialect == "postgresql":
         # the best entries of the scope, then those of them that count: more are ranked while the ones
         # that do not count (their Run still running, or failed) leave fewer than k
-        statement, wanted = _built(postgres_query, in_scope(scope.team_id is not None)), max(2 * k, 16)
+        statement, wanted = _built(postgres_query, team), max(2 * k, 16)
         while True:
-            found = raw.fetchall(conn, statement, {**params, "p_match": " | ".join(words), "p_limit": wanted,
-                                                   "p_window": window})
+            found = raw.fetchall(conn, statement, {**params, "p_match": " | ".join(words), "p_limit": wanted})
             counted = [Ranked._make(row[:-1]) for row in found if row[-1]]
             if len(counted) >= k or len(found) < wanted:
                 return [(row, -float(row.rank)) for row in counted[:k]]
             wanted *= 4
-    return bm25(words, conn.execute(_built(scan_query, clause), {**params, "p_window": window}).all(), k)
+    return bm25(words, conn.execute(_built(scan_query, team), params).all(), k)
 
 
 def _same_content_query(nulls: tuple[bool, ...]) -> sa.Select[Any]:
