@@ -169,7 +169,7 @@ def write_retried(engine: sa.Engine, write: Callable[[sa.Connection], _T]) -> _T
 
     def once(conn: sa.Connection) -> _T:
         value = write(conn)
-        conn.commit()  # autocommit: nothing to send
+        conn.commit()  # PostgreSQL (autocommit): nothing to send; elsewhere the statement's COMMIT
         return value
 
     return read_retried(engine, once)

@@ -61,7 +61,10 @@ _NEWEST = m.alias("newest")
 @functools.cache
 def window_floor(with_team: bool) -> sa.ColumnElement[Any]:
     """The id of the scope's `p_window_skip + 1`-th newest entry (0 when it has fewer): a recall ranks the
-    entries from there on. One read down the scope's index, uncorrelated, so it is evaluated once."""
+    entries from there on. Uncorrelated, so it is evaluated once per recall. It reads ids newest first
+    (PostgreSQL walks the primary key backwards, skipping other scopes' rows): where other users' entries
+    far outnumber the caller's, this read grows with them (8.7 ms past 45,000 other entries, measured),
+    though it reads ids only and ranks nothing."""
     floor = (sa.select(_NEWEST.c.id).where(in_scope(with_team, _NEWEST)).order_by(_NEWEST.c.id.desc())
              .limit(1).offset(sa.bindparam("p_window_skip", type_=sa.Integer)).scalar_subquery())
     return sa.func.coalesce(floor, 0)
