@@ -200,16 +200,19 @@ def _per(total: float | None, runs: int) -> float | None:
 
 
 def run_serve(backend: str, runs: int, origin: str, limit_s: float, tag: str, connections: int,
-              workers: int | None) -> dict[str, Any]:
-    """`harness serve` on a fresh database; N Runs POSTed at once; polled until every one is final."""
+              workers: int | None, processes: int = 1, name: str = "") -> dict[str, Any]:
+    """`harness serve [--processes K]` on a fresh database; N Runs POSTed at once; polled until every one is
+    final (all the service's processes measured: the supervisor and its K replicas)."""
+    name = name or f"harness-{backend}"
     with tempfile.TemporaryDirectory(prefix="bench-io-") as tmp, _fresh_database(backend, PG_SERVER) as pg:
         folder = Path(tmp)
         db_url = pg or str(folder / "harness.db")
         port = _free_port()
-        argv = [*harness_cli(), "serve", "--port", str(port), *(["--workers", str(workers)] if workers else [])]
+        argv = [*harness_cli(), "serve", "--port", str(port), *(["--workers", str(workers)] if workers else []),
+                *(["--processes", str(processes)] if processes > 1 else [])]
         try:
             with process(argv, env=harness_env(db_url, origin, folder), cwd=tmp, log=folder / "serve.log") as serve:
-                _ready(f"http://127.0.0.1:{port}", serve, folder / "serve.log")
+                _ready(f"http://127.0.0.1:{port}", serve, folder / "serve.log", processes)
                 db = Database(db_url)
                 try:
                     server_stats(origin, reset=True)
@@ -220,13 +223,14 @@ def run_serve(backend: str, runs: int, origin: str, limit_s: float, tag: str, co
                                                        deadline))
                         submit_s = time.time() - started
                         _await_final(sampler, posted["accepted"], deadline)
-                    return _outcome(f"harness-{backend}", runs, db, sampler, started, origin,
+                    return _outcome(name, runs, db, sampler, started, origin,
                                     {"submit_s": submit_s, "retried": posted["retried"],
-                                     "refused": posted["refused"], "serve_workers": workers or "default"})
+                                     "refused": posted["refused"], "serve_workers": workers or "default",
+                                     "serve_processes": processes})
                 finally:
                     db.close()
         finally:
-            keep_log(folder / "serve.log", f"harness-{backend}-{tag}")
+            keep_log(folder / "serve.log", f"{name}-{tag}")
 
 
 def keep_log(log: Path, name: str) -> None:
@@ -236,8 +240,9 @@ def keep_log(log: Path, name: str) -> None:
         shutil.copyfile(log, LOGS[0] / f"{name}.log")
 
 
-def _ready(base: str, proc: subprocess.Popen[str], log: Path, limit_s: float = 90) -> None:
-    """Wait until the service answers /health (it migrates the database first)."""
+def _ready(base: str, proc: subprocess.Popen[str], log: Path, processes: int = 1, limit_s: float = 90) -> None:
+    """Wait until the service answers /health (it migrates the database first) and, with several processes,
+    until every one of them has logged its start."""
     import httpx
 
     deadline = time.monotonic() + limit_s
@@ -245,7 +250,8 @@ def _ready(base: str, proc: subprocess.Popen[str], log: Path, limit_s: float = 9
         if proc.poll() is not None:
             raise RuntimeError(f"harness serve exited ({proc.returncode}): {log.read_text()[-2000:]}")
         with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(f"{base}/health", headers={"X-API-Key": API_KEY}, timeout=5, trust_env=False).is_success:
+            if httpx.get(f"{base}/health", headers={"X-API-Key": API_KEY}, timeout=5, trust_env=False).is_success \
+                    and log.read_text().count("Application startup complete") >= processes:
                 return
         time.sleep(0.2)
     raise RuntimeError(f"harness serve did not come up in {limit_s:.0f} s: {log.read_text()[-2000:]}")
@@ -310,7 +316,8 @@ def _drive_celery(rt: Any, app: Any, worker: subprocess.Popen[str], db: Database
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     """Every contender once per round, in an order rotated each round, against one fake model server."""
-    contenders = [f"harness-{b}" for b in args.backends] + (["celery"] if args.celery else []) + \
+    contenders = [f"harness-{b}" + (f"-x{k}" if k > 1 else "") for b in args.backends for k in args.serve_processes] \
+        + (["celery"] if args.celery else []) + \
         ([] if args.no_langgraph else ["langgraph"])
     rounds: list[dict[str, dict[str, Any]]] = []
     with tempfile.TemporaryDirectory(prefix="bench-io-") as tmp, fake_server(args.delay, Path(tmp)) as origin:
@@ -329,8 +336,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 
 def _one(name: str, args: argparse.Namespace, origin: str, tag: str) -> dict[str, Any]:
     if name.startswith("harness-"):
-        return run_serve(name.removeprefix("harness-"), args.runs, origin, args.limit_s, tag, args.connections,
-                         args.serve_workers)
+        backend, _, processes = name.removeprefix("harness-").partition("-x")
+        return run_serve(backend, args.runs, origin, args.limit_s, tag, args.connections, args.serve_workers,
+                         int(processes or 1), name)
     if name == "celery":
         return run_celery(args.runs, origin, args.limit_s, args.celery_concurrency)
     return run_langgraph(args.runs, origin, args.limit_s, args.langgraph_backend, args.langgraph_pool)
@@ -352,7 +360,7 @@ def summarise(rounds: list[dict[str, dict[str, Any]]], settings: dict[str, Any],
                                            for k in ("wall_s", "peak_rss_mb", "peak_pss_mb", "cpu_s_per_run")
                                            if any(b[k] for _, b in paired)}
     keep = ("src", "runs", "delay", "rounds", "backends", "celery", "celery_concurrency", "connections",
-            "serve_workers", "langgraph_backend", "langgraph_pool", "limit_s")
+            "serve_workers", "serve_processes", "langgraph_backend", "langgraph_pool", "limit_s")
     return {"date": time.strftime("%Y-%m-%d"), "cores": os.cpu_count(),
             "settings": {k: settings[k] for k in keep if k in settings}, "rounds": rounds, "medians": medians,
             "ratios": ratios}
@@ -409,6 +417,8 @@ def main() -> None:
     parser.add_argument("--langgraph-backend", choices=("postgresql", "sqlite"), default="postgresql")
     parser.add_argument("--langgraph-pool", type=int, default=10, help="LangGraph's psycopg pool (max size)")
     parser.add_argument("--connections", type=int, default=100, help="HTTP connections the submitter opens")
+    parser.add_argument("--serve-processes", type=lambda v: [int(k) for k in v.split(",") if k], default=[1],
+                        help="harness serve --processes, one contender per value per backend (e.g. 1,2)")
     parser.add_argument("--serve-workers", type=int, help="harness serve --workers (default: the service's)")
     parser.add_argument("--limit-s", type=float, default=600, help="deadline per contender, seconds")
     parser.add_argument("--src", help="a harness source tree (its src/ folder) to measure instead of the installed "

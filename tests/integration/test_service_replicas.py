@@ -94,19 +94,25 @@ class Replica:
                 self.kill()
 
 
-@pytest.fixture
-def replicas(backend_url: str, tmp_path: Path, call_log: Path) -> Iterator[list[Replica]]:
-    """Two replicas over the test fixtures, with short leases so a dead replica's Runs are picked up fast."""
+def service_env(tmp_path: Path, call_log: Path) -> dict[str, str]:
+    """The environment of a service process over the test fixtures, with short leases so a dead process's
+    Runs are picked up fast."""
     identities = {"identities": {
         f"t1/{u}": {"roles": ROLES.get(u, ["tester"]),
                     "api_key_sha256": hashlib.sha256(f"key-{u}".encode()).hexdigest()} for u in USERS}}
     (tmp_path / "identities.yaml").write_text(yaml.safe_dump(identities))
-    env = {**os.environ,
-           "HARNESS_SKILLS_DIRS": str(FIXTURES / "skills"), "HARNESS_POLICY_FILE": str(FIXTURES / "policy.yaml"),
-           "HARNESS_LLM_RULES": str(FIXTURES / "llm_rules.yaml"),
-           "HARNESS_IDENTITIES": str(tmp_path / "identities.yaml"), "HARNESS_DATA_DIR": str(tmp_path / "data"),
-           "HARNESS_TEST_CALL_LOG": str(call_log), "HARNESS_LEASE_TTL_S": "2", "HARNESS_REDRIVE_GRACE_S": "0.5",
-           "HARNESS_HOUSEKEEPING_S": "0.2", "HARNESS_SESSION_SECRET": "replica-secret-replica-secret"}
+    return {**os.environ,
+            "HARNESS_SKILLS_DIRS": str(FIXTURES / "skills"), "HARNESS_POLICY_FILE": str(FIXTURES / "policy.yaml"),
+            "HARNESS_LLM_RULES": str(FIXTURES / "llm_rules.yaml"),
+            "HARNESS_IDENTITIES": str(tmp_path / "identities.yaml"), "HARNESS_DATA_DIR": str(tmp_path / "data"),
+            "HARNESS_TEST_CALL_LOG": str(call_log), "HARNESS_LEASE_TTL_S": "2", "HARNESS_REDRIVE_GRACE_S": "0.5",
+            "HARNESS_HOUSEKEEPING_S": "0.2", "HARNESS_SESSION_SECRET": "replica-secret-replica-secret"}
+
+
+@pytest.fixture
+def replicas(backend_url: str, tmp_path: Path, call_log: Path) -> Iterator[list[Replica]]:
+    """Two replicas over the test fixtures."""
+    env = service_env(tmp_path, call_log)
     SqlStore.open(backend_url).close()  # migrated once, before two processes race to do it
     pair = [Replica(env, backend_url, tmp_path / f"replica-{i}.log") for i in range(2)]
     for replica in pair:

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from harness.cli.support import AgentOption, DbOption, agent_reference
+from harness.cli.support import AgentOption, DbOption, agent_reference, fail
 
 Host = Annotated[str, typer.Option("--host", help="Interface to listen on.")]
 Port = Annotated[int, typer.Option("--port", min=0, max=65535, help="TCP port (0 picks a free one).")]
@@ -31,13 +31,18 @@ def serve(
         str | None,
         typer.Option("--otel", help="Span exporter: none, console or otlp (HARNESS_OTEL_EXPORTER)."),
     ] = None,
+    processes: Annotated[
+        int,
+        typer.Option("--processes", min=1, max=64, envvar="HARNESS_SERVE_PROCESSES", show_envvar=True,
+                     help="Service processes on the one port, each a replica that drives the Runs it accepts: "
+                          "more than one uses more than one core."),
+    ] = 1,
 ) -> None:
     """Serve the HTTP API (OpenAPI at /docs) and the web console (/ui) on the embedded default."""
     # imported here so that every other `harness` command starts without loading the web stack
     import uvicorn
 
     from harness.service import logs
-    from harness.service.app import create_app
     from harness.service.settings import ServiceSettings
     from harness.settings import Settings
 
@@ -45,9 +50,25 @@ def serve(
         raise typer.BadParameter("must be debug, info, warning or error", param_hint="--log-level")
     logs.configure(json_lines=log_json, level=log_level)
     settings = ServiceSettings.from_env(concurrency=workers, otel_exporter=otel)
+    shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+    if processes > 1:
+        # settings checked here, before any process starts: each process builds its own service from them
+        Settings.from_env(db=db, agent=agent_reference(agent))
+        from harness.service import processes as supervisor
+
+        typer.echo(f"harness service on http://{shown}:{port}/ in {processes} processes  (console /ui, API docs "
+                   "/docs, metrics /metrics of the process that answers)", err=True)
+        options = {"db": db, "agent": agent_reference(agent), "workers": workers, "otel": otel,
+                   "log_json": log_json}
+        code = supervisor.run(host=host, port=port, processes=processes, log_level=log_level.lower(),
+                              options=options)
+        if code:  # a setting, the database or the agent: what one process reports as bad input
+            fail("the service could not start (the reason is above)")
+        return
+    from harness.service.app import create_app
+
     # the service builds its runtime (and owns it), the context's vocabulary loaded before the first Run
     app = create_app(settings=settings, runtime_settings=Settings.from_env(db=db, agent=agent_reference(agent)))
-    shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
     typer.echo(
         f"harness service on http://{shown}:{port}/  (console /ui, API docs /docs, metrics /metrics)",
         err=True,
