@@ -71,13 +71,57 @@ def test_the_known_encodings_are_those_the_package_ships() -> None:
 
 
 def test_the_vocabulary_loads_on_the_first_count_only() -> None:
-    """Building a tokenizer (every runtime does) costs nothing; the first count loads the encoding."""
+    """Building a tokenizer (every runtime does) costs nothing; the first count loads the encoding, with
+    tiktoken, and never bpe-openai's bindings (~68 MB) for an encoding tiktoken defines."""
     code = ("import sys; from harness.context.tokenizer import BpeTokenizer; t = BpeTokenizer('cl100k_base'); "
-            "print('bpe_openai' in sys.modules); print(t.count('hello world')); print('bpe_openai' in sys.modules)")
+            "print('tiktoken' in sys.modules); print(t.count('hello world')); print('tiktoken' in sys.modules); "
+            "print('bpe_openai' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
-    assert out == ["False", "2", "True"]
+    assert out == ["False", "2", "True", "False"]
 
 
+#: text where encoders disagree when they are not the same: scripts, digits, code, runs of whitespace,
+#: contractions, emoji, and special-token text (counted as plain text)
+CORPUS = [
+    "hello world", "tiktoken is great!", "I'd've thought they'll say it's 'fine' -- WE'RE DONE.",
+    "Привет, как дела? 東京の天気は晴れです。 مرحبا بالعالم 🤖🚀 naïve café",
+    "def f(x):\n    return x ** 2  # square\n\n\n\tif x > 10_000: pass\r\n",
+    "order A-1001 shipped 2026-12-04T10:15:00Z for $1,234.56 (12345678901234567890)",
+    "<|endoftext|> <|fim_prefix|> text after special-token markers", "   leading and trailing   \n\n  ",
+    "https://example.com/path?q=1&r=two#frag" * 3, "".join(chr(c) for c in range(0x20, 0x250)),
+]
+
+
+@pytest.mark.parametrize("encoding", ["cl100k_base", "o200k_base"])
+def test_tiktoken_counts_as_the_bundled_encoder_does(encoding: str) -> None:
+    """The counts come from tiktoken now; on every kind of text they are those of bpe-openai's own encoder,
+    which counted them before."""
+    from bpe_openai import _bindings
+
+    reference = _bindings.tokenizer_for_encoding(encoding)
+    tok = BpeTokenizer(encoding)
+    for text in [*CORPUS, " ".join(CORPUS) * 40]:
+        assert tok.count(text) == reference.count(text), text[:60]
+
+
+@pytest.mark.parametrize("encoding", ["cl100k_base", "o200k_base"])
+def test_the_patterns_are_tiktokens_own(encoding: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The split patterns written here are those tiktoken defines for the encoding (its definition is read
+    without the download it would start)."""
+    from tiktoken_ext import openai_public
+
+    from harness.context.tokenizer import _TIKTOKEN
+
+    monkeypatch.setattr(openai_public, "load_tiktoken_bpe", lambda *_a, **_k: {})
+    assert getattr(openai_public, encoding)()["pat_str"] == _TIKTOKEN[encoding][0]
+
+
+def test_a_vocabulary_that_is_not_openais_is_refused() -> None:
+    """The vocabulary file is checked against the hash tiktoken publishes: a file that differs is named."""
+    from harness.context.tokenizer import _ranks
+
+    with pytest.raises(InvalidRequestError, match=r"cl100k_base vocabulary at .*cl100k_base\.tiktoken\.gz is not"):
+        _ranks("cl100k_base", "0" * 64)
 def test_remembered_counts_are_the_encodings_own() -> None:
     """Counts of texts seen before (a system prompt, tool schemas: at every Run) are looked up, per
     encoding: the same numbers as counting afresh, for texts below and above the remembered length."""

@@ -18,7 +18,7 @@ import pytest
 
 #: never loaded by a command that does not use them
 HEAVY = ("alembic", "detect_secrets", "requests", "fastapi", "uvicorn", "celery", "mcp", "opentelemetry.sdk",
-         "torch", "sentence_transformers", "bpe_openai", "httpx")
+         "torch", "sentence_transformers", "bpe_openai", "tiktoken", "httpx")
 #: what `harness --help` does not load either: the composition root and the libraries beneath it
 NOT_FOR_HELP = (*HEAVY, "harness.config", "sqlalchemy", "cedarpy", "jsonschema", "cryptography")
 #: what a command on SQLite does not load until it needs it: the other backends' SQLAlchemy dialects, rich
@@ -108,7 +108,7 @@ def test_a_read_only_command_builds_its_runtime_without_the_heavy_libraries(tmp_
     ("a scrub", "from harness.context.secrets import SecretFilter\n"
                 "assert SecretFilter().scrub('key AKIAQ7CANARY4EXAMPLE1').count", "detect_secrets"),
     ("a token count", "from harness.context.tokenizer import tokenizer_for\n"
-                      "assert tokenizer_for('openai', 'gpt-4o').count('hello world')", "bpe_openai"),
+                      "assert tokenizer_for('openai', 'gpt-4o').count('hello world')", "tiktoken"),
     ("a webhook sent", "from harness.wiring.webhooks import webhook_sender\n"
                        "from harness.domain.outbound import OutboundRule\n"
                        "s = webhook_sender(1.0)\n"
