@@ -50,7 +50,7 @@ def test_runs_waiting_on_an_mcp_server_hold_no_thread(tmp_path: Path) -> None:
             data_dir=tmp_path / "data", mcp_file=tmp_path / "mcp.yaml", memory="off",
             local_skill_threads=1, sandbox_threads=1, llm_threads=1))
         worker = EmbeddedWorker(runtime, concurrency=1000, housekeeping_interval_s=3600)
-        threads_before = threading.active_count()
+        threads_before = set(threading.enumerate())
         try:
             futures = []
             for i in range(RUNS):
@@ -62,7 +62,10 @@ def test_runs_waiting_on_an_mcp_server_hold_no_thread(tmp_path: Path) -> None:
             assert {r.state for r in results} == {"SUCCEEDED"}, [(r.state, r.error) for r in results]
             peaks = {r.artifacts["p"]["peak"] for r in results}
             assert max(peaks) == RUNS  # every call waited at the server at once
-            assert threading.active_count() - threads_before < 10  # not a thread per waiting call
+            # not a thread per waiting call: what this worker started (its loop, lanes, drain) is a handful,
+            # whatever threads earlier tests left in this process
+            started = [t.name for t in set(threading.enumerate()) - threads_before]
+            assert len(started) < RUNS // 2, started
             runtime.store.drain_all()
             for r in results:
                 assert len([t for t in runtime.store.trace_of(r.run_id) if t.kind == "tool"]) == 1
