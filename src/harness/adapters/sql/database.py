@@ -360,7 +360,7 @@ def migrate(engine: sa.Engine) -> None:
     from alembic import command
     from alembic.runtime.migration import MigrationContext
 
-    head = head_revision()
+    head = shipped_head() or head_revision()  # alembic's upgrade loads the version files once more itself
     with engine.begin() as conn:
         dialect = conn.dialect.name
         if dialect == "postgresql":
