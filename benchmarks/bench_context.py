@@ -200,6 +200,8 @@ def main() -> None:
     parser.add_argument("--semantic", action="store_true", help="also measure vector and hybrid recall")
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--tenants", type=int, default=TENANTS, help="tenants of 10,000 entries each")
+    parser.add_argument("--db", help="an empty database URL to measure on (PostgreSQL, MySQL/MariaDB); "
+                                     "default: a new SQLite file")
     args = parser.parse_args()
     embedder = None
     if args.semantic:
@@ -207,9 +209,9 @@ def main() -> None:
 
         embedder = MiniLMEmbedder()
     with tempfile.TemporaryDirectory() as folder:
-        store = SqlStore.open(str(Path(folder) / "bench.db"), FakeClock())
+        store = SqlStore.open(args.db or str(Path(folder) / "bench.db"), FakeClock())
         memory = MemoryStore(SqlMemoryRows(store.engine), store.clock, SecretFilter(), embedder)
-        report: dict[str, Any] = {"python": sys.version.split()[0],
+        report: dict[str, Any] = {"python": sys.version.split()[0], "backend": store.engine.dialect.name,
                                   "entries": args.tenants * PER_TENANT + len(LABELLED),
                                   "seed_s": round(seed(memory, random.Random(7), args.tenants), 1)}
         assembler = ContextAssembler(BpeTokenizer("cl100k_base"), memory=memory)
