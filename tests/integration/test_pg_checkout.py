@@ -13,6 +13,7 @@ import sqlalchemy as sa
 
 from harness.adapters.sql.database import create_engine, read_retried, resolve_url
 from harness.adapters.sql.units import Units, joining
+from harness.domain.errors import InvalidRequestError
 
 from .conftest import PG_ADMIN
 
@@ -245,3 +246,36 @@ def test_a_lease_renewal_in_a_drives_open_transaction_goes_with_it(engine: sa.En
         assert renewed is not None
         assert _lease_row(engine, lease.run_id) == before
     assert _lease_row(engine, lease.run_id) == (1, renewed.expires_at)
+
+
+def _burst(engine: sa.Engine, n: int) -> set[int]:
+    """`n` connections in use at once, as a busy moment of the drive loop has them; their backend pids."""
+    held = [engine.connect() for _ in range(n)]
+    try:
+        return {int(c.execute(sa.text("SELECT pg_backend_pid()")).scalar_one()) for c in held}
+    finally:
+        for conn in held:
+            conn.close()
+
+
+def test_the_pool_keeps_the_connections_a_busy_moment_uses(engine: sa.Engine) -> None:
+    """A burst of 25 connections at once (a burst of Runs uses ~23), then another: the second finds the
+    first's sessions kept, none closed on its return and opened again (each a new server process that
+    prepares every statement anew). Beyond the kept 30, 10 more may be opened, and no more."""
+    first = _burst(engine, 25)
+    assert _burst(engine, 25) == first
+    assert engine.pool.size() == 30 and engine.pool._max_overflow == 10  # type: ignore[attr-defined]
+
+
+def test_the_pool_is_set_by_its_two_settings_and_a_bad_value_is_named(backend_url: str,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HARNESS_DB_POOL_SIZE", "5")
+    monkeypatch.setenv("HARNESS_DB_MAX_OVERFLOW", "0")
+    engine = create_engine(resolve_url(backend_url))
+    try:
+        assert engine.pool.size() == 5 and engine.pool._max_overflow == 0  # type: ignore[attr-defined]
+    finally:
+        engine.dispose()
+    monkeypatch.setenv("HARNESS_DB_POOL_SIZE", "many")
+    with pytest.raises(InvalidRequestError, match="HARNESS_DB_POOL_SIZE must be a whole number, not 'many'"):
+        create_engine(resolve_url(backend_url))
