@@ -1,8 +1,8 @@
 """The knowledge-base tables on SQLite, PostgreSQL and MySQL/MariaDB: the KnowledgeRows port.
 
-Lexical search per backend: SQLite FTS5 with bm25, PostgreSQL full-text with ts_rank_cd, and on MySQL/MariaDB
-(or any other database) the scope's chunks holding a lightly stemmed term (LIKE) ranked by an exact BM25 in
-Python. Not InnoDB's FULLTEXT: it scores a term over the whole table, and a term every row holds is not
+Lexical search per backend: SQLite FTS5 with bm25, PostgreSQL full-text (a stored vector) with ts_rank_cd, and
+on MySQL/MariaDB (or any other database) the scope's chunks holding a lightly stemmed term (LIKE) ranked by an
+exact BM25 in Python. Not InnoDB's FULLTEXT: it scores a term over the whole table, and a term every row holds is not
 matched at all, so a knowledge base of one document would find nothing. Query text becomes a bag of plain
 word terms, so nothing a user types is ever read as query syntax by the database. Every read of chunks is
 confined to the caller's scope in SQL.
@@ -62,9 +62,11 @@ def search(conn: sa.Connection, query: str, scope: KnowledgeScope, k: int) -> li
         return [(row, -float(row.rank)) for row in conn.execute(stmt)]
     if dialect == "postgresql":
         config: sa.ColumnElement[Any] = sa.literal_column("'english'::regconfig")
-        # the indexed expression (0021), a section searched with its text
-        vector = sa.func.to_tsvector(config, c.c.section.op("||")(sa.literal_column("' '")).op("||")(c.c.content))
-        tsquery = sa.func.to_tsquery(config, " | ".join(words))
+        # the stored vector of a section with its text (0024, GIN-indexed): ranking does not parse each
+        # matching chunk again; the query is parsed once per search (an uncorrelated subquery), in a
+        # prepared statement's generic plan too, where a function of the parameter is evaluated per row
+        vector: sa.ColumnElement[Any] = sa.literal_column("kb_chunks.content_tsv")
+        tsquery = sa.select(sa.func.to_tsquery(config, " | ".join(words))).scalar_subquery()
         rank = (-sa.func.ts_rank_cd(vector, tsquery)).label(_RANK)
         stmt = sa.select(*_columns(), rank).select_from(_joined()).where(vector.op("@@")(tsquery), where)
         return [(row, -float(row.rank)) for row in conn.execute(stmt.order_by(rank).limit(k))]

@@ -407,8 +407,10 @@ kb_documents = sa.Table(
 )
 
 #: the chunks a document was cut into, with the document's scope columns repeated so a search is confined in
-#: SQL without a join. On SQLite the FTS5 table kb_chunks_fts mirrors `content` (triggers); on PostgreSQL a GIN
-#: index on to_tsvector('english', content) serve the lexical search; MySQL/MariaDB scan the scope's chunks.
+#: SQL without a join. On SQLite the FTS5 table kb_chunks_fts mirrors the section and `content` (triggers); on
+#: PostgreSQL the stored generated column content_tsv (to_tsvector('english', section || ' ' || content),
+#: GIN-indexed; migration 0024, not declared here: it exists on PostgreSQL only) serves the lexical search;
+#: MySQL/MariaDB scan the scope's chunks.
 kb_chunks = sa.Table(
     "kb_chunks",
     metadata,
