@@ -4,7 +4,8 @@ psycopg prepares a statement on the server after its fifth run on a connection, 
 settles on a generic plan, one that does not know the parameters' values. Written as a function of the
 parameter, `to_tsquery` was evaluated again for every matching entry in that plan (in the filter and in
 the rank): the recall's cost doubled past the fifth call. As an uncorrelated subquery it is evaluated
-once per recall in any plan."""
+once per recall in any plan. And the scope's window is read first, so no plan reads every match of the
+table."""
 
 from __future__ import annotations
 
@@ -59,6 +60,10 @@ def test_the_recall_query_is_parsed_once_in_a_generic_plan_too(backend_url: str,
             conn.exec_driver_sql("DEALLOCATE recall")
             conn.exec_driver_sql("RESET plan_cache_mode")
         assert "to_tsquery(" not in plan.split("InitPlan")[0], plan  # nothing above its InitPlan parses it
+        # the window is read by id before any match is looked for: over thousands of long summaries the
+        # planner, not knowing the query, chose to read every match of the whole table through the GIN
+        # index (measured, not reproduced at this size); a materialized window leaves it no such choice
+        assert "ix_memory_tsv" not in plan and "CTE Scan on recent" in plan, plan
         assert all("to_tsquery(" not in line for line in plan.splitlines() if "Filter" in line or "Sort Key" in line
                    or "Cond" in line), plan
         assert ranked[0] == "best" and len(ranked) == 3
