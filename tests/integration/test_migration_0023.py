@@ -37,12 +37,12 @@ def _found(engine: sa.Engine, words: str) -> list[str]:
         return [row.entry_id for row, _ in search(conn, words, ALICE, 5)]
 
 
-def _indexes(engine: sa.Engine) -> set[str]:
-    return {i["name"] for i in sa.inspect(engine).get_indexes("memory_entries")}
+def _indexes(engine: sa.Engine, table: str = "memory_entries") -> set[str]:
+    return {i["name"] for i in sa.inspect(engine).get_indexes(table)}
 
 
-def _columns(engine: sa.Engine) -> set[str]:
-    return {c["name"] for c in sa.inspect(engine).get_columns("memory_entries")}
+def _columns(engine: sa.Engine, table: str = "memory_entries") -> set[str]:
+    return {c["name"] for c in sa.inspect(engine).get_columns(table)}
 
 
 def test_entries_written_before_are_recalled_through_the_stored_vector_and_it_reverts(engine: sa.Engine) -> None:

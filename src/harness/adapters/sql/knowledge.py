@@ -2,10 +2,10 @@
 
 Lexical search per backend: SQLite FTS5 with bm25, PostgreSQL full-text (a stored vector) with ts_rank_cd, and
 on MySQL/MariaDB (or any other database) the scope's chunks holding a lightly stemmed term (LIKE) ranked by an
-exact BM25 in Python. Not InnoDB's FULLTEXT: it scores a term over the whole table, and a term every row holds is not
-matched at all, so a knowledge base of one document would find nothing. Query text becomes a bag of plain
-word terms, so nothing a user types is ever read as query syntax by the database. Every read of chunks is
-confined to the caller's scope in SQL.
+exact BM25 in Python. Not InnoDB's FULLTEXT: it scores a term over the whole table, and a term every row
+holds is not matched at all, so a knowledge base of one document would find nothing. Query text becomes a
+bag of plain word terms, so nothing a user types is ever read as query syntax by the database. Every read
+of chunks is confined to the caller's scope in SQL.
 """
 
 from __future__ import annotations

@@ -103,8 +103,9 @@ def sqlite_query(with_team: bool) -> sa.Select[Any]:
 
 def postgres_query(with_team: bool) -> sa.Select[Any]:
     """The best `p_limit` of the window's matching entries by rank, each with whether it is recallable;
-    binds p_match, p_limit, p_window_skip. The stored vector (`content_tsv`,
-    to_tsvector('english', content), GIN-indexed) @@ to_tsquery, ranked by ts_rank (higher is better):
+    binds p_match, p_limit, p_window_skip. The window's stored vectors (`content_tsv`,
+    to_tsvector('english', content); its GIN index, from 0023, is not read: the window is read by id)
+    @@ to_tsquery, ranked by ts_rank (higher is better):
     ranking it does not parse each matching entry's content again (ten times the server's CPU with
     thousands of matches). ts_rank (how often the entry has the query's words), not ts_rank_cd (how close
     together): a third of the cost an entry, and the same recall@5 on the labelled set of
