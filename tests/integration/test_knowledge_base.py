@@ -106,6 +106,32 @@ def test_a_search_sees_only_the_callers_tenant_bases_agent_and_team(kb: Knowledg
     assert {s.title for s in kb.search(KnowledgeScope("t2", ("default",)), "refunds", 10)} == {"other-tenant.txt"}
 
 
+def test_each_shape_of_scope_is_searched_with_its_own_values(kb: KnowledgeBase, tmp_path: Path) -> None:
+    """A search's statement is built once per shape of scope (an agent or not, a team or not, how many
+    knowledge bases) and reused: each search still sees only its own scope's values, whichever shape and
+    values came before it."""
+    for name, options in (("shared", {}), ("drafts", {"kb": "drafts"}), ("sales", {"agent": "sales"}),
+                          ("support", {"agent": "support"}), ("field", {"team_id": "field"}),
+                          ("desk", {"team_id": "desk"}), ("t2", {"tenant_id": "t2"})):
+        path = tmp_path / f"{name}.txt"
+        path.write_text(f"Parcels are traced by their number ({name}).")
+        kb.add(path, **{"tenant_id": "t1", **options})
+
+    def found(scope: KnowledgeScope) -> set[str]:
+        return {s.title.removesuffix(".txt") for s in kb.search(scope, "parcels traced", 10)}
+
+    for _ in range(2):  # the second round runs every shape again, on statements made in the first
+        assert found(KnowledgeScope("t1", ("default", "drafts"))) == {"shared", "drafts"}
+        assert found(KnowledgeScope("t1", ("drafts", "default"), agent="sales")) == {"shared", "drafts", "sales"}
+        assert found(KnowledgeScope("t1", ("default",), agent="support")) == {"shared", "support"}
+        assert found(KnowledgeScope("t1", ("default",), team_id="field")) == {"shared", "field"}
+        assert found(KnowledgeScope("t1", ("default",), team_id="desk")) == {"shared", "desk"}
+        assert found(KnowledgeScope("t2", ("default",))) == {"t2"}
+        assert found(KnowledgeScope("t1", ("drafts",))) == {"drafts"}
+    assert len(kb.search(KnowledgeScope("t1", ("default", "drafts"), agent="sales", team_id="desk"),
+                         "parcels", 2)) == 2  # at most k
+
+
 def test_a_chunk_of_another_tenant_is_a_hard_failure(kb: KnowledgeBase) -> None:
     """The row check refuses a foreign chunk (a query bug or a tampered row) instead of filtering it out,
     and the knowledge base passes the refusal on rather than degrading."""

@@ -10,6 +10,7 @@ of chunks is confined to the caller's scope in SQL.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -17,6 +18,7 @@ import sqlalchemy as sa
 
 from harness.adapters.sql import schema as t
 from harness.adapters.sql.database import read_only, read_retried
+from harness.adapters.sql.raw import statements_for
 from harness.adapters.sql.units import guarded, joins
 from harness.memory.lexical import bm25, stem, terms
 from harness.ports.knowledge import KnowledgeScope
@@ -51,29 +53,71 @@ def search(conn: sa.Connection, query: str, scope: KnowledgeScope, k: int) -> li
     words = terms(query)
     if not words or k <= 0 or not scope.bases:
         return []
+    dialect = conn.dialect
+    if dialect.name in ("sqlite", "postgresql"):
+        # a search per Run: the statement is built and compiled once per shape, and runs on the cursor
+        stmt = _ranked(dialect.name, scope.agent is None, scope.team_id is None, len(scope.bases))
+        params: dict[str, Any] = {"p_tenant": scope.tenant_id, "p_k": k,
+                                  **{f"p_kb_{i}": kb for i, kb in enumerate(scope.bases)},
+                                  "p_words": " OR ".join(f'"{w}"' for w in words) if dialect.name == "sqlite"
+                                  else " | ".join(words)}
+        if scope.agent is not None:
+            params["p_agent"] = scope.agent
+        if scope.team_id is not None:
+            params["p_team"] = scope.team_id
+        ranked = statements_for(dialect).fetchall(conn, stmt, params)
+        return [(found, -float(found.rank)) for found in map(_Found._make, ranked)]
     where = scope_clause(scope)
-    dialect = conn.dialect.name
-    if dialect == "sqlite":
-        fts = sa.table("kb_chunks_fts", sa.column("rowid"))
-        rank: sa.ColumnElement[Any] = sa.func.bm25(sa.literal_column("kb_chunks_fts")).label(_RANK)
-        match = " OR ".join(f'"{w}"' for w in words)
-        stmt = (sa.select(*_columns(), rank).select_from(fts.join(_joined(), c.c.id == fts.c.rowid))
-                .where(sa.literal_column("kb_chunks_fts").op("MATCH")(match), where).order_by(rank).limit(k))
-        return [(row, -float(row.rank)) for row in conn.execute(stmt)]
-    if dialect == "postgresql":
-        config: sa.ColumnElement[Any] = sa.literal_column("'english'::regconfig")
-        # the stored vector of a section with its text (0024, GIN-indexed): ranking does not parse each
-        # matching chunk again; the query is parsed once per search (an uncorrelated subquery), in a
-        # prepared statement's generic plan too, where a function of the parameter is evaluated per row
-        vector: sa.ColumnElement[Any] = sa.literal_column("kb_chunks.content_tsv")
-        tsquery = sa.select(sa.func.to_tsquery(config, " | ".join(words))).scalar_subquery()
-        rank = (-sa.func.ts_rank_cd(vector, tsquery)).label(_RANK)
-        stmt = sa.select(*_columns(), rank).select_from(_joined()).where(vector.op("@@")(tsquery), where)
-        return [(row, -float(row.rank)) for row in conn.execute(stmt.order_by(rank).limit(k))]
     like = sa.or_(*(sa.func.lower(column).like(f"%{stem(w)}%") for w in words for column in (c.c.section, c.c.content)))
     rows = conn.execute(sa.select(*_columns()).select_from(_joined()).where(where, like).limit(_SCAN_LIMIT)).all()
     texts = [_Searched(i, f"{row.section}\n{row.content}") for i, row in enumerate(rows)]
     return [(rows[found.position], score) for found, score in bm25(words, texts, k)]
+
+
+class _Found(NamedTuple):
+    """A chunk row of a ranked search, as `_columns()` reads it, with its rank (lower is better)."""
+
+    chunk_id: str
+    document_id: str
+    tenant_id: str
+    kb: str
+    agent: str | None
+    team_id: str | None
+    section: str
+    content: str
+    content_hash: str
+    title: str
+    rank: float
+
+
+@functools.cache
+def _ranked(dialect: str, any_agent: bool, any_team: bool, bases: int) -> sa.Select[Any]:
+    """The ranked search of SQLite (FTS5, bm25) or PostgreSQL (the stored vector, ts_rank_cd) for a scope of
+    this shape, its values bound: `p_tenant`, `p_kb_<i>` for each of the `bases`, `p_agent` and `p_team`
+    (unless any agent's or team's), `p_words` (the query, in the database's syntax) and `p_k`."""
+    agent = sa.bindparam("p_agent", type_=sa.String)
+    team = sa.bindparam("p_team", type_=sa.String)
+    where = sa.and_(
+        c.c.tenant_id == sa.bindparam("p_tenant", type_=sa.String),
+        c.c.kb.in_([sa.bindparam(f"p_kb_{i}", type_=sa.String) for i in range(bases)]),
+        c.c.agent.is_(None) if any_agent else sa.or_(c.c.agent.is_(None), c.c.agent == agent),
+        c.c.team_id.is_(None) if any_team else sa.or_(c.c.team_id.is_(None), c.c.team_id == team))
+    words = sa.bindparam("p_words", type_=sa.String)
+    if dialect == "sqlite":
+        fts = sa.table("kb_chunks_fts", sa.column("rowid"))
+        rank: sa.ColumnElement[Any] = sa.func.bm25(sa.literal_column("kb_chunks_fts")).label(_RANK)
+        return (sa.select(*_columns(), rank).select_from(fts.join(_joined(), c.c.id == fts.c.rowid))
+                .where(sa.literal_column("kb_chunks_fts").op("MATCH")(words), where)
+                .order_by(rank).limit(sa.bindparam("p_k", type_=sa.Integer)))
+    config: sa.ColumnElement[Any] = sa.literal_column("'english'::regconfig")
+    # the stored vector of a section with its text (0024, GIN-indexed): ranking does not parse each
+    # matching chunk again; the query is parsed once per search (an uncorrelated subquery), in a
+    # prepared statement's generic plan too, where a function of the parameter is evaluated per row
+    vector: sa.ColumnElement[Any] = sa.literal_column("kb_chunks.content_tsv")
+    tsquery = sa.select(sa.func.to_tsquery(config, words)).scalar_subquery()
+    rank = (-sa.func.ts_rank_cd(vector, tsquery)).label(_RANK)
+    return (sa.select(*_columns(), rank).select_from(_joined()).where(vector.op("@@")(tsquery), where)
+            .order_by(rank).limit(sa.bindparam("p_k", type_=sa.Integer)))
 
 
 class _Searched(NamedTuple):
