@@ -10,8 +10,6 @@ calls. On SQLite, PostgreSQL and MariaDB."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -39,21 +37,8 @@ RUNS = 60
 class OneThread(Replica):
     """`harness serve --workers 1`: one Run driven at a time, so accepted Runs queue."""
 
-    def start(self) -> None:
-        with self.log.open("ab") as out:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "harness.cli", "serve", "--port", str(self.port), "--db", self.db,
-                 "--workers", "1"], env=self.env, stdout=out, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{self.url}/health", headers=_key("dan"), timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            assert self.proc.poll() is None, self.log.read_text()[-2000:]
-            time.sleep(0.1)
-        raise AssertionError(f"the server on port {self.port} did not come up")
+    def command(self) -> list[str]:
+        return [*super().command(), "--workers", "1"]
 
 
 def _post(server: Replica, i: int) -> str:

@@ -64,11 +64,21 @@ class Replica:
         self.proc: subprocess.Popen[bytes] | None = None
         self.url = f"http://127.0.0.1:{self.port}"
 
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", "harness.cli", "serve", "--port", str(self.port), "--db", self.db]
+
     def start(self) -> None:
+        self.launch()
+        self.wait_up()
+
+    def launch(self) -> None:
+        """Start the process without waiting for it to answer (several replicas then come up together)."""
         with self.log.open("ab") as out:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "harness.cli", "serve", "--port", str(self.port), "--db", self.db],
-                env=self.env, stdout=out, stderr=subprocess.STDOUT)
+            self.proc = subprocess.Popen(self.command(), env=self.env, stdout=out, stderr=subprocess.STDOUT)
+
+    def wait_up(self) -> None:
+        """Wait until the launched process answers /health."""
+        assert self.proc is not None
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             try:
@@ -115,8 +125,10 @@ def replicas(backend_url: str, tmp_path: Path, call_log: Path) -> Iterator[list[
     env = service_env(tmp_path, call_log)
     SqlStore.open(backend_url).close()  # migrated once, before two processes race to do it
     pair = [Replica(env, backend_url, tmp_path / f"replica-{i}.log") for i in range(2)]
+    for replica in pair:  # both start at once: each spends seconds importing before it listens
+        replica.launch()
     for replica in pair:
-        replica.start()
+        replica.wait_up()
     yield pair
     for replica in pair:
         replica.stop()
