@@ -50,13 +50,15 @@ def _child(runs: int, warmup: int, db_url: str | None, contender: str, durabilit
         rt.close()
 
 
-def _fresh_database(server: str, name: str) -> str:
+def _fresh_database(server: str, name: str, *, create: bool = True) -> str:
+    """A new, empty database `name` on `server` (its URL); with `create=False`, only the drop."""
     import sqlalchemy as sa
 
     engine = sa.create_engine(server, isolation_level="AUTOCOMMIT")
     with engine.connect() as conn:
         conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}"'))
-        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+        if create:
+            conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
     engine.dispose()
     return server.rsplit("/", 1)[0] + "/" + name
 
@@ -81,8 +83,18 @@ _ANNOTATED = re.compile(r"^\s*([\d,]+)\s+.*\[(.+)\]\s*$")
 def _count(runs: int, args: argparse.Namespace) -> tuple[int, collections.Counter[str]]:
     """Instructions of a process making `warmup + runs` Runs (all its threads together), and, with
     `--by-object`, how they divide among shared objects."""
-    db_url = _fresh_database(args.db_url, f"instructions_{os.getpid()}_{runs}") if args.db_url else None
+    name = f"instructions_{os.getpid()}_{runs}"
+    db_url = _fresh_database(args.db_url, name) if args.db_url else None
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (args.src, os.environ.get("PYTHONPATH")) if p))
+    try:
+        return _counted(runs, args, db_url, env)
+    finally:  # the counted process has ended: its database is dropped, not left on the server
+        if args.db_url:
+            _fresh_database(args.db_url, name, create=False)
+
+
+def _counted(runs: int, args: argparse.Namespace, db_url: str | None,
+             env: dict[str, str]) -> tuple[int, collections.Counter[str]]:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "callgrind.out"
         command = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", sys.executable, __file__,
