@@ -45,9 +45,15 @@ def test_waiting_drives_hold_no_thread(loop: DriveLoop) -> None:
     thread and the lane's two threads carry them."""
     others = frozenset(t for t in threading.enumerate() if t.name.startswith("lane-"))
     lane = Lane("local", 2)
+    started = [0]  # drives run on the loop's one thread: a plain counter
     try:
         def drive(i: int) -> int:
-            waits.sleep(0.3)
+            # each waits, switched out, until every drive has started (not a fixed time, which a loaded
+            # machine's slow submission of 300 could outlast, letting the first finish before the last began)
+            started[0] += 1
+            deadline = time.monotonic() + 30
+            while started[0] < 300 and time.monotonic() < deadline:
+                waits.sleep(0.05)
             return lane.run(lambda: i + 1, timeout=30)
 
         futures = [loop.submit(lambda i=i: drive(i)) for i in range(300)]
