@@ -30,13 +30,33 @@ _RANK = "rank"
 _SCAN_LIMIT = 2_000
 
 
-def scope_clause(scope: KnowledgeScope) -> sa.ColumnElement[bool]:
-    """The scope rule as SQL: the tenant, its readable knowledge bases, every agent's or this agent's
-    documents, every team's or this team's."""
-    agent = c.c.agent.is_(None) if scope.agent is None else sa.or_(c.c.agent.is_(None), c.c.agent == scope.agent)
-    team = c.c.team_id.is_(None) if scope.team_id is None else sa.or_(c.c.team_id.is_(None),
-                                                                      c.c.team_id == scope.team_id)
-    return sa.and_(c.c.tenant_id == scope.tenant_id, c.c.kb.in_(list(scope.bases)), agent, team)
+@functools.cache
+def scope_rule(any_agent: bool, any_team: bool, bases: int) -> sa.ColumnElement[bool]:
+    """The scope rule as SQL, its values bound (`scope_values`): the tenant, its readable knowledge bases,
+    every agent's or this agent's documents, every team's or this team's. One clause per shape of scope
+    (an agent or not, a team or not, how many knowledge bases), built once."""
+    agent = sa.bindparam("p_agent", type_=sa.String)
+    team = sa.bindparam("p_team", type_=sa.String)
+    return sa.and_(
+        c.c.tenant_id == sa.bindparam("p_tenant", type_=sa.String),
+        c.c.kb.in_([sa.bindparam(f"p_kb_{i}", type_=sa.String) for i in range(bases)]),
+        c.c.agent.is_(None) if any_agent else sa.or_(c.c.agent.is_(None), c.c.agent == agent),
+        c.c.team_id.is_(None) if any_team else sa.or_(c.c.team_id.is_(None), c.c.team_id == team))
+
+
+def in_scope(scope: KnowledgeScope) -> sa.ColumnElement[bool]:
+    """`scope_rule` for this scope's shape."""
+    return scope_rule(scope.agent is None, scope.team_id is None, len(scope.bases))
+
+
+def scope_values(scope: KnowledgeScope) -> dict[str, Any]:
+    """The values of `in_scope(scope)`'s parameters."""
+    values: dict[str, Any] = {"p_tenant": scope.tenant_id, **{f"p_kb_{i}": kb for i, kb in enumerate(scope.bases)}}
+    if scope.agent is not None:
+        values["p_agent"] = scope.agent
+    if scope.team_id is not None:
+        values["p_team"] = scope.team_id
+    return values
 
 
 def _columns() -> list[sa.ColumnElement[Any]]:
@@ -57,19 +77,12 @@ def search(conn: sa.Connection, query: str, scope: KnowledgeScope, k: int) -> li
     if dialect.name in ("sqlite", "postgresql"):
         # a search per Run: the statement is built and compiled once per shape, and runs on the cursor
         stmt = _ranked(dialect.name, scope.agent is None, scope.team_id is None, len(scope.bases))
-        params: dict[str, Any] = {"p_tenant": scope.tenant_id, "p_k": k,
-                                  **{f"p_kb_{i}": kb for i, kb in enumerate(scope.bases)},
-                                  "p_words": " OR ".join(f'"{w}"' for w in words) if dialect.name == "sqlite"
-                                  else " | ".join(words)}
-        if scope.agent is not None:
-            params["p_agent"] = scope.agent
-        if scope.team_id is not None:
-            params["p_team"] = scope.team_id
-        ranked = statements_for(dialect).fetchall(conn, stmt, params)
+        match = " OR ".join(f'"{w}"' for w in words) if dialect.name == "sqlite" else " | ".join(words)
+        ranked = statements_for(dialect).fetchall(conn, stmt, {**scope_values(scope), "p_words": match, "p_k": k})
         return [(found, -float(found.rank)) for found in map(_Found._make, ranked)]
-    where = scope_clause(scope)
     like = sa.or_(*(sa.func.lower(column).like(f"%{stem(w)}%") for w in words for column in (c.c.section, c.c.content)))
-    rows = conn.execute(sa.select(*_columns()).select_from(_joined()).where(where, like).limit(_SCAN_LIMIT)).all()
+    rows = conn.execute(sa.select(*_columns()).select_from(_joined()).where(in_scope(scope), like)
+                        .limit(_SCAN_LIMIT), scope_values(scope)).all()
     texts = [_Searched(i, f"{row.section}\n{row.content}") for i, row in enumerate(rows)]
     return [(rows[found.position], score) for found, score in bm25(words, texts, k)]
 
@@ -93,15 +106,9 @@ class _Found(NamedTuple):
 @functools.cache
 def _ranked(dialect: str, any_agent: bool, any_team: bool, bases: int) -> sa.Select[Any]:
     """The ranked search of SQLite (FTS5, bm25) or PostgreSQL (the stored vector, ts_rank_cd) for a scope of
-    this shape, its values bound: `p_tenant`, `p_kb_<i>` for each of the `bases`, `p_agent` and `p_team`
-    (unless any agent's or team's), `p_words` (the query, in the database's syntax) and `p_k`."""
-    agent = sa.bindparam("p_agent", type_=sa.String)
-    team = sa.bindparam("p_team", type_=sa.String)
-    where = sa.and_(
-        c.c.tenant_id == sa.bindparam("p_tenant", type_=sa.String),
-        c.c.kb.in_([sa.bindparam(f"p_kb_{i}", type_=sa.String) for i in range(bases)]),
-        c.c.agent.is_(None) if any_agent else sa.or_(c.c.agent.is_(None), c.c.agent == agent),
-        c.c.team_id.is_(None) if any_team else sa.or_(c.c.team_id.is_(None), c.c.team_id == team))
+    this shape, its values bound: the scope's (`scope_values`), `p_words` (the query, in the database's
+    syntax) and `p_k`."""
+    where = scope_rule(any_agent, any_team, bases)
     words = sa.bindparam("p_words", type_=sa.String)
     if dialect == "sqlite":
         fts = sa.table("kb_chunks_fts", sa.column("rowid"))
@@ -177,7 +184,8 @@ class SqlKnowledgeRows:
         with guarded(self.reader, write=False) as conn:
             return list(conn.execute(
                 sa.select(*_columns(), c.c.embedding).select_from(_joined())
-                .where(scope_clause(scope), c.c.embedding_model == model, c.c.embedding.is_not(None))).all())
+                .where(in_scope(scope), c.c.embedding_model == model, c.c.embedding.is_not(None)),
+                scope_values(scope)).all())
 
     def chunks(self, tenant_id: str, chunk_ids: Sequence[str]) -> list[Any]:
         if not chunk_ids:
