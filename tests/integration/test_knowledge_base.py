@@ -50,6 +50,15 @@ def files(folder: Path) -> dict[str, Path]:
                                                       "A warranty lasts two years from delivery."])}
 
 
+def add_texts(kb: KnowledgeBase, folder: Path, text: str, documents: dict[str, dict[str, str]]) -> None:
+    """One text document per name (`<name>.txt`, holding `text` and its name), added to tenant t1 unless
+    its options say otherwise (another tenant, knowledge base, agent or team)."""
+    for name, options in documents.items():
+        path = folder / f"{name}.txt"
+        path.write_text(f"{text} ({name})")
+        kb.add(path, **{"tenant_id": "t1", **options})
+
+
 def test_markdown_text_and_pdf_are_cut_into_searchable_chunks(kb: KnowledgeBase, tmp_path: Path) -> None:
     """Each kind is ingested with its sections (heading path, page), and a search finds the right chunk of
     each first, on every backend's full-text search."""
@@ -91,13 +100,10 @@ def test_secrets_never_reach_the_chunks(kb: KnowledgeBase, tmp_path: Path) -> No
 def test_a_search_sees_only_the_callers_tenant_bases_agent_and_team(kb: KnowledgeBase, tmp_path: Path) -> None:
     """Another tenant's, another knowledge base's, another agent's and another team's documents are never
     found; the tenant's shared ones and the caller's own agent's and team's are."""
-    text = "Refunds are issued within five days."
-    for name, options in (("shared", {}), ("other-tenant", {"tenant_id": "t2"}), ("other-base", {"kb": "drafts"}),
-                          ("own-agent", {"agent": "support"}), ("other-agent", {"agent": "sales"}),
-                          ("own-team", {"team_id": "desk"}), ("other-team", {"team_id": "field"})):
-        path = tmp_path / f"{name}.txt"
-        path.write_text(f"{text} ({name})")
-        kb.add(path, **{"tenant_id": "t1", **options})
+    add_texts(kb, tmp_path, "Refunds are issued within five days.", {
+        "shared": {}, "other-tenant": {"tenant_id": "t2"}, "other-base": {"kb": "drafts"},
+        "own-agent": {"agent": "support"}, "other-agent": {"agent": "sales"}, "own-team": {"team_id": "desk"},
+        "other-team": {"team_id": "field"}})
     scope = KnowledgeScope("t1", ("default",), agent="support", team_id="desk")
     assert {s.title for s in kb.search(scope, "refunds issued", 10)} == {"shared.txt", "own-agent.txt",
                                                                         "own-team.txt"}
@@ -110,12 +116,9 @@ def test_each_shape_of_scope_is_searched_with_its_own_values(kb: KnowledgeBase, 
     """A search's statement is built once per shape of scope (an agent or not, a team or not, how many
     knowledge bases) and reused: each search still sees only its own scope's values, whichever shape and
     values came before it."""
-    for name, options in (("shared", {}), ("drafts", {"kb": "drafts"}), ("sales", {"agent": "sales"}),
-                          ("support", {"agent": "support"}), ("field", {"team_id": "field"}),
-                          ("desk", {"team_id": "desk"}), ("t2", {"tenant_id": "t2"})):
-        path = tmp_path / f"{name}.txt"
-        path.write_text(f"Parcels are traced by their number ({name}).")
-        kb.add(path, **{"tenant_id": "t1", **options})
+    add_texts(kb, tmp_path, "Parcels are traced by their number.", {
+        "shared": {}, "drafts": {"kb": "drafts"}, "sales": {"agent": "sales"}, "support": {"agent": "support"},
+        "field": {"team_id": "field"}, "desk": {"team_id": "desk"}, "t2": {"tenant_id": "t2"}})
 
     def found(scope: KnowledgeScope) -> set[str]:
         return {s.title.removesuffix(".txt") for s in kb.search(scope, "parcels traced", 10)}

@@ -63,13 +63,7 @@ def test_a_backlog_survives_three_kills_and_every_accepted_run_succeeds(backend_
     # each Run waits a little for a (loopback) model, so the one drive thread finishes a Run in a few tenths
     # of a second while a batch of posts takes less: the Runs accepted so far are still queued at each kill
     with SlowModel(delay_s=0.1, step=_ECHO) as model:
-        env = {**os.environ, **_slow_model_env(tmp_path, model.url), "HARNESS_SKILLS_DIRS": str(FIXTURES / "skills"),
-               "HARNESS_POLICY_FILE": str(FIXTURES / "policy.yaml"),
-               "HARNESS_IDENTITIES": str(_identities(tmp_path)), "HARNESS_DATA_DIR": str(tmp_path / "data"),
-               "HARNESS_TEST_CALL_LOG": str(call_log), "HARNESS_LEASE_TTL_S": "2", "HARNESS_REDRIVE_GRACE_S": "0.5",
-               "HARNESS_HOUSEKEEPING_S": "0.2", "HARNESS_SWEEP_INTERVAL_S": "1",
-               "HARNESS_STATE_THRESHOLDS": "CREATED=1", "HARNESS_SESSION_SECRET": "queue-secret-queue-secret",
-               "HARNESS_MEMORY": "off", "HARNESS_DRIVE_CONCURRENCY": "1"}
+        env = {**_service_env(tmp_path, call_log, model.url), "HARNESS_DRIVE_CONCURRENCY": "1"}
         _kill_during_backlog(backend_url, tmp_path, call_log, env)
 
 
@@ -127,12 +121,7 @@ def test_runs_switched_out_on_their_model_call_survive_three_kills(backend_url: 
     for a call in flight at a kill), none is failed unrun or left waiting, each side effect runs once, and
     verify and reconcile are clean."""
     with SlowModel(delay_s=1.0, step=_ECHO) as model:
-        env = {**os.environ, **_slow_model_env(tmp_path, model.url), "HARNESS_SKILLS_DIRS": str(FIXTURES / "skills"),
-               "HARNESS_POLICY_FILE": str(FIXTURES / "policy.yaml"), "HARNESS_IDENTITIES": str(_identities(tmp_path)),
-               "HARNESS_DATA_DIR": str(tmp_path / "data"), "HARNESS_TEST_CALL_LOG": str(call_log),
-               "HARNESS_LEASE_TTL_S": "2", "HARNESS_REDRIVE_GRACE_S": "0.5", "HARNESS_HOUSEKEEPING_S": "0.2",
-               "HARNESS_SWEEP_INTERVAL_S": "1", "HARNESS_STATE_THRESHOLDS": "CREATED=1",
-               "HARNESS_SESSION_SECRET": "queue-secret-queue-secret", "HARNESS_MEMORY": "off"}
+        env = _service_env(tmp_path, call_log, model.url)
         SqlStore.open(backend_url).close()
         server = Replica(env, backend_url, tmp_path / "serve.log")
         server.start()
@@ -184,13 +173,20 @@ def test_runs_switched_out_on_their_model_call_survive_three_kills(backend_url: 
 _ECHO = {"id": "a", "tool_call": {"skill": "test.echo", "arguments": {"text": "switched out"}}, "output_key": "a"}
 
 
-def _slow_model_env(tmp_path: Path, url: str) -> dict[str, str]:
-    """The settings that point a service at the slow model on loopback (its model priced)."""
+def _service_env(tmp_path: Path, call_log: Path, model_url: str) -> dict[str, str]:
+    """Both tests' service: the test skills and policy, a key per Run's user, the slow model on loopback (its
+    model priced), short leases, a sweeper every second with a CREATED threshold of one second."""
     prices = tmp_path / "prices.yaml"
     prices.write_text("models:\n  gpt-test: {input_per_mtok: 0.15, output_per_mtok: 0.6}\n")
-    return {"HARNESS_LLM": "openai", "HARNESS_LLM_MODEL": "gpt-test", "HARNESS_LLM_BASE_URL": url,
+    return {**os.environ, "HARNESS_SKILLS_DIRS": str(FIXTURES / "skills"),
+            "HARNESS_POLICY_FILE": str(FIXTURES / "policy.yaml"), "HARNESS_IDENTITIES": str(_identities(tmp_path)),
+            "HARNESS_DATA_DIR": str(tmp_path / "data"), "HARNESS_TEST_CALL_LOG": str(call_log),
+            "HARNESS_LLM": "openai", "HARNESS_LLM_MODEL": "gpt-test", "HARNESS_LLM_BASE_URL": model_url,
             "HARNESS_LLM_API_KEY_ENV": "SLOW_MODEL_KEY", "SLOW_MODEL_KEY": "sk-test",
-            "HARNESS_LLM_PRICING": str(prices)}
+            "HARNESS_LLM_PRICING": str(prices),
+            "HARNESS_LEASE_TTL_S": "2", "HARNESS_REDRIVE_GRACE_S": "0.5", "HARNESS_HOUSEKEEPING_S": "0.2",
+            "HARNESS_SWEEP_INTERVAL_S": "1", "HARNESS_STATE_THRESHOLDS": "CREATED=1",
+            "HARNESS_SESSION_SECRET": "queue-secret-queue-secret", "HARNESS_MEMORY": "off"}
 
 
 def _backlog(url: str) -> int:
