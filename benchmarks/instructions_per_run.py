@@ -50,17 +50,21 @@ def _child(runs: int, warmup: int, db_url: str | None, contender: str, durabilit
         rt.close()
 
 
-def _fresh_database(server: str, name: str, *, create: bool = True) -> str:
-    """A new, empty database `name` on `server` (its URL); with `create=False`, only the drop."""
+def _fresh_database(server: str, name: str) -> str:
+    """A new, empty database `name` on `server` (its URL): the URL of it."""
+    _on_server(server, f'DROP DATABASE IF EXISTS "{name}"', f'CREATE DATABASE "{name}"')
+    return server.rsplit("/", 1)[0] + "/" + name
+
+
+def _on_server(server: str, *statements: str) -> None:
+    """Run `statements` in autocommit on `server` (CREATE and DROP DATABASE run outside a transaction)."""
     import sqlalchemy as sa
 
     engine = sa.create_engine(server, isolation_level="AUTOCOMMIT")
     with engine.connect() as conn:
-        conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}"'))
-        if create:
-            conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+        for statement in statements:
+            conn.execute(sa.text(statement))
     engine.dispose()
-    return server.rsplit("/", 1)[0] + "/" + name
 
 
 def _by_object(out: Path) -> collections.Counter[str]:
@@ -90,7 +94,7 @@ def _count(runs: int, args: argparse.Namespace) -> tuple[int, collections.Counte
         return _counted(runs, args, db_url, env)
     finally:  # the counted process has ended: its database is dropped, not left on the server
         if args.db_url:
-            _fresh_database(args.db_url, name, create=False)
+            _on_server(args.db_url, f'DROP DATABASE IF EXISTS "{name}"')
 
 
 def _counted(runs: int, args: argparse.Namespace, db_url: str | None,
