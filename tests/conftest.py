@@ -13,6 +13,7 @@ from harness.clock import FakeClock
 from harness.config import Runtime, build_runtime
 from harness.drive.state_machine import StateMachine
 from harness.settings import Settings
+from tests.sqlite_template import migrated_sqlite
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
@@ -48,8 +49,9 @@ def db_path(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def store(db_path: Path, clock: FakeClock) -> Iterator[SqlStore]:
-    """A migrated SQLite store on the fake clock."""
-    s = SqlStore.open(str(db_path), clock)
+    """A migrated store on the fake clock: SQLite, or the database of a module that overrides `db_path` with
+    its backend's URL."""
+    s = SqlStore.open(migrated_sqlite(db_path) if isinstance(db_path, Path) else db_path, clock)
     yield s
     s.close()
 
@@ -72,7 +74,7 @@ def call_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 @pytest.fixture
 def test_runtime(tmp_path: Path, clock: FakeClock, call_log: Path) -> Iterator[Runtime]:
     """A runtime over the test skills, rules, policy and identities (tests/fixtures) on the fake clock."""
-    settings = Settings(db=str(tmp_path / "rt.db"), skills_dirs=(FIXTURES / "skills",),
+    settings = Settings(db=migrated_sqlite(tmp_path / "rt.db"), skills_dirs=(FIXTURES / "skills",),
                         policy_file=FIXTURES / "policy.yaml", llm_rules=FIXTURES / "llm_rules.yaml",
                         identities_file=FIXTURES / "identities.yaml", data_dir=tmp_path / "data")
     rt = build_runtime(settings, clock=clock)
@@ -84,7 +86,7 @@ def test_runtime(tmp_path: Path, clock: FakeClock, call_log: Path) -> Iterator[R
 def support_runtime(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Runtime]:
     """A runtime over the bundled support example, with its ledger in the test folder."""
     monkeypatch.setenv("HARNESS_EXAMPLE_LEDGER", str(tmp_path / "ledger.jsonl"))
-    settings = Settings(db=str(tmp_path / "support.db"), data_dir=tmp_path / "data")
+    settings = Settings(db=migrated_sqlite(tmp_path / "support.db"), data_dir=tmp_path / "data")
     rt = build_runtime(settings)
     yield rt
     rt.close()

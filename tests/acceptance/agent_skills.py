@@ -9,6 +9,7 @@ from typing import Any
 import yaml
 
 from harness.settings import Settings
+from tests.sqlite_template import migrated_sqlite
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 TESTER = {"tenant_id": "t1", "user_id": "tess", "roles": ["tester"]}
@@ -78,6 +79,7 @@ def agent_settings(folder: Path, limit_s: float = 30.0, db: str | None = None, *
                         "risk": {"access": "read"}, "timeout_s": 5, **more}
             (skills / f"{skill_id.split('.')[1]}.yaml").write_text(yaml.safe_dump(manifest))
         (folder / "rules.yaml").write_text(yaml.safe_dump({"rules": RULES}))
-    return Settings(db=db or str(folder / "rt.db"), skills_dirs=(skills,), policy_file=FIXTURES / "policy.yaml",
-                    llm_rules=folder / "rules.yaml", identities_file=FIXTURES / "identities.yaml",
-                    data_dir=folder / "data", execution_limit_s=limit_s, **extra)
+    return Settings(db=db or migrated_sqlite(folder / "rt.db"), skills_dirs=(skills,),
+                    policy_file=FIXTURES / "policy.yaml", llm_rules=folder / "rules.yaml",
+                    identities_file=FIXTURES / "identities.yaml", data_dir=folder / "data",
+                    execution_limit_s=limit_s, **extra)

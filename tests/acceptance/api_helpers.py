@@ -16,6 +16,7 @@ from harness.service.app import create_app
 from harness.service.settings import ServiceSettings
 from harness.service.telemetry import Telemetry
 from harness.settings import Settings
+from tests.sqlite_template import migrated_sqlite
 
 REFUND_L2 = "Refund 42.50 EUR for order A-1001"  # self-confirm by the requester
 REFUND_L3 = "Refund 180 EUR for order A-1003"  # needs a support lead
@@ -31,7 +32,7 @@ def key(user: str) -> dict[str, str]:
 def make_runtime(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, clock: FakeClock | None = None) -> Runtime:
     """A runtime over the bundled support example in a temporary folder."""
     monkeypatch.setenv("HARNESS_EXAMPLE_LEDGER", str(tmp_path / "ledger.jsonl"))
-    return build_runtime(Settings(db=str(tmp_path / "service.db"), data_dir=tmp_path / "data"), clock=clock)
+    return build_runtime(Settings(db=migrated_sqlite(tmp_path / "service.db"), data_dir=tmp_path / "data"), clock=clock)
 
 
 def make_client(runtime: Runtime, *, telemetry: Telemetry | None = None, **settings: Any) -> TestClient:

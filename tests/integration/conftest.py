@@ -25,6 +25,7 @@ import pytest
 import sqlalchemy as sa
 
 from harness.adapters.sql.database import create_engine, migrate
+from tests.sqlite_template import migrated_sqlite
 
 BACKENDS = ("sqlite", "postgresql", "mariadb")
 PG_ADMIN = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
@@ -294,10 +295,11 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 def backend_url(backend: str, servers: Servers, tmp_path: Path) -> Iterator[str]:
     """A fresh, migrated database of the backend under test, dropped after the test.
 
-    For SQLite it is a file path, exactly as the SQLite-only tests always passed it.
+    For SQLite it is a file path, exactly as the SQLite-only tests always passed it: a copy of the test
+    process's migrated template (tests/sqlite_template.py), as the servers' databases are clones of theirs.
     """
     if backend == "sqlite":
-        yield str(tmp_path / "harness.db")
+        yield migrated_sqlite(tmp_path / "harness.db")
         return
     server, name = servers.take_clone(backend)
     try:
