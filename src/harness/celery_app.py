@@ -76,6 +76,11 @@ class ProcessDrives:
             self._driving.add(run_id)
         self._places.acquire()  # a full process waits here, and its worker takes no further message
 
+        def done() -> None:
+            with self._lock:
+                self._driving.discard(run_id)
+            self._places.release()
+
         def run() -> None:
             try:
                 drive()
@@ -84,11 +89,10 @@ class ProcessDrives:
             except Exception:  # one Run's failure must not end the worker; its lease lapses, the sweep resumes it
                 log.exception("driving the run failed", extra={"run_id": run_id})
             finally:
-                with self._lock:
-                    self._driving.discard(run_id)
-                self._places.release()
+                done()
 
-        self.loop.submit(run)
+        # a drive the stopping loop never starts leaves its Run unowned: the orphan sweep sends it again
+        self.loop.submit(run, not_started=done)
         return "driving"
 
     def stop(self, timeout_s: float) -> None:

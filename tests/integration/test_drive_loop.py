@@ -19,7 +19,7 @@ import pytest
 from harness.config import build_runtime
 from harness.domain.contracts import RunRequest
 from harness.pipeline import waits
-from harness.pipeline.drive_loop import DriveLoop
+from harness.pipeline.drive_loop import DriveLoop, DriveNotStartedError
 from harness.pipeline.waits import Lane
 from harness.service.worker import Admission, EmbeddedWorker
 from harness.settings import Settings
@@ -112,6 +112,33 @@ def test_a_late_loop_starts_no_new_drive_until_it_catches_up() -> None:
         assert min(starts) >= busy_until[0] - 0.5  # held while the loop was late (not started in a gap)
     finally:
         drives.stop(5.0)
+
+
+def test_a_stopping_loop_starts_none_of_the_drives_still_waiting_for_a_place() -> None:
+    """One place, one drive in it and five waiting: stop lets the one in flight end and starts none of the
+    five (their `not_started` runs instead, and their futures say so), so a stop waits for the drives in
+    flight, never for the queue behind them."""
+    drives = DriveLoop(concurrency=1, name="stopping")
+    ran: list[int] = []
+    skipped: list[int] = []
+    in_flight = threading.Event()
+
+    def drive(i: int) -> int:
+        ran.append(i)
+        in_flight.set()
+        waits.sleep(0.3)
+        return i
+
+    first = drives.submit(lambda: drive(0), not_started=lambda: skipped.append(0))
+    assert in_flight.wait(10)
+    queued = [drives.submit(lambda i=i: drive(i), not_started=lambda i=i: skipped.append(i)) for i in range(1, 6)]
+    drives.stop(10.0)
+    assert first.result(0) == 0
+    assert ran == [0] and sorted(skipped) == [1, 2, 3, 4, 5]
+    for future in queued:
+        with pytest.raises(DriveNotStartedError):
+            future.result(0)
+    assert not [t for t in threading.enumerate() if t.name.startswith("stopping")]
 
 
 def test_outside_a_loop_the_same_code_blocks_its_thread() -> None:
@@ -244,6 +271,49 @@ def test_the_service_worker_keeps_every_runs_model_call_in_flight(
         assert len([n for n in _lane_threads(others) if n.startswith("lane-llm")]) == 0  # the model call needs none
     finally:
         worker.stop()
+        runtime.close()
+
+
+def test_a_stopping_service_worker_leaves_its_backlog_queued_for_the_next_one(
+        backend_url: str, slow_model: SlowModel, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker driving 2 Runs at a time with 20 accepted is stopped (a deploy, a SIGTERM): the 2 in flight
+    end, the 18 behind them are not started on the way out but stay accepted (CREATED, no lease, nothing
+    failed), and the next worker on the database drives every one of them to SUCCEEDED."""
+    monkeypatch.setenv("HARNESS_EXAMPLE_LEDGER", str(tmp_path / "ledger.jsonl"))
+    monkeypatch.setenv("TEST_KEY", "sk-test")
+    prices = tmp_path / "prices.yaml"
+    prices.write_text("models:\n  gpt-test: {input_per_mtok: 0.15, output_per_mtok: 0.6}\n")
+    settings = Settings(db=backend_url, data_dir=tmp_path / "data", llm="openai", llm_model="gpt-test",
+                        llm_base_url=slow_model.url, llm_api_key_env="TEST_KEY", llm_pricing=prices,
+                        memory="off", redrive_grace_s=0)
+    runtime = build_runtime(settings)
+    try:
+        worker = EmbeddedWorker(runtime, concurrency=2, housekeeping_interval_s=3600)
+        run_ids = []
+        for i in range(20):
+            run, _ = runtime.runs.submit(RunRequest(task=f"Where is order A-1001? ({i})", user_id="alice",
+                                                    roles=("support_agent",)))
+            worker.drive(run.run_id, Admission())
+            run_ids.append(run.run_id)
+        deadline = time.monotonic() + 30
+        while slow_model.in_flight < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        worker.stop(30.0)
+        states = [runtime.runs.result(r).state for r in run_ids]
+        assert states.count("SUCCEEDED") <= 4 and states.count("CREATED") >= 16, states
+        assert set(states) <= {"SUCCEEDED", "CREATED"}, states
+        assert worker.in_flight == 0
+        assert slow_model.calls <= 8  # two Runs at a time, at most two model calls each
+        following = EmbeddedWorker(runtime, concurrency=1000, housekeeping_interval_s=3600)
+        try:
+            following.start()  # picks up every Run accepted and not driven
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and any(runtime.runs.result(r).state != "SUCCEEDED" for r in run_ids):
+                time.sleep(0.1)
+            assert [runtime.runs.result(r).state for r in run_ids] == ["SUCCEEDED"] * 20
+        finally:
+            following.stop()
+    finally:
         runtime.close()
 
 

@@ -1,16 +1,19 @@
 """Accepted means executed across restarts (SPEC S1 / K5, queued is not stuck): one `harness serve` with a
 single drive thread (its Runs each waiting a little for a model on loopback) builds a backlog of 60 accepted
 Runs and is SIGKILLed three times while they wait, each time restarted; the test checks that Runs did
-queue at every kill. The sweeper runs every second with a CREATED threshold of one second, so every queued
-Run is long past its threshold and its heartbeat ceiling: once such Runs were failed "stuck in CREATED"
-without ever running. Now every accepted Run ends SUCCEEDED (or, for a call in flight at a kill, the honest
-"outcome unknown"), none is closed unrun, no side effect runs twice, and verify and reconcile are clean.
+queue at every kill. Then it is stopped (SIGTERM): it must end within its 10 s and leave the Runs it has not
+started queued, and a service with its default drive loop takes them up. The sweeper runs every second with
+a CREATED threshold of one second, so every queued Run is long past its threshold and its heartbeat ceiling:
+once such Runs were failed "stuck in CREATED" without ever running. Now every accepted Run ends SUCCEEDED
+(or, for a call in flight at a kill, the honest "outcome unknown"), none is closed unrun, no side effect runs
+twice, and verify and reconcile are clean.
 The same holds when the service is killed while its drives are switched out, waiting for their model
 calls. On SQLite, PostgreSQL and MariaDB."""
 
 from __future__ import annotations
 
 import os
+import signal
 import time
 from collections import Counter
 from pathlib import Path
@@ -69,7 +72,7 @@ def test_a_backlog_survives_three_kills_and_every_accepted_run_succeeds(backend_
 
 def _kill_during_backlog(backend_url: str, tmp_path: Path, call_log: Path, env: dict[str, str]) -> None:
     SqlStore.open(backend_url).close()
-    server = OneThread(env, backend_url, tmp_path / "serve.log")
+    server: Replica = OneThread(env, backend_url, tmp_path / "serve.log")
     server.start()
     try:
         started = time.monotonic()
@@ -83,6 +86,16 @@ def _kill_during_backlog(backend_url: str, tmp_path: Path, call_log: Path, env: 
         assert len(run_ids) == RUNS
         print(f"accepted {RUNS} across 3 kills in {time.monotonic() - started:.1f}s; queued at the kills: {waiting}")
         assert min(waiting) >= 3, f"the kills did not come while accepted Runs queued: {waiting}"
+        # then a plain stop (SIGTERM, as a deploy sends): the service ends the Run it drives and leaves the
+        # backlog (~45 Runs) queued, not worked through on its way out (which took the one drive thread past
+        # the 10 s a stop is given, and then a SIGKILL); a service with its default drive loop takes it up
+        server.stop()
+        assert server.proc is not None and server.proc.returncode != -signal.SIGKILL, "the stop took over 10 s"
+        left = _backlog(backend_url)
+        assert left >= 3, f"the stopping service worked through the backlog instead of leaving it: {left} left"
+        server = Replica({k: v for k, v in env.items() if k != "HARNESS_DRIVE_CONCURRENCY"}, backend_url,
+                         tmp_path / "serve.log")
+        server.start()
         store = SqlStore.open(backend_url)
         try:
             deadline = time.monotonic() + 90

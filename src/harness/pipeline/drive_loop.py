@@ -14,6 +14,8 @@ loop's thread waits for the server (without the interpreter's lock), the others 
 trip) one thread is enough.
 
 Drives beyond `concurrency` wait, in the order they were submitted to their loop, for a drive to end.
+When the drive loop stops, a drive that has not started by then never starts (its Run stays where it is,
+queued, for whoever drives it next): stopping waits for the drives in flight, not for the queue behind them.
 
 A loop also starts no new drive while it is late: when the CPU (or the interpreter's lock) is the limit,
 more drives in flight only make every one of them slower, until Runs that are moving pass their states'
@@ -38,6 +40,10 @@ T = TypeVar("T")
 log = logging.getLogger("harness.drive.worker")
 
 
+class DriveNotStartedError(RuntimeError):
+    """The drive loop stopped before this drive started: it never ran."""
+
+
 #: how often a loop measures its lag, and how much of each new measure the smoothed lag takes
 LAG_PROBE_S = 0.1
 LAG_WEIGHT = 0.3
@@ -60,8 +66,11 @@ class _Shard:
         self.tasks: set[asyncio.Task[Any]] = set()
         #: drives submitted here and not yet ended (waiting for a place included)
         self.load = 0
+        #: set when the loop stops: a drive that has not started by then does not start
+        self.stopping = False
 
     def start(self) -> asyncio.AbstractEventLoop:
+        self.stopping = False
         loop = asyncio.new_event_loop()
         ready = threading.Event()
 
@@ -102,6 +111,7 @@ class _Shard:
         thread, self.thread = self.thread, None
         if loop is None:
             return
+        self.stopping = True  # the drives waiting for a place end as they get one, without starting
 
         async def drain() -> None:
             tasks = list(self.tasks)
@@ -173,9 +183,14 @@ class DriveLoop:
                 shard.start()
             self._started = True
 
-    def submit(self, fn: Callable[[], T]) -> concurrent.futures.Future[T]:
+    def submit(self, fn: Callable[[], T], *, not_started: Callable[[], None] | None = None
+               ) -> concurrent.futures.Future[T]:
         """Run `fn` as a drive on the loop with the fewest drives (from any thread); its future. The
-        drive runs in a copy of the caller's context (its log fields, for example)."""
+        drive runs in a copy of the caller's context (its log fields, for example).
+
+        A drive the loop stops before it starts (waiting for a place, or held while the loop was late)
+        never runs `fn`: `not_started` is called instead, on the loop's thread, and the future raises
+        `DriveNotStartedError` (or is cancelled, if the stop's timeout cancelled it still waiting)."""
         self.start()
         ctx = contextvars.copy_context()
         with self._lock:
@@ -184,15 +199,20 @@ class DriveLoop:
             loop = shard.loop
         if loop is None:
             raise RuntimeError("the drive loop is stopped")
-        return asyncio.run_coroutine_threadsafe(self._drive(shard, fn, ctx), loop)
+        return asyncio.run_coroutine_threadsafe(self._drive(shard, fn, ctx, not_started), loop)
 
-    async def _drive(self, shard: _Shard, fn: Callable[[], T], ctx: contextvars.Context) -> T:
+    async def _drive(self, shard: _Shard, fn: Callable[[], T], ctx: contextvars.Context,
+                     not_started: Callable[[], None] | None) -> T:
         task = asyncio.current_task()
         assert task is not None and shard.slots is not None
         shard.tasks.add(task)
+        started = False
         try:
             async with shard.slots:
                 await shard.admit(self.max_lag_s)
+                if shard.stopping:
+                    raise DriveNotStartedError("the drive loop stopped before this drive started")
+                started = True
                 with self._lock:
                     self._driving += 1
                     self.peak = max(self.peak, self._driving)
@@ -205,11 +225,13 @@ class DriveLoop:
             shard.tasks.discard(task)
             with self._lock:
                 shard.load -= 1
+            if not started and not_started is not None:
+                not_started()
 
     def stop(self, timeout_s: float = 10.0) -> None:
-        """Let drives in flight reach their next stop for up to `timeout_s`, then cancel what is left
-        (a cancelled drive stops where it waits and gives its lease back: another worker resumes it), and
-        end the loops."""
+        """Start no further drive (one waiting for a place never starts: `DriveNotStartedError`), let
+        drives in flight reach their next stop for up to `timeout_s`, then cancel what is left (a cancelled
+        drive stops where it waits and gives its lease back: another worker resumes it), and end the loops."""
         with self._lock:
             started, self._started = self._started, False
         if not started:

@@ -105,7 +105,8 @@ class EmbeddedWorker:
         self.redrive()  # Runs accepted before a restart are driven, not left to the sweeper
 
     def stop(self, timeout_s: float = 10.0) -> None:
-        """Stop taking work, let Runs in flight reach their next stop, and end the loop."""
+        """Stop taking work, let Runs in flight reach their next stop, and end the loop. Runs queued here
+        and not started stay queued in the database: the next process (or another replica) drives them."""
         with self._lock:
             pool, self._pool = self._pool, None
             housekeeper, self._housekeeper = self._housekeeper, None
@@ -159,7 +160,8 @@ class EmbeddedWorker:
                 return _done_future()
             self._in_flight += 1
             self._queued.add(run_id)
-        return pool.submit(lambda: self._drive(run_id, fresh))
+        # a drive the stopping loop never starts leaves its Run queued (a row) for the next process
+        return pool.submit(lambda: self._drive(run_id, fresh), not_started=lambda: self._done(run_id))
 
     def _done(self, run_id: str) -> None:
         with self._lock:
