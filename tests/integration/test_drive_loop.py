@@ -302,6 +302,8 @@ def test_a_stopping_service_worker_leaves_its_backlog_queued_for_the_next_one(
         states = [runtime.runs.result(r).state for r in run_ids]
         assert states.count("SUCCEEDED") <= 4 and states.count("CREATED") >= 16, states
         assert set(states) <= {"SUCCEEDED", "CREATED"}, states
+        queued = {r for r, state in zip(run_ids, states, strict=True) if state == "CREATED"}
+        assert queued <= set(runtime.store.unowned_runs(0))  # no lease held: the next worker may take them
         assert worker.in_flight == 0
         assert slow_model.calls <= 8  # two Runs at a time, at most two model calls each
         following = EmbeddedWorker(runtime, concurrency=1000, housekeeping_interval_s=3600)
