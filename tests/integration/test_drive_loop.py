@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -239,18 +240,25 @@ def slow_model() -> Iterator[SlowModel]:
         yield model
 
 
+def _slow_support(backend_url: str, slow_model: SlowModel, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                  **more: Any) -> Settings:
+    """The support example's settings on the database under test, its model the slow one (priced), memory
+    off, and `more`."""
+    monkeypatch.setenv("HARNESS_EXAMPLE_LEDGER", str(tmp_path / "ledger.jsonl"))
+    monkeypatch.setenv("TEST_KEY", "sk-test")
+    prices = tmp_path / "prices.yaml"
+    prices.write_text("models:\n  gpt-test: {input_per_mtok: 0.15, output_per_mtok: 0.6}\n")
+    return Settings(db=backend_url, data_dir=tmp_path / "data", llm="openai", llm_model="gpt-test",
+                    llm_base_url=slow_model.url, llm_api_key_env="TEST_KEY", llm_pricing=prices, memory="off", **more)
+
+
 def test_the_service_worker_keeps_every_runs_model_call_in_flight(
         backend_url: str, slow_model: SlowModel, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """120 Runs of the support example, each planning, looking an order up and writing its answer with a
     slow model, through the service's worker with two threads per lane: all their model calls wait at
     once (a thread each would have capped them at two), and every Run succeeds."""
-    monkeypatch.setenv("HARNESS_EXAMPLE_LEDGER", str(tmp_path / "ledger.jsonl"))
-    monkeypatch.setenv("TEST_KEY", "sk-test")
-    prices = tmp_path / "prices.yaml"
-    prices.write_text("models:\n  gpt-test: {input_per_mtok: 0.15, output_per_mtok: 0.6}\n")
-    settings = Settings(db=backend_url, data_dir=tmp_path / "data", llm="openai", llm_model="gpt-test",
-                        llm_base_url=slow_model.url, llm_api_key_env="TEST_KEY", llm_pricing=prices,
-                        local_skill_threads=2, llm_threads=2, sandbox_threads=2, memory="off")
+    settings = _slow_support(backend_url, slow_model, tmp_path, monkeypatch, local_skill_threads=2, llm_threads=2,
+                             sandbox_threads=2)
     others = frozenset(threading.enumerate())
     slow_model.gather = 120  # the model answers once all 120 first calls wait at once (or after a minute)
     runtime = build_runtime(settings)
@@ -279,14 +287,7 @@ def test_a_stopping_service_worker_leaves_its_backlog_queued_for_the_next_one(
     """A worker driving 2 Runs at a time with 20 accepted is stopped (a deploy, a SIGTERM): the 2 in flight
     end, the 18 behind them are not started on the way out but stay accepted (CREATED, no lease, nothing
     failed), and the next worker on the database drives every one of them to SUCCEEDED."""
-    monkeypatch.setenv("HARNESS_EXAMPLE_LEDGER", str(tmp_path / "ledger.jsonl"))
-    monkeypatch.setenv("TEST_KEY", "sk-test")
-    prices = tmp_path / "prices.yaml"
-    prices.write_text("models:\n  gpt-test: {input_per_mtok: 0.15, output_per_mtok: 0.6}\n")
-    settings = Settings(db=backend_url, data_dir=tmp_path / "data", llm="openai", llm_model="gpt-test",
-                        llm_base_url=slow_model.url, llm_api_key_env="TEST_KEY", llm_pricing=prices,
-                        memory="off", redrive_grace_s=0)
-    runtime = build_runtime(settings)
+    runtime = build_runtime(_slow_support(backend_url, slow_model, tmp_path, monkeypatch, redrive_grace_s=0))
     try:
         worker = EmbeddedWorker(runtime, concurrency=2, housekeeping_interval_s=3600)
         run_ids = []
