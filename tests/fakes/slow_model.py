@@ -13,8 +13,18 @@ import asyncio
 import json
 import re
 import threading
+from pathlib import Path
 from types import TracebackType
 from typing import Any
+
+
+def price_file(folder: Path) -> Path:
+    """A price file (`HARNESS_LLM_PRICING`) in `folder` for `gpt-test`, the model name the tests give the harness
+    for the slow model: a Run's model must be priced."""
+    path = folder / "prices.yaml"
+    path.write_text("models:\n  gpt-test: {input_per_mtok: 0.15, output_per_mtok: 0.6}\n")
+    return path
+
 
 LOOKUP = {"id": "lookup", "tool_call": {"skill": "orders.lookup", "arguments": {"order_id": "A-1001"}},
           "output_key": "order"}

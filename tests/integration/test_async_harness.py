@@ -16,7 +16,7 @@ import pytest
 from harness import AsyncHarness
 from harness.drive.leased import Heartbeats
 from harness.settings import Settings
-from tests.fakes.slow_model import SlowModel
+from tests.fakes.slow_model import SlowModel, price_file
 
 #: far more than every thread the process may add (a handful, plus the renewers' pool): a thread per awaited
 #: call could not keep 90 of them in flight
@@ -29,8 +29,7 @@ def test_gathered_runs_wait_for_their_model_together_without_a_thread_each(
     the threads of the process grow by no more than a handful (no thread per awaited call)."""
     monkeypatch.setenv("HARNESS_EXAMPLE_LEDGER", str(tmp_path / "ledger.jsonl"))
     monkeypatch.setenv("TEST_KEY", "sk-test")
-    prices = tmp_path / "prices.yaml"
-    prices.write_text("models:\n  gpt-test: {input_per_mtok: 0.15, output_per_mtok: 0.6}\n")
+    prices = price_file(tmp_path)
     with SlowModel(delay_s=1.0) as model:
         settings = Settings(db=backend_url, data_dir=tmp_path / "data", llm="openai", llm_model="gpt-test",
                             llm_base_url=model.url, llm_api_key_env="TEST_KEY", llm_pricing=prices,

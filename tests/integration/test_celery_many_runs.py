@@ -25,7 +25,7 @@ from harness.config import build_runtime
 from harness.kernel.states import FINAL
 from harness.settings import Settings
 from harness.stores import audit_reads
-from tests.fakes.slow_model import SlowModel
+from tests.fakes.slow_model import SlowModel, price_file
 
 from .test_celery_chaos import _free_port, _start_redis
 
@@ -44,8 +44,7 @@ def test_one_worker_process_drives_many_runs_and_loses_none_to_a_kill(
         backend_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     port = _free_port()
     redis = _start_redis(tmp_path, port)
-    prices = tmp_path / "prices.yaml"
-    prices.write_text("models:\n  gpt-test: {input_per_mtok: 0.15, output_per_mtok: 0.6}\n")
+    prices = price_file(tmp_path)
     with SlowModel(delay_s=0.5) as model:
         environ = {**os.environ, "HARNESS_DATABASE_URL": backend_url,
                    "HARNESS_BROKER_URL": f"redis://127.0.0.1:{port}/0", "HARNESS_DATA_DIR": str(tmp_path / "data"),

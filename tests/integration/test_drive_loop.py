@@ -24,7 +24,7 @@ from harness.pipeline.drive_loop import DriveLoop, DriveNotStartedError
 from harness.pipeline.waits import Lane
 from harness.service.worker import Admission, EmbeddedWorker
 from harness.settings import Settings
-from tests.fakes.slow_model import SlowModel
+from tests.fakes.slow_model import SlowModel, price_file
 
 
 @pytest.fixture
@@ -246,10 +246,9 @@ def _slow_support(backend_url: str, slow_model: SlowModel, tmp_path: Path, monke
     off, and `more`."""
     monkeypatch.setenv("HARNESS_EXAMPLE_LEDGER", str(tmp_path / "ledger.jsonl"))
     monkeypatch.setenv("TEST_KEY", "sk-test")
-    prices = tmp_path / "prices.yaml"
-    prices.write_text("models:\n  gpt-test: {input_per_mtok: 0.15, output_per_mtok: 0.6}\n")
     return Settings(db=backend_url, data_dir=tmp_path / "data", llm="openai", llm_model="gpt-test",
-                    llm_base_url=slow_model.url, llm_api_key_env="TEST_KEY", llm_pricing=prices, memory="off", **more)
+                    llm_base_url=slow_model.url, llm_api_key_env="TEST_KEY", llm_pricing=price_file(tmp_path),
+                    memory="off", **more)
 
 
 def test_the_service_worker_keeps_every_runs_model_call_in_flight(

@@ -28,7 +28,7 @@ from harness.adapters.sql.reconcile_reads import SqlReconcileReads
 from harness.adapters.sql.store import SqlStore
 from harness.audit.reconcile import reconcile
 from harness.audit.verify import verify_chain
-from tests.fakes.slow_model import SlowModel
+from tests.fakes.slow_model import SlowModel, price_file
 
 from ..conftest import FIXTURES
 from .test_service_replicas import FINAL_STATES, Replica, _key, calls
@@ -189,14 +189,12 @@ _ECHO = {"id": "a", "tool_call": {"skill": "test.echo", "arguments": {"text": "s
 def _service_env(tmp_path: Path, call_log: Path, model_url: str) -> dict[str, str]:
     """Both tests' service: the test skills and policy, a key per Run's user, the slow model on loopback (its
     model priced), short leases, a sweeper every second with a CREATED threshold of one second."""
-    prices = tmp_path / "prices.yaml"
-    prices.write_text("models:\n  gpt-test: {input_per_mtok: 0.15, output_per_mtok: 0.6}\n")
     return {**os.environ, "HARNESS_SKILLS_DIRS": str(FIXTURES / "skills"),
             "HARNESS_POLICY_FILE": str(FIXTURES / "policy.yaml"), "HARNESS_IDENTITIES": str(_identities(tmp_path)),
             "HARNESS_DATA_DIR": str(tmp_path / "data"), "HARNESS_TEST_CALL_LOG": str(call_log),
             "HARNESS_LLM": "openai", "HARNESS_LLM_MODEL": "gpt-test", "HARNESS_LLM_BASE_URL": model_url,
             "HARNESS_LLM_API_KEY_ENV": "SLOW_MODEL_KEY", "SLOW_MODEL_KEY": "sk-test",
-            "HARNESS_LLM_PRICING": str(prices),
+            "HARNESS_LLM_PRICING": str(price_file(tmp_path)),
             "HARNESS_LEASE_TTL_S": "2", "HARNESS_REDRIVE_GRACE_S": "0.5", "HARNESS_HOUSEKEEPING_S": "0.2",
             "HARNESS_SWEEP_INTERVAL_S": "1", "HARNESS_STATE_THRESHOLDS": "CREATED=1",
             "HARNESS_SESSION_SECRET": "queue-secret-queue-secret", "HARNESS_MEMORY": "off"}
