@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
@@ -10,7 +11,9 @@ from fastapi.testclient import TestClient
 
 from harness.clock import FakeClock
 from harness.config import Runtime
+from harness.service.app import service_of_app
 from tests.acceptance.api_helpers import (  # noqa: F401 - fixtures
+    ORDER_STATUS,
     REFUND_L2,
     REFUND_L3,
     client_fixture,
@@ -156,5 +159,39 @@ def test_approval_timeout_is_default_deny(tmp_path: Path, monkeypatch: pytest.Mo
             assert doc["state"] == "CLOSED_REJECTED"
             assert "TIMEOUT" in doc["path"]
             assert c.get("/api/v1/approvals", headers=key("carol")).json()["pending"] == []
+    finally:
+        rt.close()
+
+
+def test_a_run_created_or_approved_while_the_service_stops_stays_queued_for_the_next(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Requests answered while the service stops (its worker stopped, the lifespan not yet over): a new Run
+    is accepted (202, CREATED) and an approval is recorded (200), nothing is refused, the stopped worker is
+    not started again, and the next service drives both Runs to SUCCEEDED."""
+    clock = FakeClock()
+    rt = make_runtime(tmp_path, monkeypatch, clock=clock)
+    try:
+        with make_client(rt) as c:
+            parked = create(c, REFUND_L2, "alice")
+            assert parked["state"] == "AWAITING_HITL"
+            service_of_app(c.app).worker.stop()  # what the lifespan's shutdown does first
+            created = c.post("/api/v1/runs", json={"task": ORDER_STATUS}, headers=key("alice"))
+            assert created.status_code == 202, created.text
+            assert created.json()["state"] == "CREATED"
+            decided = c.post(f"/api/v1/approvals/{parked['approval_request_id']}/decision",
+                             json={"decision": "approve"}, headers=key("alice"))
+            assert decided.status_code == 200 and decided.json()["effect"] == "approved", decided.text
+            assert not [t.name for t in threading.enumerate()
+                        if t.name.startswith(("harness-drives", "harness-housekeeping"))]
+            run_ids = [created.json()["run_id"], parked["run_id"]]
+            states = [rt.runs.result(r).state for r in run_ids]
+            assert states[0] == "CREATED" and states[1] not in ("AWAITING_HITL", "SUCCEEDED"), states
+        clock.advance(rt.settings.redrive_grace_s + 1)
+        with make_client(rt) as c:  # the next service picks both up as it starts
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and {rt.runs.result(r).state for r in run_ids} != {"SUCCEEDED"}:
+                time.sleep(0.05)
+            assert [rt.runs.result(r).state for r in run_ids] == ["SUCCEEDED", "SUCCEEDED"]
+        assert_audit_clean(rt)
     finally:
         rt.close()

@@ -30,7 +30,6 @@ from harness.drive.sweeper import ZombieSweeper
 from harness.drive.worker import RunWorker
 from harness.pipeline.drive_loop import DriveLoop
 from harness.retention.scheduled import ScheduledArchiver
-from harness.service.errors import ApiError
 from harness.service.logs import run_context
 from harness.stores import audit_reads
 from harness.wiring.retention import archiver_factory
@@ -73,6 +72,8 @@ class EmbeddedWorker:
         self._lock = threading.Lock()
         self._pool: DriveLoop | None = None
         self._stop = threading.Event()
+        #: stop() was called: drive() no longer starts the loop again (start() does, explicitly)
+        self._stopped = False
         self._housekeeper: threading.Thread | None = None
         self._in_flight = 0
         self._last_sweep = time.monotonic()
@@ -94,6 +95,7 @@ class EmbeddedWorker:
         with self._lock:
             if self._pool is not None:
                 return
+            self._stopped = False
             self._stop.clear()
             settings = self.runtime.settings
             self._pool = DriveLoop(concurrency=self.concurrency, threads=settings.drive_loop_threads(),
@@ -110,6 +112,7 @@ class EmbeddedWorker:
         with self._lock:
             pool, self._pool = self._pool, None
             housekeeper, self._housekeeper = self._housekeeper, None
+            self._stopped = True
         self._stop.set()
         if pool is not None:
             pool.stop(timeout_s)
@@ -147,14 +150,20 @@ class EmbeddedWorker:
 
         A new Run comes with its admission (the drive then knows it is still in CREATED). When the memory
         queue is full the Run is not queued: its future is done at once and the re-drive takes the Run
-        from the database, in order, when there is room.
+        from the database, in order, when there is room. Once the worker is stopping it is not queued
+        either: the Run is a row, accepted, and the next process (or another replica) drives it.
         """
-        self.start()
+        with self._lock:
+            stopped = self._stopped
+        if not stopped:
+            self.start()  # the first drive of a worker nobody started starts it
         fresh = admission is not None
         with self._lock:
             pool = self._pool
             if pool is None:
-                raise ApiError(503, "stopping", "the service is shutting down")
+                log.info("the service is stopping: the run stays queued for the next process",
+                         extra={"run_id": run_id})
+                return _done_future()
             if self._in_flight >= self.queue_limit:
                 log.info("memory queue full: the run waits for the re-drive", extra={"run_id": run_id})
                 return _done_future()
@@ -200,11 +209,10 @@ class EmbeddedWorker:
             return []
         picked = [r for r in self.runtime.store.unowned_runs(settings.redrive_grace_s) if r not in queued][:room]
         for run_id in picked:
-            log.info("picking up a run nobody drives", extra={"run_id": run_id})
-            try:
-                self.drive(run_id)
-            except ApiError:  # stopping
+            if self._pool is None:  # stopping: what is left stays queued for the next process
                 break
+            log.info("picking up a run nobody drives", extra={"run_id": run_id})
+            self.drive(run_id)
         return picked
 
     def _resume(self, run_id: str) -> None:
