@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from harness.celery_app import ProcessDrives
 from harness.config import build_runtime
 from harness.domain.contracts import RunRequest
 from harness.pipeline import waits
@@ -140,6 +141,34 @@ def test_a_stopping_loop_starts_none_of_the_drives_still_waiting_for_a_place() -
         with pytest.raises(DriveNotStartedError):
             future.result(0)
     assert not [t for t in threading.enumerate() if t.name.startswith("stopping")]
+
+
+def test_a_stopping_celery_process_starts_no_held_drive_and_frees_its_place() -> None:
+    """A Celery worker process's drives: one keeps the loop busy (late), the next is handed over and held
+    before it starts; the process is stopped. The held drive never runs, this process no longer counts it
+    as driving (a second delivery of its Run would be taken, not refused as "already"), and every place is
+    free again: its Run is left to the orphan sweep, which sends it to a live worker."""
+    drives = ProcessDrives(concurrency=2, threads=1, max_lag_s=0.05)
+    ran: list[str] = []
+
+    def busy() -> None:
+        for _ in range(5):
+            time.sleep(0.4)  # CPU-bound work between two waits: the loop's thread is taken
+            waits.sleep(0.001)
+        ran.append("busy")
+
+    assert drives.hand_over("run-busy", busy) == "driving"
+    deadline = time.monotonic() + 10
+    while drives.loop.lag_s <= 0.05 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert drives.loop.lag_s > 0.05
+    assert drives.hand_over("run-held", lambda: ran.append("held")) == "driving"
+    assert drives.hand_over("run-held", lambda: ran.append("again")) == "already"
+    drives.stop(10.0)
+    assert ran == ["busy"]
+    assert drives.driving == 0
+    for _ in range(2):  # both places were given back
+        assert drives._places.acquire(timeout=0)
 
 
 def test_outside_a_loop_the_same_code_blocks_its_thread() -> None:
