@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 from collections.abc import Iterator
 
 import pytest
 import sqlalchemy as sa
 
+from harness.adapters.sql import statements as q
 from harness.adapters.sql.audit_reads import SqlAuditReads
 from harness.adapters.sql.store import SqlStore
 from harness.audit.verify import verify_chain
@@ -43,7 +45,7 @@ def test_a_failing_drain_does_not_keep_the_run_from_closing(store: SqlStore,
     run, _ = store.create_run(NewRun("acme", "alice", "s", {}))
     chained_before = len(store.trace_of(run.run_id))
 
-    def broken(conn: sa.Connection, batch_size: int) -> tuple[int, int]:
+    def broken(conn: sa.Connection, batch_size: int, locked: object = None) -> tuple[int, int]:
         conn.execute(sa.text("SELECT 1"))  # the savepoint is live: fail after doing some work in it
         raise sa.exc.OperationalError("INSERT INTO trace_records", {}, Exception("trace store is down"))
 
@@ -67,7 +69,7 @@ def test_a_drain_that_fails_half_way_leaves_no_trace_of_its_half(store: SqlStore
     head_before = store.chain_head()
     real = store._drain_batch
 
-    def half_then_broken(conn: sa.Connection, batch_size: int) -> tuple[int, int]:
+    def half_then_broken(conn: sa.Connection, batch_size: int, locked: object = None) -> tuple[int, int]:
         assert real(conn, 1) == (1, 1)  # one record chained and taken out of the outbox, inside the savepoint
         conn.exec_driver_sql("SELECT no_such_column FROM trace_records")  # refused by the database
         raise AssertionError("unreachable")
@@ -80,4 +82,35 @@ def test_a_drain_that_fails_half_way_leaves_no_trace_of_its_half(store: SqlStore
     backlog = store.outbox_backlog()
     assert backlog > 0
     assert store.drain_all() == backlog
+    assert verify_chain(SqlAuditReads(store)).ok
+
+
+def test_a_close_that_would_wait_for_the_chain_leaves_its_records_to_the_next_drain(store: SqlStore) -> None:
+    """Where a housekeeper drains the outbox anyway (the service), a close does not queue on the chain head:
+    while another transaction holds the head (a drain under way), a Run closes at once, its records wait
+    in the outbox, and the next drain chains them, the chain whole. With nobody on the head the close
+    chains its records as always. (SQLite has one writer at a time: nobody holds the head while a close
+    writes, and it always drains.)"""
+    machine = StateMachine(store)
+    machine.close_waits_for_chain = False
+    first, _ = store.create_run(NewRun("acme", "alice", "s", {}))
+    machine.transition(first.run_id, S.CREATED, S.FAILED, actor="sweeper", reason="stuck")
+    assert store.outbox_backlog() == 0  # the head was free: chained in the close
+    if store.engine.dialect.name == "sqlite":
+        return
+    run, _ = store.create_run(NewRun("acme", "alice", "s", {}))
+    with store.engine.connect() as holder, concurrent.futures.ThreadPoolExecutor(1) as pool:
+        holder.begin()
+        holder.execute(q.HEAD_LOCKED).one()  # a drainer holds the head
+        closing = pool.submit(machine.transition, run.run_id, S.CREATED, S.FAILED, actor="sweeper",
+                              reason="stuck")
+        try:
+            closing.result(20)  # it would wait for the holder's commit if it queued on the head
+        finally:
+            holder.rollback()
+    assert store.get_run(run.run_id).state == S.CLOSED_FAILED
+    assert store.outbox_backlog() > 0 and "run" not in {r.kind for r in store.trace_of(run.run_id)}
+    store.drain_all()
+    assert store.outbox_backlog() == 0
+    assert "run" in {r.kind for r in store.trace_of(run.run_id)}
     assert verify_chain(SqlAuditReads(store)).ok

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from harness.audit.verify import verify_chain
 from harness.celery_app import ProcessDrives
 from harness.config import build_runtime
 from harness.domain.contracts import RunRequest
@@ -25,6 +26,7 @@ from harness.pipeline.drive_loop import DriveLoop, DriveNotStartedError
 from harness.pipeline.waits import Lane
 from harness.service.worker import Admission, EmbeddedWorker
 from harness.settings import Settings
+from harness.stores import audit_reads
 from tests.fakes.slow_model import SlowModel, price_file
 
 
@@ -307,6 +309,28 @@ def test_the_service_worker_keeps_every_runs_model_call_in_flight(
         assert len([n for n in _lane_threads(others) if n.startswith("lane-llm")]) == 0  # the model call needs none
     finally:
         worker.stop()
+        runtime.close()
+
+
+def test_a_running_service_worker_lets_closes_leave_the_chain_to_it_and_chains_all_as_it_stops(
+        backend_url: str, slow_model: SlowModel, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """While the service's worker runs (its housekeeping drains the outbox every pass), a closing Run does
+    not wait for the chain head; once it stops, closes wait again (nobody else drains), and what was
+    still in the outbox is chained on the way out."""
+    runtime = build_runtime(_slow_support(backend_url, slow_model, tmp_path, monkeypatch))
+    try:
+        worker = EmbeddedWorker(runtime, concurrency=10, housekeeping_interval_s=3600)
+        assert runtime.machine.close_waits_for_chain
+        worker.start()
+        assert not runtime.machine.close_waits_for_chain
+        runtime.store.audit(None, "left_for_the_housekeeping", "tester", {})  # its record waits in the outbox
+        assert runtime.store.outbox_backlog() == 1
+        worker.stop()
+        assert runtime.machine.close_waits_for_chain
+        assert runtime.store.outbox_backlog() == 0
+        report = verify_chain(audit_reads(runtime.store))
+        assert report.ok and report.records_checked >= 1, report.problems
+    finally:
         runtime.close()
 
 

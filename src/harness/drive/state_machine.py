@@ -35,6 +35,10 @@ class StateMachine:
     def __init__(self, store: TransitionStore, *, drain_on_close: bool = True) -> None:
         self.store = store
         self.drain_on_close = drain_on_close
+        #: False where something drains the outbox every few seconds anyway (the service's housekeeping): a
+        #: close that finds another drainer on the chain head leaves its records to it, and to that
+        #: periodic drain, instead of waiting for the head (under load, closes queued on it one by one)
+        self.close_waits_for_chain = True
         self._closing_hooks: list[ClosingHook] = []
         self._listeners: list[Listener] = []
         self._as_applied: list[Listener] = []
@@ -184,7 +188,7 @@ class StateMachine:
                 records.extend(self._closing_records(run, target, path))
             why = "funnel into TRACING" if target == RunState.TRACING else f"closed: {reason}"
             # the close chains the outbox in its own transaction (under a savepoint): one commit fewer
-            drain = self.store.drain_within if self.drain_on_close and target in FINAL else None
+            drain = self._close_drain() if self.drain_on_close and target in FINAL else None
             # closing is a compare-and-set on the version the close reason and the RunTrace were read at:
             # a Run that left TRACING and came back meanwhile (the sweeper's TRACING→FAILED→TRACING, ABA)
             # makes this a lost race, not a close on a stale reason (or an illegal attempt by the kernel)
@@ -201,6 +205,11 @@ class StateMachine:
         if self.drain_on_close and not drained:
             self.store.drain_all()
         return state
+
+    def _close_drain(self) -> Callable[[Tx], object]:
+        if self.close_waits_for_chain:
+            return self.store.drain_within
+        return lambda tx: self.store.drain_within(tx, wait=False)
 
     def _closing_records(
         self, run: RunRecord, final: RunState, transitions: Sequence[TransitionRow],

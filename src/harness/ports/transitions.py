@@ -48,8 +48,9 @@ class TransitionStore(Protocol):
         """The Run and its state changes from one snapshot (what a close needs)."""
         ...
 
-    def drain_within(self, tx: Tx, batch_size: int = 500) -> int:
-        """Chain the outbox inside the caller's transaction (the close's); returns the records chained."""
+    def drain_within(self, tx: Tx, batch_size: int = 500, *, wait: bool = True) -> int:
+        """Chain the outbox inside the caller's transaction (the close's); returns the records chained.
+        `wait=False`: chain nothing when another drainer holds the chain now."""
         ...
 
     def drain_all(self, batch_size: int = 500) -> int:

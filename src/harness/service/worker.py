@@ -104,6 +104,8 @@ class EmbeddedWorker:
                 target=self._housekeeping, name="harness-housekeeping", daemon=True
             )
             self._housekeeper.start()
+            # the housekeeping drains the outbox every pass: a closing Run need not queue on the chain head
+            self.runtime.machine.close_waits_for_chain = False
         self.redrive()  # Runs accepted before a restart are driven, not left to the sweeper
 
     def stop(self, timeout_s: float = 10.0) -> None:
@@ -118,6 +120,11 @@ class EmbeddedWorker:
             pool.stop(timeout_s)
         if housekeeper is not None:
             housekeeper.join(timeout_s)
+            self.runtime.machine.close_waits_for_chain = True
+            try:  # what closes left to the housekeeping is chained before the process goes
+                self.runtime.store.drain_all()
+            except Exception:  # the database is gone: the records wait in the outbox for the next process
+                log.exception("chaining the outbox on the way out failed")
         self.checkpoints.close()
         self.archiver.close()
 

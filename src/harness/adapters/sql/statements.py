@@ -50,6 +50,8 @@ CONTEXT_UPDATE_FENCED = t.runs.update().where(
     t.runs.c.run_id == b("p_run_id"), t.runs.c.lease_epoch == b("p_epoch")).values(context=b("context"))
 HEAD = sa.select(t.chain_head.c.seq, t.chain_head.c.hash).where(t.chain_head.c.id == 1)
 HEAD_LOCKED = HEAD.with_for_update()
+#: the head locked, or no row when another transaction holds it (a drainer that would rather not wait)
+HEAD_LOCKED_UNLESS_BUSY = HEAD.with_for_update(skip_locked=True)
 HEAD_UPDATE = t.chain_head.update().where(t.chain_head.c.id == 1).values(seq=b("seq"), hash=b("hash"))
 OUTBOX_BATCH = (
     sa.select(t.outbox.c.id, t.outbox.c.record_id, t.outbox.c.run_id, t.outbox.c.kind, t.outbox.c.payload)

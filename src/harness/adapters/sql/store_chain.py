@@ -131,12 +131,17 @@ class TraceChain(StoreBase):
         with self.engine.begin() as conn:
             return self._drain_batch(conn, batch_size)
 
-    def _drain_batch(self, conn: sa.Connection, batch_size: int) -> tuple[int, int]:
+    def _drain_batch(self, conn: sa.Connection, batch_size: int,
+                     locked: tuple[int, str | bytes] | None = None) -> tuple[int, int]:
         # the head, locked, then the batch: on PostgreSQL in one round trip. The server still runs them in
-        # that order, so the batch's snapshot is taken with the lock held, as when each waited for the other
-        heads, batch = self._raw.fetch_each(conn, (q.HEAD_LOCKED if self._locks_rows else q.HEAD, None),
-                                            (q.OUTBOX_BATCH_CHAINED, {"p_limit": batch_size}))
-        head = heads[0]
+        # that order, so the batch's snapshot is taken with the lock held, as when each waited for the other.
+        # `locked`: the head as this transaction already read and locked it
+        if locked is not None:
+            head, batch = locked, self._raw.fetchall(conn, q.OUTBOX_BATCH_CHAINED, {"p_limit": batch_size})
+        else:
+            heads, batch = self._raw.fetch_each(conn, (q.HEAD_LOCKED if self._locks_rows else q.HEAD, None),
+                                                (q.OUTBOX_BATCH_CHAINED, {"p_limit": batch_size}))
+            head = heads[0]
         pending = [OutboxRow(*r[:5]) for r in batch]
         if not pending:
             return 0, 0
@@ -154,19 +159,29 @@ class TraceChain(StoreBase):
             self._raw.executemany(conn, q.OUTBOX_DELETE_ONE, [{"p_id": p.id} for p in pending])
         return chained, len(pending)
 
-    def drain_within(self, tx: Tx, batch_size: int = 500) -> int:
+    def drain_within(self, tx: Tx, batch_size: int = 500, *, wait: bool = True) -> int:
         """Drain the outbox inside the caller's transaction (a Run's closing one: one commit fewer per
         Run), under a savepoint: a drain that fails rolls back alone, the caller's writes commit, and the
         records wait in the outbox for the next drain (A4: a failing trace store never blocks a Run).
-        With a trace buffer the records go through the buffer instead, outside any transaction."""
+        With a trace buffer the records go through the buffer instead, outside any transaction.
+
+        `wait=False`: when another transaction holds the chain head (a server's row lock), drain nothing
+        rather than wait for it; the records wait in the outbox for that drainer's next batch, the next
+        close or the periodic drain. Closing Runs then do not queue one behind the other on the head."""
         if self.trace_buffer is not None:
             return 0
         conn = connection_of(tx)
         total = 0
         try:
             with self._raw.savepoint(conn, "harness_drain"):
+                locked = None
+                if not wait and self._locks_rows:
+                    locked = self._raw.fetchone(conn, q.HEAD_LOCKED_UNLESS_BUSY)
+                    if locked is None:  # another drainer holds the head: it, or the next, chains these
+                        return 0
                 while True:
-                    chained, processed = self._drain_batch(conn, batch_size)
+                    chained, processed = self._drain_batch(conn, batch_size, locked)
+                    locked = None  # the next batch reads the head this one moved (still locked: no wait)
                     total += chained
                     if processed < batch_size:
                         return total
