@@ -20,8 +20,9 @@ from typing import Any
 from bench_vs_langgraph import _libpq
 from cpu_share import TICK
 
-#: the loopback PostgreSQL server: fresh databases are created (and dropped) there
-PG_SERVER = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+#: the loopback PostgreSQL server: fresh databases are created (and dropped) there; BENCH_PG_SERVER names
+#: another (for example a second cluster started with pg_stat_statements, leaving the main one alone)
+PG_SERVER = os.environ.get("BENCH_PG_SERVER", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
 MODEL = "gpt-4o-mini"  # a model with a price in the bundled table (the example's policy denies unpriced ones)
 ORDERS = ("A-1001", "A-1002", "A-1003", "A-1004")
 FINAL = ("SUCCEEDED", "CLOSED_REJECTED", "CLOSED_FAILED", "CLOSED_CANCELLED")
