@@ -13,7 +13,7 @@ from harness.adapters.sql.audit_reads import SqlAuditReads
 from harness.adapters.sql.store import SqlStore
 from harness.audit.verify import verify_chain
 from harness.clock import FakeClock
-from harness.domain.records import NewRun
+from harness.domain.records import NewRun, TraceRecordIn
 from harness.drive.state_machine import StateMachine
 from harness.kernel.states import RunState
 
@@ -113,4 +113,25 @@ def test_a_close_that_would_wait_for_the_chain_leaves_its_records_to_the_next_dr
     store.drain_all()
     assert store.outbox_backlog() == 0
     assert "run" in {r.kind for r in store.trace_of(run.run_id)}
+    assert verify_chain(SqlAuditReads(store)).ok
+
+
+def test_a_drain_reads_its_batch_without_reading_the_whole_chain(store: SqlStore) -> None:
+    """With thousands of records chained and hundreds waiting (a busy service's outbox), the drain's batch
+    read looks each waiting record up in the chain by its id: PostgreSQL does not hash the whole chain,
+    which made every drain grow with the chain (10.7 ms with 20,000 chained, 1.0 ms by the index)."""
+    if store.engine.dialect.name != "postgresql":
+        pytest.skip("the planner's choice is PostgreSQL's (SQLite and MariaDB probe the index as written)")
+    for i in range(4):
+        store.record([TraceRecordIn("step", {"i": i, "j": j, "pad": "x" * 200}) for j in range(500)])
+        store.drain_all()
+    store.record([TraceRecordIn("step", {"waiting": j}) for j in range(300)])
+    statement = str(q.OUTBOX_BATCH_CHAINED.compile(dialect=store.engine.dialect))
+    with store.engine.connect() as conn:
+        conn.exec_driver_sql("ANALYZE trace_records")
+        conn.exec_driver_sql("ANALYZE outbox")
+        plan = "\n".join(row[0] for row in conn.exec_driver_sql("EXPLAIN " + statement, {"p_limit": 500}))
+    assert "Seq Scan on trace_records" not in plan, plan
+    assert "trace_records_record_id" in plan, plan
+    assert store.drain_all() == 300
     assert verify_chain(SqlAuditReads(store)).ok
