@@ -66,6 +66,10 @@ def test_the_recall_query_is_parsed_once_in_a_generic_plan_too(backend_url: str,
         assert "ix_memory_tsv" not in plan and "CTE Scan on recent" in plan, plan
         assert all("to_tsquery(" not in line for line in plan.splitlines() if "Filter" in line or "Sort Key" in line
                    or "Cond" in line), plan
+        # the window carries ids and vectors only; the best few entries' content is read after ranking
+        window_output = next(line for line in plan.split("CTE recent", 1)[1].splitlines() if "Output:" in line)
+        assert {c.strip().rsplit(".", 1)[-1] for c in window_output.split("Output:")[1].split(",")} == {
+            "id", "content_tsv"}, plan
         assert ranked[0] == "best" and len(ranked) == 3
     finally:
         store.close()
