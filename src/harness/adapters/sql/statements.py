@@ -58,7 +58,6 @@ OUTBOX_BATCH = (
     .order_by(t.outbox.c.id)
     .limit(b("p_limit"))
 )
-#: the same batch, each record with whether the chain already holds it (a re-delivery), in one statement
 #: the batch, each record with its seq when the chain holds it already (a re-delivery). The seq is a scalar
 #: subquery, one probe of the record_id index per record of the batch: as a join, PostgreSQL hashed the
 #: whole trace_records table once the outbox held a few hundred rows (10.7 against 1.0 ms with 300

@@ -22,6 +22,7 @@ def errors(*codes: int) -> dict[int | str, dict[str, Any]]:
         410: "The Run was archived and pruned: the body's `archived` says in which segment and where.",
         413: "The request body is larger than the service accepts.",
         422: "Malformed input, or a field over its limit.",
-        503: "Not available now (the database is down: `database_unavailable`, with Retry-After) or here; retry later.",
+        503: "Unavailable: the database is down (`database_unavailable`, with Retry-After), or this service "
+             "lacks what the route needs.",
     }
     return {code: {"model": ErrorDoc, "description": described[code]} for code in sorted({401, 422, *codes})}
