@@ -92,7 +92,11 @@ class ProcessDrives:
                 done()
 
         # a drive the stopping loop never starts leaves its Run unowned: the orphan sweep sends it again
-        self.loop.submit(run, not_started=done)
+        try:
+            self.loop.submit(run, not_started=done)
+        except RuntimeError:  # the process is stopping: the same
+            done()
+            raise
         return "driving"
 
     def stop(self, timeout_s: float) -> None:

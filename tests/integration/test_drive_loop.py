@@ -173,6 +173,22 @@ def test_a_stopping_celery_process_starts_no_held_drive_and_frees_its_place() ->
         assert drives._places.acquire(timeout=0)
 
 
+def test_a_stopped_loop_is_not_started_again_by_a_submit() -> None:
+    """A submit that comes after the stop (a request racing a shutdown) is refused; it does not start the
+    loops' threads again behind the stop's back. An explicit start() does."""
+    drives = DriveLoop(concurrency=2, name="restarted")
+    assert drives.submit(lambda: 1).result(10) == 1
+    drives.stop(5.0)
+    with pytest.raises(RuntimeError, match="stopped"):
+        drives.submit(lambda: 2)
+    assert not [t for t in threading.enumerate() if t.name.startswith("restarted")]
+    drives.start()
+    try:
+        assert drives.submit(lambda: 3).result(10) == 3
+    finally:
+        drives.stop(5.0)
+
+
 def test_outside_a_loop_the_same_code_blocks_its_thread() -> None:
     """The primitives work from a plain thread (a CLI command, Harness.run): nothing to switch out of."""
     assert not waits.suspendable()

@@ -155,6 +155,8 @@ class DriveLoop:
         shares = [concurrency // threads + (1 if i < concurrency % threads else 0) for i in range(threads)]
         self._shards = [_Shard(share, name if threads == 1 else f"{name}-{i}") for i, share in enumerate(shares)]
         self._started = False
+        #: stop() was called: a submit does not start the loops again (only start() does)
+        self._stopped = False
         self._driving = 0
         #: the most drives ever in flight at once (between their first step and their end)
         self.peak = 0
@@ -177,6 +179,7 @@ class DriveLoop:
     def start(self) -> None:
         """Start the loops' threads (idempotent)."""
         with self._lock:
+            self._stopped = False
             if self._started:
                 return
             for shard in self._shards:
@@ -191,14 +194,15 @@ class DriveLoop:
         A drive the loop stops before it starts (waiting for a place, or held while the loop was late)
         never runs `fn`: `not_started` is called instead, on the loop's thread, and the future raises
         `DriveNotStartedError` (or is cancelled, if the stop's timeout cancelled it still waiting)."""
-        self.start()
+        if not self._stopped:
+            self.start()  # the first submit starts the loops
         ctx = contextvars.copy_context()
         with self._lock:
             shard = min(self._shards, key=lambda s: s.load / s.places)
-            shard.load += 1
             loop = shard.loop
-        if loop is None:
-            raise RuntimeError("the drive loop is stopped")
+            if loop is None:  # stopped (a submit racing a stop does not start the loops again)
+                raise RuntimeError("the drive loop is stopped")
+            shard.load += 1
         return asyncio.run_coroutine_threadsafe(self._drive(shard, fn, ctx, not_started), loop)
 
     async def _drive(self, shard: _Shard, fn: Callable[[], T], ctx: contextvars.Context,
@@ -234,6 +238,7 @@ class DriveLoop:
         drive stops where it waits and gives its lease back: another worker resumes it), and end the loops."""
         with self._lock:
             started, self._started = self._started, False
+            self._stopped = True
         if not started:
             return
         stoppers = [threading.Thread(target=shard.stop, args=(timeout_s,), daemon=True) for shard in self._shards]

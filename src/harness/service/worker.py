@@ -160,12 +160,10 @@ class EmbeddedWorker:
         from the database, in order, when there is room. Once the worker is stopping it is not queued
         either: the Run is a row, accepted, and the next process (or another replica) drives it.
         """
-        with self._lock:
-            stopped = self._stopped
-        if not stopped:
+        if not self._stopped:
             self.start()  # the first drive of a worker nobody started starts it
         fresh = admission is not None
-        with self._lock:
+        with self._lock:  # held through the submit: a stop then finds the drive queued (and never starts it)
             pool = self._pool
             if pool is None:
                 log.info("the service is stopping: the run stays queued for the next process",
@@ -176,8 +174,8 @@ class EmbeddedWorker:
                 return _done_future()
             self._in_flight += 1
             self._queued.add(run_id)
-        # a drive the stopping loop never starts leaves its Run queued (a row) for the next process
-        return pool.submit(lambda: self._drive(run_id, fresh), not_started=lambda: self._done(run_id))
+            # a drive the stopping loop never starts leaves its Run queued (a row) for the next process
+            return pool.submit(lambda: self._drive(run_id, fresh), not_started=lambda: self._done(run_id))
 
     def _done(self, run_id: str) -> None:
         with self._lock:
