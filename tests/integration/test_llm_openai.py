@@ -22,6 +22,7 @@ from harness.config import build_runtime
 from harness.domain.contracts import Message
 from harness.domain.errors import InvalidRequestError, ProviderError
 from harness.domain.llm import FallbackResponse, LLMRequest, ToolSpec
+from harness.pipeline.drive_loop import DriveLoop
 from harness.pipeline.resilience import BreakerConfig, BreakerState, RetryQuota
 from harness.replay.runner import replay
 from harness.settings import Settings
@@ -115,6 +116,38 @@ def test_streaming_can_be_asked_per_request(server: ScriptedServer) -> None:
     """LLMRequest.stream turns streaming on for one call even when the provider default is off."""
     server.queue(api.stream(["ok"]))
     assert Harness(server).provider.complete(ASK.model_copy(update={"stream": True})).content == "ok"
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_a_call_from_a_drive_on_a_drive_loop_reads_the_same_answer_and_sends_the_same_body(
+        server: ScriptedServer, stream: bool) -> None:
+    """On a drive loop the drive switches out while the asynchronous client waits: the answer (whole or
+    streamed) is read the same as from the blocking client, and the body on the wire is the same."""
+    bodies = []
+    for on_loop in (False, True):
+        reply = (api.stream(["On ", "its ", "way."], usage=(40, 9),
+                            tool_calls=[("call_1", "orders__lookup", '{"order_id": "A-1"}')]) if stream
+                 else api.completion("On its way.", usage=(40, 9),
+                                     tool_calls=[("call_1", "orders__lookup", '{"order_id": "A-1"}')]))
+        server.queue(reply)
+        provider = Harness(server, stream=stream).provider
+        if on_loop:
+            provider.client.close()  # the blocking client is not what a drive on a loop uses
+            drives = DriveLoop(concurrency=2, name="openai-test")
+            try:
+                response = drives.submit(lambda p=provider: p.complete(ASK)).result(timeout=20)
+                provider.close()
+            finally:
+                drives.stop()
+        else:
+            response = provider.complete(ASK)
+            provider.close()
+        assert response.content == "On its way."
+        assert [(c.name, c.arguments) for c in response.tool_calls] == [("orders.lookup", {"order_id": "A-1"})]
+        assert (response.usage.input_tokens, response.usage.output_tokens) == (40, 9)
+        bodies.append(server.received[-1].body)
+    assert bodies[0] == bodies[1]
+    assert bodies[0].get("stream", False) is stream
 
 
 def test_429_is_retried_after_the_servers_retry_after(server: ScriptedServer) -> None:

@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import openai
+from openai import AsyncStream, Stream
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from harness.adapters.llm.resilient import GuardedProvider, ProviderSettings, status_error
@@ -40,6 +41,7 @@ from harness.pipeline.resilience import BreakerRegistry
 from harness.ports import Clock
 
 PROVIDER = "openai"
+_PATH = "/chat/completions"
 
 
 def translate(exc: openai.OpenAIError) -> ProviderError:
@@ -88,8 +90,24 @@ class OpenAICompatProvider(GuardedProvider):
         self.client.close()
         self.async_clients.close(lambda client: client.close())
 
+    # Requests go through the SDK's documented `post` with the body built here, not through
+    # `chat.completions.create`: create walks the whole body against its parameter types first (every
+    # message, tool and schema key), which changes nothing for a body of plain wire names like this one and
+    # cost ~0.4 ms of CPU a call, a third of the SDK's work. The answer is read into the SDK's own types.
+
+    def _completion(self, body: dict[str, Any]) -> ChatCompletion:
+        return self.client.post(_PATH, body=body, cast_to=ChatCompletion)
+
+    def _stream(self, body: dict[str, Any]) -> Stream[ChatCompletionChunk]:
+        return self.client.post(_PATH, body=body, cast_to=ChatCompletion, stream=True,
+                                stream_cls=Stream[ChatCompletionChunk])
+
+    async def _async_completion(self, body: dict[str, Any]) -> ChatCompletion:
+        return await self.async_clients.get().post(_PATH, body=body, cast_to=ChatCompletion)
+
     async def _chunks(self, body: dict[str, Any]) -> list[ChatCompletionChunk]:
-        stream = await self.async_clients.get().chat.completions.create(**body)
+        stream = await self.async_clients.get().post(_PATH, body=body, cast_to=ChatCompletion, stream=True,
+                                                     stream_cls=AsyncStream[ChatCompletionChunk])
         async with stream:
             return [chunk async for chunk in stream]
 
@@ -99,14 +117,14 @@ class OpenAICompatProvider(GuardedProvider):
             if waits.suspendable():  # on a drive loop: the drive switches out until the answer is here
                 if body.get("stream"):
                     return self._from_chunks(model, request, names, waits.wait(self._chunks(body)))
-                answer = waits.wait(self.async_clients.get().chat.completions.create(**body))
+                answer = waits.wait(self._async_completion(body))
                 if not isinstance(answer, ChatCompletion):
                     raise malformed(PROVIDER, f"expected a chat completion, got {str(answer)[:120]!r}")
                 return self._from_completion(model, request, names, answer)
             if body.get("stream"):
-                with self.client.chat.completions.create(**body) as stream:
+                with self._stream(body) as stream:
                     return self._from_chunks(model, request, names, stream)
-            completion = self.client.chat.completions.create(**body)
+            completion = self._completion(body)
             if not isinstance(completion, ChatCompletion):
                 raise malformed(PROVIDER, f"expected a chat completion, got {str(completion)[:120]!r}")
             return self._from_completion(model, request, names, completion)
@@ -116,7 +134,7 @@ class OpenAICompatProvider(GuardedProvider):
             raise malformed(PROVIDER, f"{type(exc).__name__}: {exc}") from exc
 
     def body(self, model: str, request: LLMRequest) -> tuple[ToolNames, dict[str, Any]]:
-        """The request body (keyword arguments of chat.completions.create) and the tool-name table."""
+        """The request body (the JSON of a chat-completions request) and the tool-name table."""
         specs = list(request.tools)
         forced = request.purpose == "plan" and self.settings.plan_mode == "tool"
         if forced:
