@@ -57,7 +57,8 @@ def _sums(engine: sa.Engine) -> dict[tuple[str, str], tuple[int, float]]:
 
 def _totals(engine: sa.Engine) -> dict[tuple[str, str], tuple[int, float]]:
     with engine.connect() as conn:
-        rows = conn.execute(sa.text(f"SELECT tenant_id, user_id, cost_count, usd FROM {TABLE}"))
+        rows = conn.execute(sa.text(f"SELECT tenant_id, user_id, SUM(cost_count), SUM(usd) FROM {TABLE} "
+                                    "GROUP BY tenant_id, user_id"))  # a total's rows (0025)
         return {(r[0], r[1]): (int(r[2]), float(r[3])) for r in rows}
 
 

@@ -19,7 +19,8 @@ import sqlalchemy as sa
 from typer.testing import CliRunner
 
 from harness.adapters.sql import schema as t
-from harness.adapters.sql.ledger import TENANT_TOTAL, CostLedger
+from harness.adapters.sql.erasure import ErasureStore
+from harness.adapters.sql.ledger import SHARDS, TENANT_TOTAL, CostLedger, shard_of
 from harness.adapters.sql.reconcile_reads import SqlReconcileReads
 from harness.adapters.sql.store import SqlStore
 from harness.audit.reconcile import Mismatch, reconcile
@@ -53,10 +54,12 @@ def cost(tenant: str, user: str, run: str, usd: float) -> CostTrace:
 
 
 def totals(store: SqlStore) -> dict[tuple[str, str], tuple[int, float]]:
-    """(tenant, user) -> (cost count, USD) of every running total; user '' is the tenant's own."""
+    """(tenant, user) -> (cost count, USD) of every running total, summed over its rows; user '' is the
+    tenant's own."""
+    s = t.spend_totals
     with store.engine.connect() as conn:
-        rows = conn.execute(sa.select(t.spend_totals.c.tenant_id, t.spend_totals.c.user_id,
-                                      t.spend_totals.c.cost_count, t.spend_totals.c.usd))
+        rows = conn.execute(sa.select(s.c.tenant_id, s.c.user_id, sa.func.sum(s.c.cost_count), sa.func.sum(s.c.usd))
+                            .group_by(s.c.tenant_id, s.c.user_id))
         return {(r[0], r[1]): (int(r[2]), float(r[3])) for r in rows}
 
 
@@ -142,6 +145,54 @@ def test_nothing_recorded_reads_zero(store: SqlStore) -> None:
     assert ledger.spent_by_scope(tenant_id="acme", user_id="ana", run_id="r1") == (0.25, 0.25, 0.25)
     nothing = ledger.spend(tenant_id="nobody", user_id="ana", run_id="r1")
     assert (nothing.run_usd, nothing.user_usd, nothing.tenant_usd, nothing.unpriced_models) == (0.0, 0.0, 0.0, ())
+
+
+def test_the_runs_of_a_tenant_add_to_several_rows_of_a_total_and_a_run_always_to_the_same(
+        store: SqlStore) -> None:
+    """Concurrent Runs of one tenant must not queue on one row lock: each total is spread over rows, a
+    Run's costs all go to the row its id picks, and every read (the budget check, `spent`) is their sum.
+    With one row per total (shards=1) the same costs give the same numbers."""
+    runs = [f"run-{i}" for i in range(40)]
+    picked = {run: shard_of(run) for run in runs}
+    assert len(set(picked.values())) >= SHARDS // 2  # the ids spread (crc32 of 40 ids over 16 rows)
+    ledger = CostLedger(store)
+    for i, run in enumerate(runs):
+        for _ in range(2):  # two calls of each Run: the same row
+            ledger.record(cost("acme", ("ana", "bo")[i % 2], run, 1 / 64))
+    s = t.spend_totals
+    with store.engine.connect() as conn:
+        rows = conn.execute(sa.select(s.c.user_id, s.c.shard, s.c.cost_count)
+                            .where(s.c.tenant_id == "acme", s.c.user_id == TENANT_TOTAL)).all()
+    assert {shard for _, shard, _ in rows} == set(picked.values())
+    assert {shard: count for _, shard, count in rows} == {
+        shard: 2 * list(picked.values()).count(shard) for shard in set(picked.values())}
+    assert ledger.spent_by_scope(tenant_id="acme", user_id="ana", run_id="run-0") == (2 / 64, 40 / 64, 80 / 64)
+    assert ledger.spent(tenant_id="acme") == 80 / 64 and ledger.spent(tenant_id="acme", user_id="bo") == 40 / 64
+    assert_totals_match(store, exact=True)
+    assert spend_mismatches(store) == []
+    one_row = CostLedger(store, shards=1)
+    one_row.record(cost("acme", "cy", "run-x", 0.5))
+    one_row.record(cost("acme", "cy", "run-y", 0.25))
+    with store.engine.connect() as conn:
+        assert conn.execute(sa.select(s.c.shard, s.c.cost_count).where(s.c.user_id == "cy")).all() == [(0, 2)]
+    assert one_row.spent(tenant_id="acme", user_id="cy") == 0.75 and ledger.spent(tenant_id="acme") == 80 / 64 + 0.75
+    with pytest.raises(ValueError, match="shards=0"):
+        CostLedger(store, shards=0)
+
+
+def test_an_erasure_moves_every_row_of_the_persons_totals_to_their_pseudonym(store: SqlStore) -> None:
+    """A person's total spread over several rows is re-keyed whole: no row keeps their id, the pseudonym's
+    total counts and sums the same, the tenant's and other users' totals are untouched."""
+    ledger = CostLedger(store)
+    for i in range(12):
+        ledger.record(cost("acme", "ana", f"r{i}", 1 / 64))
+    ledger.record(cost("acme", "bo", "rb", 1 / 64))
+    with store.engine.connect() as conn:
+        assert conn.execute(sa.select(sa.func.count()).where(t.spend_totals.c.user_id == "ana")).scalar_one() > 1
+    ErasureStore(store).erase_live("erase-1", b"salt", "acme", "ana", "subject-1", [])
+    assert totals(store) == {("acme", ""): (13, 13 / 64), ("acme", "subject-1"): (12, 12 / 64),
+                             ("acme", "bo"): (1, 1 / 64)}
+    assert ledger.spent(tenant_id="acme", user_id="ana") == 0.0
 
 
 def test_a_rolled_back_cost_leaves_the_totals_alone(store: SqlStore) -> None:
@@ -233,9 +284,9 @@ def spend_mismatches(store: SqlStore) -> list[Mismatch]:
 
 
 @pytest.mark.parametrize(("tamper", "named"), [
-    ("UPDATE spend_totals SET usd = usd + 0.01 WHERE tenant_id = 'acme' AND user_id = ''",
+    ("UPDATE spend_totals SET usd = usd + 0.01 WHERE tenant_id = 'acme' AND user_id = '' AND shard = {shard}",
      "tenant 'acme' total: total 0.76"),
-    ("UPDATE spend_totals SET cost_count = cost_count + 1 WHERE user_id = 'ana'",
+    ("UPDATE spend_totals SET cost_count = cost_count + 1 WHERE user_id = 'ana' AND shard = {shard}",
      "tenant 'acme' user 'ana': total 0.5 USD over 3 cost(s), recorded costs sum to 0.5 USD over 2"),
     ("DELETE FROM spend_totals WHERE user_id = 'bo'",
      "tenant 'acme' user 'bo': no total, recorded costs sum to 0.25 USD over 1"),
@@ -245,13 +296,14 @@ def spend_mismatches(store: SqlStore) -> list[Mismatch]:
      "tenant 'initech' total: total 1.0 USD over 1 cost(s), no recorded cost"),
 ])
 def test_reconcile_names_a_total_that_disagrees_with_the_costs(store: SqlStore, tamper: str, named: str) -> None:
-    """A total changed, miscounted, deleted or made up behind the ledger's back is listed with its scope
-    (no Run: run_id None) and fails reconcile; the costs, the source of truth, say what it should be."""
+    """A total changed (one of its rows), miscounted, deleted or made up behind the ledger's back is listed
+    with its scope (no Run: run_id None) and fails reconcile; the costs, the source of truth, say what it
+    should be."""
     ledger = CostLedger(store)
     for user, run, usd in (("ana", "r1", 0.25), ("ana", "r2", 0.25), ("bo", "r3", 0.25)):
         ledger.record(cost("acme", user, run, usd))
     assert spend_mismatches(store) == []
-    execute(store, tamper)
+    execute(store, tamper.format(shard=shard_of("r1")))
     [mismatch] = spend_mismatches(store)
     assert mismatch.run_id is None and mismatch.detail.startswith(named), mismatch.detail
 

@@ -86,6 +86,18 @@ def test_gatekeeper_benchmark_runs() -> None:
     assert all(row["totals_ms"] > 0 and row["sums_ms"] > 0 for row in report["budget_check"])
 
 
+def test_spend_totals_benchmark_runs_both_setups_and_loses_no_update() -> None:
+    """The spend-totals benchmark finishes on a tiny size with a total on one row and spread over rows
+    (it refuses to report when a tenant's total does not count every cost its writers recorded)."""
+    bench = BENCH.parent / "bench_spend_totals.py"
+    done = subprocess.run([sys.executable, str(bench), "--backends", "sqlite", "--writers", "2", "--costs", "5",
+                           "--rounds", "1", "--json"], capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)["sqlite"]
+    assert report["shards=1"]["costs_per_s"] > 0 and report["shards=16"]["costs_per_s"] > 0
+    assert report["wall_ratio"] > 0
+
+
 def test_sweeper_benchmark_runs() -> None:
     """The sweeper scan benchmark (issue 8) finishes on a tiny size and finds every live Run healthy."""
     bench = BENCH.parent / "bench_sweeper.py"

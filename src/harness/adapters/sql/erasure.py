@@ -137,12 +137,12 @@ class ErasureStore:
             if self._sqlite and done.memory_entries:
                 # the full-text index keeps a deleted entry's words until its segments are merged
                 conn.exec_driver_sql("INSERT INTO memory_fts(memory_fts) VALUES ('optimize')")
-            totals = t.spend_totals
-            row = conn.execute(sa.select(totals).where(totals.c.tenant_id == tenant_id,
-                                                       totals.c.user_id == user_id)).mappings().first()
-            if row is not None:
+            totals = t.spend_totals  # the person's total, every row of it, under the pseudonym
+            rows = conn.execute(sa.select(totals).where(totals.c.tenant_id == tenant_id,
+                                                        totals.c.user_id == user_id)).mappings().all()
+            if rows:
                 conn.execute(totals.delete().where(totals.c.tenant_id == tenant_id, totals.c.user_id == user_id))
-                conn.execute(totals.insert().values({**row, "user_id": subject}))
+                conn.execute(totals.insert(), [{**row, "user_id": subject} for row in rows])
             conn.execute(archived_costs.update().where(archived_costs.c.tenant_id == tenant_id,
                                                        archived_costs.c.user_id == user_id)
                          .values(user_id=subject))

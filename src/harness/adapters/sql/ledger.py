@@ -2,14 +2,17 @@
 
 Every cost is a row of `costs`, append-only and the source of truth, and is also added to its user's and
 its tenant's running totals (`spend_totals`) in the same transaction, by one upsert that each backend
-applies under the totals' row locks: concurrent writers queue on a total and never lose an update. So a
-budget check reads the Run's few cost rows and two totals, however long the tenant's history.
+applies under the totals' row locks: concurrent writers never lose an update. Each total is spread over
+SHARDS rows, a Run's costs always going to the same one, so the Runs of a tenant do not all queue on one
+row lock until each other's commits. So a budget check reads the Run's few cost rows and the rows of two
+totals, however long the tenant's history.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import json
+import zlib
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +34,8 @@ b = sa.bindparam
 costs, totals = t.costs, t.spend_totals
 #: user_id of the tenant's own total (user ids are never empty)
 TENANT_TOTAL = ""
+#: rows each total is spread over: two Runs of one tenant add to the same row one time in SHARDS
+SHARDS = 16
 
 _INSERT = costs.insert()
 
@@ -43,10 +48,15 @@ def _run_spent(run_id: sa.ColumnElement[str] | str, *scope: sa.ColumnElement[boo
     return sa.select(sa.func.coalesce(sa.func.sum(usd), 0.0)).where(costs.c.run_id == run_id)
 
 
+def shard_of(run_id: str, shards: int = SHARDS) -> int:
+    """The row of each total that a Run's costs add to: the same for every cost of the Run."""
+    return zlib.crc32(run_id.encode()) % shards
+
+
 def _total(tenant_id: sa.ColumnElement[str] | str, user_id: sa.ColumnElement[str] | str) -> sa.ColumnElement[float]:
-    """One running total (0 for a scope that has recorded nothing)."""
-    row = sa.select(totals.c.usd).where(totals.c.tenant_id == tenant_id, totals.c.user_id == user_id)
-    return sa.func.coalesce(row.scalar_subquery(), 0.0)
+    """One running total, the sum of its rows (0 for a scope that has recorded nothing)."""
+    rows = sa.select(sa.func.sum(totals.c.usd)).where(totals.c.tenant_id == tenant_id, totals.c.user_id == user_id)
+    return sa.func.coalesce(rows.scalar_subquery(), 0.0)
 
 
 _BY_SCOPE = sa.select(
@@ -57,12 +67,15 @@ _BY_SCOPE = sa.select(
 
 
 def _add_to_totals(dialect: str) -> sa.Insert:
-    """One statement adding a cost to its tenant's total, then to its user's, creating either on its
-    first cost: an atomic upsert on each backend. The rows go in that order, so concurrent writers take
-    the two row locks in the same order and cannot deadlock on them. SQLAlchemy does not cache a
-    multi-row INSERT's compilation (0.12 ms a call on SQLite), so the ledger runs it as a raw statement."""
-    rows = [{"tenant_id": b("p_tenant"), "user_id": TENANT_TOTAL, "usd": b("p_usd"), "cost_count": 1},
-            {"tenant_id": b("p_tenant"), "user_id": b("p_user"), "usd": b("p_usd"), "cost_count": 1}]
+    """One statement adding a cost to its tenant's total, then to its user's (the rows of the Run's shard),
+    creating either row on its first cost: an atomic upsert on each backend. The rows go in that order, so
+    concurrent writers on the same shard take the two row locks in the same order and cannot deadlock on
+    them. SQLAlchemy does not cache a multi-row INSERT's compilation (0.12 ms a call on SQLite), so the
+    ledger runs it as a raw statement."""
+    rows = [{"tenant_id": b("p_tenant"), "user_id": TENANT_TOTAL, "shard": b("p_shard"), "usd": b("p_usd"),
+             "cost_count": 1},
+            {"tenant_id": b("p_tenant"), "user_id": b("p_user"), "shard": b("p_shard"), "usd": b("p_usd"),
+             "cost_count": 1}]
     # each dialect's module imported for its own backend only (the engine has loaded it already)
     if dialect in ("mysql", "mariadb"):
         from sqlalchemy.dialects import mysql
@@ -79,14 +92,14 @@ def _add_to_totals(dialect: str) -> sa.Insert:
 
         upsert = sqlite.insert(totals).values(rows)
     added = upsert.excluded
-    return upsert.on_conflict_do_update(index_elements=[totals.c.tenant_id, totals.c.user_id],
+    return upsert.on_conflict_do_update(index_elements=[totals.c.tenant_id, totals.c.user_id, totals.c.shard],
                                         set_={"usd": totals.c.usd + added.usd,
                                               "cost_count": totals.c.cost_count + added.cost_count})
 
 
 def recount_totals(conn: sa.Connection, tenant_id: str) -> None:
-    """Set the tenant's running totals to the sums of its recorded costs, in the caller's transaction:
-    for costs copied in rather than recorded (replay seeds its scratch database so)."""
+    """Set the tenant's running totals to the sums of its recorded costs (one row each), in the caller's
+    transaction: for costs copied in rather than recorded (replay seeds its scratch database so)."""
     conn.execute(totals.delete().where(totals.c.tenant_id == tenant_id))
     columns = ["tenant_id", "user_id", "usd", "cost_count"]
     sums = (sa.func.sum(costs.c.usd), sa.func.count())
@@ -100,8 +113,11 @@ class CostLedger:
     """Appends costs (with their CostTrace, in one transaction), keeps their running totals and reads
     them by scope."""
 
-    def __init__(self, store: SqlStore) -> None:
+    def __init__(self, store: SqlStore, *, shards: int = SHARDS) -> None:
+        if shards < 1:
+            raise ValueError(f"a total needs at least one row, not shards={shards}")
         self.store = store
+        self.shards = shards
         self._raw = RawStatements(store.engine.dialect)
         self._add_to_totals = _add_to_totals(store.engine.dialect.name)
 
@@ -133,7 +149,8 @@ class CostLedger:
             "unit_price": json.dumps(cost.unit_price, sort_keys=True) if cost.unit_price else None,
             "priced": cost.priced,
         })
-        added = {"p_tenant": cost.tenant_id, "p_user": cost.user_id, "p_usd": cost.usd}
+        added = {"p_tenant": cost.tenant_id, "p_user": cost.user_id, "p_usd": cost.usd,
+                 "p_shard": shard_of(cost.run_id, self.shards)}
         self._raw.later(conn, self._add_to_totals, added)
 
     def spent_by_scope(self, *, tenant_id: str, user_id: str, run_id: str) -> tuple[float, float, float]:

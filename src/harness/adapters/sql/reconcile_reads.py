@@ -97,8 +97,12 @@ def _orphan_final_events() -> sa.Select[Any]:
 
 def _spend_totals() -> sa.Select[Any]:
     """Totals that are not the sums of their recorded costs: the live costs plus what the costs of pruned
-    Runs added (archived_costs), per user and per tenant; and totals with no recorded cost at all."""
-    c, a, s = t.costs, archived_costs, t.spend_totals
+    Runs added (archived_costs), per user and per tenant; and totals with no recorded cost at all. A
+    total is the sum of its rows (its shards)."""
+    c, a, rows = t.costs, archived_costs, t.spend_totals
+    s = (sa.select(rows.c.tenant_id, rows.c.user_id, sa.func.sum(rows.c.usd).label("usd"),
+                   sa.func.sum(rows.c.cost_count).label("cost_count"))
+         .group_by(rows.c.tenant_id, rows.c.user_id).subquery("totals"))
     per_user = sa.union_all(
         sa.select(c.c.tenant_id, c.c.user_id, sa.func.sum(c.c.usd).label("usd"), sa.func.count().label("n"))
         .group_by(c.c.tenant_id, c.c.user_id),

@@ -212,8 +212,10 @@ costs = sa.Table(
     sa.Index("ix_costs_tenant_at", "tenant_id", "at"),
 )
 
-#: running totals of `costs` (0008), one row per user and one per tenant (user_id '': user ids are never
-#: empty), so a budget check reads two rows instead of summing the tenant's history. CostLedger.insert
+#: running totals of `costs` (0008), per user and per tenant (user_id '': user ids are never empty), so a
+#: budget check sums a few rows instead of the tenant's history. Each total is spread over up to 16 rows
+#: (`shard`, 0025), a Run's costs always going to the same one, so that concurrent Runs of one tenant do
+#: not queue on one row lock until each other's commits; a total is the sum of its rows. CostLedger.insert
 #: adds each cost in the cost's own transaction; `costs` stays the source of truth and reconcile checks
 #: the totals against its sums
 spend_totals = sa.Table(
@@ -223,6 +225,7 @@ spend_totals = sa.Table(
     sa.Column("user_id", sa.String(128), primary_key=True),
     sa.Column("usd", sa.Double, nullable=False),
     sa.Column("cost_count", sa.BigInteger, nullable=False),
+    sa.Column("shard", sa.SmallInteger, primary_key=True, server_default="0"),
 )
 
 hitl_requests = sa.Table(
