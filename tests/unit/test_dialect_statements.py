@@ -44,10 +44,11 @@ def test_insert_unless_present_per_dialect() -> None:
 
 
 def test_totals_upsert_per_dialect() -> None:
-    """The spend totals' upsert is ON DUPLICATE KEY UPDATE on MySQL, ON CONFLICT DO UPDATE elsewhere."""
+    """The spend totals' upsert is ON DUPLICATE KEY UPDATE on MySQL, ON CONFLICT DO UPDATE elsewhere, on the
+    key of a total's row (its shard included)."""
     assert "ON DUPLICATE KEY UPDATE" in sql(ledger._add_to_totals("mysql"), mysql.dialect())
     for name, dialect in (("sqlite", sqlite.dialect()), ("postgresql", postgresql.dialect())):
-        assert "ON CONFLICT (tenant_id, user_id) DO UPDATE" in sql(ledger._add_to_totals(name), dialect)
+        assert "ON CONFLICT (tenant_id, user_id, shard) DO UPDATE" in sql(ledger._add_to_totals(name), dialect)
 
 
 def test_postgresql_batch_statements_take_an_array() -> None:
