@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
+import queue
 import statistics
 import tempfile
 import time
@@ -65,6 +66,23 @@ def _writer(url: str, shards: int, hold_s: float, writer: int, costs: int, ready
     out.put(statistics.median(took))
 
 
+def _collect(answers: Any, procs: list[Any], limit_s: float) -> list[Any]:
+    """One answer from each writer; a writer that died, or a deadline passed, ends the benchmark with why
+    (the writer's own traceback is on stderr above)."""
+    got: list[Any] = []
+    deadline = time.monotonic() + limit_s
+    while len(got) < len(procs):
+        try:
+            got.append(answers.get(timeout=1.0))
+        except queue.Empty:
+            dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+            if dead:
+                raise SystemExit(f"{len(dead)} writer(s) failed (exit codes {dead})") from None
+            if time.monotonic() > deadline:
+                raise SystemExit(f"{len(procs) - len(got)} writer(s) did not answer within {limit_s:g} s") from None
+    return got
+
+
 def measure(url: str, shards: int, writers: int, costs: int, hold_s: float = 0.0) -> dict[str, float]:
     """Wall, rate and median record time of `writers` processes recording `costs` costs each."""
     SqlStore.open(url, SystemClock()).close()  # migrated once, before the writers start
@@ -74,11 +92,10 @@ def measure(url: str, shards: int, writers: int, costs: int, hold_s: float = 0.0
              for w in range(writers)]
     for p in procs:
         p.start()
-    for _ in procs:  # every writer imported, connected and waiting
-        ready.get(timeout=120)
+    _collect(ready, procs, 120)  # every writer imported, connected and waiting
     began = time.perf_counter()
     start.set()
-    medians = [out.get(timeout=600) for _ in procs]
+    medians = _collect(out, procs, 600)
     wall = time.perf_counter() - began
     for p in procs:
         p.join(timeout=60)
