@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from celery import Celery
-from celery.signals import worker_process_init, worker_process_shutdown, worker_shutting_down
+from celery.signals import after_setup_logger, worker_process_init, worker_process_shutdown, worker_shutting_down
 
 from harness.audit.publisher import CheckpointPublisher
 from harness.config import Runtime, build_runtime
@@ -35,6 +35,7 @@ from harness.kernel.states import RunState
 from harness.pipeline.drive_loop import DriveLoop
 from harness.retention.policy import RetentionPolicy
 from harness.retention.scheduled import archive_once
+from harness.service.logs import http_client_logs_at_debug
 from harness.settings import Settings
 from harness.stores import audit_reads, is_outage
 from harness.wiring.retention import archiver_factory
@@ -123,6 +124,12 @@ def runtime() -> Runtime:
             _process.runtime = build_runtime(Settings.from_env())
             _process.runtime.runs.assembler.warm()
         return _process.runtime
+
+
+@after_setup_logger.connect
+def _http_client_at_debug(loglevel: int | None = None, **_: Any) -> None:
+    """As in `harness serve`: the HTTP clients' line for every request only at DEBUG."""
+    http_client_logs_at_debug(logging.INFO if loglevel is None else loglevel)
 
 
 @worker_process_init.connect

@@ -8,6 +8,7 @@ FakeClock, so nothing here waits for real except the one timeout test.
 from __future__ import annotations
 
 import json
+import logging
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +26,7 @@ from harness.domain.llm import FallbackResponse, LLMRequest, ToolSpec
 from harness.pipeline.drive_loop import DriveLoop
 from harness.pipeline.resilience import BreakerConfig, BreakerState, RetryQuota
 from harness.replay.runner import replay
+from harness.service.logs import HTTP_CLIENT_LOGGERS
 from harness.settings import Settings
 from tests.fakes import openai_api as api
 from tests.fakes.server import Reply, ScriptedServer
@@ -414,3 +416,110 @@ def test_settings_select_the_openai_provider(server: ScriptedServer, tmp_path: P
         assert server.received[0].body["top_p"] == 0.9  # HARNESS_LLM_TOP_P reaches the wire
     finally:
         rt.close()
+
+
+# ------------------------------------------------------------------------------------------------ log lines
+
+def llm_lines(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.name == "harness.llm"]
+
+
+def test_each_failed_call_is_one_warning_line_saying_what_happens_next(server: ScriptedServer,
+                                                                      caplog: pytest.LogCaptureFixture) -> None:
+    """A retried failure says which attempt failed, how, and when it is tried again; a call that fails for
+    good says after how many attempts; a call that succeeds logs nothing."""
+    caplog.set_level(logging.DEBUG, logger="harness.llm")
+    server.queue(api.error(429, "Rate limit reached", headers={"retry-after": "1.5"}), api.completion("ok"))
+    assert Harness(server).provider.complete(ASK).content == "ok"
+    (retried,) = llm_lines(caplog)
+    assert retried.levelno == logging.WARNING
+    assert (retried.error_kind, retried.attempt, retried.retry_in_s, retried.model) == (  # type: ignore[attr-defined]
+        "rate_limit", 1, 1.5, "gpt-test")
+    assert "attempt 1, retried in 1.50 s" in retried.getMessage() and "Rate limit reached" in retried.getMessage()
+
+    caplog.clear()
+    server.queue(*[api.error(503, "down", kind="server_error")] * 3)
+    fails(Harness(server))
+    lines = llm_lines(caplog)
+    assert [getattr(r, "attempt", None) for r in lines] == [1, 2, None]
+    assert lines[-1].attempts == 3 and "failed (server_error) after 3 attempts" in lines[-1].getMessage()  # type: ignore[attr-defined]
+
+    caplog.clear()
+    server.queue(api.error(401, "Incorrect API key provided", code="invalid_api_key"))
+    fails(Harness(server))
+    (final,) = llm_lines(caplog)
+    assert "failed (auth) after 1 attempt:" in final.getMessage() and final.levelno == logging.WARNING
+    assert "sk-test" not in final.getMessage()  # the key is never in a log line
+
+
+def test_a_failure_that_opens_the_circuit_says_so_and_names_the_fallback(server: ScriptedServer,
+                                                                         caplog: pytest.LogCaptureFixture) -> None:
+    """The failure that opens a model's circuit says for how long and which model answers meanwhile; the
+    calls the open circuit then sends to the fallback add no warning each."""
+    caplog.set_level(logging.INFO, logger="harness.llm")
+    harness = Harness(server, fallback_model="gpt-small", quota=RetryQuota(max_attempts=1),
+                      breaker=BreakerConfig(failure_threshold=1, reset_timeout=60))
+    server.queue(api.error(500, "down", kind="server_error"), api.completion("fallback", model="gpt-small"),
+                 api.completion("fallback again", model="gpt-small"))
+    assert isinstance(harness.provider.complete(ASK), FallbackResponse)
+    assert isinstance(harness.provider.complete(ASK), FallbackResponse)
+    (opened,) = llm_lines(caplog)
+    assert opened.circuit_opened is True  # type: ignore[attr-defined]
+    assert "the circuit for gpt-test is open for 60 s, the fallback model gpt-small answers meanwhile" in \
+        opened.getMessage()
+
+
+def test_a_long_error_answer_is_cut_in_the_log_line(server: ScriptedServer, caplog: pytest.LogCaptureFixture) -> None:
+    """A provider answering with a page of text does not put the page in the log: one bounded line."""
+    caplog.set_level(logging.INFO, logger="harness.llm")
+    server.queue(api.error(400, "bad\nrequest " + "x" * 5_000))
+    fails(Harness(server))
+    (line,) = llm_lines(caplog)
+    message = line.getMessage()
+    assert "\n" not in message and len(message) < 500 and message.endswith("…")
+
+
+@pytest.fixture
+def restored_logging() -> Iterator[None]:
+    """The process's logging as it was, after a test that configures it as the service does."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    clients = {name: logging.getLogger(name).level for name in HTTP_CLIENT_LOGGERS}
+    try:
+        yield
+    finally:
+        root.handlers[:], root.level = handlers, level
+        for name, was in clients.items():
+            logging.getLogger(name).setLevel(was)
+
+
+def test_the_service_logs_a_failed_call_with_its_run_and_no_line_per_request(
+        server: ScriptedServer, capsys: pytest.CaptureFixture[str], restored_logging: None) -> None:
+    """Configured as `harness serve` configures it (JSON lines at INFO), the log holds no line for each HTTP
+    request the SDK sends, and the one failed attempt as a line of harness.llm carrying the Run's id. At
+    DEBUG the HTTP client's own lines come back."""
+    from harness.service import logs
+
+    logs.configure(json_lines=True, level="INFO")
+    server.queue(api.error(502, "bad gateway", kind="server_error"), api.completion("ok"))
+    with logs.run_context("run-42"):
+        assert Harness(server).provider.complete(ASK).content == "ok"
+    lines = [json.loads(line) for line in capsys.readouterr().err.splitlines() if line.startswith("{")]
+    assert [line["logger"] for line in lines] == ["harness.llm"]
+    assert (lines[0]["run_id"], lines[0]["error_kind"], lines[0]["level"]) == ("run-42", "server_error", "warning")
+
+    logs.configure(json_lines=True, level="DEBUG")
+    server.queue(api.completion("ok"))
+    Harness(server).provider.complete(ASK)
+    err = capsys.readouterr().err
+    assert any(json.loads(line)["logger"] in HTTP_CLIENT_LOGGERS for line in err.splitlines() if line.startswith("{"))
+
+
+def test_a_celery_worker_keeps_the_http_client_at_debug_too(restored_logging: None) -> None:
+    """The worker's logging, set up by Celery, gets the same rule when Celery has configured it."""
+    from harness.celery_app import _http_client_at_debug
+
+    _http_client_at_debug(loglevel=logging.INFO)
+    assert {logging.getLogger(name).level for name in HTTP_CLIENT_LOGGERS} == {logging.WARNING}
+    _http_client_at_debug(loglevel=logging.DEBUG)
+    assert {logging.getLogger(name).level for name in HTTP_CLIENT_LOGGERS} == {logging.NOTSET}

@@ -167,6 +167,19 @@ def test_retryable_errors_are_retried_within_the_quota() -> None:
     assert 0.1 <= sleeps[0] <= 0.2 and 0.2 <= sleeps[1] <= 0.3  # exponential, plus jitter of at most 0.1
 
 
+def test_on_retry_hears_of_each_failure_that_is_retried_with_its_wait() -> None:
+    """Each failed attempt that goes again is told, with its number and the wait before the next one (the
+    wait that is then slept); the last failure, re-raised, is not: its caller says it failed."""
+    heard: list[tuple[str, int, float]] = []
+    sleeps: list[float] = []
+    flaky = Flaky(*[ProviderError(f"5xx #{i}", kind="server_error", retryable=True) for i in range(3)])
+    with pytest.raises(ProviderError, match="5xx #2"):
+        retry_call(flaky, RetryQuota(max_attempts=3, backoff_s=0.1), retryable=is_retryable, sleep=sleeps.append,
+                   on_retry=lambda exc, attempt, wait: heard.append((str(exc), attempt, wait)))
+    assert [(text, attempt) for text, attempt, _ in heard] == [("5xx #0", 1), ("5xx #1", 2)]
+    assert [wait for *_, wait in heard] == sleeps
+
+
 def test_non_retryable_errors_fail_at_once() -> None:
     """Auth, billing, context-length and other 4xx errors are never retried."""
     for kind in ("auth", "billing", "context_length", "client_error"):

@@ -247,8 +247,10 @@ def retry_call(
     retryable: Callable[[BaseException], bool],
     retry_after: Callable[[BaseException], float | None] = lambda _exc: None,
     sleep: Callable[[float], None] = time.sleep,
+    on_retry: Callable[[BaseException, int, float], None] | None = None,
 ) -> T:
-    """Call `fn`, retrying exceptions `retryable` accepts; the last exception is re-raised as is."""
+    """Call `fn`, retrying exceptions `retryable` accepts; the last exception is re-raised as is.
+    `on_retry(exc, attempt, wait_s)` hears of each failed attempt that will be retried, before the wait."""
     backoff = wait_exponential_jitter(multiplier=quota.backoff_s, max=quota.max_backoff_s,
                                       jitter=quota.backoff_s)
 
@@ -261,5 +263,11 @@ def retry_call(
         over_budget = state.idle_for + state.upcoming_sleep > quota.max_wait_s
         return state.attempt_number >= quota.max_attempts or over_budget
 
-    retrying = Retrying(stop=stop, wait=wait, retry=retry_if_exception(retryable), sleep=sleep, reraise=True)
+    def before_sleep(state: RetryCallState) -> None:
+        exc = state.outcome.exception() if state.outcome is not None else None
+        if on_retry is not None and exc is not None:
+            on_retry(exc, state.attempt_number, state.upcoming_sleep)
+
+    retrying = Retrying(stop=stop, wait=wait, retry=retry_if_exception(retryable), sleep=sleep, reraise=True,
+                        before_sleep=before_sleep)
     return retrying(fn)

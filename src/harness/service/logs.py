@@ -15,6 +15,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+#: the HTTP clients' loggers: httpx and httpcore, and the renamed copies the model SDKs (openai, anthropic)
+#: bring with them. Each writes a line for every request it sends, two or more a Run: kept for DEBUG, as a
+#: model call that fails is logged by harness itself (`harness.llm`: the Run, the model, the error and
+#: what is done about it)
+HTTP_CLIENT_LOGGERS = ("httpx", "httpcore", "httpx2", "httpcore2")
+
 current_run_id: contextvars.ContextVar[str | None] = contextvars.ContextVar("harness_run_id", default=None)
 
 #: attributes every LogRecord has; anything else on a record came from `extra`
@@ -99,3 +105,12 @@ def configure(*, json_lines: bool, level: str = "INFO") -> None:
         logging.getLogger(name).handlers[:] = []
         logging.getLogger(name).propagate = True
     logging.getLogger("uvicorn.access").setLevel(logging.WARNING)  # the service logs each request itself
+    http_client_logs_at_debug(root.getEffectiveLevel())
+    # the migration tool names each of its plugins as it loads them at every start (seven lines)
+    logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)
+
+
+def http_client_logs_at_debug(level: int) -> None:
+    """At a log level above DEBUG, show only the HTTP clients' warnings and errors; at DEBUG, everything."""
+    for name in HTTP_CLIENT_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING if level > logging.DEBUG else logging.NOTSET)

@@ -17,6 +17,7 @@ policy (SPEC T3):
 from __future__ import annotations
 
 import email.utils
+import logging
 import re
 import time
 from collections.abc import Callable, Mapping
@@ -38,6 +39,12 @@ from harness.pipeline.resilience import (
     retry_call,
 )
 from harness.ports import Clock
+
+#: one line for each failed model call, retried or not, and each switch to the fallback model; the HTTP
+#: client's own line for every request is left to DEBUG (harness.service.logs)
+log = logging.getLogger("harness.llm")
+#: the most characters of a provider's error message a log line carries
+_LOGGED_MESSAGE = 300
 
 UNHEALTHY = frozenset({"network_error", "server_error", "rate_limit", "timeout"})
 _CONTEXT = re.compile(r"context.length|context window|prompt is too long|too many tokens|maximum context",
@@ -140,6 +147,16 @@ def _unhealthy(exc: BaseException) -> bool:
     return isinstance(exc, ProviderError) and exc.kind in UNHEALTHY
 
 
+def _kind(exc: BaseException) -> str:
+    return exc.kind if isinstance(exc, ProviderError) else type(exc).__name__
+
+
+def _brief(exc: BaseException) -> str:
+    """An error's message for a log line, on one line and bounded (a provider may answer with a page)."""
+    text = " ".join(str(exc).split())
+    return text if len(text) <= _LOGGED_MESSAGE else text[:_LOGGED_MESSAGE - 1] + "…"
+
+
 class GuardedProvider:
     """Base of the real providers: retries, a breaker per model and the fallback model (module doc)."""
 
@@ -180,6 +197,9 @@ class GuardedProvider:
         if fallback is None or fallback == primary:
             raise ProviderError(f"{self.name}: {reason} and no fallback model is configured",
                                 kind="circuit_open", retryable=False)
+        # a call refused by an open circuit sends nothing and is not logged: the failure that opened it was
+        log.debug("%s model %s: %s; the fallback model %s answers", self.name, primary, reason, fallback,
+                  extra={"provider": self.name, "model": primary, "fallback_model": fallback})
         try:
             response = self._guarded(fallback, request)
         except CircuitOpenError as exc:
@@ -189,11 +209,36 @@ class GuardedProvider:
 
     def _guarded(self, model: str, request: LLMRequest) -> LLMResponse:
         breaker = self.breakers.get(self.breaker_name(model), self.settings.breaker)
-        return breaker.call(
-            lambda: retry_call(lambda: self._attempt(model, request), self.settings.quota,
-                               retryable=_retryable, retry_after=_retry_after, sleep=self.sleep),
-            counts=_unhealthy,
-        )
+        attempts = 0
+
+        def attempt() -> LLMResponse:
+            nonlocal attempts
+            attempts += 1
+            return self._attempt(model, request)
+
+        def retrying(exc: BaseException, attempt: int, wait_s: float) -> None:
+            log.warning("%s model %s: call failed (%s), attempt %d, retried in %.2f s: %s", self.name, model,
+                        _kind(exc), attempt, wait_s, _brief(exc),
+                        extra={"provider": self.name, "model": model, "error_kind": _kind(exc), "attempt": attempt,
+                               "retry_in_s": round(wait_s, 3)})
+
+        was_open = breaker.state is BreakerState.OPEN
+        try:
+            return breaker.call(
+                lambda: retry_call(attempt, self.settings.quota, retryable=_retryable, retry_after=_retry_after,
+                                   sleep=self.sleep, on_retry=retrying),
+                counts=_unhealthy,
+            )
+        except ProviderError as exc:
+            opened = not was_open and breaker.state is BreakerState.OPEN
+            then = (f"; the circuit for {model} is open for {breaker.config.reset_timeout:g} s"
+                    + (f", the fallback model {self.settings.fallback_model} answers meanwhile"
+                       if self.settings.fallback_model not in (None, model) else "")) if opened else ""
+            log.warning("%s model %s: call failed (%s) after %d attempt%s: %s%s", self.name, model, exc.kind,
+                        attempts, "s" if attempts != 1 else "", _brief(exc), then,
+                        extra={"provider": self.name, "model": model, "error_kind": exc.kind, "attempts": attempts,
+                               "circuit_opened": opened})
+            raise
 
     def response(self, model: str, request: LLMRequest, names: ToolNames, *, content: str,
                  raw_calls: list[tuple[str, str, Any]], finish: str, served_by: str,
