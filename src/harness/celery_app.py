@@ -35,7 +35,7 @@ from harness.kernel.states import RunState
 from harness.pipeline.drive_loop import DriveLoop
 from harness.retention.policy import RetentionPolicy
 from harness.retention.scheduled import archive_once
-from harness.service.logs import http_client_logs_at_debug
+from harness.service.logs import routine_logs_at_debug
 from harness.settings import Settings
 from harness.stores import audit_reads, is_outage
 from harness.wiring.retention import archiver_factory
@@ -127,9 +127,9 @@ def runtime() -> Runtime:
 
 
 @after_setup_logger.connect
-def _http_client_at_debug(loglevel: int | None = None, **_: Any) -> None:
-    """As in `harness serve`: the HTTP clients' line for every request only at DEBUG."""
-    http_client_logs_at_debug(logging.INFO if loglevel is None else loglevel)
+def _routine_at_debug(loglevel: int | None = None, **_: Any) -> None:
+    """As in `harness serve`: the HTTP clients' line for every request, and the like, only at DEBUG."""
+    routine_logs_at_debug(logging.INFO if loglevel is None else loglevel)
 
 
 @worker_process_init.connect

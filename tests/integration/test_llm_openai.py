@@ -26,7 +26,7 @@ from harness.domain.llm import FallbackResponse, LLMRequest, ToolSpec
 from harness.pipeline.drive_loop import DriveLoop
 from harness.pipeline.resilience import BreakerConfig, BreakerState, RetryQuota
 from harness.replay.runner import replay
-from harness.service.logs import HTTP_CLIENT_LOGGERS
+from harness.service.logs import HTTP_CLIENT_LOGGERS, ROUTINE_AT_INFO
 from harness.settings import Settings
 from tests.fakes import openai_api as api
 from tests.fakes.server import Reply, ScriptedServer
@@ -484,7 +484,7 @@ def restored_logging() -> Iterator[None]:
     """The process's logging as it was, after a test that configures it as the service does."""
     root = logging.getLogger()
     handlers, level = root.handlers[:], root.level
-    clients = {name: logging.getLogger(name).level for name in HTTP_CLIENT_LOGGERS}
+    clients = {name: logging.getLogger(name).level for name in ROUTINE_AT_INFO}
     try:
         yield
     finally:
@@ -517,9 +517,9 @@ def test_the_service_logs_a_failed_call_with_its_run_and_no_line_per_request(
 
 def test_a_celery_worker_keeps_the_http_client_at_debug_too(restored_logging: None) -> None:
     """The worker's logging, set up by Celery, gets the same rule when Celery has configured it."""
-    from harness.celery_app import _http_client_at_debug
+    from harness.celery_app import _routine_at_debug
 
-    _http_client_at_debug(loglevel=logging.INFO)
-    assert {logging.getLogger(name).level for name in HTTP_CLIENT_LOGGERS} == {logging.WARNING}
-    _http_client_at_debug(loglevel=logging.DEBUG)
-    assert {logging.getLogger(name).level for name in HTTP_CLIENT_LOGGERS} == {logging.NOTSET}
+    _routine_at_debug(loglevel=logging.INFO)
+    assert {logging.getLogger(name).level for name in ROUTINE_AT_INFO} == {logging.WARNING}
+    _routine_at_debug(loglevel=logging.DEBUG)
+    assert {logging.getLogger(name).level for name in ROUTINE_AT_INFO} == {logging.NOTSET}

@@ -20,6 +20,9 @@ from typing import Any
 #: model call that fails is logged by harness itself (`harness.llm`: the Run, the model, the error and
 #: what is done about it)
 HTTP_CLIENT_LOGGERS = ("httpx", "httpcore", "httpx2", "httpcore2")
+#: loggers whose INFO lines are routine, kept for DEBUG: the HTTP clients, and the migration tool naming
+#: each of its plugins as it loads them (seven lines at every start)
+ROUTINE_AT_INFO = (*HTTP_CLIENT_LOGGERS, "alembic.runtime.plugins")
 
 current_run_id: contextvars.ContextVar[str | None] = contextvars.ContextVar("harness_run_id", default=None)
 
@@ -105,12 +108,11 @@ def configure(*, json_lines: bool, level: str = "INFO") -> None:
         logging.getLogger(name).handlers[:] = []
         logging.getLogger(name).propagate = True
     logging.getLogger("uvicorn.access").setLevel(logging.WARNING)  # the service logs each request itself
-    http_client_logs_at_debug(root.getEffectiveLevel())
-    # the migration tool names each of its plugins as it loads them at every start (seven lines)
-    logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)
+    routine_logs_at_debug(root.getEffectiveLevel())
 
 
-def http_client_logs_at_debug(level: int) -> None:
-    """At a log level above DEBUG, show only the HTTP clients' warnings and errors; at DEBUG, everything."""
-    for name in HTTP_CLIENT_LOGGERS:
+def routine_logs_at_debug(level: int) -> None:
+    """At a log level above DEBUG, show only the warnings and errors of the loggers `ROUTINE_AT_INFO`
+    names; at DEBUG, everything."""
+    for name in ROUTINE_AT_INFO:
         logging.getLogger(name).setLevel(logging.WARNING if level > logging.DEBUG else logging.NOTSET)
