@@ -42,12 +42,12 @@ def seeded(server: str) -> Iterator[str]:
     for days_ago, user, skill, usd in HISTORY:
         if usd == 0:
             continue
-        store.clock = FakeClock(now - days_ago * DAY)  # type: ignore[assignment]
+        store.clock = FakeClock(now - days_ago * DAY)
         run, _ = store.create_run(NewRun("default", user, "s", {"task": "history"}))
         ledger.record(CostTrace(run_id=run.run_id, source=f"llm:openai:{'tool:' + skill if skill else 'plan'}",
                                 input_tokens=int(usd * 1e6), output_tokens=int(usd * 2e5), api_calls=1, usd=usd,
                                 model="gpt-4o-mini", tenant_id="default", user_id=user, skill_id=skill))
-    store.clock = FakeClock(__import__("time").time())  # type: ignore[assignment]
+    store.clock = FakeClock(__import__("time").time())
     _wait_until_all_final(store)  # the server's worker picks up the history Runs; their spend lands now
     store.close()
     done = httpx.post(f"{server}/api/v1/runs", json={"task": "Where is order A-1001?"},

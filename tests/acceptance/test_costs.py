@@ -180,7 +180,7 @@ def test_version_1_cost_records_still_read_and_verify(rt: Runtime) -> None:
     result = rt.runs.create_run({"task": "say hi", **TESS})
     old = {"source": "llm:scripted:plan", "input_tokens": 3, "output_tokens": 4, "usd": 0.5, "tenant_id": "t1",
            "user_id": "tess"}
-    row = CostTrace(run_id=result.run_id, api_calls=0, **old)  # type: ignore[arg-type]
+    row = CostTrace(run_id=result.run_id, api_calls=0, **old)
     with rt.store.engine.begin() as conn:
         CostLedger(rt.store).insert(conn, row)
         rt.store.enqueue(conn, [TraceRecordIn("cost", old, result.run_id)], rt.store.clock.now())
@@ -196,7 +196,7 @@ def test_the_cost_view_groups_by_tenant_user_skill_and_day(rt: Runtime) -> None:
     """The same costs summed four ways give the same total, and a date range narrows them."""
     rt.runs.create_run({"task": "everything", **TESS})
     rt.runs.create_run({"task": "say hi", "tenant_id": "t1", "user_id": "lee", "roles": ["tester"]})
-    totals = {g: sum(x.usd for x in rt.runs.ledger.by_group(g, tenant_id="t1"))  # type: ignore[arg-type]
+    totals = {g: sum(x.usd for x in rt.runs.ledger.by_group(g, tenant_id="t1"))
               for g in ("tenant", "user", "skill", "day")}
     assert len({round(v, 8) for v in totals.values()}) == 1
     users = {g.key: g.runs for g in rt.runs.ledger.by_group("user", tenant_id="t1")}

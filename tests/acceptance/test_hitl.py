@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -24,7 +25,7 @@ def who(user: str, *roles: str, tenant: str = "t1") -> CallerIdentity:
     return CallerIdentity(tenant_id=tenant, user_id=user, roles=roles)
 
 
-def park(rt: Runtime, task: str, caller: dict[str, object] = TESS) -> RunResult:
+def park(rt: Runtime, task: str, caller: Mapping[str, object] = TESS) -> RunResult:
     result = rt.runs.create_run({"task": task, **caller})
     assert list(result.path) == PARK, result.error
     assert result.approval_request_id

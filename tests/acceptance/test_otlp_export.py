@@ -60,11 +60,12 @@ class Collector:
     @property
     def endpoint(self) -> str:
         host, port = self.server.server_address[:2]
+        assert isinstance(host, str)  # an AF_INET address
         return f"http://{host}:{port}/v1/traces"
 
     def spans(self) -> list[tuple[dict[str, Any], Any]]:
         """(resource attributes, span) for every span received."""
-        out = []
+        out: list[tuple[dict[str, Any], Any]] = []
         for request in self.requests:
             for resource_spans in request.resource_spans:
                 resource = {a.key: a.value.string_value for a in resource_spans.resource.attributes}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -18,7 +19,7 @@ MAIN = ["CREATED", "PREPARING", "PLANNING", "POLICY_CHECK"]
 TESTER = {"tenant_id": "t1", "user_id": "tess", "roles": ["tester"]}
 
 
-def calls(log: Path) -> list[dict[str, object]]:
+def calls(log: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in log.read_text().splitlines()]
 
 

@@ -5,15 +5,20 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from pydantic import BaseModel
 
-from harness import Agent, AsyncHarness, Harness, SkillContext, skill, support_agent
+from harness import Agent, AsyncHarness, Harness, SkillContext, support_agent
 from harness.clock import FakeClock
 from harness.domain.errors import BadInputError, CancelRefusedError, ManifestError, UnknownRunError
 from harness.pipeline.context_assembler import PLAN_FORMAT
+
+if TYPE_CHECKING:  # `harness` resolves its names lazily (a module __getattr__): name the decorator's module
+    from harness.skills.decorated import skill
+else:
+    from harness import skill
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 

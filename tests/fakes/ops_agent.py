@@ -11,11 +11,17 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel
 
-from harness import Agent, CodeSkill, SkillContext, skill
+from harness import Agent, CodeSkill, SkillContext
 from harness.examples.support import EXAMPLE_DIR
+
+if TYPE_CHECKING:  # `harness` resolves its names lazily (a module __getattr__): name the decorator's module
+    from harness.skills.decorated import skill
+else:
+    from harness import skill
 
 HERE = Path(__file__).resolve().parent / "ops"
 TASK = "restart the billing service"

@@ -5,10 +5,14 @@ which files it can open (as flags and byte counts, never the values). `probe.san
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel
 
-from harness import skill
+if TYPE_CHECKING:  # `harness` resolves its names lazily (a module __getattr__): name the decorator's module
+    from harness.skills.decorated import skill
+else:
+    from harness import skill
 
 
 class Findings(BaseModel):

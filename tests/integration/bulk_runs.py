@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import sqlalchemy as sa
 
@@ -31,7 +31,7 @@ _UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12
 def drive(machine: StateMachine, path: Sequence[RunState] = SUCCESS, tenant: str = "acme",
           user: str = "ana") -> str:
     """Create a Run and move it along `path` (transient states funnel to a final one)."""
-    run, _ = machine.store.create_run(NewRun(tenant, user, "s1", {"task": "t"}))
+    run, _ = cast(SqlStore, machine.store).create_run(NewRun(tenant, user, "s1", {"task": "t"}))
     state = S.CREATED
     for target in path:
         machine.transition(run.run_id, state, target, actor="test", reason=f"to {target}")

@@ -5,6 +5,7 @@ output tokens; one that cannot fit even a short answer is not made, and the Run 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import cast
 
 import pytest
 import yaml
@@ -34,7 +35,7 @@ def runtime(backend_url: str, tmp_path: Path, per_run_usd: float) -> tuple[Runti
     policy["budgets"] = {"per_run_usd": per_run_usd}
     policy["permissions"]["cedar"] = str(FIXTURES / "policies.cedar")
     (tmp_path / "policy.yaml").write_text(yaml.safe_dump(policy))
-    provider = Counting.from_file(FIXTURES / "llm_rules.yaml")  # 0.01 USD / 1k in, 0.03 USD / 1k out
+    provider = cast(Counting, Counting.from_file(FIXTURES / "llm_rules.yaml"))  # 0.01 USD / 1k in, 0.03 USD / 1k out
     provider.asked = []
     # the fixtures' rules priced, the test's policy: the test skills, their Cedar file, one per-Run cap
     rt = build_runtime(Settings(db=backend_url, skills_dirs=(FIXTURES / "skills",),

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -36,10 +37,10 @@ def _wait_for_b(log: Path) -> None:
 
 
 @pytest.fixture
-def rt(backend_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, call_log: Path) -> Runtime:
+def rt(backend_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, call_log: Path) -> Iterator[Runtime]:
     """A pushing runtime over the test skills on the backend under test, on the system clock."""
     runtime = webhook_runtime(backend_url, tmp_path, write_config(tmp_path, monkeypatch))
-    yield runtime  # type: ignore[misc]
+    yield runtime
     runtime.close()
 
 

@@ -54,6 +54,7 @@ def test_submits_under_terminated_sessions_make_each_run_once_and_raise_only_a_c
     is made once and queued once."""
     queued: list[str] = []
     monkeypatch.setattr(celery_app.app, "send_task", lambda name, args, **_: queued.append(args[0]))
+    killed: list[int]
     stop, killed = threading.Event(), []
     killer = threading.Thread(target=_kill_sessions, args=(backend_url, stop, killed))
     killer.start()

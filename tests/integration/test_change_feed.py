@@ -47,7 +47,7 @@ def _counting(h: Harness) -> list[int]:
     def counted(run_id: str) -> Any:
         reads[0] += 1
         return read(run_id)
-    store.transitions_of = counted  # type: ignore[method-assign]
+    store.transitions_of = counted
     return reads
 
 

@@ -11,7 +11,7 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from cryptography.hazmat.primitives import serialization
@@ -37,7 +37,7 @@ S = RunState
 
 def drive(machine: StateMachine, path: Sequence[RunState]) -> str:
     """Create a Run and move it along `path` (the machine funnels transient states to a final one)."""
-    run, _ = machine.store.create_run(NewRun("acme", "ana", "s1", {"task": "t"}))
+    run, _ = cast(SqlStore, machine.store).create_run(NewRun("acme", "ana", "s1", {"task": "t"}))
     state = S.CREATED
     for target in path:
         machine.transition(run.run_id, state, target, actor="test", reason=f"to {target}")

@@ -93,6 +93,6 @@ def test_a_sandboxed_skill_keeps_its_contract() -> None:
     from harness import skill
 
     with pytest.raises(ManifestError, match="top level"):
-        @skill("probe.nested", sandbox=True)
+        @skill("probe.nested", sandbox=True)  # type: ignore[untyped-decorator]  # harness.skill is lazy: Any
         def nested(x: int) -> dict[str, int]:
             return {"x": x}

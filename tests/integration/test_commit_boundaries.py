@@ -261,7 +261,8 @@ def test_a_worker_killed_between_boundaries_resumes_from_the_last_one(backend_ur
         assert stored.state == RunState.EXECUTING
         assert (stored.context or {}).get("steps") == {}
         result = RunWorker(rt, owner="rescuer").execute(run_id)
-        assert result is not None and result.state == "SUCCEEDED", result.error
+        assert result is not None
+        assert result.state == "SUCCEEDED", result.error
         starts = [c["step"] for c in calls(call_log) if c["skill"] == "test.peek" and c["phase"] == "start"]
         assert starts == ["a", "b", "a", "b"]
         rt.store.drain_all()
@@ -484,7 +485,8 @@ def test_a_fresh_run_handed_to_a_worker_commits_its_lease_through_planning_at_on
             path = [t.to_state.value for t in rt.store.transitions_of(run.run_id)]
             assert path == ["CREATED", "PREPARING", "PLANNING", "POLICY_CHECK", "EXECUTING", "TRACING", "SUCCEEDED"]
         parked, _ = rt.runs.submit({"task": "bench-hitl A-1001", "user_id": "ana", "roles": ["support_agent"]})
-        assert RunWorker(rt, owner="w1").execute(parked.run_id, fresh=True).state == "AWAITING_HITL"
+        waiting = RunWorker(rt, owner="w1").execute(parked.run_id, fresh=True)
+        assert waiting is not None and waiting.state == "AWAITING_HITL"
         confirms = rt.identities.resolve("alice").model_copy(update={"user_id": "ana"})
         request_id = rt.runs.result(parked.run_id).approval_request_id or ""
         rt.runs.decide(request_id, confirms, "approve", resume=False)

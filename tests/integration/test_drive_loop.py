@@ -9,6 +9,7 @@ model calls are in flight together (as many as the Runs), and every Run succeeds
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import threading
 import time
 from collections.abc import Iterator
@@ -44,6 +45,12 @@ def _lane_threads(before: frozenset[threading.Thread] = frozenset()) -> list[str
             if t.name.startswith(("lane-", "harness-drives")) and t not in before]
 
 
+def _slept(seconds: float, answer: str) -> str:
+    """`answer`, after `seconds` asleep (a slow call)."""
+    time.sleep(seconds)
+    return answer
+
+
 def test_waiting_drives_hold_no_thread(loop: DriveLoop) -> None:
     """300 drives each waiting on the loop and calling a two-thread lane all wait at once: the loop's
     thread and the lane's two threads carry them."""
@@ -60,7 +67,7 @@ def test_waiting_drives_hold_no_thread(loop: DriveLoop) -> None:
                 waits.sleep(0.05)
             return lane.run(lambda: i + 1, timeout=30)
 
-        futures = [loop.submit(lambda i=i: drive(i)) for i in range(300)]
+        futures = [loop.submit(functools.partial(drive, i)) for i in range(300)]
         assert [f.result(60) for f in futures] == [i + 1 for i in range(300)]
         assert loop.peak == 300
         assert len(_lane_threads(others)) <= 3  # the loop's thread and the lane's two
@@ -79,7 +86,7 @@ def test_a_drive_loop_of_several_threads_spreads_its_drives_and_keeps_its_bound(
             assert threading.current_thread().name == thread  # a greenlet never moves between threads
             return i, thread
 
-        futures = [drives.submit(lambda i=i: drive(i)) for i in range(30)]
+        futures = [drives.submit(functools.partial(drive, i)) for i in range(30)]
         results = [f.result(30) for f in futures]
         assert [i for i, _ in results] == list(range(30))
         assert {name for _, name in results} == {"spread-0", "spread-1", "spread-2"}
@@ -135,7 +142,8 @@ def test_a_stopping_loop_starts_none_of_the_drives_still_waiting_for_a_place() -
 
     first = drives.submit(lambda: drive(0), not_started=lambda: skipped.append(0))
     assert in_flight.wait(10)
-    queued = [drives.submit(lambda i=i: drive(i), not_started=lambda i=i: skipped.append(i)) for i in range(1, 6)]
+    queued = [drives.submit(functools.partial(drive, i), not_started=functools.partial(skipped.append, i))
+              for i in range(1, 6)]
     drives.stop(10.0)
     assert first.result(0) == 0
     assert ran == [0] and sorted(skipped) == [1, 2, 3, 4, 5]
@@ -205,7 +213,7 @@ def test_a_timeout_starts_when_the_call_starts(loop: DriveLoop) -> None:
     thread does not count against it. A call that runs too long is late."""
     lane = Lane("local", 1)
     try:
-        slow = loop.submit(lambda: lane.run(lambda: time.sleep(1.0) or "slow", timeout=5))
+        slow = loop.submit(lambda: lane.run(lambda: _slept(1.0, "slow"), timeout=5))
         time.sleep(0.1)
         quick = loop.submit(lambda: lane.run(lambda: "quick", timeout=0.5))
         assert slow.result(10) == "slow" and quick.result(10) == "quick"
@@ -222,7 +230,7 @@ def test_outside_a_loop_too_a_timeout_starts_when_the_call_starts() -> None:
     lane = Lane("local", 1)
     try:
         with concurrent.futures.ThreadPoolExecutor(2) as callers:
-            slow = callers.submit(lambda: lane.run(lambda: time.sleep(1.0) or "slow", timeout=5))
+            slow = callers.submit(lambda: lane.run(lambda: _slept(1.0, "slow"), timeout=5))
             time.sleep(0.1)
             quick = callers.submit(lambda: lane.run(lambda: "quick", timeout=0.5))
             assert slow.result(10) == "slow" and quick.result(10) == "quick"

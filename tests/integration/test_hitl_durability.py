@@ -7,6 +7,7 @@ import multiprocessing as mp
 import os
 import threading
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 from harness.clock import FakeClock
@@ -55,7 +56,7 @@ def _approve_slice(tmp: str, log: str, worker: int, workers: int) -> None:
     rt.close()
 
 
-def _run(target: object, *args: object) -> None:
+def _run(target: Callable[..., object], *args: object) -> None:
     ctx = mp.get_context("spawn")
     proc = ctx.Process(target=target, args=args)
     proc.start()

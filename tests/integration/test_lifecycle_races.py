@@ -300,7 +300,7 @@ def _expire_and_die(db: str, tmp: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
     rt.hitl.open_escalation = escalate_then_die  # type: ignore[method-assign]
-    rt.store.clock = _Later(3601)  # type: ignore[assignment]
+    rt.store.clock = _Later(3601)
     rt.runs.expire_approvals()
 
 
@@ -320,6 +320,6 @@ def test_an_escalation_killed_midway_leaves_the_l3_request_waiting(rt: Runtime, 
     parked = rt.runs.create_run({"task": "purge cache", **TESS})
     _killed(rt, _expire_and_die, str(rt.settings.db), str(tmp_path))
     assert [(r.level, r.status) for r in rt.hitl.for_run(parked.run_id)] == [("L3", "pending")]
-    rt.store.clock = _Later(3601)  # type: ignore[assignment]
+    rt.store.clock = _Later(3601)
     assert rt.runs.expire_approvals() == [parked.approval_request_id]
     assert [(r.level, r.status) for r in rt.hitl.for_run(parked.run_id)] == [("L3", "escalated"), ("L4", "pending")]

@@ -7,6 +7,7 @@ FakeClock, so nothing here waits for real except the one timeout test.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import socket
@@ -137,7 +138,7 @@ def test_a_call_from_a_drive_on_a_drive_loop_reads_the_same_answer_and_sends_the
             provider.client.close()  # the blocking client is not what a drive on a loop uses
             drives = DriveLoop(concurrency=2, name="openai-test")
             try:
-                response = drives.submit(lambda p=provider: p.complete(ASK)).result(timeout=20)
+                response = drives.submit(functools.partial(provider.complete, ASK)).result(timeout=20)
                 provider.close()
             finally:
                 drives.stop()

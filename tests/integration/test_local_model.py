@@ -54,8 +54,9 @@ def test_a_read_only_lookup_planned_by_the_model_succeeds(local_model: LocalMode
     try:
         result = rt.runs.create_run({"task": "Where is order A-1001?", "user_id": "alice"})
         assert result.state == "SUCCEEDED", result.error
-        assert [v["tool_call"]["skill"] for v in rt.store.get_run(result.run_id).context["plan"]["steps"]] == [
-            "orders.lookup"]
+        context = rt.store.get_run(result.run_id).context
+        assert context is not None
+        assert [v["tool_call"]["skill"] for v in context["plan"]["steps"]] == ["orders.lookup"]
         assert any(o.get("order_id") == "A-1001" for o in result.artifacts.values())
         rt.store.drain_all()
         costs = [r.data() for r in rt.store.trace_of(result.run_id) if r.kind == "cost"]

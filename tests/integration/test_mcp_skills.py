@@ -13,6 +13,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import cast
 
 import pytest
 
@@ -22,6 +23,7 @@ pytest.importorskip("mcp_server_git")
 from mcp import Client
 from typer.testing import CliRunner
 
+from harness.adapters.mcp_client import McpConnection
 from harness.cli import app
 from harness.config import Runtime, build_runtime
 from harness.domain.contracts import CallerIdentity
@@ -237,7 +239,7 @@ def test_a_crashed_stdio_server_is_restarted_and_the_restart_traced(rt: Runtime,
     succeeds; the restart is on the audit trail."""
     assert rt.runs.create_run({"task": f"look at {repo}", **TESS}).state == "SUCCEEDED"
     assert rt.mcp is not None
-    connection = rt.mcp.connections["git"]
+    connection = cast(McpConnection, rt.mcp.connections["git"])  # the stdio client, which restarts
     for pid in _server_pids(repo):
         os.kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + 10

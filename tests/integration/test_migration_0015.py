@@ -32,8 +32,10 @@ def test_the_tables_come_and_go_with_the_revision(engine: sa.Engine) -> None:
     and unit); downgraded, neither; upgraded again, both."""
     _to(engine, command.upgrade, BEFORE)
     assert not set(TABLES) & set(sa.inspect(engine).get_table_names())
-    _to(engine, command.upgrade, head_revision())
-    assert _version(engine) == head_revision()
+    head = head_revision()
+    assert head is not None
+    _to(engine, command.upgrade, head)
+    assert _version(engine) == head
     assert set(TABLES) <= set(sa.inspect(engine).get_table_names())
     assert sa.inspect(engine).get_pk_constraint("sandbox_leases")["constrained_columns"] == ["resource", "unit"]
     row = {"resource": "port:h", "unit": 41000, "instance_id": "sbx-a", "acquired_at": 1.0}
@@ -45,5 +47,5 @@ def test_the_tables_come_and_go_with_the_revision(engine: sa.Engine) -> None:
         conn.execute(t.sandbox_leases.delete())
     _to(engine, command.downgrade, BEFORE)
     assert not set(TABLES) & set(sa.inspect(engine).get_table_names())
-    _to(engine, command.upgrade, head_revision())
+    _to(engine, command.upgrade, head)
     assert set(TABLES) <= set(sa.inspect(engine).get_table_names())

@@ -41,7 +41,9 @@ def test_instances_kept_before_are_local_and_it_reverts(engine: sa.Engine) -> No
     with engine.begin() as conn:
         conn.execute(sa.table("sandbox_instances", *(sa.column(k) for k in ROW)).insert().values(**ROW))
     migrate(engine)
-    assert _version(engine) == head_revision() and head_revision() >= AFTER
+    head = head_revision()
+    assert head is not None
+    assert _version(engine) == head and head >= AFTER
     assert _providers(engine) == [("sbx-1", "local")]
     with engine.begin() as conn:
         conn.execute(sa.text("UPDATE sandbox_instances SET provider = 'remote'"))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import cast
 
 import pytest
 
@@ -31,7 +32,7 @@ class Recording(ScriptedProvider):
 def recorded(tmp_path: Path, call_log: Path) -> Iterator[tuple[Runtime, Recording]]:
     """The test skills, rules, policy and identities (test.deploy is forbidden unless the caller is a
     deployer), on the recording scripted model."""
-    provider = Recording.from_file(FIXTURES / "llm_rules.yaml")
+    provider = cast(Recording, Recording.from_file(FIXTURES / "llm_rules.yaml"))
     provider.requests = []
     rt = build_runtime(Settings(db=str(tmp_path / "h.db"), skills_dirs=(FIXTURES / "skills",),
                                 policy_file=FIXTURES / "policy.yaml", llm_rules=FIXTURES / "llm_rules.yaml",

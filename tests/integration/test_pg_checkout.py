@@ -110,6 +110,7 @@ def _pid_read(calls: list[int]) -> Any:
 def test_a_read_that_can_run_twice_is_checked_out_without_a_ping(engine: sa.Engine, pings: list[Any]) -> None:
     """The checkout of a read that runs again if its connection was dead sends no ping, and on a live
     connection the read runs once, on the pooled session; any other checkout is still pinged."""
+    calls: list[int]
     pid, calls = _backend_pid(engine), []
     pings.clear()
     assert read_retried(engine, _pid_read(calls)) == pid
@@ -122,6 +123,7 @@ def test_a_read_on_a_session_terminated_a_moment_before_runs_again_on_a_live_one
     """The window of the checkout right after a termination (the server has not closed the socket yet), and
     every pooled session terminated at once (a failover): the read fails on the dead connection, which
     is discarded, and runs once more on a live session; nothing reaches the caller but the answer."""
+    calls: list[int]
     for _ in range(10):
         dead, calls = _backend_pid(engine), []
         _terminate(dead, wait=False)
@@ -185,12 +187,16 @@ def _statements(engine: sa.Engine) -> list[str]:
 
     @sa.event.listens_for(engine, "begin")
     def _begun(conn: sa.Connection) -> None:
-        if not conn.connection.driver_connection.autocommit:
+        driver = conn.connection.driver_connection
+        assert driver is not None
+        if not driver.autocommit:
             sent.append("BEGIN")
 
     @sa.event.listens_for(engine, "commit")
     def _committed(conn: sa.Connection) -> None:
-        if not conn.connection.driver_connection.autocommit:
+        driver = conn.connection.driver_connection
+        assert driver is not None
+        if not driver.autocommit:
             sent.append("COMMIT")
 
     return sent

@@ -31,6 +31,7 @@ def test_on_postgresql_reads_together_and_a_savepoint_take_no_round_trips_of_the
     path = f"{tmp_path}/pq.trace"
     with engine.begin() as conn, open(path, "w") as handle:
         dbapi = conn.connection.dbapi_connection
+        assert dbapi is not None
         dbapi.pgconn.trace(handle.fileno())
         dbapi.pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS | pq.Trace.REGRESS_MODE)
         raw.later(conn, INSERT, {"id": 1, "note": "queued"})

@@ -278,7 +278,9 @@ def test_the_files_a_call_writes_on_the_server_come_back_as_the_runs_files(
     url, token = server
     monkeypatch.setenv("HARNESS_SANDBOX_TOKEN", token)
     seen = []
-    for name, extra in (("local", {}), ("remote", {"sandbox_provider": "remote", "sandbox_url": url})):
+    providers: tuple[tuple[str, dict[str, Any]], ...] = (
+        ("local", {}), ("remote", {"sandbox_provider": "remote", "sandbox_url": url}))
+    for name, extra in providers:
         (tmp_path / name).mkdir()
         rt = sandbox_runtime(tmp_path / name, f"sqlite:///{tmp_path / name / 'h.db'}", **extra)
         try:

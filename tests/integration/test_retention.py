@@ -97,10 +97,10 @@ def test_archive_then_prune_keeps_the_chain_verifiable(big_world: World) -> None
     live = drive(world.machine)
     cp = publish_checkpoint(SqlAuditReads(store), world.cpdir)
     assert verify_chain(SqlAuditReads(store), world.cpdir).ok
-    checked = standalone.verify_export(export_run(SqlAuditReads(store), live, cp), cp.doc, current_key(world.cpdir))
-    assert checked.ok and checked.complete, checked.failures
     key = current_key(world.cpdir)
     assert key is not None
+    checked = standalone.verify_export(export_run(SqlAuditReads(store), live, cp), cp.doc, key)
+    assert checked.ok and checked.complete, checked.failures
     segment = (world.archive_dir / Path(report.location or "").name).read_bytes()
     assert verify_segment(segment, [key], run_id=world.old[-1]).ok
 

@@ -5,6 +5,7 @@ ones (archived_costs), so it stays OK after `harness archive` and still names a 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import cast
 
 import sqlalchemy as sa
 
@@ -30,7 +31,7 @@ S = RunState
 
 def costly_run(machine: StateMachine, user: str, usd: float) -> str:
     """A Run that records two LLM costs while it executes, then succeeds."""
-    run, _ = machine.store.create_run(NewRun("acme", user, "s1", {"task": "t"}))
+    run, _ = cast(SqlStore, machine.store).create_run(NewRun("acme", user, "s1", {"task": "t"}))
     state = S.CREATED
     ledger = CostLedger(machine.store)  # type: ignore[arg-type]
     for target in (S.PREPARING, S.PLANNING, S.POLICY_CHECK, S.EXECUTING, S.TRACING):

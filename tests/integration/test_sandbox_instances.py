@@ -47,6 +47,7 @@ def world(tmp_path: Path, call_log: Path) -> Iterator[Runtime]:
     rt = build_runtime(instance_settings(tmp_path))
     yield rt
     for row in rt.tools.sandbox_pool.table.live() if rt.tools.sandbox_pool else []:  # nothing outlives a test
+        assert rt.tools.sandbox_pool is not None
         rt.tools.sandbox_pool.table.end_now(row, DEAD, "the test ended", rt.store.clock.now())
     if rt.tools.sandbox_pool:
         rt.tools.sandbox_pool.stop_ended()
@@ -248,7 +249,7 @@ def test_caps_are_hit_under_concurrent_runs(tmp_path: Path, call_log: Path) -> N
     hold the host's three instances. Then a t1 Run fails naming its tenant's cap and a t2 Run fails
     naming the host's, each after waiting out its step's limit, traced. Once the holders close, a new Run
     gets an instance. No more than three are ever live."""
-    caps = {"sandbox_tenant_cap": 2, "sandbox_host_cap": 3}
+    caps: dict[str, Any] = {"sandbox_tenant_cap": 2, "sandbox_host_cap": 3}
     rt = build_runtime(instance_settings(tmp_path, sandbox="rlimit", **caps))
     env = {"HARNESS_SANDBOX": "rlimit", "HARNESS_SANDBOX_TENANT_CAP": "2", "HARNESS_SANDBOX_HOST_CAP": "3"}
     release, other = tmp_path / "release", {"tenant_id": "t2", "user_id": "mallory", "roles": ["tester"]}

@@ -26,7 +26,8 @@ Line = dict[str, Any]
 
 
 def _first(line: Line, table: str) -> dict[str, Any]:
-    return line["tables"][table][0]
+    first: dict[str, Any] = line["tables"][table][0]
+    return first
 
 
 #: one edit per row copy a read-back shows; each names the line it changes by what that line holds

@@ -12,12 +12,13 @@ import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
+from typing import cast
 
 import pytest
 
 from harness.adapters.sql.store import SqlStore
 from harness.clock import FakeClock, SystemClock
-from harness.config import build_runtime
+from harness.config import Runtime, build_runtime
 from harness.domain.records import NewRun
 from harness.kernel.states import RunState
 from harness.service.worker import EmbeddedWorker
@@ -156,8 +157,8 @@ def test_a_worker_prunes_working_directories_every_configured_sweep_interval(mon
     rt = SimpleNamespace(settings=SimpleNamespace(sweep_interval_s=5.0),
                          runs=SimpleNamespace(prune_workdirs=lambda: pruned.append(now[0])))
     monkeypatch.setattr(celery_app, "_last_prune", [0.0])
-    monkeypatch.setattr(celery_app.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(time, "monotonic", lambda: now[0])  # the module harness.celery_app reads
     for t in (1000.0, 1004.0, 1006.0, 1010.0, 1011.5):
         now[0] = t
-        celery_app._prune_now_and_then(rt)
+        celery_app._prune_now_and_then(cast(Runtime, rt))
     assert pruned == [1000.0, 1006.0, 1011.5]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import sqlalchemy as sa
@@ -34,7 +34,7 @@ PATHS: dict[str, Sequence[RunState]] = {
 
 def drive(machine: StateMachine, path: Sequence[RunState]) -> str:
     """Create a Run and move it along `path` (the machine funnels transient states to a final one)."""
-    run, _ = machine.store.create_run(NewRun("acme", "ana", "s1", {"task": "t"}))
+    run, _ = cast(SqlStore, machine.store).create_run(NewRun("acme", "ana", "s1", {"task": "t"}))
     state = S.CREATED
     for target in path:
         machine.transition(run.run_id, state, target, actor="test", reason=f"to {target}")

@@ -252,7 +252,7 @@ def test_a_deployment_with_nowhere_to_push_reads_nothing_for_pushes(
 
     def counted(tx: object, run_id: str) -> object:
         reads.append(run_id)
-        return snapshot(tx, run_id)  # type: ignore[arg-type]
+        return snapshot(tx, run_id)
 
     monkeypatch.setattr(WebhookOutbox, "run_snapshot", staticmethod(counted))
     monkeypatch.delenv("HARNESS_WEBHOOK_SECRET", raising=False)

@@ -125,7 +125,8 @@ def test_after_a_crash_an_idempotent_call_in_flight_is_run_again(tmp_path: Path,
     rt = build_runtime(settings(tmp_path))
     try:
         result = RunWorker(rt, owner="rescuer").execute(run_id)
-        assert result is not None and result.state == "SUCCEEDED", result.error
+        assert result is not None
+        assert result.state == "SUCCEEDED", result.error
         log = calls(call_log)
         assert [c["step"] for c in log if c["skill"] == "test.echo"] == ["a", "c"]
         assert [c["phase"] for c in log if c["skill"] == "test.hang"] == ["start", "start", "end"]

@@ -24,7 +24,7 @@ def write_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, approver_ur
     monkeypatch.setenv("TEST_CALLER_SECRET", SECRET)
     monkeypatch.setenv("TEST_APPROVER_SECRET", APPROVER_SECRET)
     path = tmp_path / "webhooks.yaml"
-    path.write_text(yaml.safe_dump({
+    config: dict[str, Any] = {
         "console_url": "http://127.0.0.1:8000",
         "callback_secrets": {"t1": {"secret_env": "TEST_CALLER_SECRET"}},
         **({"internal_callbacks": {"t1": list(internal)}} if internal else {}),
@@ -32,11 +32,12 @@ def write_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, approver_ur
                        "secret_env": "TEST_APPROVER_SECRET"}],
         "delivery": {"max_attempts": 4, "backoff_s": 10, "max_backoff_s": 100, "timeout_s": 1.0, "lease_s": 5,
                      **delivery},
-    }))
+    }
+    path.write_text(yaml.safe_dump(config))
     return path
 
 
-def webhook_runtime(db: str, tmp_path: Path, config: Path, clock: FakeClock | None = None) -> Runtime:
+def webhook_runtime(db: str, tmp_path: Path, config: Path | None, clock: FakeClock | None = None) -> Runtime:
     """A runtime over the test skills and policy that pushes per `config`."""
     settings = Settings(db=db, skills_dirs=(FIXTURES / "skills",), policy_file=FIXTURES / "policy.yaml",
                         llm_rules=FIXTURES / "llm_rules.yaml", identities_file=FIXTURES / "identities.yaml",

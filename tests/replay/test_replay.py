@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import pytest
 import sqlalchemy as sa
@@ -92,7 +92,7 @@ def test_a_recording_with_a_policy_record_per_verdict_replays(test_runtime: Runt
     replay's single PolicyTrace is read against them without a divergence."""
     evaluate = test_runtime.policy.evaluate
 
-    def one_record_per_verdict(plan: Plan, caller: CallerIdentity, run_id: str, **rules: int | None) -> Evaluation:
+    def one_record_per_verdict(plan: Plan, caller: CallerIdentity, run_id: str, **rules: Any) -> Evaluation:
         evaluation = evaluate(plan, caller, run_id, **rules)
         old = tuple(OneVerdictPolicyTrace(run_id=run_id, **v.model_dump()) for v in evaluation.decision.verdicts)
         return Evaluation(evaluation.decision, old)  # type: ignore[arg-type]  # only to_record() is used

@@ -51,7 +51,7 @@ class Crash(BaseException):
     """The source Run's process dies here: nothing after this point runs."""
 
 
-def when_entering(rt: Runtime, state: RunState, action: Callable[[str], None]) -> None:
+def when_entering(rt: Runtime, state: RunState, action: Callable[[str], object]) -> None:
     """Do `action(run_id)` the first time a Run enters `state`, right after that change was applied: a
     Crash raised there ends the drive, whose end commits what it applied, so the Run is left in `state`
     as a worker that died right after committing it would leave it."""
@@ -69,7 +69,7 @@ def crash(_run_id: str) -> None:
     raise Crash
 
 
-def cancel(rt: Runtime) -> Callable[[str], None]:
+def cancel(rt: Runtime) -> Callable[[str], object]:
     return lambda run_id: rt.runs.cancel(run_id, by="t1/op", reason="no longer needed")
 
 

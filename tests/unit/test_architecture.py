@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import tomllib
 from pathlib import Path
+from typing import cast
 
 import grimp
 
@@ -61,7 +62,7 @@ def test_the_cli_and_the_service_are_faces_over_the_library_api() -> None:
     covers both packages whole; only the named runtime-side modules are let through."""
     contract = _contracts()["thin-faces"]
     assert contract["source_modules"] == ["harness.cli", "harness.service"]
-    assert set(contract["forbidden_modules"]) >= {"harness.config", "harness.pipeline.run_manager"}
+    assert set(cast(list[str], contract["forbidden_modules"])) >= {"harness.config", "harness.pipeline.run_manager"}
     ignored = contract.get("ignore_imports", [])
     assert isinstance(ignored, list)
     assert {line.split(" -> ")[0] for line in ignored} <= RUNTIME_SIDE
@@ -195,7 +196,7 @@ def _bindings(path: Path) -> tuple[dict[str, str], set[str], list[str]]:
                     and imported.get(value.value.id, "").startswith("harness")):
                 markers += [f"`{name} = {ast.unparse(value)}`" for name in sorted(names) if name == value.attr]
             if "__all__" in names and isinstance(node.value, ast.List | ast.Tuple):
-                exported = [e.value for e in node.value.elts if isinstance(e, ast.Constant)]
+                exported = cast(list[str], [e.value for e in node.value.elts if isinstance(e, ast.Constant)])
     markers += [f"`{name}` in __all__" for name in exported if name in imported and name not in defined]
     return imported, defined, markers
 

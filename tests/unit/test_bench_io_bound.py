@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -15,11 +16,12 @@ FIELDS = ("wall_s", "runs_per_s", "peak_model_calls", "model_calls", "peak_runs_
           "peak_pg_connections", "cpu_s_per_run", "failures", "failed_by_reason")
 
 
-def _bench(*args: str) -> dict:
+def _bench(*args: str) -> dict[str, Any]:
     done = subprocess.run([sys.executable, str(BENCH), "--runs", "5", "--delay", "0.05", "--limit-s", "60", "--json",
                            *args], capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)
+    report: dict[str, Any] = json.loads(done.stdout)
+    return report
 
 
 def test_harness_serve_drives_every_run_through_the_fake_model() -> None:

@@ -19,7 +19,7 @@ from harness.service.routes.console import TEMPLATES
 from harness.skills.manifests import currency_fields, load_manifest
 
 SUPPORT_SKILLS = Path(__file__).resolve().parents[2] / "src" / "harness" / "examples" / "support" / "skills"
-MACROS = TEMPLATES.env.get_template("macros.html").module
+MACROS: Any = TEMPLATES.env.get_template("macros.html").module  # its macros are attributes made at render
 
 
 def _text(html: str) -> str:

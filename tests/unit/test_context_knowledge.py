@@ -46,7 +46,7 @@ class FoundKnowledge:
 def assembler(found: list[Snippet] | Exception, **options: Any) -> tuple[ContextAssembler, FoundKnowledge]:
     """An assembler over a knowledge base that finds `found`, reading the handbook as the support agent."""
     knowledge = FoundKnowledge(found)
-    return ContextAssembler(knowledge=knowledge, knowledge_bases=("handbook",), agent_name="support",  # type: ignore[arg-type]
+    return ContextAssembler(knowledge=knowledge, knowledge_bases=("handbook",), agent_name="support",
                             secret_filter=SecretFilter(), **options), knowledge
 
 

@@ -108,7 +108,7 @@ def test_tiktoken_counts_as_the_bundled_encoder_does(encoding: str) -> None:
 def test_the_patterns_are_tiktokens_own(encoding: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The split patterns written here are those tiktoken defines for the encoding (its definition is read
     without the download it would start)."""
-    from tiktoken_ext import openai_public
+    from tiktoken_ext import openai_public  # type: ignore[import-untyped]
 
     from harness.context.tokenizer import _TIKTOKEN
 

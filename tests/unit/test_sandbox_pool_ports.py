@@ -247,11 +247,14 @@ def test_a_remote_instance_is_asked_after_and_stopped_through_its_provider() -> 
     assert first.row.provider == "remote" and first.event == "created"
     here.gone.add(first.holder.pid)  # the same pid on this host is no process of the instance
     assert lease(pool, remote, "r1").event == "reused"
-    assert pool.reclaim_dead() == 0 and instances.get("r1", "test.devserver").state == LIVE
+    assert pool.reclaim_dead() == 0
+    row = instances.get("r1", "test.devserver")
+    assert row is not None and row.state == LIVE
 
     other = SandboxPool(instances, FakeProcesses(), settings, owner="h1:2")  # no remote provider here
     assert other.reclaim_dead() == 0 and other.stop_ended() == 0
-    assert instances.get("r1", "test.devserver").state == LIVE
+    row = instances.get("r1", "test.devserver")
+    assert row is not None and row.state == LIVE
 
     moved = lease(pool, local, "r1")
     assert moved.event == "recreated" and moved.row.provider == "local"

@@ -3,7 +3,7 @@ calls; a remote choice without a server's URL is refused before any Run starts."
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -20,7 +20,7 @@ class Named:
         self.provider = provider
         self.isolation = "bwrap"
 
-    def run(self, job: Any) -> Any:
+    def run(self, *_: Any) -> Any:
         raise AssertionError("not run here")
 
     start_instance = run_in = run
@@ -36,12 +36,12 @@ def test_the_listed_tenants_and_skills_go_to_the_remote_provider() -> None:
         return made[-1]
 
     choice = ProviderChoice(local, Named("remote"), remote_tenants={"acme"}, remote_skills={"code.build"})
-    assert choice.for_call("code.build", "other").provider == "remote"
-    assert choice.for_call("text.say", "acme").provider == "remote"
+    assert cast(Named, choice.for_call("code.build", "other")).provider == "remote"
+    assert cast(Named, choice.for_call("text.say", "acme")).provider == "remote"
     assert made == []
-    assert choice.for_call("text.say", "other").provider == "local" and len(made) == 1
+    assert cast(Named, choice.for_call("text.say", "other")).provider == "local" and len(made) == 1
     everything = ProviderChoice(lambda: Named("local"), Named("remote"), default="remote")
-    assert everything.for_call("text.say", "other").provider == "remote"
+    assert cast(Named, everything.for_call("text.say", "other")).provider == "remote"
 
 
 def test_the_settings_name_the_provider(monkeypatch: pytest.MonkeyPatch) -> None:
