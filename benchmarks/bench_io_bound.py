@@ -11,9 +11,10 @@ completion after `--delay` seconds: a plan calling ONE read-only skill (`orders.
 written from its result. So each Run is two model calls and one skill call, and nearly all its time is
 waiting. Contenders, each on a fresh database, in the same rounds, in an order rotated each round:
 
-- harness-sqlite, harness-postgresql: `harness serve` as a subprocess with default settings except the
-  database URL and the model (HARNESS_LLM=openai pointed at the fake server); the N Runs are POSTed at
-  once over HTTP (`--connections` at a time; a 503/429 is retried after its Retry-After and counted);
+- harness-sqlite, harness-postgresql (harness-mariadb with `--backends … mariadb`): `harness serve` as a
+  subprocess with default settings except the database URL and the model (HARNESS_LLM=openai pointed at
+  the fake server); the N Runs are POSTed at once over HTTP (`--connections` at a time; a 503/429 is
+  retried after its Retry-After and counted);
 - celery (`--celery`, PostgreSQL): `harness worker` (its default concurrency, or `-c` from
   `--celery-concurrency`) on a private Redis broker; the Runs are created and queued from this process, as
   `harness.celery_app.submit` does;
@@ -25,10 +26,10 @@ waiting. Contenders, each on a fresh database, in the same rounds, in an order r
 Reported per contender and round: wall (first submission to the last Run final), Runs/s, peak model calls
 in flight (counted by the fake server), peak Runs driven at once (harness: Runs past CREATED and not final,
 sampled from the database; LangGraph: `ainvoke` calls not returned), peak RSS and PSS of the contender's
-processes (its process tree, /proc/<pid>/smaps_rollup), peak PostgreSQL connections to its database
-(pg_stat_activity), CPU seconds per Run (its processes' /proc/<pid>/stat) and failures by final state and
-reason (numbers in a reason written N). Then medians over the rounds and, for every contender, the median
-of its ratios to LangGraph within a round. `--out` writes it all as JSON.
+processes (its process tree, /proc/<pid>/smaps_rollup), peak connections to its database (PostgreSQL's
+pg_stat_activity, MariaDB's processlist), CPU seconds per Run (its processes' /proc/<pid>/stat) and
+failures by final state and reason (numbers in a reason written N). Then medians over the rounds and, for
+every contender, the median of its ratios to LangGraph within a round. `--out` writes it all as JSON.
 
 Every wait has a deadline (`--limit-s` per contender); the fake server and every subprocess are stopped
 on the way out, whatever happened.
@@ -64,6 +65,7 @@ from io_bound_common import (  # noqa: E402
     PG_SERVER,
     Database,
     Sampler,
+    fresh_mariadb,
     process,
     reason,
     server_stats,
@@ -204,9 +206,10 @@ def run_serve(backend: str, runs: int, origin: str, limit_s: float, tag: str, co
     """`harness serve [--processes K]` on a fresh database; N Runs POSTed at once; polled until every one is
     final (all the service's processes measured: the supervisor and its K replicas)."""
     name = name or f"harness-{backend}"
-    with tempfile.TemporaryDirectory(prefix="bench-io-") as tmp, _fresh_database(backend, PG_SERVER) as pg:
+    fresh = fresh_mariadb() if backend == "mariadb" else _fresh_database(backend, PG_SERVER)
+    with tempfile.TemporaryDirectory(prefix="bench-io-") as tmp, fresh as server_db:
         folder = Path(tmp)
-        db_url = pg or str(folder / "harness.db")
+        db_url = server_db or str(folder / "harness.db")
         port = _free_port()
         argv = [*harness_cli(), "serve", "--port", str(port), *(["--workers", str(workers)] if workers else []),
                 *(["--processes", str(processes)] if processes > 1 else [])]
@@ -409,7 +412,7 @@ def main() -> None:
     parser.add_argument("--delay", type=float, default=1.0, help="seconds the fake model takes per call")
     parser.add_argument("--rounds", type=int, default=1, help="rounds of every contender (order rotated)")
     parser.add_argument("--backends", type=lambda v: [b for b in v.split(",") if b], default=["sqlite", "postgresql"],
-                        help="harness serve's databases, comma-separated: sqlite, postgresql")
+                        help="harness serve's databases, comma-separated: sqlite, postgresql, mariadb")
     parser.add_argument("--celery", action="store_true", help="also a Celery worker on PostgreSQL")
     parser.add_argument("--celery-concurrency", type=int,
                         help="harness worker -c N (default: the worker's own; 32 is the issue's prefork setup)")
@@ -429,7 +432,7 @@ def main() -> None:
     args = parser.parse_args()
     # a SIGTERM unwinds like an exception, so every subprocess and database is still ended on the way out
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    unknown = set(args.backends) - {"sqlite", "postgresql"}
+    unknown = set(args.backends) - {"sqlite", "postgresql", "mariadb"}
     if unknown:
         parser.error(f"unknown backends: {sorted(unknown)}")
     if args.src:

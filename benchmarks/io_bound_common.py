@@ -128,15 +128,50 @@ def process(argv: list[str], *, env: dict[str, str] | None = None, cwd: str | No
 
 # ---------------------------------------------------------------------------- what is sampled while Runs go
 
+#: the loopback MariaDB server (root, no password): its database `test` is only used to create and drop the
+#: contenders' own
+MARIADB_SERVER = "mysql+pymysql://root@127.0.0.1:3306/test"
+
+
+@contextlib.contextmanager
+def fresh_mariadb(server: str = MARIADB_SERVER) -> Iterator[str]:
+    """A MariaDB database of its own for one contender (dropped after): its URL."""
+    import uuid
+
+    name = f"hk_bench_{uuid.uuid4().hex[:10]}"
+    _on_mariadb(f"CREATE DATABASE `{name}`")
+    try:
+        yield server.rsplit("/", 1)[0] + "/" + name
+    finally:
+        _on_mariadb(f"DROP DATABASE IF EXISTS `{name}`")
+
+
+def _on_mariadb(statement: str) -> None:
+    import pymysql
+
+    conn = pymysql.connect(host="127.0.0.1", port=3306, user="root", autocommit=True)
+    try:
+        with conn.cursor() as cur:
+            cur.execute(statement)
+    finally:
+        conn.close()
+
+
 class Database:
     """A contender's database as the sampler reads it: harness's Runs by state, and connections to it."""
 
     def __init__(self, url: str) -> None:
         self.postgres = url.startswith("postgresql")
+        self.mariadb = url.startswith("mysql")
         if self.postgres:
             import psycopg
 
             self.conn: Any = psycopg.connect(_libpq(url), autocommit=True)
+        elif self.mariadb:
+            import pymysql
+
+            self.conn = pymysql.connect(host="127.0.0.1", port=3306, user="root", database=url.rsplit("/", 1)[1],
+                                        autocommit=True)
         else:
             self.conn = sqlite3.connect(f"file:{url}?mode=ro", uri=True, check_same_thread=False)
             self.conn.isolation_level = None
@@ -145,6 +180,10 @@ class Database:
         """The rows of a query written with ? placeholders."""
         if self.postgres:
             return list(self.conn.execute(sql.replace("?", "%s"), params).fetchall())
+        if self.mariadb:
+            with self.conn.cursor() as cur:
+                cur.execute(sql.replace("?", "%s"), params)
+                return list(cur.fetchall())
         return list(self.conn.execute(sql, params).fetchall())
 
     def states(self, since: float) -> dict[str, int]:
@@ -169,7 +208,10 @@ class Database:
             return None
 
     def connections(self) -> int:
-        """Connections to this database other than this one (PostgreSQL; 0 on SQLite)."""
+        """Connections to this database other than this one (PostgreSQL, MariaDB; 0 on SQLite)."""
+        if self.mariadb:
+            return int(self.rows("SELECT count(*) FROM information_schema.processlist WHERE db = DATABASE() "
+                                 "AND id <> CONNECTION_ID()")[0][0])
         if not self.postgres:
             return 0
         return int(self.rows("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
