@@ -7,9 +7,11 @@ a bag of plain word terms, so nothing a user types is ever interpreted as query 
 
 from __future__ import annotations
 
+import hashlib
 import math
 import re
-from collections import Counter
+import threading
+from collections import Counter, OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
@@ -45,23 +47,62 @@ def stem(word: str) -> str:
     return word[:-1] if len(word) > 3 and word.endswith("e") else word
 
 
+#: how many texts' term counts `TermCounts` keeps (~1.5 KB each: a few MB at most)
+TERM_CACHE = 2048
+
+
+class TermCounts:
+    """Each text's stemmed term counts and its length in terms, kept for the `size` texts ranked last.
+
+    A recall on a database without full-text search ranks the scope's newest entries (up to the recall
+    window, 1,000 by default) at every Run; stemming them again each time was two thirds of its cost (18 of
+    27 ms for 1,000 entries on MariaDB, measured). A text's counts never change. What is kept holds no text
+    and no word: a text is known by its BLAKE2 digest, a term by the process's salted hash of it. So a
+    memory entry erased from the database leaves no words of it here either."""
+
+    def __init__(self, size: int = TERM_CACHE) -> None:
+        self.size = size
+        self._kept: OrderedDict[bytes, tuple[Counter[int], int]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __call__(self, text: str) -> tuple[Counter[int], int]:
+        """The counts of `text`'s stemmed terms, each by its salted hash (read only: they are shared), and
+        how many terms it has."""
+        digest = hashlib.blake2b(text.encode(), digest_size=16).digest()
+        with self._lock:
+            kept = self._kept.get(digest)
+            if kept is not None:
+                self._kept.move_to_end(digest)
+                return kept
+        counts = Counter(hash(stem(w)) for w in _WORD.findall(text.lower()))
+        kept = (counts, sum(counts.values()))
+        with self._lock:
+            self._kept[digest] = kept
+            while len(self._kept) > self.size:
+                self._kept.popitem(last=False)
+        return kept
+
+
+_TERMS = TermCounts()
+
+
 def bm25(query_terms: Sequence[str], rows: Sequence[Any], k: int, k1: float = 1.2, b: float = 0.75) -> list[
         tuple[Any, float]]:
     """Okapi BM25 over the rows' content, lightly stemmed; the best `k` (row, score) pairs scoring above 0."""
-    docs = [Counter(stem(w) for w in _WORD.findall(r.content.lower())) for r in rows]
-    query_terms = list(dict.fromkeys(stem(q) for q in query_terms))
-    if not docs or not query_terms:
+    docs = [_TERMS(r.content) for r in rows]
+    wanted = list(dict.fromkeys(hash(stem(q)) for q in query_terms))
+    if not docs or not wanted:
         return []
-    avg = sum(sum(d.values()) for d in docs) / len(docs)
-    df = {q: sum(1 for d in docs if q in d) for q in query_terms}
+    avg = sum(length for _, length in docs) / len(docs)
+    df = {q: sum(1 for d, _ in docs if q in d) for q in wanted}
+    idf = {q: math.log(1 + (len(docs) - df[q] + 0.5) / (df[q] + 0.5)) for q in wanted}
     scored = []
-    for row, doc in zip(rows, docs, strict=True):
-        length = sum(doc.values())
+    for row, (doc, length) in zip(rows, docs, strict=True):
         score = 0.0
-        for q in query_terms:
-            if doc[q]:
-                idf = math.log(1 + (len(docs) - df[q] + 0.5) / (df[q] + 0.5))
-                score += idf * doc[q] * (k1 + 1) / (doc[q] + k1 * (1 - b + b * length / max(avg, 1e-9)))
+        for q in wanted:
+            tf = doc[q]
+            if tf:
+                score += idf[q] * tf * (k1 + 1) / (tf + k1 * (1 - b + b * length / max(avg, 1e-9)))
         if score > 0:
             scored.append((row, score))
     scored.sort(key=lambda pair: -pair[1])
