@@ -45,15 +45,20 @@ def test_the_ranking_is_exact_bm25_and_the_same_when_the_counts_are_kept() -> No
 
 
 def test_kept_counts_are_bounded_and_hold_no_text_nor_word() -> None:
-    """At most `size` texts are kept, the least recently ranked going first; what is kept is digests and
-    integers only, so an entry erased from the database leaves none of its words in the process."""
-    counts = TermCounts(size=2)
-    secret = "Bartholomew Quixote lives at Zanzibar lane"
+    """At most `budget` terms are kept in all, the least recently ranked texts going first; what is kept is
+    digests and integers only, so an entry erased from the database leaves none of its words in the process."""
+    secret = "Bartholomew Quixote lives at Zanzibar lane"  # 6 distinct terms
+    counts = TermCounts(budget=6 + 6)  # TEXTS[1]: "the order a 1002 shipped on monday" has 7
     counts(secret)
-    counts(TEXTS[0])
+    counts(TEXTS[3])  # "nothing here matches at all": 5
     counts(secret)  # ranked again: now the most recent
-    counts(TEXTS[1])  # TEXTS[0] goes
-    assert len(counts._kept) == 2
+    counts(TEXTS[1])  # over the budget: TEXTS[3] goes, then the secret too (7 + 6 > 12)
+    assert list(counts._kept) and counts.terms <= 12
+    assert counts.terms == sum(len(terms) for terms, _ in counts._kept.values()) == 7
+    counts(secret)  # back, and TEXTS[1] goes: 7 + 6 is over the budget
+    assert counts.terms == 6 and len(counts._kept) == 1
+    too_long = TermCounts(budget=3)
+    assert too_long(secret)[1] == 6 and too_long.terms == 0  # counted, and not kept: over the budget alone
     gc.collect()
     kept = repr(counts._kept)
     for word in ("bartholomew", "quixote", "zanzibar", "refund"):
@@ -64,6 +69,6 @@ def test_kept_counts_are_bounded_and_hold_no_text_nor_word() -> None:
 
 def test_a_text_is_counted_once_then_read_from_what_is_kept() -> None:
     """The second ranking of a text reads its counts (the same object), not the text again."""
-    counts = TermCounts(size=8)
+    counts = TermCounts()
     first = counts(TEXTS[0])
     assert counts(TEXTS[0]) is first and first[1] == 8  # refunds for order a 1001 were issued twice

@@ -47,12 +47,14 @@ def stem(word: str) -> str:
     return word[:-1] if len(word) > 3 and word.endswith("e") else word
 
 
-#: how many texts' term counts `TermCounts` keeps (~1.5 KB each: a few MB at most)
-TERM_CACHE = 2048
+#: how many terms (each text's distinct ones, summed) `TermCounts` keeps: 80-100 bytes each, 8-10 MB at
+#: most (measured); 5,000 memory entries of ~20 terms, or 250 knowledge chunks of ~400
+TERM_BUDGET = 100_000
 
 
 class TermCounts:
-    """Each text's stemmed term counts and its length in terms, kept for the `size` texts ranked last.
+    """Each text's stemmed term counts and its length in terms, kept for the texts ranked last, up to
+    `budget` terms in all (a long text costs more of it than a short one).
 
     A recall on a database without full-text search ranks the scope's newest entries (up to the recall
     window, 1,000 by default) at every Run; stemming them again each time was two thirds of its cost (18 of
@@ -60,8 +62,9 @@ class TermCounts:
     and no word: a text is known by its BLAKE2 digest, a term by the process's salted hash of it. So a
     memory entry erased from the database leaves no words of it here either."""
 
-    def __init__(self, size: int = TERM_CACHE) -> None:
-        self.size = size
+    def __init__(self, budget: int = TERM_BUDGET) -> None:
+        self.budget = budget
+        self.terms = 0
         self._kept: OrderedDict[bytes, tuple[Counter[int], int]] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -77,9 +80,11 @@ class TermCounts:
         counts = Counter(hash(stem(w)) for w in _WORD.findall(text.lower()))
         kept = (counts, sum(counts.values()))
         with self._lock:
-            self._kept[digest] = kept
-            while len(self._kept) > self.size:
-                self._kept.popitem(last=False)
+            if digest not in self._kept:
+                self._kept[digest] = kept
+                self.terms += len(counts)
+            while self.terms > self.budget and self._kept:
+                self.terms -= len(self._kept.popitem(last=False)[1][0])
         return kept
 
 
