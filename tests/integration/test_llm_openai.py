@@ -480,6 +480,18 @@ def test_a_long_error_answer_is_cut_in_the_log_line(server: ScriptedServer, capl
     assert "\n" not in message and len(message) < 500 and message.endswith("…")
 
 
+def test_a_providers_control_characters_never_reach_the_log(server: ScriptedServer,
+                                                            caplog: pytest.LogCaptureFixture) -> None:
+    """An error answer carrying terminal escapes or other control characters is logged without them: the
+    provider's text is not ours to write to an operator's terminal."""
+    caplog.set_level(logging.INFO, logger="harness.llm")
+    server.queue(api.error(400, "bad \x1b[2J\x1b[31mrequest\x07\x00 here"))
+    fails(Harness(server))
+    (line,) = llm_lines(caplog)
+    message = line.getMessage()
+    assert message.isprintable() and "bad" in message and "request" in message and "here" in message
+
+
 @pytest.fixture
 def restored_logging() -> Iterator[None]:
     """The process's logging as it was, after a test that configures it as the service does."""

@@ -178,6 +178,8 @@ def test_the_runs_of_a_tenant_add_to_several_rows_of_a_total_and_a_run_always_to
     assert one_row.spent(tenant_id="acme", user_id="cy") == 0.75 and ledger.spent(tenant_id="acme") == 80 / 64 + 0.75
     with pytest.raises(ValueError, match="shards=0"):
         CostLedger(store, shards=0)
+    with pytest.raises(ValueError, match=r"1 to 32767 rows .* not shards=32768"):
+        CostLedger(store, shards=32_768)  # the shard column is a SMALLINT: refused before any row is written
 
 
 def test_an_erasure_moves_every_row_of_the_persons_totals_to_their_pseudonym(store: SqlStore) -> None:

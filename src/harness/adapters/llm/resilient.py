@@ -152,8 +152,9 @@ def _kind(exc: BaseException) -> str:
 
 
 def _brief(exc: BaseException) -> str:
-    """An error's message for a log line, on one line and bounded (a provider may answer with a page)."""
-    text = " ".join(str(exc).split())
+    """An error's message for a log line: one line, bounded (a provider may answer with a page), and
+    without control characters (the provider's text is not ours: no terminal escape reaches the log)."""
+    text = "".join(c if c.isprintable() else " " for c in " ".join(str(exc).split()))
     return text if len(text) <= _LOGGED_MESSAGE else text[:_LOGGED_MESSAGE - 1] + "…"
 
 
@@ -231,14 +232,18 @@ class GuardedProvider:
             )
         except ProviderError as exc:
             opened = not was_open and breaker.state is BreakerState.OPEN
-            then = (f"; the circuit for {model} is open for {breaker.config.reset_timeout:g} s"
-                    + (f", the fallback model {self.settings.fallback_model} answers meanwhile"
-                       if self.settings.fallback_model not in (None, model) else "")) if opened else ""
             log.warning("%s model %s: call failed (%s) after %d attempt%s: %s%s", self.name, model, exc.kind,
-                        attempts, "s" if attempts != 1 else "", _brief(exc), then,
+                        attempts, "s" if attempts != 1 else "", _brief(exc),
+                        self._circuit_note(model, breaker.config.reset_timeout) if opened else "",
                         extra={"provider": self.name, "model": model, "error_kind": exc.kind, "attempts": attempts,
                                "circuit_opened": opened})
             raise
+
+    def _circuit_note(self, model: str, reset_s: float) -> str:
+        """What a failure that opened `model`'s circuit adds to its log line: for how long, and who answers."""
+        fallback = self.settings.fallback_model
+        answers = f", the fallback model {fallback} answers meanwhile" if fallback not in (None, model) else ""
+        return f"; the circuit for {model} is open for {reset_s:g} s{answers}"
 
     def response(self, model: str, request: LLMRequest, names: ToolNames, *, content: str,
                  raw_calls: list[tuple[str, str, Any]], finish: str, served_by: str,

@@ -36,6 +36,8 @@ costs, totals = t.costs, t.spend_totals
 TENANT_TOTAL = ""
 #: rows each total is spread over: two Runs of one tenant add to the same row one time in SHARDS
 SHARDS = 16
+#: the most rows a total may be spread over: `spend_totals.shard` is a SMALLINT
+MAX_SHARDS = 32_767
 
 _INSERT = costs.insert()
 
@@ -114,8 +116,9 @@ class CostLedger:
     them by scope."""
 
     def __init__(self, store: SqlStore, *, shards: int = SHARDS) -> None:
-        if shards < 1:
-            raise ValueError(f"a total needs at least one row, not shards={shards}")
+        if not 1 <= shards <= MAX_SHARDS:
+            raise ValueError(f"a total is spread over 1 to {MAX_SHARDS} rows (the shard column is a small "
+                             f"integer), not shards={shards}")
         self.store = store
         self.shards = shards
         self._raw = RawStatements(store.engine.dialect)
