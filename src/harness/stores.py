@@ -47,6 +47,17 @@ def open_store(db: str | None = None, clock: Clock | None = None, *, migrate_sch
     return SqlStore.open(db, clock, migrate_schema=migrate_schema)
 
 
+def migrate_apart(db: str | None = None) -> None:
+    """Bring the schema of the database named by `db` up to date before a long-running process opens it, the
+    migration (when there is one to make) made by a short-lived child process so that this process never
+    carries alembic's memory; StoreError when it fails or the schema is a newer harness-kernel's."""
+    engine = database.create_engine(database.resolve_url(db))
+    try:
+        database.migrate_apart(engine)
+    finally:
+        engine.dispose()
+
+
 def open_existing_store(db: str | None) -> SqlStore:
     """The store named by `db`, refusing to create a new SQLite file (InvalidRequestError)."""
     return sql_store.open_existing(db)

@@ -68,6 +68,7 @@ def test_serve_with_a_bad_agent_reference_exits_2_before_it_listens(tmp_path: Pa
     assert done.returncode == 2, done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "no module named 'no_such_module_here'" in lines[0], done.stderr
+    assert not (tmp_path / "h.db").exists(), "the database was made before the bad input was named"
 
 
 def test_every_way_of_naming_the_agent_finds_the_same_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -171,8 +171,9 @@ def test_two_processes_drive_the_runs_of_one_port_and_end_with_their_supervisor(
     assert not any(_alive(p) for p in renewed), "a service process outlived its supervisor"
 
 
-def test_a_process_that_cannot_start_stops_the_command_with_the_reason(tmp_path: Path) -> None:
-    """An unreachable database: one line naming it, no traceback, exit code 2, and no process restarted."""
+def test_an_unreachable_database_stops_the_command_before_any_process_starts(tmp_path: Path) -> None:
+    """One line naming it, no traceback, exit code 2: the schema is checked (and a new one made) before the
+    processes start, so none is started to fail."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("HARNESS_")}
     argv = [sys.executable, "-m", "harness.cli", "serve", "--port", str(_free_port()), "--processes", "2", "--db",
             "postgresql://nobody@127.0.0.1:1/none"]
@@ -180,9 +181,27 @@ def test_a_process_that_cannot_start_stops_the_command_with_the_reason(tmp_path:
                           text=True, timeout=120, cwd=tmp_path, check=False)
     assert done.returncode == 2, done.stderr[-3000:]
     assert "error: database error" in done.stderr and "127.0.0.1" in done.stderr, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert done.stderr.count("error: database error") == 1
+    assert "harness service on" not in done.stderr, "processes were started"
+
+
+def test_a_process_that_cannot_start_stops_the_command_with_the_reason(tmp_path: Path) -> None:
+    """A policy file that does not parse (read by each process as it builds its runtime): one line naming it,
+    no traceback, exit code 2, and no process restarted."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HARNESS_")}
+    broken = tmp_path / "broken.cedar"
+    broken.write_text("permit(principal, action, resource) when { nonsense", encoding="utf-8")
+    argv = [sys.executable, "-m", "harness.cli", "serve", "--port", str(_free_port()), "--processes", "2", "--db",
+            str(tmp_path / "harness.db")]
+    done = subprocess.run(argv, env={**env, "HARNESS_DATA_DIR": str(tmp_path / "data"),
+                                     "HARNESS_POLICY_FILE": str(broken)},
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path, check=False)
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert f"error: {broken}" in done.stderr, done.stderr[-3000:]
     assert "the service could not start" in done.stderr
     assert "Traceback" not in done.stderr, done.stderr[-3000:]
-    assert done.stderr.count("error: database error") == 1, "the failed process was started again"
+    assert done.stderr.count(f"error: {broken}") == 1, "the failed process was started again"
 
 
 def test_the_start_failure_code_is_the_one_uvicorn_does_not_restart() -> None:

@@ -87,6 +87,11 @@ def worker(
 
         load_agent(reference)  # a bad reference is named now (exit 2), not in the worker's first task
         os.environ["HARNESS_AGENT"] = reference
+    from harness.stores import migrate_apart
+
+    # as `harness serve`: a new database's schema is made by a child process, so that no worker process
+    # carries alembic for as long as it runs
+    migrate_apart(db)
     from harness.celery_app import make_app
 
     app = make_app(broker)

@@ -51,9 +51,18 @@ def serve(
     logs.configure(json_lines=log_json, level=log_level)
     settings = ServiceSettings.from_env(concurrency=workers, otel_exporter=otel)
     shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+    # settings checked here, before any process starts: each process builds its own service from them
+    runtime_settings = Settings.from_env(db=db, agent=agent_reference(agent))
+    if runtime_settings.agent:
+        from harness.agents import load_agent
+
+        load_agent(runtime_settings.agent)  # a bad reference is named now (exit 2), before the database is touched
+    from harness.stores import migrate_apart
+
+    # a new database's schema is made by a child process: a service runs for months, and alembic's ~16 MB
+    # would stay in it (and in every replica) all that time
+    migrate_apart(runtime_settings.db)
     if processes > 1:
-        # settings checked here, before any process starts: each process builds its own service from them
-        Settings.from_env(db=db, agent=agent_reference(agent))
         from harness.service import processes as supervisor
 
         typer.echo(f"harness service on http://{shown}:{port}/ in {processes} processes  (console /ui, API docs "
@@ -68,7 +77,7 @@ def serve(
     from harness.service.app import create_app
 
     # the service builds its runtime (and owns it), the context's vocabulary loaded before the first Run
-    app = create_app(settings=settings, runtime_settings=Settings.from_env(db=db, agent=agent_reference(agent)))
+    app = create_app(settings=settings, runtime_settings=runtime_settings)
     typer.echo(
         f"harness service on http://{shown}:{port}/  (console /ui, API docs /docs, metrics /metrics)",
         err=True,
