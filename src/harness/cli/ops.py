@@ -87,11 +87,23 @@ def worker(
 
         load_agent(reference)  # a bad reference is named now (exit 2), not in the worker's first task
         os.environ["HARNESS_AGENT"] = reference
+    # as `harness serve`: a new database's schema is made by a child process, so that no worker process
+    # carries alembic for as long as it runs. Celery sets up the log only as it starts, so the migration's
+    # lines (`Running upgrade …`) go to stderr through a handler of their own meanwhile
+    import logging
+
     from harness.stores import migrate_apart
 
-    # as `harness serve`: a new database's schema is made by a child process, so that no worker process
-    # carries alembic for as long as it runs
-    migrate_apart(db)
+    root, lines = logging.getLogger(), logging.StreamHandler()
+    lines.setFormatter(logging.Formatter("[%(asctime)s: %(levelname)s/MainProcess] %(message)s"))
+    level = root.level
+    root.addHandler(lines)
+    root.setLevel(min(level, logging.INFO) if level else logging.INFO)
+    try:
+        migrate_apart(db)
+    finally:
+        root.removeHandler(lines)
+        root.setLevel(level)
     from harness.celery_app import make_app
 
     app = make_app(broker)
