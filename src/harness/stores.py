@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from harness.adapters.sql import database
+from harness.adapters.sql import database, migration
 from harness.adapters.sql import store as sql_store
 from harness.adapters.sql.approvals import SqlApprovals
 from harness.adapters.sql.ledger import CostLedger
@@ -53,7 +53,7 @@ def migrate_apart(db: str | None = None) -> None:
     carries alembic's memory; StoreError when it fails or the schema is a newer harness-kernel's."""
     engine = database.create_engine(database.resolve_url(db))
     try:
-        database.migrate_apart(engine)
+        migration.migrate_apart(engine)
     finally:
         engine.dispose()
 

@@ -24,7 +24,8 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from harness.adapters.sql.database import create_engine, migrate
+from harness.adapters.sql.database import create_engine
+from harness.adapters.sql.migration import migrate
 from tests.sqlite_template import migrated_sqlite
 
 BACKENDS = ("sqlite", "postgresql", "mariadb")

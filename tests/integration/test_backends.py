@@ -17,7 +17,8 @@ from alembic.config import Config
 from harness.adapters.sql import schema as t
 from harness.adapters.sql.audit_reads import SqlAuditReads
 from harness.adapters.sql.blobs import blobs
-from harness.adapters.sql.database import MIGRATIONS_DIR, create_engine, head_revision, migrate, resolve_url
+from harness.adapters.sql.database import create_engine, resolve_url
+from harness.adapters.sql.migration import MIGRATIONS_DIR, head_revision, migrate
 from harness.adapters.sql.reconcile_reads import SqlReconcileReads
 from harness.adapters.sql.store import SqlStore
 from harness.audit.reconcile import reconcile

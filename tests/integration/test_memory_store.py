@@ -231,3 +231,65 @@ def test_the_recall_window_is_a_setting_with_bounds(monkeypatch: pytest.MonkeyPa
     monkeypatch.setenv("HARNESS_MEMORY_RECALL_WINDOW", "3")
     with pytest.raises(InvalidRequestError, match="memory_recall_window"):
         Settings.from_env()
+
+
+def _reads_texts(statement: str) -> bool:
+    """Whether `statement` is the read of entries' texts to count (their ids and contents, nothing else)."""
+    return statement.split("FROM", maxsplit=1)[0].split() == ["SELECT", "memory_entries.id,", "memory_entries.content"]
+
+
+def _ranked_rows(conn: sa.Connection, scope: MemoryScope, query: str, k: int) -> list[tuple[str, float]]:
+    from harness.adapters.sql.memory import _ranked_here, scope_params
+    from harness.adapters.sql.raw import statements_for
+    from harness.memory.lexical import terms
+
+    params = {**scope_params(scope), "p_window_skip": 999}
+    return [(r.entry_id, round(s, 9)) for r, s in _ranked_here(conn, statements_for(conn.dialect), terms(query),
+                                                              scope, params, k)]
+
+
+def test_the_python_ranking_reads_each_text_once_and_ranks_as_bm25_over_the_rows(backend_url: str) -> None:
+    """The BM25 in Python (what MySQL/MariaDB recall with; any backend can run it): its scores are those of
+    BM25 over the scope's rows as read whole; a text it has counted is not read again (the second recall reads
+    no content), and a window listed in one GROUP_CONCAT (MySQL/MariaDB) ranks as one read row by row."""
+    import random
+    import string
+
+    from harness.memory.lexical import bm25, terms
+
+    store = SqlStore.open(backend_url, FakeClock())
+    try:
+        writer = MemoryStore(SqlMemoryRows(store.engine), store.clock, FILTER)
+        # texts no earlier test counted in this process (letters only: hex would be redacted as a secret)
+        tag = "".join(random.choice(string.ascii_lowercase) for _ in range(12))
+        seed(writer)
+        writer.add([NewMemory("t1", "user", f"refund {tag} number {i} for {'card ' * (i % 4)}order A-{i}",
+                              user_id="alice", entry_id=f"e{i}") for i in range(40)])
+        read: list[str] = []
+
+        def log(_conn: object, _cursor: object, statement: str, *_: object) -> None:
+            read.append(statement)
+
+        sa.event.listen(store.engine, "before_cursor_execute", log)
+        with store.engine.connect() as conn:
+            first = _ranked_rows(conn, ALICE, "refund card order", 8)
+            texts_first = [s for s in read if _reads_texts(s)]
+            read.clear()
+            second = _ranked_rows(conn, ALICE, "refund card order", 8)
+            texts_second = [s for s in read if _reads_texts(s)]
+            whole = conn.execute(sa.text(
+                "SELECT entry_id, content FROM memory_entries WHERE tenant_id = 't1' AND (scope = 'tenant' OR "
+                "(scope = 'user' AND user_id = 'alice') OR (scope = 'session' AND user_id = 'alice' AND "
+                "session_id = 's1') OR (scope = 'team' AND team_id = 'support')) ORDER BY id")).all()
+            if conn.dialect.name in ("mysql", "mariadb"):  # the list cut short: read row by row instead
+                conn.execute(sa.text("SET SESSION group_concat_max_len = 100"))
+                row_by_row = _ranked_rows(conn, ALICE, "refund card order", 8)
+                conn.execute(sa.text("SET SESSION group_concat_max_len = 4194304"))
+                assert row_by_row == first
+        sa.event.remove(store.engine, "before_cursor_execute", log)
+        assert len(texts_first) == 1 and texts_second == [], (read, texts_first)
+        expected = [(r.entry_id, round(s, 9)) for r, s in bm25(terms("refund card order"), whole, 8)]
+        assert first == second == expected
+        assert first[0][0].startswith("e") and {e for e, _ in first} <= {r.entry_id for r in whole}
+    finally:
+        store.close()

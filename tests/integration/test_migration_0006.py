@@ -16,7 +16,8 @@ from alembic.config import Config
 from harness.adapters.sql import schema as t
 from harness.adapters.sql import triggers
 from harness.adapters.sql.audit_reads import SqlAuditReads
-from harness.adapters.sql.database import create_engine, migrate, resolve_url
+from harness.adapters.sql.database import create_engine, resolve_url
+from harness.adapters.sql.migration import migrate
 from harness.adapters.sql.store import SqlStore
 from harness.audit.verify import verify_chain
 from harness.clock import FakeClock

@@ -13,7 +13,8 @@ import sqlalchemy as sa
 from alembic import command
 
 from harness.adapters.sql import schema as t
-from harness.adapters.sql.database import create_engine, head_revision, migrate, resolve_url
+from harness.adapters.sql.database import create_engine, resolve_url
+from harness.adapters.sql.migration import head_revision, migrate
 from harness.adapters.sql.store import SqlStore
 from harness.clock import FakeClock
 from harness.domain.errors import IdempotencyConflictError

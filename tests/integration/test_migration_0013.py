@@ -17,7 +17,8 @@ from alembic import command
 from harness.adapters.sql import schema as t
 from harness.adapters.sql.approvals import SqlApprovals
 from harness.adapters.sql.audit_reads import SqlAuditReads
-from harness.adapters.sql.database import create_engine, head_revision, migrate, resolve_url
+from harness.adapters.sql.database import create_engine, resolve_url
+from harness.adapters.sql.migration import head_revision, migrate
 from harness.adapters.sql.store import SqlStore
 from harness.audit.verify import verify_chain
 from harness.clock import FakeClock

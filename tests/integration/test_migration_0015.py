@@ -11,7 +11,8 @@ import sqlalchemy as sa
 from alembic import command
 
 from harness.adapters.sql import schema as t
-from harness.adapters.sql.database import create_engine, head_revision, resolve_url
+from harness.adapters.sql.database import create_engine, resolve_url
+from harness.adapters.sql.migration import head_revision
 
 from .test_migration_0006 import _to, _version
 

@@ -11,7 +11,8 @@ import sqlalchemy as sa
 from alembic import command
 
 from harness.adapters.sql.blobs import record_llm_call
-from harness.adapters.sql.database import create_engine, head_revision, resolve_url
+from harness.adapters.sql.database import create_engine, resolve_url
+from harness.adapters.sql.migration import head_revision
 from harness.adapters.sql.store import SqlStore
 from harness.clock import FakeClock
 from harness.domain.records import NewRun

@@ -11,8 +11,9 @@ import pytest
 import sqlalchemy as sa
 from alembic import command
 
-from harness.adapters.sql.database import create_engine, head_revision, migrate, resolve_url
+from harness.adapters.sql.database import create_engine, resolve_url
 from harness.adapters.sql.memory import search
+from harness.adapters.sql.migration import head_revision, migrate
 from harness.memory.scope import MemoryScope
 
 from .test_migration_0006 import _to, _version

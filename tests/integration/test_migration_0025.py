@@ -12,8 +12,9 @@ import sqlalchemy as sa
 from alembic import command
 
 from harness.adapters.sql import schema as t
-from harness.adapters.sql.database import create_engine, head_revision, migrate, resolve_url
+from harness.adapters.sql.database import create_engine, resolve_url
 from harness.adapters.sql.ledger import CostLedger, shard_of
+from harness.adapters.sql.migration import head_revision, migrate
 from harness.adapters.sql.reconcile_reads import SqlReconcileReads
 from harness.adapters.sql.store import SqlStore
 from harness.audit.reconcile import reconcile

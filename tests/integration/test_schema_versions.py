@@ -13,12 +13,11 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from harness.adapters.sql.database import (
+from harness.adapters.sql.database import create_engine, resolve_url
+from harness.adapters.sql.migration import (
     _current_revisions,
-    create_engine,
     migrate,
     migrate_apart,
-    resolve_url,
     shipped_head,
     shipped_revisions,
 )
@@ -64,7 +63,7 @@ def test_the_version_files_are_read_alike_with_and_without_alembic() -> None:
     from alembic.config import Config
     from alembic.script import ScriptDirectory
 
-    from harness.adapters.sql.database import MIGRATIONS_DIR
+    from harness.adapters.sql.migration import MIGRATIONS_DIR
 
     cfg = Config()
     cfg.set_main_option("script_location", str(MIGRATIONS_DIR))

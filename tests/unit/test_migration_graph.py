@@ -5,7 +5,7 @@ from __future__ import annotations
 from alembic.config import Config
 from alembic.script import ScriptDirectory
 
-from harness.adapters.sql.database import MIGRATIONS_DIR, head_revision, shipped_head
+from harness.adapters.sql.migration import MIGRATIONS_DIR, head_revision, shipped_head
 
 
 def test_the_migrations_have_exactly_one_head() -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from harness.adapters.sql.database import shipped_head
+from harness.adapters.sql.migration import shipped_head
 from harness.adapters.sql.store import SqlStore
 from tests.sqlite_template import migrated_sqlite
 

@@ -59,8 +59,10 @@ class TermCounts:
     A recall on a database without full-text search ranks the scope's newest entries (up to the recall
     window, 1,000 by default) at every Run; stemming them again each time was two thirds of its cost (18 of
     27 ms for 1,000 entries on MariaDB, measured). A text's counts never change. What is kept holds no text
-    and no word: a text is known by its BLAKE2 digest, a term by the process's salted hash of it. So a
-    memory entry erased from the database leaves no words of it here either."""
+    and no word: a text is known by a digest of it (its BLAKE2 digest; for a memory entry the first 128 bits
+    of the content hash stored with it, so a recall needs no text it has counted before), a term by the
+    process's salted hash of it. So a memory entry erased from the database leaves no words of it here
+    either."""
 
     def __init__(self, budget: int = TERM_BUDGET) -> None:
         self.budget = budget
@@ -71,17 +73,26 @@ class TermCounts:
     def __call__(self, text: str) -> tuple[Counter[int], int]:
         """The counts of `text`'s stemmed terms, each by its salted hash (read only: they are shared), and
         how many terms it has."""
-        digest = hashlib.blake2b(text.encode(), digest_size=16).digest()
+        return self.of(hashlib.blake2b(text.encode(), digest_size=16).digest(), text)
+
+    def kept(self, key: bytes) -> tuple[Counter[int], int] | None:
+        """The counts kept under `key` (a digest of the text: the same text, the same key), if they are."""
         with self._lock:
-            kept = self._kept.get(digest)
+            kept = self._kept.get(key)
             if kept is not None:
-                self._kept.move_to_end(digest)
-                return kept
+                self._kept.move_to_end(key)
+            return kept
+
+    def of(self, key: bytes, text: str) -> tuple[Counter[int], int]:
+        """`text`'s counts, kept under `key` (a digest that only this text has) unless they already are."""
+        kept = self.kept(key)
+        if kept is not None:
+            return kept
         counts = Counter(hash(stem(w)) for w in _WORD.findall(text.lower()))
         kept = (counts, sum(counts.values()))
         with self._lock:
-            if digest not in self._kept:
-                self._kept[digest] = kept
+            if key not in self._kept:
+                self._kept[key] = kept
                 self.terms += len(counts)
             while self.terms > self.budget and self._kept:
                 self.terms -= len(self._kept.popitem(last=False)[1][0])
@@ -94,7 +105,13 @@ _TERMS = TermCounts()
 def bm25(query_terms: Sequence[str], rows: Sequence[Any], k: int, k1: float = 1.2, b: float = 0.75) -> list[
         tuple[Any, float]]:
     """Okapi BM25 over the rows' content, lightly stemmed; the best `k` (row, score) pairs scoring above 0."""
-    docs = [_TERMS(r.content) for r in rows]
+    return [(rows[i], score) for i, score in bm25_of([_TERMS(r.content) for r in rows], query_terms, k, k1, b)]
+
+
+def bm25_of(docs: Sequence[tuple[Counter[int], int]], query_terms: Sequence[str], k: int, k1: float = 1.2,
+            b: float = 0.75) -> list[tuple[int, float]]:
+    """`bm25` over documents already counted (`TermCounts`): the best `k` (position in `docs`, score) pairs
+    scoring above 0, best first (equal scores in the order of `docs`)."""
     wanted = list(dict.fromkeys(hash(stem(q)) for q in query_terms))
     if not docs or not wanted:
         return []
@@ -102,13 +119,23 @@ def bm25(query_terms: Sequence[str], rows: Sequence[Any], k: int, k1: float = 1.
     df = {q: sum(1 for d, _ in docs if q in d) for q in wanted}
     idf = {q: math.log(1 + (len(docs) - df[q] + 0.5) / (df[q] + 0.5)) for q in wanted}
     scored = []
-    for row, (doc, length) in zip(rows, docs, strict=True):
+    for position, (doc, length) in enumerate(docs):
         score = 0.0
         for q in wanted:
             tf = doc[q]
             if tf:
                 score += idf[q] * tf * (k1 + 1) / (tf + k1 * (1 - b + b * length / max(avg, 1e-9)))
         if score > 0:
-            scored.append((row, score))
+            scored.append((position, score))
     scored.sort(key=lambda pair: -pair[1])
     return scored[:k]
+
+
+def counted(key: bytes, text: str) -> tuple[Counter[int], int]:
+    """The process's kept counts of `text` under `key` (see `TermCounts.of`)."""
+    return _TERMS.of(key, text)
+
+
+def counted_before(key: bytes) -> tuple[Counter[int], int] | None:
+    """The process's counts kept under `key`, if they are: a ranking then needs no text for it."""
+    return _TERMS.kept(key)

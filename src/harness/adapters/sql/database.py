@@ -1,34 +1,25 @@
-"""Engines for every supported database, and schema migration on first use (SPEC D1, D3, K4)."""
+"""Engines for every supported database (SPEC D1, D3, K4); their schema is `migration`'s."""
 
 from __future__ import annotations
 
 import contextvars
-import logging
 import os
-import re
 import sqlite3
-import subprocess
-import sys
 import time
 from collections.abc import Callable
-from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
 
-from harness.domain.errors import InvalidRequestError, StoreError
+from harness.domain.errors import InvalidRequestError
 from harness.ports import Tx
-
-if TYPE_CHECKING:
-    from alembic.config import Config
 
 DEFAULT_SQLITE_FILE = "harness.db"
 #: how long a SQLite writer waits for the write lock before "database is locked"
 SQLITE_BUSY_TIMEOUT_MS = 60_000
 #: execution option marking a connection that only reads (SQLite: a deferred BEGIN)
 READ_ONLY = "harness_read_only"
-MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
 
 
 #: the root of every error the database layer raises, for the edges (HTTP, CLI) that translate it
@@ -210,6 +201,10 @@ def _loopback(host: str | None) -> bool:
     return host in (None, "", "localhost", "::1") or str(host).startswith("127.")
 
 
+#: how long a GROUP_CONCAT may grow on a MySQL/MariaDB session (4 MB; the servers' default is 1 MB or 1 KB)
+GROUP_CONCAT_MAX_LEN = 4 * 1024 * 1024
+
+
 def _mysql_session(dbapi_connection: Any, _record: Any) -> None:
     """Make MySQL/MariaDB behave as the SQL standard (and PostgreSQL, SQLite) on two points the store
     relies on: a too-long value is an error, never silently truncated (a tenant id cut short would be
@@ -220,7 +215,9 @@ def _mysql_session(dbapi_connection: Any, _record: Any) -> None:
     modes = ["STRICT_ALL_TABLES"]
     if "mariadb" in str(cursor.fetchone()[0]).lower():
         modes.append("SIMULTANEOUS_ASSIGNMENT")
-    cursor.execute(f"SET SESSION sql_mode = CONCAT_WS(',', @@sql_mode, '{','.join(modes)}')")
+    # group_concat_max_len: a memory recall lists its window's entries in one GROUP_CONCAT (adapters.sql.memory)
+    cursor.execute(f"SET SESSION sql_mode = CONCAT_WS(',', @@sql_mode, '{','.join(modes)}'), "
+                   f"group_concat_max_len = {GROUP_CONCAT_MAX_LEN}")
     cursor.close()
 
 
@@ -293,170 +290,6 @@ def _sqlite_engine(url: str, synchronous: str) -> sa.Engine:
         driver.execute(begin)
 
     return engine
-
-
-def _alembic_config(connection: sa.Connection | None = None) -> Config:
-    from alembic.config import Config  # alembic loads only when a schema is migrated
-
-    cfg = Config()
-    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
-    if connection is not None:
-        cfg.attributes["connection"] = connection
-    return cfg
-
-
-def head_revision() -> str | None:
-    """The newest migration this version of harness ships."""
-    from alembic.script import ScriptDirectory
-
-    return ScriptDirectory.from_config(_alembic_config()).get_current_head()
-
-
-_REVISION_LINE = re.compile(r'^(down_revision|revision) = (None|"[^"]*")$', re.M)
-
-
-@cache
-def shipped_revisions() -> frozenset[str] | None:
-    """Every migration this version of harness ships, read from the version files without alembic; None
-    when the files are not one plain line of revisions (alembic is asked instead)."""
-    line = _shipped_line()
-    return None if line is None else frozenset(line[0])
-
-
-def shipped_head() -> str | None:
-    """The newest migration as the version files say it, read without alembic (which costs every process
-    ~10 MB and a fraction of a second to load): None when the files are not one plain line of revisions
-    (a merge, a branch, a value written another way), and alembic is asked instead."""
-    line = _shipped_line()
-    return None if line is None else line[1]
-
-
-@cache
-def _shipped_line() -> tuple[set[str], str] | None:
-    revisions, parents = set(), set()
-    for path in (MIGRATIONS_DIR / "versions").glob("*.py"):
-        found = dict(_REVISION_LINE.findall(path.read_text(encoding="utf-8")))
-        if "revision" not in found or "down_revision" not in found:
-            return None
-        revisions.add(found["revision"].strip('"'))
-        parents.add(found["down_revision"].strip('"'))
-    heads = revisions - parents
-    return (revisions, heads.pop()) if len(heads) == 1 else None
-
-
-def _known_revisions() -> frozenset[str]:
-    shipped = shipped_revisions()
-    if shipped is not None:
-        return shipped
-    from alembic.script import ScriptDirectory
-
-    return frozenset(s.revision for s in ScriptDirectory.from_config(_alembic_config()).walk_revisions())
-
-
-def refuse_unknown_schema(conn: sa.Connection) -> None:
-    """StoreError when the database's schema is at a revision this version of harness does not ship: a newer
-    harness-kernel migrated it. Upgrading it from there cannot work, and running on a schema this code was
-    not written for could damage Runs, so nothing is done and the error says what to run instead."""
-    unknown = [r for r in _current_revisions(conn) if r not in _known_revisions()]
-    if unknown:
-        newest = shipped_head() or head_revision()
-        raise StoreError(
-            f"the database's schema is at revision {', '.join(unknown)}, which this version of harness-kernel "
-            f"does not know (its newest is {newest}): a newer harness-kernel has migrated this database. Run "
-            "that version (or a later one) against it; nothing was changed")
-
-
-def _current_revisions(conn: sa.Connection) -> list[str]:
-    """The revisions the database's alembic_version table holds (none: a new database)."""
-    if not sa.inspect(conn).has_table("alembic_version"):
-        return []
-    return [row[0] for row in conn.execute(sa.text("SELECT version_num FROM alembic_version"))]
-
-
-def _is_current(conn: sa.Connection) -> bool:
-    """Whether the schema is at the newest migration, checked without alembic when the files allow it."""
-    head = shipped_head()
-    if head is not None:
-        return _current_revisions(conn) == [head]
-    from alembic.runtime.migration import MigrationContext
-
-    return MigrationContext.configure(conn).get_current_revision() == head_revision()
-
-
-#: key of the advisory lock that lets one process at a time migrate a database
-_MIGRATION_LOCK = 0x6861726E  # "harn"
-#: MySQL's named locks are server-wide: one per database (a name may have at most 64 characters)
-_MYSQL_LOCK_NAME = "CONCAT('harness_migrate_', MD5(DATABASE()))"
-
-
-def migrate(engine: sa.Engine) -> None:
-    """Bring the schema up to the newest migration; a no-op when it already is.
-
-    Workers that start together on a new database take turns through a database lock (SQLite's write
-    lock, PostgreSQL's advisory lock, MySQL's named lock); each re-reads the version once it holds it,
-    so one migrates and the others find the schema current. A schema a newer harness-kernel migrated is
-    refused with StoreError (`refuse_unknown_schema`), before anything is written.
-    """
-    with engine.connect() as conn:
-        if _is_current(conn):
-            return
-        refuse_unknown_schema(conn)
-    from alembic import command
-    from alembic.runtime.migration import MigrationContext
-
-    head = shipped_head() or head_revision()  # alembic's upgrade loads the version files once more itself
-    with engine.begin() as conn:
-        dialect = conn.dialect.name
-        if dialect == "postgresql":
-            conn.execute(sa.text("SELECT pg_advisory_xact_lock(:k)"), {"k": _MIGRATION_LOCK})
-        elif dialect in ("mysql", "mariadb"):
-            conn.execute(sa.text(f"SELECT GET_LOCK({_MYSQL_LOCK_NAME}, 600)"))
-        try:
-            if MigrationContext.configure(conn).get_current_revision() != head:
-                refuse_unknown_schema(conn)  # another process may have migrated it meanwhile, with a newer version
-                command.upgrade(_alembic_config(conn), "head")
-        finally:
-            if dialect in ("mysql", "mariadb"):  # a session lock: MySQL's DDL commits as it goes
-                conn.execute(sa.text(f"SELECT RELEASE_LOCK({_MYSQL_LOCK_NAME})"))
-
-
-def migrate_apart(engine: sa.Engine) -> None:
-    """`migrate`, with the migration itself made by a short-lived child process when there is one to make.
-
-    For the long-running processes (`harness serve`, `harness worker`): alembic and the migration's work
-    cost a process ~16 MB that it never gives back, and those processes would carry them for as long as they
-    run. A schema that is already current costs one read here, as in `migrate`; a new database (or one an
-    upgrade of harness left behind) is migrated by `python -m harness.adapters.sql.migrate_apart`, which gets
-    the URL in its environment (not on its command line, where other users could read a password). An
-    in-memory SQLite database lives only in this process, so it is migrated here."""
-    with engine.connect() as conn:
-        if _is_current(conn):
-            return
-        refuse_unknown_schema(conn)
-    url = engine.url
-    if url.get_backend_name() == "sqlite" and url.database in (None, "", ":memory:"):
-        migrate(engine)
-        return
-    env = {**os.environ, MIGRATE_URL_ENV: url.render_as_string(hide_password=False),
-           "PYTHONPATH": os.pathsep.join(p for p in (str(MIGRATIONS_DIR.parents[1]), os.environ.get("PYTHONPATH"))
-                                         if p)}
-    done = subprocess.run([sys.executable, "-m", "harness.adapters.sql.migrate_apart"], env=env,
-                          stdin=subprocess.DEVNULL, capture_output=True, text=True, check=False)
-    reason = f"it exited with status {done.returncode}"
-    for line in done.stderr.splitlines():
-        name, tab, message = line.partition("\t")
-        if name == "error" and tab:
-            reason = message
-        elif tab:  # a log record of the migration, as `migrate` in this process would have logged it
-            logging.getLogger(name).info("%s", message)
-        elif line.strip():  # not one of its lines (Python could not start it, say): the reason
-            reason = line.strip()
-    if done.returncode != 0:
-        raise StoreError(f"migrating the database's schema failed: {reason}")
-
-
-#: the environment variable that gives `python -m harness.adapters.sql.migrate_apart` the database's URL
-MIGRATE_URL_ENV = "HARNESS_MIGRATE_URL"
 
 
 def connection_of(tx: Tx) -> sa.Connection:

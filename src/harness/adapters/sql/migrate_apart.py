@@ -1,4 +1,4 @@
-"""The child process of `database.migrate_apart`: migrates the database named by HARNESS_MIGRATE_URL.
+"""The child process of `migration.migrate_apart`: migrates the database named by HARNESS_MIGRATE_URL.
 
 Each line it writes on stderr is `<logger>\t<message>`: the log records of the migration (alembic's step by
 step), which the parent logs again as its own, and on failure a last `error\t<reason>` line, exit status 1.
@@ -18,7 +18,8 @@ class _Lines(logging.Handler):
 
 
 def main() -> int:
-    from harness.adapters.sql.database import MIGRATE_URL_ENV, create_engine, migrate
+    from harness.adapters.sql.database import create_engine
+    from harness.adapters.sql.migration import MIGRATE_URL_ENV, migrate
 
     url = os.environ.get(MIGRATE_URL_ENV)
     if not url:

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
-from harness.adapters.sql.database import create_engine, migrate, resolve_url
+from harness.adapters.sql.database import create_engine, resolve_url
+from harness.adapters.sql.migration import migrate
 from harness.adapters.sql.store_reads import RunReads
 from harness.adapters.sql.store_runs import RunWrites
 from harness.domain.errors import InvalidRequestError
