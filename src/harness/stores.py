@@ -47,13 +47,13 @@ def open_store(db: str | None = None, clock: Clock | None = None, *, migrate_sch
     return SqlStore.open(db, clock, migrate_schema=migrate_schema)
 
 
-def migrate_apart(db: str | None = None) -> None:
-    """Bring the schema of the database named by `db` up to date before a long-running process opens it, the
-    migration (when there is one to make) made by a short-lived child process so that this process never
-    carries alembic's memory; StoreError when it fails or the schema is a newer harness-kernel's."""
+def prepare_schema(db: str | None = None) -> None:
+    """Bring the schema of the database named by `db` up to date now, before a long-running command starts
+    its processes: an unreachable database, or a schema a newer harness-kernel migrated (StoreError), is one
+    error before anything starts, not a failure of each process as it builds its runtime."""
     engine = database.create_engine(database.resolve_url(db))
     try:
-        migration.migrate_apart(engine)
+        migration.migrate(engine)
     finally:
         engine.dispose()
 

@@ -1,10 +1,10 @@
-"""A database's schema on the three backends: a long-running process has a new database migrated by a child
-process (so it never carries alembic), and a schema that a newer harness-kernel migrated is refused with a
-clear error, before anything is written, by the library, the CLI and `harness serve`."""
+"""A database's schema on the three backends: a schema that a newer harness-kernel migrated is refused with a
+clear error, before anything is written, by the library, the CLI and `harness serve`; a migration that fails
+is named without a traceback."""
 
 from __future__ import annotations
 
-import json
+import functools
 import os
 import subprocess
 import sys
@@ -14,13 +14,7 @@ import pytest
 import sqlalchemy as sa
 
 from harness.adapters.sql.database import create_engine, resolve_url
-from harness.adapters.sql.migration import (
-    _current_revisions,
-    migrate,
-    migrate_apart,
-    shipped_head,
-    shipped_revisions,
-)
+from harness.adapters.sql.migration import _current_revisions, migrate, shipped_head, shipped_revisions
 from harness.domain.errors import StoreError
 
 SRC = Path(__file__).resolve().parents[2] / "src"
@@ -72,41 +66,16 @@ def test_the_version_files_are_read_alike_with_and_without_alembic() -> None:
     assert shipped_head() == script.get_current_head()
 
 
-def test_a_long_running_process_has_a_new_database_migrated_apart(empty_backend_url: str) -> None:
-    """The schema is made, alembic's steps reach this process's log, and alembic never loads here."""
-    code = (
-        "import json, logging, sys\n"
-        "logging.basicConfig(level=logging.INFO, stream=sys.stdout, format='%(name)s %(message)s')\n"
-        "from harness.stores import migrate_apart\n"
-        f"migrate_apart({empty_backend_url!r})\n"
-        "print(json.dumps({'alembic': sorted(m for m in sys.modules if m.split('.')[0] == 'alembic')}))\n"
-    )
-    done = subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True, text=True, timeout=120,
-                          check=False)
-    assert done.returncode == 0, done.stderr
-    lines = done.stdout.splitlines()
-    assert json.loads(lines[-1]) == {"alembic": []}
-    assert any(line.startswith("alembic.runtime.migration Running upgrade  -> 0001_kernel") for line in lines), \
-        done.stdout
-    assert _revisions(empty_backend_url) == [shipped_head()]
-    assert {"runs", "transitions", "trace_records", "spend_totals"} <= _tables(empty_backend_url)
-    # current now: a second call reads the version and starts nothing
-    engine = create_engine(resolve_url(empty_backend_url))
-    try:
-        migrate_apart(engine)
-    finally:
-        engine.dispose()
-    assert _revisions(empty_backend_url) == [shipped_head()]
-
-
 def test_a_schema_a_newer_harness_migrated_is_refused_and_left_alone(empty_backend_url: str) -> None:
     _from_the_future(empty_backend_url)
     tables = _tables(empty_backend_url)
+    from harness.stores import prepare_schema
+
     engine = create_engine(resolve_url(empty_backend_url))
     try:
-        for bring_up in (migrate, migrate_apart):
+        for bring_up in (functools.partial(migrate, engine), functools.partial(prepare_schema, empty_backend_url)):
             with pytest.raises(StoreError) as refused:
-                bring_up(engine)
+                bring_up()
             message = str(refused.value)
             assert FUTURE in message and str(shipped_head()) in message, message
             assert "newer harness-kernel" in message and "nothing was changed" in message, message
@@ -116,22 +85,21 @@ def test_a_schema_a_newer_harness_migrated_is_refused_and_left_alone(empty_backe
     assert _tables(empty_backend_url) == tables
 
 
-def test_a_migration_that_fails_in_the_child_is_named(tmp_path: Path) -> None:
+def test_a_migration_that_fails_is_named_without_a_traceback(tmp_path: Path) -> None:
     """A file holding a `runs` table of someone else's, and no schema version: the first migration cannot
-    create its own, and the error says what the child met."""
+    create its own, and the command says what it met (exit 2)."""
     path = tmp_path / "taken.db"
     engine = create_engine(resolve_url(str(path)))
     try:
         with engine.begin() as conn:
             conn.execute(sa.text("CREATE TABLE runs (something TEXT)"))
-        with pytest.raises(StoreError) as failed:
-            migrate_apart(engine)
     finally:
         engine.dispose()
-    message = str(failed.value)
-    assert message.startswith("migrating the database's schema failed: "), message
-    assert "OperationalError" in message and "runs" in message and "already exists" in message, message
-    assert "alembic_version" not in _tables(str(path)) or _revisions(str(path)) == []
+    done = subprocess.run([sys.executable, "-m", "harness.cli", "--db", str(path), "audit", "verify"], env=_env(),
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert "Traceback" not in done.stderr, done.stderr
+    assert "error: database error" in done.stderr and "table runs already exists" in done.stderr, done.stderr
 
 
 @pytest.mark.parametrize("command", [["audit", "verify"], ["serve", "--port", "0"]])

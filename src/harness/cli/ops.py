@@ -87,12 +87,12 @@ def worker(
 
         load_agent(reference)  # a bad reference is named now (exit 2), not in the worker's first task
         os.environ["HARNESS_AGENT"] = reference
-    # as `harness serve`: a new database's schema is made by a child process, so that no worker process
-    # carries alembic for as long as it runs. Celery sets up the log only as it starts, so the migration's
-    # lines (`Running upgrade …`) go to stderr through a handler of their own meanwhile
+    # as `harness serve`: the database reached and its schema made current before Celery starts (a bad
+    # database is one error here, not a failure of the worker's first task). Celery sets up the log only as
+    # it starts, so the migration's lines (`Running upgrade …`) go to stderr through a handler of their own
     import logging
 
-    from harness.stores import migrate_apart
+    from harness.stores import prepare_schema
 
     root, lines = logging.getLogger(), logging.StreamHandler()
     lines.setFormatter(logging.Formatter("[%(asctime)s: %(levelname)s/MainProcess] %(message)s"))
@@ -100,7 +100,7 @@ def worker(
     root.addHandler(lines)
     root.setLevel(min(level, logging.INFO) if level else logging.INFO)
     try:
-        migrate_apart(db)
+        prepare_schema(db)
     finally:
         root.removeHandler(lines)
         root.setLevel(level)

@@ -57,11 +57,11 @@ def serve(
         from harness.agents import load_agent
 
         load_agent(runtime_settings.agent)  # a bad reference is named now (exit 2), before the database is touched
-    from harness.stores import migrate_apart
+    from harness.stores import prepare_schema
 
-    # a new database's schema is made by a child process: a service runs for months, and alembic's ~16 MB
-    # would stay in it (and in every replica) all that time
-    migrate_apart(runtime_settings.db)
+    # the database reached and its schema made current before any process starts: an unreachable database or
+    # a newer harness-kernel's schema is one error, not a start failure of each replica
+    prepare_schema(runtime_settings.db)
     if processes > 1:
         from harness.service import processes as supervisor
 

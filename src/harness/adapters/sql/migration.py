@@ -1,4 +1,4 @@
-"""The schema's versions: migration on first use, in this process or in a child (SPEC D1, D3).
+"""The schema's versions, and migration on first use (SPEC D1, D3).
 
 Alembic loads only where a schema is migrated: a process whose database is current reads its version
 from the version files and the database (`shipped_head`, `_is_current`) and never imports it.
@@ -6,11 +6,7 @@ from the version files and the database (`shipped_head`, `_is_current`) and neve
 
 from __future__ import annotations
 
-import logging
-import os
 import re
-import subprocess
-import sys
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -148,42 +144,3 @@ def migrate(engine: sa.Engine) -> None:
         finally:
             if dialect in ("mysql", "mariadb"):  # a session lock: MySQL's DDL commits as it goes
                 conn.execute(sa.text(f"SELECT RELEASE_LOCK({_MYSQL_LOCK_NAME})"))
-
-
-def migrate_apart(engine: sa.Engine) -> None:
-    """`migrate`, with the migration itself made by a short-lived child process when there is one to make.
-
-    For the long-running processes (`harness serve`, `harness worker`): alembic and the migration's work
-    cost a process ~16 MB that it never gives back, and those processes would carry them for as long as they
-    run. A schema that is already current costs one read here, as in `migrate`; a new database (or one an
-    upgrade of harness left behind) is migrated by `python -m harness.adapters.sql.migrate_apart`, which gets
-    the URL in its environment (not on its command line, where other users could read a password). An
-    in-memory SQLite database lives only in this process, so it is migrated here."""
-    with engine.connect() as conn:
-        if _is_current(conn):
-            return
-        refuse_unknown_schema(conn)
-    url = engine.url
-    if url.get_backend_name() == "sqlite" and url.database in (None, "", ":memory:"):
-        migrate(engine)
-        return
-    env = {**os.environ, MIGRATE_URL_ENV: url.render_as_string(hide_password=False),
-           "PYTHONPATH": os.pathsep.join(p for p in (str(MIGRATIONS_DIR.parents[1]), os.environ.get("PYTHONPATH"))
-                                         if p)}
-    done = subprocess.run([sys.executable, "-m", "harness.adapters.sql.migrate_apart"], env=env,
-                          stdin=subprocess.DEVNULL, capture_output=True, text=True, check=False)
-    reason = f"it exited with status {done.returncode}"
-    for line in done.stderr.splitlines():
-        name, tab, message = line.partition("\t")
-        if name == "error" and tab:
-            reason = message
-        elif tab:  # a log record of the migration, as `migrate` in this process would have logged it
-            logging.getLogger(name).info("%s", message)
-        elif line.strip():  # not one of its lines (Python could not start it, say): the reason
-            reason = line.strip()
-    if done.returncode != 0:
-        raise StoreError(f"migrating the database's schema failed: {reason}")
-
-
-#: the environment variable that gives `python -m harness.adapters.sql.migrate_apart` the database's URL
-MIGRATE_URL_ENV = "HARNESS_MIGRATE_URL"
