@@ -122,7 +122,7 @@ def bm25_of(docs: Sequence[tuple[Counter[int], int]], query_terms: Sequence[str]
     for position, (doc, length) in enumerate(docs):
         score = 0.0
         for q in wanted:
-            tf = doc[q]
+            tf = doc.get(q)  # not doc[q]: a Counter answers a term it lacks with a Python-level __missing__
             if tf:
                 score += idf[q] * tf * (k1 + 1) / (tf + k1 * (1 - b + b * length / max(avg, 1e-9)))
         if score > 0:
