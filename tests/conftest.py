@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import compileall
 import os
+import re
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,6 +19,20 @@ from harness.settings import Settings
 from tests.sqlite_template import migrated_sqlite
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Compile the code under test once, before the test processes start, where the environment says not to
+    write bytecode (PYTHONDONTWRITEBYTECODE): otherwise every process the tests start (`harness serve`, the
+    CLI, a spawned worker, a bench child) compiles all of harness again from source, half a second of CPU
+    each and hundreds of processes a run. The files go where Python looks for them anyway (__pycache__,
+    ignored by git) and are used only while their source is unchanged (its size and time are in them).
+    Fixture folders are left as they are: tests copy them, or load them as skills, file by file."""
+    if sys.dont_write_bytecode and not hasattr(config, "workerinput"):  # once, in the controlling process
+        for folder in (ROOT / "src" / "harness", ROOT / "tests", ROOT / "benchmarks"):
+            if folder.is_dir():
+                compileall.compile_dir(folder, quiet=2, rx=re.compile(r"[/\\]fixtures[/\\]"))
 
 
 @pytest.fixture(autouse=True, scope="session")

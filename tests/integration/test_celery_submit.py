@@ -6,6 +6,7 @@ OperationalError."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,26 @@ def _kill_sessions(url: str, stop: threading.Event, killed: list[int]) -> None:
     admin.dispose()
 
 
+def _count_retries(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """The pauses `submit` makes before trying again, from now on (each one a retry)."""
+    pauses: list[float] = []
+    real = time
+
+    class Time:
+        """The module's `time`, its sleeps counted."""
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(real, name)
+
+        @staticmethod
+        def sleep(seconds: float) -> None:
+            pauses.append(seconds)
+            real.sleep(seconds)
+
+    monkeypatch.setattr(celery_app, "time", Time())
+    return pauses
+
+
 def test_submits_under_terminated_sessions_make_each_run_once_and_raise_only_a_clear_error(
         rt: Runtime, backend_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Submits, half with the caller's idempotency key and half without, while another session terminates
@@ -54,6 +75,10 @@ def test_submits_under_terminated_sessions_make_each_run_once_and_raise_only_a_c
     is made once and queued once."""
     queued: list[str] = []
     monkeypatch.setattr(celery_app.app, "send_task", lambda name, args, **_: queued.append(args[0]))
+    # the same tries, a tenth of the pause between them (0.01 s doubling, not 0.1 s): the pauses were ~90 %
+    # of this test's time, and a try is cut (or not) by the terminations during it, not by the pause before
+    monkeypatch.setattr(celery_app, "SUBMIT_RETRY_S", celery_app.SUBMIT_RETRY_S / 10)
+    retries = _count_retries(monkeypatch)
     killed: list[int]
     stop, killed = threading.Event(), []
     killer = threading.Thread(target=_kill_sessions, args=(backend_url, stop, killed))
@@ -76,6 +101,7 @@ def test_submits_under_terminated_sessions_make_each_run_once_and_raise_only_a_c
         stop.set()
         killer.join(30)
     assert sum(killed) >= 20, "the sessions were hardly ever terminated"
+    assert len(retries) >= 10, f"the terminations hardly ever made a submit try again: {len(retries)}"
     assert not failures, failures
     # the retries get most submits through (without them most fail); on a loaded machine each attempt lasts
     # longer and so is more often cut: 19 of 150, and 26 of 60 with both cores busy, were seen giving up where
