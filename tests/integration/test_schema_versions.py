@@ -102,7 +102,7 @@ def test_a_migration_that_fails_is_named_without_a_traceback(tmp_path: Path) -> 
     assert "error: database error" in done.stderr and "table runs already exists" in done.stderr, done.stderr
 
 
-@pytest.mark.parametrize("command", [["audit", "verify"], ["serve", "--port", "0"]])
+@pytest.mark.parametrize("command", [["audit", "verify"], ["serve", "--port", "0"], ["worker"]])
 def test_the_cli_refuses_a_newer_schema_without_a_traceback(tmp_path: Path, command: list[str]) -> None:
     path = tmp_path / "newer.db"
     _from_the_future(str(path))
