@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from harness.cli.runs import operations
-from harness.cli.support import AgentOption, DbOption, JsonOption, agent_reference, emit
+from harness.cli.support import AgentOption, DbOption, JsonOption, agent_reference, check_agent, emit
 
 if TYPE_CHECKING:
     from harness.drive.sweeper import SweepReport
@@ -82,10 +82,8 @@ def worker(
     if concurrency is not None:
         os.environ["HARNESS_DRIVE_CONCURRENCY"] = str(concurrency)
     reference = agent_reference(agent)
+    check_agent(reference)  # named now, not in the worker's first task
     if reference:
-        from harness.agents import load_agent
-
-        load_agent(reference)  # a bad reference is named now (exit 2), not in the worker's first task
         os.environ["HARNESS_AGENT"] = reference
     # as `harness serve`: the database reached and its schema made current before Celery starts (a bad
     # database is one error here, not a failure of the worker's first task). Celery sets up the log only as
@@ -98,7 +96,8 @@ def worker(
     lines.setFormatter(logging.Formatter("[%(asctime)s: %(levelname)s/MainProcess] %(message)s"))
     level = root.level
     root.addHandler(lines)
-    root.setLevel(min(level, logging.INFO) if level else logging.INFO)
+    if root.getEffectiveLevel() > logging.INFO:
+        root.setLevel(logging.INFO)
     try:
         prepare_schema(db)
     finally:

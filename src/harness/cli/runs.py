@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from harness.cli.startup import kept_until_exit
-from harness.cli.support import DbOption, JsonOption, agent_reference, emit, fail, screen
+from harness.cli.support import DbOption, JsonOption, agent_reference, check_agent, emit, fail, screen
 from harness.kernel.states import FINAL, RunState
 from harness.timefmt import deadline_reason, human, iso
 
@@ -40,11 +40,7 @@ def read_store(db: str | None) -> SqlStore:
     """The store alone, for a command that only reads it: no pipeline, policy, skills or model load. An
     agent named by `harness --agent` or HARNESS_AGENT is loaded all the same, so that a bad reference is
     named (exit 2) as by every command."""
-    reference = agent_reference()
-    if reference:
-        from harness.agents import load_agent
-
-        load_agent(reference)
+    check_agent(agent_reference())
     with kept_until_exit():
         from harness.stores import open_store
 

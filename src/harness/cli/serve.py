@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from harness.cli.support import AgentOption, DbOption, agent_reference, fail
+from harness.cli.support import AgentOption, DbOption, agent_reference, check_agent, fail
 
 Host = Annotated[str, typer.Option("--host", help="Interface to listen on.")]
 Port = Annotated[int, typer.Option("--port", min=0, max=65535, help="TCP port (0 picks a free one).")]
@@ -53,10 +53,7 @@ def serve(
     shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
     # settings checked here, before any process starts: each process builds its own service from them
     runtime_settings = Settings.from_env(db=db, agent=agent_reference(agent))
-    if runtime_settings.agent:
-        from harness.agents import load_agent
-
-        load_agent(runtime_settings.agent)  # a bad reference is named now (exit 2), before the database is touched
+    check_agent(runtime_settings.agent)
     from harness.stores import prepare_schema
 
     # the database reached and its schema made current before any process starts: an unreachable database or

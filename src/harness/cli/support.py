@@ -13,6 +13,7 @@ import json
 import os
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn, ParamSpec, TypeVar
 
 import typer
@@ -74,6 +75,15 @@ def agent_reference(agent: str | None = None) -> str | None:
     """The agent a command runs: its own --agent, else the one given before the command (or
     HARNESS_AGENT), else None (the settings decide: the bundled support agent)."""
     return agent or _ROOT_AGENT.get()
+
+
+def check_agent(reference: str | Path | None) -> None:
+    """Load the agent `reference` names, if any, so that a bad one is named now (BadInputError: exit 2),
+    before the command touches the database or starts a process."""
+    if reference:
+        from harness.agents import load_agent
+
+        load_agent(reference)
 
 
 #: what no output of a command is wrapped at when it does not go to a terminal (a pipe, a file)

@@ -77,11 +77,18 @@ class TermCounts:
 
     def kept(self, key: bytes) -> tuple[Counter[int], int] | None:
         """The counts kept under `key` (a digest of the text: the same text, the same key), if they are."""
+        return self.kept_all([key])[0]
+
+    def kept_all(self, keys: Sequence[bytes]) -> list[tuple[Counter[int], int] | None]:
+        """`kept` for each of `keys`, under one hold of the lock (a recall asks for a window of 1,000)."""
+        found: list[tuple[Counter[int], int] | None] = []
         with self._lock:
-            kept = self._kept.get(key)
-            if kept is not None:
-                self._kept.move_to_end(key)
-            return kept
+            for key in keys:
+                kept = self._kept.get(key)
+                if kept is not None:
+                    self._kept.move_to_end(key)
+                found.append(kept)
+        return found
 
     def of(self, key: bytes, text: str) -> tuple[Counter[int], int]:
         """`text`'s counts, kept under `key` (a digest that only this text has) unless they already are."""
@@ -136,6 +143,6 @@ def counted(key: bytes, text: str) -> tuple[Counter[int], int]:
     return _TERMS.of(key, text)
 
 
-def counted_before(key: bytes) -> tuple[Counter[int], int] | None:
-    """The process's counts kept under `key`, if they are: a ranking then needs no text for it."""
-    return _TERMS.kept(key)
+def counted_before(keys: Sequence[bytes]) -> list[tuple[Counter[int], int] | None]:
+    """The process's counts kept under each of `keys`, where they are: a ranking needs no text for those."""
+    return _TERMS.kept_all(keys)

@@ -141,8 +141,12 @@ def postgres_query(with_team: bool) -> sa.Select[Any]:
 def scan_query(with_team: bool) -> sa.Select[Any]:
     """The window's entries as (id, key: the first 32 hex digits of its content hash), in id order, for the
     Python BM25 fallback; binds p_window_skip."""
-    return (sa.select(m.c.id, sa.func.substr(m.c.content_hash, 1, 32))
-            .where(m.c.id >= window_floor(with_team), scope_clause(with_team)).order_by(m.c.id))
+    return sa.select(m.c.id, sa.func.substr(m.c.content_hash, 1, 32)).where(*_in_window(with_team)).order_by(m.c.id)
+
+
+def _in_window(with_team: bool) -> tuple[sa.ColumnElement[bool], ...]:
+    """The scope's entries that count, from the window's first one on (binds p_window_skip)."""
+    return m.c.id >= window_floor(with_team), scope_clause(with_team)
 
 
 #: `scan_query`'s entries as one row on MySQL/MariaDB: how many, and each one's `<id> <key>` joined by commas
@@ -155,7 +159,7 @@ _LISTED: sa.ColumnElement[Any] = sa.literal_column(
 def listed_query(with_team: bool) -> sa.Select[Any]:
     """`scan_query` in one row (count, list). PyMySQL reads each row of a result in Python, ~5 µs a row: the
     window's 1,000 rows cost more than ranking them, one row of ~42 KB almost nothing."""
-    return sa.select(sa.func.count(), _LISTED).where(m.c.id >= window_floor(with_team), scope_clause(with_team))
+    return sa.select(sa.func.count(), _LISTED).where(*_in_window(with_team))
 
 
 def _window(conn: sa.Connection, raw: RawStatements, team: bool, params: dict[str, Any]) -> list[tuple[int, str]]:
@@ -182,15 +186,15 @@ def rows_query(with_team: bool) -> sa.Select[Any]:
 def _ranked_here(conn: sa.Connection, raw: RawStatements, words: list[str], scope: MemoryScope,
                  params: dict[str, Any], k: int) -> list[tuple[Any, float]]:
     """The Python BM25 over the window (MySQL/MariaDB), in up to three reads: the window's ids and content
-    hashes (`_window`); the texts of those entries whose term counts the process does not hold yet (`TermCounts`, kept
-    by content hash: the same hash, the same text), none once it has ranked them before; and the rows of the
-    best `k`. Reading the whole window's rows with their texts at every recall was most of its cost once
-    the counts were kept (7 of ~10 ms for 1,000 entries on MariaDB, measured). An entry erased between the
-    reads is left out."""
+    hashes (`_window`); the texts of those entries whose term counts the process does not hold yet
+    (`TermCounts`, kept by content hash: the same hash, the same text), none once it has ranked them before;
+    and the rows of the best `k`. Reading the whole window's rows with their texts at every recall was most
+    of its cost once the counts were kept (7 of ~10 ms for 1,000 entries on MariaDB, measured). An entry
+    erased between the reads is left out."""
     team = scope.team_id is not None
     window = _window(conn, raw, team, params)
     keys = [key.encode() for _, key in window]
-    docs = [counted_before(key) for key in keys]
+    docs = counted_before(keys)
     missing = [entry[0] for entry, doc in zip(window, docs, strict=True) if doc is None]
     if missing:
         texts = dict(conn.execute(_CONTENTS, {"p_ids": missing}).all())

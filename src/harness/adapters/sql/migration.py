@@ -41,12 +41,11 @@ def head_revision() -> str | None:
 _REVISION_LINE = re.compile(r'^(down_revision|revision) = (None|"[^"]*")$', re.M)
 
 
-@cache
 def shipped_revisions() -> frozenset[str] | None:
     """Every migration this version of harness ships, read from the version files without alembic; None
     when the files are not one plain line of revisions (alembic is asked instead)."""
     line = _shipped_line()
-    return None if line is None else frozenset(line[0])
+    return None if line is None else line[0]
 
 
 def shipped_head() -> str | None:
@@ -58,7 +57,7 @@ def shipped_head() -> str | None:
 
 
 @cache
-def _shipped_line() -> tuple[set[str], str] | None:
+def _shipped_line() -> tuple[frozenset[str], str] | None:
     revisions, parents = set(), set()
     for path in (MIGRATIONS_DIR / "versions").glob("*.py"):
         found = dict(_REVISION_LINE.findall(path.read_text(encoding="utf-8")))
@@ -67,7 +66,7 @@ def _shipped_line() -> tuple[set[str], str] | None:
         revisions.add(found["revision"].strip('"'))
         parents.add(found["down_revision"].strip('"'))
     heads = revisions - parents
-    return (revisions, heads.pop()) if len(heads) == 1 else None
+    return (frozenset(revisions), heads.pop()) if len(heads) == 1 else None
 
 
 def _known_revisions() -> frozenset[str]:
