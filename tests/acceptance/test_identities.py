@@ -66,3 +66,30 @@ def test_the_cli_takes_roles_from_the_directory_and_only_narrows_them(cli_env: s
         assert len(rt.store.list_runs()) == 2  # the refused claim created nothing
     finally:
         rt.close()
+
+
+def test_the_cli_cancels_as_the_api_does_only_for_the_requester_or_an_operator(cli_env: str) -> None:
+    """`harness cancel --as bob` on alice's Run is refused (exit 1) and changes nothing, as bob's key is over
+    HTTP; alice cancels her own Run, and an operator anyone's of the tenant."""
+    runner = CliRunner()
+
+    def parked() -> str:
+        made = runner.invoke(app, ["run", REFUND_L3, "--user", "alice", "--db", cli_env, "--json"])
+        assert made.exit_code == 0, made.output
+        doc = json.loads(made.stdout)
+        assert doc["state"] == "AWAITING_HITL"
+        return str(doc["run_id"])
+
+    mine, theirs = parked(), parked()
+    refused = runner.invoke(app, ["cancel", mine, "--as", "bob", "--db", cli_env, "--json"])
+    assert refused.exit_code == 1 and refused.stdout == ""
+    assert "only the Run's requester or an operator may cancel it" in refused.stderr
+    rt = build_runtime(Settings(db=cli_env))
+    try:
+        assert rt.store.get_run(mine).state.value == "AWAITING_HITL"  # nothing changed
+    finally:
+        rt.close()
+    for run_id, who in ((mine, "alice"), (theirs, "operator")):
+        done = runner.invoke(app, ["cancel", run_id, "--as", who, "--db", cli_env, "--json"])
+        assert done.exit_code == 0, done.output
+        assert json.loads(done.stdout)["state"] == "CLOSED_CANCELLED"

@@ -11,6 +11,7 @@ import typer
 
 from harness.cli.startup import kept_until_exit
 from harness.cli.support import DbOption, JsonOption, agent_reference, check_agent, emit, fail, screen
+from harness.domain.authority import check_may_cancel
 from harness.kernel.states import FINAL, RunState
 from harness.timefmt import deadline_reason, human, iso
 
@@ -253,6 +254,7 @@ def cancel(run_id: Annotated[str, typer.Argument(help="The Run's id.")],
     run = ops.run(run_id)
     if run.tenant_id != who.tenant_id:
         fail(f"no run with id {run_id!r} in tenant {who.tenant_id}")
+    check_may_cancel(who, run.user_id)  # as over HTTP: its requester or an operator
     result = ops.cancel(run_id, by=f"{who.tenant_id}/{who.user_id}", reason=reason)
     emit(result_document(ops, result)) if json_ else print_result(result)
 

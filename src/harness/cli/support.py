@@ -24,6 +24,7 @@ from harness.domain.errors import (
     BacklogFullError,
     BadInputError,
     ConflictError,
+    ForbiddenError,
     HarnessError,
     InvalidTransitionError,
 )
@@ -166,6 +167,8 @@ def cli_errors(fn: Callable[P, R]) -> Callable[P, R]:
         except (BadInputError, InvalidTransitionError) as exc:
             fail(str(exc))
         except ConflictError as exc:  # the command lost a race and changed nothing: refused, like a decision
+            fail(str(exc), EXIT_CHECK_FAILED)
+        except ForbiddenError as exc:  # the identity may not do this: refused, nothing changed
             fail(str(exc), EXIT_CHECK_FAILED)
         except BacklogFullError as exc:  # refused, nothing written; the message says when to retry
             fail(str(exc), EXIT_CHECK_FAILED)

@@ -11,6 +11,7 @@
     │   ├── ManifestError             a skill manifest that cannot be loaded
     │   └── PolicyConfigError         a policy file that cannot be loaded
     ├── BacklogFullError              too many accepted Runs wait to start; retry later (HTTP 429)
+    ├── ForbiddenError                the caller may not do this; nothing was changed (CLI exit 1, HTTP 403)
     ├── InvalidTransitionError        (from, to) is not in the transition table
     ├── ConflictError                 the Run moved on first; the request changed nothing (HTTP 409)
     │   ├── CancelRefusedError        a cancel lost to the close it raced (names the state)
@@ -96,6 +97,11 @@ class BacklogFullError(HarnessError):
         self.backlog = backlog
         self.bound = bound
         self.retry_after_s = retry_after_s
+
+
+class ForbiddenError(HarnessError):
+    """The caller is who they say but may not do this (the Run is another user's, a role is missing);
+    nothing was changed."""
 
 
 class InvalidTransitionError(HarnessError):

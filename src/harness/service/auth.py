@@ -19,6 +19,7 @@ from typing import Annotated
 from fastapi import Request, Security
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 
+from harness.domain.authority import OPERATOR_ROLES
 from harness.domain.contracts import CallerIdentity
 from harness.policy.identity import IdentityDirectory
 from harness.service.errors import ApiError
@@ -26,8 +27,6 @@ from harness.service.errors import ApiError
 SESSION_COOKIE = "harness_session"
 CSRF_HEADER = "X-CSRF-Token"
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
-#: roles that may read service-wide data: audit verification, reconciliation, metrics
-OPERATOR_ROLES = frozenset({"operator", "auditor"})
 
 api_key_header = APIKeyHeader(name="X-API-Key", auto_error=False, description="Your API key.")
 bearer_header = HTTPBearer(auto_error=False, description="`Authorization: Bearer <API key>`.")

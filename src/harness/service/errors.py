@@ -22,6 +22,7 @@ from harness.domain.errors import (
     BadInputError,
     CancelRefusedError,
     ConflictError,
+    ForbiddenError,
     HarnessError,
     IdempotencyConflictError,
     InvalidTransitionError,
@@ -117,6 +118,10 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(BadInputError)
     async def _bad_input(_request: Request, exc: BadInputError) -> JSONResponse:
         return JSONResponse(_body("invalid_request", str(exc)), status_code=422)
+
+    @app.exception_handler(ForbiddenError)
+    async def _forbidden(_request: Request, exc: ForbiddenError) -> JSONResponse:
+        return JSONResponse(_body("forbidden", str(exc)), status_code=403)
 
     @app.exception_handler(ConflictError)
     async def _lost_race(_request: Request, exc: ConflictError) -> JSONResponse:

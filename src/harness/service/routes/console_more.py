@@ -14,9 +14,10 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Request
 
+from harness.domain.authority import OPERATOR_ROLES
 from harness.domain.costs import CostGroup
 from harness.domain.webhooks import STATUSES
-from harness.service.auth import OPERATOR_ROLES, session_principal
+from harness.service.auth import session_principal
 from harness.service.console_format import axis_ticks
 from harness.service.core import service_of
 from harness.service.routes.console import Page, _login_redirect, _page

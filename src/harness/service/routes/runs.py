@@ -8,10 +8,11 @@ from fastapi import APIRouter, Header, Query, Request, Response, Security
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
+from harness.domain.authority import check_may_cancel
 from harness.domain.contracts import RunRequest
 from harness.kernel.states import RunState
 from harness.service import views
-from harness.service.auth import OPERATOR_ROLES, Principal, principal
+from harness.service.auth import Principal, principal
 from harness.service.bodies import CancelBody, CreateRunBody
 from harness.service.core import Service
 from harness.service.errors import ApiError
@@ -186,9 +187,7 @@ def cancel_run(
     """Cancel a Run that has not finished: the answer is the Run CLOSED_CANCELLED. Its requester or an
     operator may. A Run that already closed, or began to close first (its cancel lost the race), is a 409
     whose `state` says where the Run is: the cancel took no effect."""
-    run = svc.owned_run(caller, run_id)
-    if run.user_id != caller.identity.user_id and not caller.has_any(OPERATOR_ROLES):
-        raise ApiError(403, "forbidden", "only the Run's requester or an operator may cancel it")
+    check_may_cancel(caller.identity, svc.owned_run(caller, run_id).user_id)
     reason = body.reason if body else "cancelled by the user"
     svc.ops.cancel(run_id, by=caller.name, reason=reason)
     return views.run_document(svc.ops, svc.ops.run(run_id))
