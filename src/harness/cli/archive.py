@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from harness.audit.places import DIR_ENV, checkpoint_dir
-from harness.cli.support import EXIT_CHECK_FAILED, DbOption, JsonOption, emit, fail, screen
+from harness.cli.support import EXIT_CHECK_FAILED, DbOption, JsonOption, emit, fail, identifier, screen
 from harness.ports.segments import SegmentStoreError
 from harness.retention.storage import ENDPOINT_ENV, URL_ENV
 
@@ -149,8 +149,9 @@ def show_archived(store: SqlStore, archived: ArchivedRun, *, json_: bool, from_a
 
 
 def erase(
-    user: Annotated[str, typer.Option("--user", help="The person whose data is erased (their user id).")],
-    tenant: Annotated[str, typer.Option("--tenant", help="Their tenant.")] = "default",
+    user: Annotated[str, typer.Option("--user", help="The person whose data is erased (their user id).",
+                                      callback=identifier("--user"))],
+    tenant: Annotated[str, typer.Option("--tenant", help="Their tenant.", callback=identifier("--tenant"))] = "default",
     db: DbOption = None,
     json_: JsonOption = False,
     s3_endpoint: EndpointOption = None,
@@ -164,8 +165,6 @@ def erase(
     """Honour an erasure request: delete the person's memory entries and stored contents, replace their
     personal data in their Runs' live and archived records by a salted hash (the chain and the segments
     still verify), overwrite the freed space, and audit the erasure under a pseudonym."""
-    if not user.strip():
-        fail("--user must not be blank")
     from harness.retention.archiver import ArchiveError
     from harness.stores import open_store
     from harness.wiring.retention import erase_user

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from harness.cli.support import DbOption, JsonOption, cli_errors, emit, screen
+from harness.cli.support import DbOption, JsonOption, cli_errors, emit, identifier, screen
 
 if TYPE_CHECKING:
     from harness.knowledge.base import KnowledgeBase
@@ -19,7 +19,8 @@ if TYPE_CHECKING:
 kb_app = typer.Typer(help="Knowledge bases: documents whose snippets a Run's context gives the model.",
                      no_args_is_help=True)
 
-TenantOption = Annotated[str, typer.Option("--tenant", help="The tenant whose knowledge base it is.")]
+TenantOption = Annotated[str, typer.Option("--tenant", help="The tenant whose knowledge base it is.",
+                                           callback=identifier("--tenant"))]
 KbOption = Annotated[str, typer.Option("--kb", help="The knowledge base (an agent names those it reads).")]
 
 

@@ -151,6 +151,20 @@ def _is_time(key: object, value: object) -> bool:
             and (key in ("at", "timestamp") or key.endswith("_at")))
 
 
+def identifier(flag: str) -> Callable[[str], str]:
+    """A typer callback that refuses a tenant or user id no Run could have (blank, too long, odd characters)."""
+    import re
+
+    from harness.domain.contracts import IDENT
+
+    def check(value: str) -> str:
+        if value is not None and not re.fullmatch(IDENT, value):
+            raise typer.BadParameter(f"{value!r} is not a valid id: 1 to 128 letters, digits or _.:@- "
+                                     "starting with a letter or digit", param_hint=flag)
+        return value
+    return check
+
+
 def fail(message: str, code: int = EXIT_BAD_INPUT) -> NoReturn:
     """Print the reason on stderr and exit with `code`."""
     sys.stderr.write(f"error: {message}\n")
