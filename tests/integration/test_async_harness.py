@@ -1,7 +1,7 @@
 """AsyncHarness is asynchronous all the way down: Runs awaited at once are driven on the caller's own
 event loop and wait for their model there, holding no thread each.
 
-200 Runs of the support example gathered against a slow OpenAI-compatible model on loopback: their model
+50 Runs of the support example gathered against a slow OpenAI-compatible model on loopback: their model
 calls are in flight together, and the process's thread count barely moves while they wait.
 """
 
@@ -18,14 +18,14 @@ from harness.drive.leased import Heartbeats
 from harness.settings import Settings
 from tests.fakes.slow_model import SlowModel, price_file
 
-#: far more than every thread the process may add (a handful, plus the renewers' pool): a thread per awaited
-#: call could not keep 90 of them in flight
-RUNS = 100
+#: far more than every thread the process may add (a handful, plus the renewers' pool of 8): a thread per
+#: awaited call could not keep 45 of them in flight (the model lane has two threads), nor add under 13 threads
+RUNS = 50
 
 
 def test_gathered_runs_wait_for_their_model_together_without_a_thread_each(
         backend_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """100 gathered AsyncHarness.run calls keep about 100 model calls in flight at once, all succeed, and
+    """50 gathered AsyncHarness.run calls keep about 50 model calls in flight at once, all succeed, and
     the threads of the process grow by no more than a handful (no thread per awaited call)."""
     monkeypatch.setenv("HARNESS_EXAMPLE_LEDGER", str(tmp_path / "ledger.jsonl"))
     monkeypatch.setenv("TEST_KEY", "sk-test")

@@ -30,6 +30,9 @@ from harness.settings import Settings
 from harness.stores import audit_reads
 from tests.fakes.slow_model import SlowModel, price_file
 
+#: the Runs of the service worker's test: far more than its lanes' two threads each could keep waiting at once
+RUNS = 60
+
 
 @pytest.fixture
 def loop() -> Iterator[DriveLoop]:
@@ -308,18 +311,18 @@ def _slow_support(backend_url: str, slow_model: SlowModel, tmp_path: Path, monke
 
 def test_the_service_worker_keeps_every_runs_model_call_in_flight(
         backend_url: str, slow_model: SlowModel, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """120 Runs of the support example, each planning, looking an order up and writing its answer with a
+    """60 Runs of the support example, each planning, looking an order up and writing its answer with a
     slow model, through the service's worker with two threads per lane: all their model calls wait at
     once (a thread each would have capped them at two), and every Run succeeds."""
     settings = _slow_support(backend_url, slow_model, tmp_path, monkeypatch, local_skill_threads=2, llm_threads=2,
                              sandbox_threads=2)
     others = frozenset(threading.enumerate())
-    slow_model.gather = 120  # the model answers once all 120 first calls wait at once (or after a minute)
+    slow_model.gather = RUNS  # the model answers once all 60 first calls wait at once (or after a minute)
     runtime = build_runtime(settings)
     worker = EmbeddedWorker(runtime, concurrency=1000, housekeeping_interval_s=3600)
     try:
         futures = []
-        for i in range(120):
+        for i in range(RUNS):
             run, created = runtime.runs.submit(RunRequest(task=f"Where is order A-1001? ({i})", user_id="alice",
                                                      roles=("support_agent",)))
             assert created
@@ -328,8 +331,8 @@ def test_the_service_worker_keeps_every_runs_model_call_in_flight(
             future.result(120)
         states = {run_id: runtime.runs.result(run_id).state for run_id, _ in futures}
         assert set(states.values()) == {"SUCCEEDED"}, {s: list(states.values()).count(s) for s in states.values()}
-        assert slow_model.calls == 240
-        assert slow_model.peak_in_flight == 120  # not two at a time: the drives waited without threads
+        assert slow_model.calls == 2 * RUNS
+        assert slow_model.peak_in_flight == RUNS  # not two at a time: the drives waited without threads
         assert len([n for n in _lane_threads(others) if n.startswith("lane-llm")]) == 0  # the model call needs none
     finally:
         worker.stop()
