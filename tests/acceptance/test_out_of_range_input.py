@@ -1,0 +1,57 @@
+"""Input at the edges of what a number or a date can hold, as callers send it: the HTTP API answers a 422
+naming the field and the CLI exits 2 with one line naming the option, never a 500 or a traceback."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+from typer.testing import CliRunner, Result
+
+from harness.cli import app
+from harness.config import Runtime
+from tests.acceptance.api_helpers import key, make_client, make_runtime
+
+#: start deadlines whose offsets take them past the last or before the first day a date can hold
+OUT_OF_RANGE_TIMES = ["9999-12-31T23:59:59-05:00", "0001-01-01T00:00:00+14:00"]
+
+
+@pytest.fixture(name="client")
+def client_fixture(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[TestClient]:
+    """The service over the support example (server errors raised to the test, not hidden as a 500)."""
+    runtime: Runtime = make_runtime(tmp_path, monkeypatch)
+    try:
+        with make_client(runtime) as client:
+            yield client
+    finally:
+        runtime.close()
+
+
+def harness(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> Result:
+    """`harness ARGS` on a throwaway database, run in this process."""
+    return CliRunner().invoke(app, [*args, "--db", str(tmp_path / "cli.db")],
+                              env={"HARNESS_DATA_DIR": str(tmp_path / "data"), **(env or {})})
+
+
+def refused(result: Result, *words: str) -> None:
+    """The command exited 2 with a message naming `words`, and no traceback."""
+    assert result.exit_code == 2, (result.exit_code, result.output, result.exception)
+    assert "Traceback" not in result.output and not isinstance(result.exception, ArithmeticError | UnicodeError)
+    for word in words:
+        assert word in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("start_by", OUT_OF_RANGE_TIMES)
+def test_http_start_by_out_of_range_is_422_naming_the_field(client: TestClient, start_by: str) -> None:
+    """A start_by whose offset takes it out of the dates UTC can hold is a 422 naming start_by."""
+    response = client.post("/api/v1/runs", json={"task": "hi", "start_by": start_by}, headers=key("alice"))
+    assert response.status_code == 422, response.text
+    assert "start_by" in response.json()["detail"] and "out of range" in response.json()["detail"]
+
+
+@pytest.mark.parametrize("start_by", OUT_OF_RANGE_TIMES)
+def test_cli_start_by_out_of_range_is_exit_2(tmp_path: Path, start_by: str) -> None:
+    """`harness run --start-by` out of the dates UTC can hold exits 2 naming start_by."""
+    refused(harness(tmp_path, "run", "hi", "--start-by", start_by), "start_by", "out of range")
