@@ -13,14 +13,19 @@ from typer.testing import CliRunner, Result
 from harness.cli import app
 from harness.config import Runtime
 from tests.acceptance.api_helpers import key, make_client, make_runtime
+from tests.fakes.webhook_receiver import SECRET
 
+#: callback URLs whose host no resolver can be asked for (a label over 63 characters, an empty label)
+BAD_HOSTS = [f"http://{'a' * 64}.com/", "http://a..b/", "http://.example.com/"]
 #: start deadlines whose offsets take them past the last or before the first day a date can hold
 OUT_OF_RANGE_TIMES = ["9999-12-31T23:59:59-05:00", "0001-01-01T00:00:00+14:00"]
 
 
 @pytest.fixture(name="client")
 def client_fixture(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[TestClient]:
-    """The service over the support example (server errors raised to the test, not hidden as a 500)."""
+    """The service over the support example, signing callbacks (server errors raised to the test, not
+    hidden as a 500)."""
+    monkeypatch.setenv("HARNESS_WEBHOOK_SECRET", SECRET)
     runtime: Runtime = make_runtime(tmp_path, monkeypatch)
     try:
         with make_client(runtime) as client:
@@ -55,3 +60,18 @@ def test_http_start_by_out_of_range_is_422_naming_the_field(client: TestClient, 
 def test_cli_start_by_out_of_range_is_exit_2(tmp_path: Path, start_by: str) -> None:
     """`harness run --start-by` out of the dates UTC can hold exits 2 naming start_by."""
     refused(harness(tmp_path, "run", "hi", "--start-by", start_by), "start_by", "out of range")
+
+
+@pytest.mark.parametrize("url", BAD_HOSTS)
+def test_http_callback_with_an_invalid_host_name_is_422(client: TestClient, url: str) -> None:
+    """A callback whose host is no valid host name is a 422 naming callback, not a resolver's UnicodeError."""
+    response = client.post("/api/v1/runs", json={"task": "hi", "callback": url}, headers=key("alice"))
+    assert response.status_code == 422, response.text
+    assert "callback" in response.json()["detail"] and "not a valid host name" in response.json()["detail"]
+
+
+@pytest.mark.parametrize("url", BAD_HOSTS)
+def test_cli_webhooks_test_with_an_invalid_host_name_is_exit_2(tmp_path: Path, url: str) -> None:
+    """`harness webhooks test URL` with a host that is no valid host name exits 2 saying so."""
+    result = CliRunner().invoke(app, ["webhooks", "test", url], env={"HARNESS_WEBHOOK_SECRET": SECRET})
+    refused(result, "not a valid host name")

@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from harness.domain import limits
+from harness.domain.outbound import is_valid_host
 
 IDENT = r"^[A-Za-z0-9][A-Za-z0-9_.:@\-]{0,127}$"
 Ident = Annotated[str, Field(pattern=IDENT)]
@@ -42,6 +43,8 @@ def check_callback_url(value: str) -> str:
         raise ValueError(f"a callback URL must be http or https, not {parts.scheme or 'without a scheme'}")
     if not parts.hostname:
         raise ValueError("a callback URL needs a host")
+    if not is_valid_host(parts.hostname):
+        raise ValueError(f"not a valid host name: {parts.hostname!r}")
     if parts.username is not None or parts.password is not None:
         raise ValueError("a callback URL must not carry credentials: the payload is signed instead")
     if parts.fragment:
