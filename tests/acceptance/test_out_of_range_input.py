@@ -75,3 +75,13 @@ def test_cli_webhooks_test_with_an_invalid_host_name_is_exit_2(tmp_path: Path, u
     """`harness webhooks test URL` with a host that is no valid host name exits 2 saying so."""
     result = CliRunner().invoke(app, ["webhooks", "test", url], env={"HARNESS_WEBHOOK_SECRET": SECRET})
     refused(result, "not a valid host name")
+
+
+@pytest.mark.parametrize(("variable", "value"), [("HARNESS_QUEUE_MAX_WAIT_S", "inf"),
+                                                 ("HARNESS_QUEUE_MAX_WAIT_S", "1e300"),
+                                                 ("HARNESS_LEASE_TTL_S", "1e400")])
+def test_cli_run_refuses_an_absurd_duration_setting(tmp_path: Path, variable: str, value: str) -> None:
+    """A duration setting of infinity or 1e300 stops `harness run` with exit 2 naming the setting, instead of
+    an overflow in the queue's deadline or the lease's heartbeat thread."""
+    name = variable.removeprefix("HARNESS_").lower()
+    refused(harness(tmp_path, "run", "hi", env={variable: value}), "invalid settings", name)
