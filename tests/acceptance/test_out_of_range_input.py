@@ -3,6 +3,9 @@ naming the field and the CLI exits 2 with one line naming the option, never a 50
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -85,3 +88,35 @@ def test_cli_run_refuses_an_absurd_duration_setting(tmp_path: Path, variable: st
     an overflow in the queue's deadline or the lease's heartbeat thread."""
     name = variable.removeprefix("HARNESS_").lower()
     refused(harness(tmp_path, "run", "hi", env={variable: value}), "invalid settings", name)
+
+
+@pytest.mark.parametrize("seconds", ["inf", "1e300", "3e11", "nan"])
+def test_cli_run_start_within_out_of_range_is_exit_2(tmp_path: Path, seconds: str) -> None:
+    """`harness run --start-within` past 366 days, infinite or NaN exits 2 naming the option."""
+    refused(harness(tmp_path, "run", "hi", "--start-within", seconds), "--start-within")
+
+
+@pytest.mark.parametrize("since", ["99999999999d", "800000d", "9999999999999999999999h"])
+def test_cli_costs_since_before_the_year_1_is_exit_2(tmp_path: Path, since: str) -> None:
+    """`harness costs --since` reaching back before the first date is exit 2 naming --since."""
+    refused(harness(tmp_path, "costs", "--since", since), "--since", "before the year 1")
+
+
+@pytest.mark.parametrize("seconds", ["inf", "1e300", "nan"])
+def test_cli_webhooks_test_timeout_out_of_range_is_exit_2(seconds: str) -> None:
+    """`harness webhooks test URL --timeout` past 300 s, infinite or NaN exits 2 naming --timeout."""
+    result = CliRunner().invoke(app, ["webhooks", "test", "http://127.0.0.1:9/", "--timeout", seconds],
+                                env={"HARNESS_WEBHOOK_SECRET": SECRET})
+    refused(result, "--timeout")
+
+
+@pytest.mark.parametrize("seconds", ["inf", "1e300", "-1", "nan", "0"])
+def test_cli_sweep_forever_refuses_an_interval_not_above_0_or_not_finite(tmp_path: Path, seconds: str) -> None:
+    """`harness sweep --forever --interval` of 0, a negative number, NaN or infinity exits 2 naming
+    --interval, instead of sweeping in a tight loop, never, or with a traceback (a process of its own, so
+    that a loop that does start ends the test at its timeout instead of hanging it)."""
+    done = subprocess.run([sys.executable, "-m", "harness.cli", "sweep", "--forever", "--interval", seconds,
+                           "--db", str(tmp_path / "cli.db")], capture_output=True, text=True, timeout=60, check=False,
+                          env={**os.environ, "HARNESS_DATA_DIR": str(tmp_path / "data")})
+    assert done.returncode == 2, (done.returncode, done.stderr)
+    assert "Traceback" not in done.stderr and "--interval" in done.stderr
