@@ -8,10 +8,12 @@ import pytest
 
 from harness.domain.outbound import (
     OutboundGuard,
+    OutboundInvalidHostError,
     OutboundRefusedError,
     OutboundRule,
     OutboundUnresolvedError,
     is_internal,
+    is_valid_host,
     literal_address,
 )
 
@@ -77,3 +79,28 @@ def test_every_spelling_is_the_address_a_resolver_would_reach() -> None:
     assert {str(literal_address(s)) for s in ("127.1", "0x7f000001", "2130706433", "0177.0.0.1")} == {"127.0.0.1"}
     assert literal_address("hooks.example.com") is None
     assert not is_internal(ipaddress.ip_address("93.184.216.34"))
+
+
+@pytest.mark.parametrize("host", [f"{'a' * 64}.com", "a..b", ".example.com", f"{'ü' * 60}.de",
+                                  ".".join(["a" * 60] * 5), ""])
+def test_a_host_no_resolver_can_be_asked_for_is_refused_before_asking(host: str) -> None:
+    """A host with an empty label, a label over 63 characters (once encoded) or a name over 253 is refused
+    as no valid host name, whatever the rule allows, and the resolver is never called with it."""
+    asked: list[str] = []
+
+    def resolver(name: str) -> list[str]:
+        asked.append(name)
+        return ["93.184.216.34"]
+
+    guard = OutboundGuard(resolver)
+    assert not is_valid_host(host)
+    for rule in (DEFAULT, OutboundRule(any_internal=True)):
+        with pytest.raises(OutboundInvalidHostError, match="not a valid host name"):
+            guard.addresses(host, rule)
+    assert asked == []
+
+
+@pytest.mark.parametrize("host", [f"{'a' * 63}.com", "bücher.de", "example.com.", "127.0.0.1", "::1", "a_b.test"])
+def test_valid_host_names_and_addresses_are_valid(host: str) -> None:
+    """Labels of up to 63 characters, international names, a final dot and addresses are valid hosts."""
+    assert is_valid_host(host)

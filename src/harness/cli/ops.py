@@ -8,7 +8,16 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from harness.cli.runs import operations
-from harness.cli.support import AgentOption, DbOption, JsonOption, agent_reference, check_agent, emit
+from harness.cli.support import (
+    AgentOption,
+    DbOption,
+    JsonOption,
+    agent_reference,
+    check_agent,
+    emit,
+    seconds_up_to,
+)
+from harness.kernel.thresholds import MAX_DURATION_S
 
 if TYPE_CHECKING:
     from harness.drive.sweeper import SweepReport
@@ -24,7 +33,8 @@ def _doc(report: SweepReport) -> dict[str, object]:
 def sweep(
     once: Annotated[bool, typer.Option("--once/--forever", help="One pass, or keep sweeping.")] = True,
     interval: Annotated[float | None, typer.Option(
-        "--interval", help="Seconds between passes (default: the sweep interval setting).")] = None,
+        "--interval", callback=seconds_up_to(MAX_DURATION_S),
+        help="Seconds between passes, above 0 and at most 366 days (default: the sweep interval setting).")] = None,
     resume: Annotated[bool, typer.Option(
         "--resume/--no-resume",
         help="Drive stuck Runs that can still be resumed here, instead of closing them (off: this command "

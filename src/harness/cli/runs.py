@@ -10,9 +10,19 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from harness.cli.startup import kept_until_exit
-from harness.cli.support import DbOption, JsonOption, agent_reference, check_agent, emit, fail, screen
+from harness.cli.support import (
+    DbOption,
+    JsonOption,
+    agent_reference,
+    check_agent,
+    emit,
+    fail,
+    screen,
+    seconds_up_to,
+)
 from harness.domain.authority import check_may_cancel
 from harness.kernel.states import FINAL, RunState
+from harness.kernel.thresholds import MAX_DURATION_S
 from harness.timefmt import deadline_reason, human, iso
 
 if TYPE_CHECKING:
@@ -95,7 +105,8 @@ def run(
         "--start-by", help="The latest moment the Run may start, ISO 8601 with its offset "
                            "(2026-12-05T10:00:00Z); later it is closed not_started instead of run.")] = None,
     start_within: Annotated[float | None, typer.Option(
-        "--start-within", min=0.001, help="The same as a number of seconds from now.")] = None,
+        "--start-within", min=0.001, callback=seconds_up_to(MAX_DURATION_S),
+        help="The same as a number of seconds from now (at most 366 days).")] = None,
     db: DbOption = None,
     json_: JsonOption = False,
 ) -> None:

@@ -171,6 +171,19 @@ def fail(message: str, code: int = EXIT_BAD_INPUT) -> NoReturn:
     raise typer.Exit(code)
 
 
+def seconds_up_to(most: float) -> Callable[[float | None], float | None]:
+    """The check of an option in seconds (its typer `callback`): a number above 0 and at most `most` passes
+    unchanged; anything else, infinity and NaN included, is bad usage (exit 2) naming the option, not an
+    overflow where the number meets a clock, a timer or a date."""
+
+    def check(value: float | None) -> float | None:
+        if value is not None and not 0 < value <= most:  # not NaN either
+            raise typer.BadParameter(f"{value:g} is not a number of seconds above 0 and at most {most:.10g}")
+        return value
+
+    return check
+
+
 def cli_errors(fn: Callable[P, R]) -> Callable[P, R]:
     """Turn library errors into the CLI's contract: a clear message on stderr and exit 2, no traceback."""
 

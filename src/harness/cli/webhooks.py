@@ -11,10 +11,19 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from harness.cli.runs import operations, read_store
-from harness.cli.support import EXIT_CHECK_FAILED, DbOption, JsonOption, cli_errors, emit, fail, screen
+from harness.cli.support import (
+    EXIT_CHECK_FAILED,
+    DbOption,
+    JsonOption,
+    cli_errors,
+    emit,
+    fail,
+    screen,
+    seconds_up_to,
+)
 from harness.domain.costs import GROUPS
 from harness.domain.ids import ordered_id
-from harness.domain.webhooks import DEFAULT_SECRET_ENV, STATUSES
+from harness.domain.webhooks import DEFAULT_SECRET_ENV, MAX_SEND_TIMEOUT_S, STATUSES
 
 if TYPE_CHECKING:
     from harness.domain.costs import GroupBy
@@ -47,7 +56,9 @@ def test(
     secret_env: Annotated[str, typer.Option(
         "--secret-env", help="The environment variable holding the Standard Webhooks secret to sign with.")]
     = DEFAULT_SECRET_ENV,
-    timeout: Annotated[float, typer.Option("--timeout", help="Seconds to wait for an answer.", min=0.1)] = 10.0,
+    timeout: Annotated[float, typer.Option(
+        "--timeout", help="Seconds to wait for an answer (at most 300).", min=0.1,
+        callback=seconds_up_to(MAX_SEND_TIMEOUT_S))] = 10.0,
     json_: JsonOption = False,
 ) -> None:
     """Send one signed `webhook.ping` event to URL and say how the receiver answered (exit 1 if not 2xx).
@@ -152,7 +163,10 @@ def parse_since(value: str, now: dt.datetime) -> dt.datetime:
     found = _SINCE.match(value.strip())
     if found:
         amount, unit = int(found.group(1)), found.group(2)
-        return now - dt.timedelta(**{{"d": "days", "h": "hours", "m": "minutes"}[unit]: amount})
+        try:
+            return now - dt.timedelta(**{{"d": "days", "h": "hours", "m": "minutes"}[unit]: amount})
+        except OverflowError:
+            fail(f"--since: {value!r} reaches back before the year 1")
     try:
         parsed = dt.datetime.fromisoformat(value)
     except ValueError:

@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from harness.domain import limits
+from harness.domain.outbound import is_valid_host
 
 IDENT = r"^[A-Za-z0-9][A-Za-z0-9_.:@\-]{0,127}$"
 Ident = Annotated[str, Field(pattern=IDENT)]
@@ -42,6 +43,8 @@ def check_callback_url(value: str) -> str:
         raise ValueError(f"a callback URL must be http or https, not {parts.scheme or 'without a scheme'}")
     if not parts.hostname:
         raise ValueError("a callback URL needs a host")
+    if not is_valid_host(parts.hostname):
+        raise ValueError(f"not a valid host name: {parts.hostname!r}")
     if parts.username is not None or parts.password is not None:
         raise ValueError("a callback URL must not carry credentials: the payload is signed instead")
     if parts.fragment:
@@ -53,6 +56,20 @@ def check_callback_url(value: str) -> str:
 
 
 CallbackUrl = Annotated[str, AfterValidator(check_callback_url)]
+
+
+def in_utc(value: dt.datetime) -> dt.datetime:
+    """An aware time as UTC; ValueError when its offset takes it past the first or the last day a date
+    can hold (9999-12-31T23:59:59-05:00 is in the year 10000 in UTC)."""
+    try:
+        return value.astimezone(dt.UTC)
+    except OverflowError:
+        raise ValueError(f"{value.isoformat()} is out of range: in UTC it must fall within the years 1 to "
+                         "9999") from None
+
+
+#: a moment a caller names (ISO 8601 with its offset), kept in UTC
+StartBy = Annotated[AwareDatetime, AfterValidator(in_utc)]
 
 
 class Contract(BaseModel):
@@ -157,12 +174,7 @@ class RunRequest(Input):
     #: the latest moment the Run may start (an ISO-8601 time with its offset, kept in UTC): a Run still
     #: waiting in the queue then is closed CLOSED_FAILED `not_started` instead of running late. None: the
     #: deployment's HARNESS_QUEUE_MAX_WAIT_S after acceptance, if set; otherwise it waits as long as it takes
-    start_by: AwareDatetime | None = None
-
-    @field_validator("start_by")
-    @classmethod
-    def _start_by_in_utc(cls, value: dt.datetime | None) -> dt.datetime | None:
-        return None if value is None else value.astimezone(dt.UTC)
+    start_by: StartBy | None = None
 
     @field_validator("task")
     @classmethod

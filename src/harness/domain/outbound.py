@@ -48,6 +48,30 @@ class OutboundUnresolvedError(BadInputError):
     """An outbound URL whose host name does not resolve."""
 
 
+class OutboundInvalidHostError(OutboundRefusedError):
+    """An outbound URL whose host is no address and no name a resolver can be asked for (an empty label, a
+    label over 63 characters): it can never be reached, so it is refused rather than tried."""
+
+
+#: the longest host name DNS carries, and the longest label in it (RFC 1035), counted once encoded
+MAX_HOST_NAME = 253
+MAX_LABEL = 63
+
+
+def is_valid_host(host: str) -> bool:
+    """Whether `host` is an address (any spelling `literal_address` takes) or a name a resolver can be asked
+    for: labels of 1 to 63 characters once encoded for DNS (IDNA, as the resolver encodes it), 253 in all,
+    a final dot allowed."""
+    if literal_address(host) is not None:
+        return True
+    name = host[:-1] if host.endswith(".") else host
+    try:
+        encoded = name.encode("idna")  # what the system resolver does first, raising for a bad label
+    except UnicodeError:
+        return False
+    return 0 < len(encoded) <= MAX_HOST_NAME and all(0 < len(label) <= MAX_LABEL for label in encoded.split(b"."))
+
+
 def literal_address(host: str) -> Address | None:
     """The address `host` spells, in any of the forms a resolver accepts (dotted, short ``127.1``, hex,
     octal, one decimal number, bracketed or zoned IPv6); None for a host name."""
@@ -153,13 +177,16 @@ class OutboundGuard:
 
     def addresses(self, host: str, rule: OutboundRule) -> list[Address]:
         """The addresses `host` may be reached at, every one checked; `OutboundRefusedError` if any of them (or the
-        name itself, for the local machine's names) is internal and not allowed, `OutboundUnresolvedError` if the
-        name does not resolve. A resolver's answer that mixes public and internal addresses is refused: a
-        name pointing inside the network is not made safe by also pointing outside it."""
+        name itself, for the local machine's names) is internal and not allowed, or (`OutboundInvalidHostError`)
+        if it is no valid host name; `OutboundUnresolvedError` if the name does not resolve. A resolver's
+        answer that mixes public and internal addresses is refused: a name pointing inside the network is not
+        made safe by also pointing outside it."""
         host = host.lower().rstrip(".")
         literal = literal_address(host)
         if literal is not None:
             found = [literal]
+        elif not is_valid_host(host):  # no resolver is asked for a name it cannot even encode
+            raise OutboundInvalidHostError(f"the host {host!r} is not a valid host name")
         elif host in _LOCAL_NAMES or host.endswith(".localhost"):  # never asked: these are this machine
             found = [a for a in _LOOPBACK if rule.allows_host(host) or rule.allows_address(a)] or list(_LOOPBACK)
         else:

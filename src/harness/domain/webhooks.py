@@ -11,6 +11,8 @@ PENDING, DELIVERED, DEAD = "pending", "delivered", "dead"
 STATUSES = (PENDING, DELIVERED, DEAD)
 #: the variable holding the Standard Webhooks secret when no webhooks file names one per tenant
 DEFAULT_SECRET_ENV = "HARNESS_WEBHOOK_SECRET"
+#: the longest one send may wait for its receiver's answer, in seconds
+MAX_SEND_TIMEOUT_S = 300.0
 
 
 @dataclass(frozen=True, slots=True)

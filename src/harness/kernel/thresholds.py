@@ -37,6 +37,11 @@ TRANSIENT_THRESHOLD_S = 30.0
 #: one definition, which the settings and the run manager take theirs from
 DEFAULT_EXECUTION_LIMIT_S = 600.0
 
+#: the longest any duration a deployment sets may be, in seconds (366 days): a threshold, an interval, a
+#: timeout, a lease. Longer is a slip of the keyboard, and infinity or a number like 1e300 overflows the
+#: clocks, timers and dates it reaches (a thread's wait, a deadline written as a date)
+MAX_DURATION_S = 366 * 24 * 3600.0
+
 DEFAULT_THRESHOLDS_S: Mapping[RunState, float | None] = MappingProxyType({
     S.CREATED: 30.0,
     S.PREPARING: 60.0,
@@ -88,7 +93,8 @@ class Thresholds:
         by state name.
 
         ValueError for an unknown or final state, AWAITING_HITL (its requests' deadlines decide), a
-        threshold or sweep interval that is not positive, or a ceiling factor below 1."""
+        threshold that is not a positive number of seconds up to MAX_DURATION_S, a sweep interval that is not
+        positive, or a ceiling factor below 1."""
         if sweep_interval_s <= 0:
             raise ValueError(f"the sweep interval must be positive, not {sweep_interval_s}")
         per_state: dict[RunState, float | None] = dict(DEFAULT_THRESHOLDS_S)
@@ -100,8 +106,9 @@ class Thresholds:
                 raise ValueError(f"no state named {name!r} has a threshold") from None
             if state in FINAL or state == S.AWAITING_HITL:
                 raise ValueError(f"{state.value} has no threshold to set (final, or decided by approval deadlines)")
-            if seconds <= 0:
-                raise ValueError(f"the threshold of {state.value} must be positive, not {seconds}")
+            if not 0 < seconds <= MAX_DURATION_S:  # not NaN either
+                raise ValueError(f"the threshold of {state.value} must be a number of seconds above 0 and at most "
+                                 f"{MAX_DURATION_S:.0f} (366 days), not {seconds}")
             per_state[state] = float(seconds)
         if ceiling_factor < 1:
             raise ValueError(f"the heartbeat ceiling factor must be at least 1, not {ceiling_factor}")

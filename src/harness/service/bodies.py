@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from harness.domain import limits
-from harness.domain.contracts import MAX_CHAIN_DEPTH, CallbackUrl, Ident, Message, MetadataKey, refuse_nul
+from harness.domain.contracts import MAX_CHAIN_DEPTH, CallbackUrl, Ident, Message, MetadataKey, StartBy, refuse_nul
 
 #: a SHA-256 in hex, as a request names an action set or a file
 HEX64 = r"^[0-9a-f]{64}$"
@@ -60,7 +60,7 @@ class CreateRunBody(Body):
         "Standard Webhooks (webhook-id, webhook-timestamp, webhook-signature).",
         examples=["https://hooks.example.com/harness"],
     )
-    start_by: AwareDatetime | None = Field(
+    start_by: StartBy | None = Field(
         default=None,
         description="The latest moment the Run may start, ISO 8601 with its offset (e.g. "
                     "`2026-12-05T10:00:00Z`). A Run still waiting in the queue then is closed CLOSED_FAILED with "

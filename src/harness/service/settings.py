@@ -9,6 +9,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from harness.domain.errors import InvalidRequestError
+from harness.kernel.thresholds import MAX_DURATION_S
 
 _ENV = {
     "queue_limit": "HARNESS_QUEUE_LIMIT",
@@ -22,7 +23,9 @@ _ENV = {
 
 
 class ServiceSettings(BaseModel):
-    """The service's own knobs; the Runtime's settings (database, skills, policy) are harness.settings'."""
+    """The service's own knobs; the Runtime's settings (database, skills, policy) are harness.settings'.
+    Every duration (a field ending in `_s`) is a finite number of seconds of at most MAX_DURATION_S (366
+    days), as the Runtime's are."""
 
     model_config = ConfigDict(extra="forbid")
     #: Runs the embedded worker drives at once (`--workers`); None: the runtime's drive_concurrency
@@ -35,19 +38,19 @@ class ServiceSettings(BaseModel):
     #: waits for one in the event loop instead of queueing for a database connection with the drives
     http_threads: int = Field(default=16, ge=1, le=1_000)
     #: how often approval timeouts are applied and the trace outbox is drained
-    housekeeping_interval_s: float = Field(default=1.0, gt=0)
+    housekeeping_interval_s: float = Field(default=1.0, gt=0, le=MAX_DURATION_S)
     #: how often a waiting request or event stream re-reads the database (Runs driven by other processes)
-    poll_interval_s: float = Field(default=0.5, gt=0)
-    max_wait_s: float = Field(default=300.0, gt=0)
+    poll_interval_s: float = Field(default=0.5, gt=0, le=MAX_DURATION_S)
+    max_wait_s: float = Field(default=300.0, gt=0, le=MAX_DURATION_S)
     #: an event stream ends after this long; browsers' EventSource reconnects with Last-Event-ID
-    stream_lifetime_s: float = Field(default=60.0, gt=0)
+    stream_lifetime_s: float = Field(default=60.0, gt=0, le=MAX_DURATION_S)
     otel_exporter: Literal["none", "console", "otlp"] = "none"
     #: signs console session cookies; random per process unless configured (sessions then end on restart)
     session_secret: str = Field(default_factory=lambda: secrets.token_hex(32), min_length=16)
-    session_ttl_s: float = Field(default=12 * 3600.0, gt=0)
+    session_ttl_s: float = Field(default=12 * 3600.0, gt=0, le=MAX_DURATION_S)
     cookie_secure: bool = False
     #: how often the embedded delivery loop sends due webhooks; 0 turns it off (Celery workers deliver)
-    webhook_interval_s: float = Field(default=1.0, ge=0)
+    webhook_interval_s: float = Field(default=1.0, ge=0, le=MAX_DURATION_S)
 
     @classmethod
     def from_env(cls, **overrides: object) -> ServiceSettings:

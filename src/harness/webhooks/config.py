@@ -43,7 +43,8 @@ from standardwebhooks import Webhook
 from harness.domain.contracts import IDENT, check_callback_url
 from harness.domain.errors import BadInputError
 from harness.domain.outbound import OutboundGuard, OutboundRule, OutboundUnresolvedError
-from harness.domain.webhooks import DEFAULT_SECRET_ENV
+from harness.domain.webhooks import DEFAULT_SECRET_ENV, MAX_SEND_TIMEOUT_S
+from harness.kernel.thresholds import MAX_DURATION_S
 from harness.yamlfile import load_yaml_model
 
 #: the environment variable whose secret signs callbacks when no webhooks file says otherwise
@@ -122,14 +123,15 @@ class ApproverEndpoint(SecretRef):
 
 class Delivery(_Strict):
     """The retry schedule: attempt n waits backoff_s * 2**(n-1) (at most max_backoff_s) after attempt n-1;
-    after max_attempts the delivery is dead (kept, listed, redeliverable)."""
+    after max_attempts the delivery is dead (kept, listed, redeliverable). Each duration is at most
+    MAX_DURATION_S (366 days)."""
 
     max_attempts: int = Field(default=8, ge=1, le=100)
-    backoff_s: float = Field(default=5.0, gt=0)
-    max_backoff_s: float = Field(default=3600.0, gt=0)
-    timeout_s: float = Field(default=10.0, gt=0, le=300)
+    backoff_s: float = Field(default=5.0, gt=0, le=MAX_DURATION_S)
+    max_backoff_s: float = Field(default=3600.0, gt=0, le=MAX_DURATION_S)
+    timeout_s: float = Field(default=10.0, gt=0, le=MAX_SEND_TIMEOUT_S)
     #: a claimed delivery is another process's again after this long (it must outlast one send)
-    lease_s: float | None = Field(default=None, gt=0)
+    lease_s: float | None = Field(default=None, gt=0, le=MAX_DURATION_S)
     batch: int = Field(default=50, ge=1, le=1000)
 
     @property
