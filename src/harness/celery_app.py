@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -27,7 +28,7 @@ from celery.signals import after_setup_logger, worker_process_init, worker_proce
 
 from harness.audit.publisher import CheckpointPublisher
 from harness.config import Runtime, build_runtime
-from harness.domain.errors import DatabaseUnavailableError, SkillsElsewhereError
+from harness.domain.errors import DatabaseUnavailableError, InvalidRequestError, SkillsElsewhereError
 from harness.domain.ids import ordered_id
 from harness.drive.sweeper import ZombieSweeper
 from harness.drive.worker import RunWorker
@@ -151,13 +152,43 @@ def orphans(rt: Runtime, grace_s: float, limit: int = 1000) -> list[str]:
     return rt.store.unowned_runs(grace_s, limit)
 
 
+def broker_url(broker: str | None = None) -> str:
+    """The broker URL: `broker`, else HARNESS_BROKER_URL, else the local Redis."""
+    return broker or os.environ.get("HARNESS_BROKER_URL", "redis://127.0.0.1:6379/0")
+
+
+def check_broker(broker: str | None = None) -> None:
+    """Refuse (InvalidRequestError, naming the URL without its password) a broker URL Celery could not
+    connect with at all: an unknown transport, a transport whose client library is missing, a URL that does
+    not parse, a Redis database that is not a number. Nothing is connected to: a broker that is down is the
+    worker's to wait for."""
+    from kombu.connection import Connection
+
+    url = broker_url(broker)
+    shown = re.sub(r"(://[^:/@]*:)[^@/]*@", r"\1**@", url)
+    try:
+        connection = Connection(url)  # type: ignore[no-untyped-call]  # kombu leaves it unannotated
+        connection.transport  # noqa: B018 (resolves the transport, importing its client library)
+    except KeyError:
+        raise InvalidRequestError(f"broker {shown}: no such transport {url.partition(':')[0]!r} (Redis: "
+                                  "redis://host:6379/0, RabbitMQ: amqp://user:password@host:5672//)") from None
+    except ImportError as exc:
+        raise InvalidRequestError(f"broker {shown}: its transport needs {exc.name}, which is not installed") \
+            from None
+    except ValueError as exc:
+        raise InvalidRequestError(f"broker {shown}: not a broker URL: {exc}") from None
+    database = (connection.virtual_host or "/").removeprefix("/")
+    if connection.transport_cls in ("redis", "rediss") and database and not database.isdigit():
+        raise InvalidRequestError(f"broker {shown}: the Redis database is a number, not {database!r}")
+
+
 def make_app(broker: str | None = None) -> Celery:
     """The Celery application with the harness tasks and the sweep schedule.
 
     Each app's tasks are its own (`shared=False`): Celery's default shares a decorated task with every app
     finalized later, so a second app (`harness worker` makes one beside the module's) would run the first
     app's tasks, bound to the first app's broker, under the same names."""
-    app = Celery("harness", broker=broker or os.environ.get("HARNESS_BROKER_URL", "redis://127.0.0.1:6379/0"))
+    app = Celery("harness", broker=broker_url(broker))
     settings = Settings.from_env()
     lease_ttl = settings.lease_ttl_s
     app.conf.update(

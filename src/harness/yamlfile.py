@@ -26,12 +26,22 @@ def parse_yaml(text: str) -> Any:
     return yaml.safe_load(text)
 
 
-def read_yaml(path: Path, error: type[BadInputError] = BadInputError, what: str = "") -> Any:
-    """The parsed YAML file at `path`; `error` naming the file when it cannot be read or parsed."""
+def read_text(path: Path, error: type[BadInputError] = BadInputError, what: str = "") -> str:
+    """The text of the UTF-8 file at `path` (a config file: YAML, Cedar); `error` naming the file when it
+    cannot be read or is not UTF-8."""
     try:
-        return parse_yaml(path.read_text(encoding="utf-8"))
+        return path.read_text(encoding="utf-8")
     except OSError as exc:
         raise error(f"{path}: cannot read{' ' + what if what else ''}: {exc.strerror}") from exc
+    except UnicodeDecodeError as exc:
+        raise error(f"{path}: not UTF-8 text (byte {exc.start})") from None
+
+
+def read_yaml(path: Path, error: type[BadInputError] = BadInputError, what: str = "") -> Any:
+    """The parsed YAML file at `path`; `error` naming the file when it cannot be read or parsed."""
+    text = read_text(path, error, what)
+    try:
+        return parse_yaml(text)
     except yaml.YAMLError as exc:
         raise error(f"{path}: not valid YAML: {exc}") from exc
 

@@ -93,6 +93,9 @@ def worker(
         os.environ["HARNESS_DRIVE_CONCURRENCY"] = str(concurrency)
     reference = agent_reference(agent)
     check_agent(reference)  # named now, not in the worker's first task
+    from harness.celery_app import check_broker, make_app
+
+    check_broker(broker)  # a URL Celery cannot use is one line here, not a traceback as Celery starts
     if reference:
         os.environ["HARNESS_AGENT"] = reference
     # as `harness serve`: the database reached and its schema made current before Celery starts (a bad
@@ -113,8 +116,6 @@ def worker(
     finally:
         root.removeHandler(lines)
         root.setLevel(level)
-    from harness.celery_app import make_app
-
     app = make_app(broker)
     # two task threads hand Runs over to the drive loop (one may wait for a place while the other takes the
     # next message); the Runs themselves are driven on the loop, not on these threads

@@ -41,6 +41,7 @@ def serve(
     """Serve the HTTP API (OpenAPI at /docs) and the web console (/ui) on the embedded default."""
     # imported here so that every other `harness` command starts without loading the web stack
     import uvicorn
+    from uvicorn.config import STARTUP_FAILURE
 
     from harness.service import logs
     from harness.service.settings import ServiceSettings
@@ -54,6 +55,7 @@ def serve(
     # settings checked here, before any process starts: each process builds its own service from them
     runtime_settings = Settings.from_env(db=db, agent=agent_reference(agent))
     check_agent(runtime_settings.agent)
+    can_listen(host, port)
     from harness.stores import prepare_schema
 
     # the database reached and its schema made current before any process starts: an unreachable database or
@@ -88,4 +90,31 @@ def serve(
         timeout_graceful_shutdown=3,
         log_level=log_level.lower(),
     )
-    uvicorn.Server(config).run()
+    try:
+        uvicorn.Server(config).run()
+    except SystemExit as exc:  # uvicorn's start failure (logged above): the port taken since the check, say
+        if exc.code != STARTUP_FAILURE:
+            raise
+        fail("the service could not start (the reason is above)")
+
+
+def can_listen(host: str, port: int) -> None:
+    """Bind `host`:`port` as the server will (asyncio's `create_server`, uvicorn's own call) and let it go
+    again: a port in use or a host that is no address of this machine stops the command with one line and
+    exit 2 before the service is built (uvicorn would end with its own code, 3, after building it)."""
+    import asyncio
+    import os
+    import socket
+
+    async def probe() -> None:
+        server = await asyncio.get_running_loop().create_server(asyncio.Protocol, host, port)
+        server.close()
+        await server.wait_closed()
+
+    try:
+        asyncio.run(probe())
+    except OSError as exc:
+        # asyncio words a failed bind "error while attempting to bind on address ...": the errno says it shorter
+        reason = exc.strerror if isinstance(exc, socket.gaierror) or not exc.errno else os.strerror(exc.errno)
+        where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        fail(f"cannot listen on {where}: {reason}")

@@ -16,6 +16,7 @@ from harness.domain.chain import text_hash
 from harness.domain.contracts import CallerIdentity
 from harness.domain.errors import PolicyConfigError
 from harness.skills.manifests import Skill
+from harness.yamlfile import read_text
 
 
 class CedarPermissions:
@@ -39,11 +40,7 @@ class CedarPermissions:
     @classmethod
     def from_file(cls, path: Path) -> CedarPermissions:
         """Load Cedar policies from a file."""
-        try:
-            text = path.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise PolicyConfigError(f"{path}: cannot read Cedar policies: {exc.strerror}") from exc
-        return cls(text, source=str(path))
+        return cls(read_text(path, PolicyConfigError, "Cedar policies"), source=str(path))
 
     def is_permitted(self, caller: CallerIdentity, skill: Skill, arguments: dict[str, Any]) -> tuple[bool, str]:
         """(allowed, explanation naming the policies that decided)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -60,6 +61,12 @@ class Guardrail(Strict):
             if not isinstance(paths, list) or not paths or not all(
                     isinstance(p, str) and p.startswith("/") for p in paths):
                 raise ValueError(f"guardrail {self.id!r}: shell_wipes needs an absolute path or a list of them")
+        if self.op == "matches":
+            try:
+                re.compile(str(self.value))  # as the rule is checked (harness.policy.guardrails)
+            except re.error as exc:
+                raise ValueError(f"guardrail {self.id!r}: {self.value!r} is not a valid regular expression: "
+                                 f"{exc}") from None
         return self
 
     @property

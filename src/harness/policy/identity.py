@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from harness.domain.contracts import IDENT, CallerIdentity
 from harness.domain.errors import BadInputError
-from harness.yamlfile import parse_yaml
+from harness.yamlfile import parse_yaml, read_text
 
 
 class UnknownIdentityError(BadInputError):
@@ -54,11 +54,9 @@ class IdentityDirectory:
     @classmethod
     def from_file(cls, path: Path) -> IdentityDirectory:
         """Load a directory file; errors name the file and the field."""
+        text = read_text(path, BadInputError, "identities")
         try:
-            raw = parse_yaml(path.read_text(encoding="utf-8"))
-            return cls(DirectoryFile.model_validate(raw).identities)
-        except OSError as exc:
-            raise BadInputError(f"{path}: cannot read identities: {exc.strerror}") from exc
+            return cls(DirectoryFile.model_validate(parse_yaml(text)).identities)
         except (yaml.YAMLError, ValidationError) as exc:
             raise BadInputError(f"{path}: invalid identities file: {exc}") from exc
 

@@ -108,6 +108,12 @@ def run(*, host: str, port: int, processes: int, log_level: str, options: dict[s
     config = uvicorn.Config("harness.service.processes:child_app", factory=True, host=host, port=port,
                             workers=processes, log_config=None, access_log=False, timeout_graceful_shutdown=3,
                             timeout_worker_healthcheck=HEALTHCHECK_S, log_level=log_level)
-    supervisor = Supervisor(config, sockets=[config.bind_socket()])
+    try:
+        sockets = [config.bind_socket()]
+    except SystemExit as exc:  # uvicorn logged why (the port taken since serve checked it) and ends with code 3:
+        if exc.code != START_FAILED:  # in this process, the command's, that is a start failure like any other
+            raise
+        return 1
+    supervisor = Supervisor(config, sockets=sockets)
     supervisor.run()
     return 1 if any(p.exitcode == START_FAILED for p in supervisor.processes) else 0

@@ -97,6 +97,8 @@ class SecretRef(_Strict):
             except OSError as exc:
                 raise WebhookConfigError(f"cannot read the webhook secret in {self.secret_file}: "
                                          f"{exc.strerror}") from exc
+            except UnicodeDecodeError:
+                raise WebhookConfigError(f"the webhook secret in {self.secret_file} is not UTF-8 text") from None
         if not value:
             raise WebhookConfigError(f"the webhook secret in {self.describe()} is empty or unset")
         try:
