@@ -93,3 +93,47 @@ def test_consistency_refuses_a_checkpoint_field_of_the_wrong_type(
     code, out, err = run_verify(["consistency", str(cpdir / FIRST), str(tampered), "--public-key",
                                  str(cpdir / "public-key.pem"), "--json"], capsys)
     assert code == 2 and err.startswith("error: ") and out == ""
+
+
+@pytest.fixture
+def exported(db: str, store: SqlStore, cpdir: Path, tmp_path: Path) -> Path:
+    """An export of the database's Run, made against the checkpoint in `cpdir`."""
+    out = tmp_path / "run.json"
+    assert audit("export", store.list_runs()[0].run_id, "--db", db, "--dir", str(cpdir), "-o", str(out)).exit_code == 0
+    return out
+
+
+@pytest.mark.parametrize("field", ["kind", "payload", "prev_hash", "record_id", "run_id"])
+@pytest.mark.parametrize("value", [None, 5, [1], {"a": 1}])
+def test_export_names_a_record_field_of_the_wrong_type(
+    exported: Path, cpdir: Path, field: str, value: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A record field that must be a string and is not is named, records[i].FIELD, with exit 2."""
+    document = json.loads(exported.read_text())
+    document["records"][0][field] = value
+    exported.write_text(json.dumps(document))
+    code, out, err = run_verify(["export", str(exported), "--checkpoint", str(cpdir)], capsys)
+    assert code == 2, out + err
+    assert err == f"error: records[0].{field} must be a string\n"
+
+
+@pytest.mark.parametrize("value", [5, "zz", {"a": 1}])
+def test_export_refuses_a_not_covered_that_is_not_a_list(
+    exported: Path, cpdir: Path, value: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`not_covered` lists records: anything else is a malformed export, not a count of its characters."""
+    rewrite(exported, {"not_covered": value})
+    code, _, err = run_verify(["export", str(exported), "--checkpoint", str(cpdir)], capsys)
+    assert code == 2 and "export.not_covered must be a list" in err
+
+
+@pytest.mark.parametrize("content", ["[]", "null", "5", '"x"', "{}"])
+def test_export_that_is_not_an_export_is_named_so(
+    cpdir: Path, tmp_path: Path, content: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An export file that is not an export object says so, not that the checkpoint folder cannot be read."""
+    path = tmp_path / "m.json"
+    path.write_text(content)
+    code, out, err = run_verify(["export", str(path), "--checkpoint", str(cpdir)], capsys)
+    assert code == 2 and out == ""
+    assert err == "error: an export must be a JSON object with format 'harness-export/1'\n"
