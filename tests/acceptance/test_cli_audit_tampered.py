@@ -137,3 +137,47 @@ def test_export_that_is_not_an_export_is_named_so(
     code, out, err = run_verify(["export", str(path), "--checkpoint", str(cpdir)], capsys)
     assert code == 2 and out == ""
     assert err == "error: an export must be a JSON object with format 'harness-export/1'\n"
+
+
+@pytest.mark.parametrize("kind", ["missing", "file"])
+def test_verify_fails_when_the_witness_cannot_be_read(db: str, cpdir: Path, tmp_path: Path, kind: str) -> None:
+    """A witness path that does not exist, or is a file, fails the check (exit 1) and says why."""
+    witness = tmp_path / "notaurl"
+    if kind == "file":
+        witness.write_text("not a witness")
+    result = audit("verify", "--db", db, "--checkpoint-dir", str(cpdir), "--witness", str(witness), "--json")
+    assert result.exit_code == 1, result.output
+    report = doc(result)
+    assert report["ok"] is False
+    assert report["first_bad"]["kind"] == "witness_unreadable" and str(witness) in report["first_bad"]["detail"]
+
+
+def test_verify_warns_when_the_witness_lacks_local_checkpoints(db: str, cpdir: Path, tmp_path: Path) -> None:
+    """A witness that holds none of the database's checkpoints while the local folder does is said."""
+    witness = tmp_path / "witness"
+    witness.mkdir()
+    result = audit("verify", "--db", db, "--checkpoint-dir", str(cpdir), "--witness", str(witness), "--json")
+    assert result.exit_code == 0, result.output
+    assert any(f"witness {witness} holds no checkpoint of this database" in w for w in doc(result)["warnings"])
+
+
+def test_verify_reports_a_witness_file_that_is_not_json(db: str, cpdir: Path, tmp_path: Path, store: SqlStore) -> None:
+    """A witness copy that is not JSON fails the check as an unreadable witness, with no traceback."""
+    witness = tmp_path / "witness"
+    assert audit("checkpoint", "--db", db, "--dir", str(tmp_path / "other"), "--witness", str(witness)).exit_code == 0
+    copy = witness / str(store.database_id()) / FIRST
+    copy.chmod(0o644)
+    copy.write_text("{not json")
+    result = audit("verify", "--db", db, "--checkpoint-dir", str(cpdir), "--witness", str(witness), "--json")
+    assert result.exit_code == 1, result.output
+    assert doc(result)["first_bad"]["kind"] == "witness_unreadable"
+
+
+def test_require_checkpoint_reports_ok_false(db: str, tmp_path: Path) -> None:
+    """With --require-checkpoint and nothing to check against, the JSON's ok agrees with exit 1."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    result = audit("verify", "--db", db, "--checkpoint-dir", str(empty), "--require-checkpoint", "--json")
+    assert result.exit_code == 1, result.output
+    report = doc(result)
+    assert report["ok"] is False and report["first_bad"]["kind"] == "checkpoint_missing"
