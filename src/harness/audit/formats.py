@@ -17,6 +17,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -72,27 +73,30 @@ def hex_proof(value: Any, what: str) -> list[bytes]:
 
 
 def check_checkpoint(doc: Any) -> dict[str, Any]:
-    """Validate a checkpoint document's shape (not its signature); returns it."""
+    """Validate a checkpoint document's shape (not its signature), every field by type; returns it."""
     if not isinstance(doc, dict):
         raise FormatError("a checkpoint must be a JSON object")
-    fields = _HEAD_FIELDS.get(doc.get("format"))  # type: ignore[arg-type]
+    tag = doc.get("format")
+    fields = _HEAD_FIELDS.get(tag) if isinstance(tag, str) else None
     if fields is None:
         raise FormatError(f"checkpoint format must be {CHECKPOINT_FORMAT_V2!r} or {CHECKPOINT_FORMAT!r}, "
-                          f"not {doc.get('format')!r}")
+                          f"not {tag!r}")
     missing = [f for f in (*fields, "signature") if f not in doc]
     if missing:
         raise FormatError(f"checkpoint lacks {', '.join(missing)}")
-    if doc["format"] == CHECKPOINT_FORMAT_V2:
-        if not isinstance(doc["database_id"], str) or not doc["database_id"]:
-            raise FormatError("database_id must be a non-empty string")
-        leaf_prefixes(doc)
+    # the tree size first: the leaf prefixes are checked against it
     count_field(doc["tree_size"], "tree_size")
     _hex32(doc["root_hash"], "root_hash")
     _hex32(doc["chain_head_hash"], "chain_head_hash")
-    if not isinstance(doc["timestamp"], int | float) or isinstance(doc["timestamp"], bool):
-        raise FormatError("timestamp must be a number")
+    timestamp = doc["timestamp"]
+    if not isinstance(timestamp, int | float) or isinstance(timestamp, bool) or not math.isfinite(timestamp):
+        raise FormatError("timestamp must be a finite number")
     if not isinstance(doc["key_id"], str) or not isinstance(doc["signature"], str):
         raise FormatError("key_id and signature must be strings")
+    if tag == CHECKPOINT_FORMAT_V2:
+        if not isinstance(doc["database_id"], str) or not doc["database_id"]:
+            raise FormatError("database_id must be a non-empty string")
+        leaf_prefixes(doc)
     previous = doc.get("previous")
     if previous is not None:
         if not isinstance(previous, dict):
@@ -134,7 +138,8 @@ def leaf_prefixes(checkpoint: dict[str, Any]) -> tuple[int, bytes] | None:
         data = base64.b64decode(leaves.get("prefixes", ""), validate=True)
     except (binascii.Error, TypeError, ValueError):
         raise FormatError("leaves.prefixes is not base64") from None
-    if len(data) != (checkpoint["tree_size"] - start) * LEAF_PREFIX_BYTES:
+    size = count_field(checkpoint.get("tree_size"), "tree_size")
+    if len(data) != (size - start) * LEAF_PREFIX_BYTES:
         return None  # not what a publisher writes: its signature does not hold either, and says so
     return start, data
 

@@ -46,6 +46,9 @@ def _check_record(rec: Any, i: int, run_id: str, size: int, root: bytes) -> str 
     if not isinstance(rec, dict) or any(f not in rec for f in RECORD_FIELDS):
         return f"record #{i} lacks one of {', '.join(RECORD_FIELDS)}"
     seq = count_field(rec["seq"], f"records[{i}].seq")
+    for text in ("record_id", "run_id", "kind", "prev_hash", "payload"):
+        if not isinstance(rec[text], str):
+            raise FormatError(f"records[{i}].{text} must be a string")
     name = f"record seq {seq} ({rec['record_id']})"
     if rec["run_id"] != run_id:
         return f"{name} belongs to run {rec['run_id']!r}, not {run_id!r}"
@@ -77,8 +80,7 @@ def verify_export(export: Any, checkpoint: Any, public_key: Ed25519PublicKey | S
     RunTrace names and the export lacks always fails."""
     result = VerifyResult("export")
     check_checkpoint(checkpoint)
-    if not isinstance(export, dict) or export.get("format") != EXPORT_FORMAT:
-        raise FormatError(f"an export must be a JSON object with format {EXPORT_FORMAT!r}")
+    _check_export(export)
     _, problem = signed_by_trusted(checkpoint, trusted_keys(public_key))
     if problem:
         result.failures.append(problem)
@@ -100,19 +102,21 @@ def verify_export(export: Any, checkpoint: Any, public_key: Ed25519PublicKey | S
     records = export.get("records")
     if not isinstance(records, list):
         raise FormatError("export.records must be a list")
+    pending = export.get("not_covered") or []
+    if not isinstance(pending, list):
+        raise FormatError("export.not_covered must be a list of the records newer than the checkpoint")
     for i, rec in enumerate(records):
         record_problem = _check_record(rec, i, str(export.get("run_id")), size, root)
         if record_problem:
             result.failures.append(record_problem)
         result.checked += 1
-    pending = export.get("not_covered") or []
     erased = [r["redacted"] for r in records if isinstance(r, dict) and isinstance(r.get("redacted"), dict)]
     if result.ok and erased:
         # as in a segment: the RunTrace that names the Run's records was redacted with the rest
         result.notes.append(f"{len(erased)} record(s) redacted on an erasure request ({erased[0].get('erase_id')}): "
                             "their places are proven, their content and the Run's completeness no longer")
     elif result.ok:
-        found = completeness.check(records, pending if isinstance(pending, list) else [])
+        found = completeness.check(records, pending)
         result.complete = found.complete
         result.failures.extend(found.missing)
         (result.notes if allow_incomplete else result.failures).extend(
@@ -121,6 +125,11 @@ def verify_export(export: Any, checkpoint: Any, public_key: Ed25519PublicKey | S
     if pending:
         result.notes.append(f"{len(pending)} record(s) of the Run are newer than the checkpoint, unverified")
     return result
+
+
+def _check_export(export: Any) -> None:
+    if not isinstance(export, dict) or export.get("format") != EXPORT_FORMAT:
+        raise FormatError(f"an export must be a JSON object with format {EXPORT_FORMAT!r}")
 
 
 def verify_consistency(
@@ -292,7 +301,8 @@ def _run(args: argparse.Namespace) -> VerifyResult:
     if args.command == "export":
         # the documents first: a missing file is named as such, not as a missing public key beside it
         export = _read_json(args.export, "export")
-        if isinstance(export, dict) and Path(args.checkpoint).is_dir():
+        _check_export(export)  # before it is asked which checkpoint it names
+        if Path(args.checkpoint).is_dir():
             args.checkpoint = _checkpoint_file(args.checkpoint, export.get("checkpoint"), export.get("database_id"),
                                                "export")
             notes.append(f"checked against {args.checkpoint}, the checkpoint the export was made against")

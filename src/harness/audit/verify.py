@@ -169,10 +169,12 @@ def _runs_without_trace(store: AuditReads, report: ChainReport) -> None:
 
 
 def verify_chain(store: AuditReads, checkpoint_dir: Path | None = None, *, limit: int = 20,
-                 witnesses: Sequence[Witness] = (), legacy_dir: Path | None = None) -> ChainReport:
+                 witnesses: Sequence[Witness] = (), legacy_dir: Path | None = None,
+                 require_checkpoint: bool = False) -> ChainReport:
     """Walk the whole chain and cross-check it with the rows that mirror it and with the checkpoints of
     `checkpoint_dir` and of the witnesses; list at most `limit` problems (all are counted). `legacy_dir`
-    is the shared checkpoint folder of earlier versions, only reported on."""
+    is the shared checkpoint folder of earlier versions, only reported on. With `require_checkpoint`,
+    having no checkpoint of the database to check against is a problem (checkpoint_missing)."""
     report = ChainReport(limit=limit, database_id=store.known_database_id())
     if report.database_id is None:
         report.warnings.append("the database has no id (its schema predates revision 0013): checkpoints that name "
@@ -188,6 +190,7 @@ def verify_chain(store: AuditReads, checkpoint_dir: Path | None = None, *, limit
     _transition_counts(store, report)
     _runs_without_trace(store, report)
     store.check_mirrors(report)
-    verify_checkpoints.check(sources, walk.roots, walk.acc.size, report.database_id or "", checkpoint_dir, report)
+    verify_checkpoints.check(sources, walk.roots, walk.acc.size, report.database_id or "", checkpoint_dir, report,
+                             required=require_checkpoint)
     report.outbox_backlog = store.outbox_backlog()
     return report

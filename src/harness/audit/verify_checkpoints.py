@@ -5,7 +5,8 @@ the database's checkpoint directory and from its witnesses (each trusted from it
 endorsements); those of another database are reported as such, never as tampering, and the shared
 ``./harness-checkpoints`` of earlier versions is looked at only to say whether its checkpoints are this
 database's. When a rewrite is found, the leaf-hash prefixes the checkpoints sign name the first record
-that differs. Having nothing to check against is said loudly.
+that differs. Having nothing to check against is said loudly; a witness named to check against that
+cannot be read (a mistyped path, a server that does not answer) fails the check.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from harness.audit.checkpoint_files import list_checkpoints, public_key
 from harness.audit.formats import LEAF_PREFIX_BYTES, FormatError, leaf_prefixes, walk_keys
 from harness.audit.keys import LEGACY_KEY_FILE, CheckpointError, default_key_path
 from harness.audit.places import DEFAULT_DIR
-from harness.audit.witness import Witness, WitnessError, verified_docs
+from harness.audit.witness import Witness, verified_docs
 from harness.domain.audit import ChainReport, Problem
 from harness.domain.records import StoredTraceRecord
 
@@ -95,15 +96,20 @@ def gather(database_id: str, directory: Path | None, witnesses: Sequence[Witness
         else:
             if ours:
                 sources.ours.append(Source(str(directory), ours, trusted, _segments(ours)))
+    home = sources.ours[0] if sources.ours else None
     for witness in witnesses:
         try:
             docs = verified_docs(witness, database_id)
             pinned = witness.public_key(database_id)
-        except (WitnessError, FormatError) as exc:
-            report.warnings.append(f"witness {witness.name} could not be checked: {exc}")
+        except (CheckpointError, FormatError, OSError) as exc:  # a WitnessError is a CheckpointError
+            # the auditor named the witness to check against: not reading it is a failed check, not a note
+            report.add(Problem("witness_unreadable", None, None, f"witness {witness.name} could not be read, so "
+                                                                 f"nothing was checked against it: {exc}"))
             continue
         named = [(f"checkpoint #{i + 1} of witness {witness.name}", d) for i, d in enumerate(docs)]
-        local_key = sources.ours[0].trusted if sources.ours and sources.ours[0].trusted else []
+        local_key = home.trusted if home is not None else []
+        if home is not None:
+            _report_lag(witness.name, docs, home, report)
         if named:
             sources.ours.append(Source(f"witness {witness.name}", named, [*local_key, *([pinned] if pinned else [])],
                                        _segments(named)))
@@ -116,9 +122,28 @@ def gather(database_id: str, directory: Path | None, witnesses: Sequence[Witness
     return sources
 
 
+def _report_lag(name: str, docs: list[dict[str, Any]], local: Source, report: ChainReport) -> None:
+    """A witness that lacks checkpoints the local folder holds (it was unreachable when they were published,
+    or is not the witness they were published to) is said: the records they add are checked against the
+    local checkpoints only."""
+    newest = max(int(d["tree_size"]) for _, d in local.docs)
+    held = max((int(d["tree_size"]) for d in docs), default=None)
+    if held is not None and held >= newest:
+        return
+    if held is None:
+        said = (f"holds no checkpoint of this database, and {local.name} holds {len(local.docs)}: nothing was "
+                "checked against the witness")
+    else:
+        said = (f"holds checkpoints up to {held} records, and {local.name} up to {newest}: records "
+                f"{held + 1}..{newest} were checked against the local checkpoints only")
+    report.warnings.append(f"witness {name} {said}; `harness audit checkpoint --witness {name}` offers the witness "
+                           "every checkpoint it lacks")
+
+
 def check(sources: Sources, roots: dict[int, tuple[str, str]], size: int, database_id: str,
-          directory: Path | None, report: ChainReport) -> None:
-    """Compare the walk's roots with every source's signed ones, and say what could not be checked."""
+          directory: Path | None, report: ChainReport, *, required: bool = False) -> None:
+    """Compare the walk's roots with every source's signed ones, and say what could not be checked (with
+    `required`, having no checkpoint at all is a problem, not a warning)."""
     for source in sources.ours:
         _check_source(source, roots, size, report)
     for other, docs in sources.others.items():
@@ -133,10 +158,13 @@ def check(sources: Sources, roots: dict[int, tuple[str, str]], size: int, databa
         where = f" in {directory}" if directory is not None else ""
         if directory is not None and not directory.is_dir():
             where += " (no checkpoints yet: the folder does not exist; the first checkpoint creates it)"
-        report.warnings.append(
-            f"NO CHECKPOINT of this database to check against{where}: the chain was checked only against itself, "
-            "and a whole-table rewrite with a recomputed chain would go unnoticed; publish one with "
-            "`harness audit checkpoint` (and keep a copy elsewhere with --witness)")
+        missing = (f"NO CHECKPOINT of this database to check against{where}: the chain was checked only against "
+                   "itself, and a whole-table rewrite with a recomputed chain would go unnoticed; publish one with "
+                   "`harness audit checkpoint` (and keep a copy elsewhere with --witness)")
+        if required:
+            report.add(Problem("checkpoint_missing", None, None, missing))
+        else:
+            report.warnings.append(missing)
 
 
 def _check_source(source: Source, roots: dict[int, tuple[str, str]], size: int, report: ChainReport) -> None:

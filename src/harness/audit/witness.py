@@ -230,7 +230,16 @@ class DirectoryWitness:
         self.log = WitnessLog(root)
 
     def checkpoints(self, database_id: str) -> list[dict[str, Any]]:
-        return self.log.checkpoints(database_id)
+        """Every checkpoint kept for the database; a witness folder that is missing or not a folder cannot be
+        read (WitnessError): to the auditor a mistyped path, not a witness that holds nothing (the first
+        publication to a witness creates its folder)."""
+        root = self.log.root
+        if not root.is_dir():
+            raise WitnessError(f"witness {self.name} " + ("is not a folder" if root.exists() else "does not exist"))
+        try:
+            return self.log.checkpoints(database_id)
+        except CheckpointError as exc:
+            raise WitnessError(f"witness {self.name}: {exc}") from None
 
     def latest(self, database_id: str) -> dict[str, Any] | None:
         return self.log.latest(database_id)
@@ -293,7 +302,12 @@ class HttpWitness:
 
     def checkpoints(self, database_id: str) -> list[dict[str, Any]]:
         response = self._get(f"/v1/{database_id}/checkpoints")
-        return list(response.json()["checkpoints"]) if response is not None else []
+        if response is None:
+            return []
+        try:
+            return list(response.json()["checkpoints"])
+        except (ValueError, KeyError, TypeError):
+            raise WitnessError(f"witness {self.name} answered a list of checkpoints that is not one") from None
 
     def latest(self, database_id: str) -> dict[str, Any] | None:
         response = self._get(f"/v1/{database_id}/checkpoints/latest")

@@ -14,6 +14,7 @@ class Problem:
     `table`/`row`/`field` name the operational row that disagrees with its chained record."""
 
     #: edited | deleted | inserted | reordered | forked | head_mismatch | run_trace_missing | row_* | checkpoint_*
+    #: (invalid, mismatch, missing) | witness_unreadable
     kind: str
     seq: int | None
     record_id: str | None
