@@ -8,27 +8,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from typer.testing import CliRunner, Result
 
 from harness.adapters.sql.store import SqlStore
 from harness.audit import standalone
-from harness.cli import app
 from harness.domain.records import NewRun
 from harness.drive.state_machine import StateMachine
 from harness.kernel.states import RunState
+from tests.acceptance.test_cli_audit import audit, doc
 
 S = RunState
 FIRST = "checkpoint-00000001.json"
-
-
-def audit(*args: str) -> Result:
-    """Run `harness audit ARGS` in-process."""
-    return CliRunner().invoke(app, ["audit", *args])
-
-
-def doc(result: Result) -> Any:
-    """The single JSON document the command printed on stdout."""
-    return json.loads(result.stdout)
 
 
 @pytest.fixture
