@@ -15,6 +15,7 @@ Broker: HARNESS_BROKER_URL (Redis or RabbitMQ), default redis://127.0.0.1:6379/0
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
@@ -162,9 +163,14 @@ def check_broker(broker: str | None = None) -> None:
     connect with at all: an unknown transport, a transport whose client library is missing, a URL that does
     not parse, a Redis database that is not a number. Nothing is connected to: a broker that is down is the
     worker's to wait for."""
+    _check_broker_url(broker_url(broker))
+
+
+@functools.cache
+def _check_broker_url(url: str) -> None:
+    """check_broker for one URL, once per process (submit checks its app's broker before every Run)."""
     from kombu.connection import Connection
 
-    url = broker_url(broker)
     shown = re.sub(r"(://[^:/@]*:)[^@/]*@", r"\1**@", url)
     try:
         connection = Connection(url)  # type: ignore[no-untyped-call]  # kombu leaves it unannotated
@@ -307,7 +313,9 @@ def submit(request: dict[str, Any], rt: Runtime | None = None) -> str:
     again. That is safe because the request carries an idempotency key (the caller's, else one made
     here for this call): a try whose Run was committed before its connection broke finds that Run, so no
     Run is made twice, and a Run found still CREATED is queued. A database unavailable on every try
-    raises DatabaseUnavailableError; the same request, with its key, may be sent again later."""
+    raises DatabaseUnavailableError; the same request, with its key, may be sent again later. A broker URL
+    Celery cannot use at all raises InvalidRequestError before anything is written (check_broker)."""
+    check_broker(app.conf.broker_url)  # a broker Celery cannot use: refused before the Run is made
     rt = rt or runtime()
     request = {**request, "idempotency_key": request.get("idempotency_key") or f"submit-{ordered_id()}"}
     for attempt in range(SUBMIT_ATTEMPTS):
@@ -330,4 +338,5 @@ def submit(request: dict[str, Any], rt: Runtime | None = None) -> str:
 
 def enqueue(run_id: str) -> None:
     """Queue an existing Run (e.g. resumed by a decision) for whichever worker is free."""
+    check_broker(app.conf.broker_url)
     app.send_task("harness.drive", args=[run_id])

@@ -36,3 +36,23 @@ def test_a_broker_url_celery_cannot_use_is_exit_2(tmp_path: Path, url: str, prob
     assert len(lines) == 1 and lines[0].startswith("error: broker "), done.stderr[-3000:]
     assert problem in lines[0] and "s3cret" not in lines[0], lines[0]
     assert not (tmp_path / "h.db").exists(), "the database was made before the bad broker was named"
+
+
+def test_submit_with_a_broker_celery_cannot_use_makes_no_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`celery_app.submit` refuses a broker Celery cannot use before the Run is made: no Run is left in
+    CREATED that no worker was told about."""
+    from harness import celery_app
+    from harness.config import build_runtime
+    from harness.domain.errors import InvalidRequestError
+    from harness.settings import Settings
+
+    monkeypatch.setattr(celery_app, "app", celery_app.make_app("bogus://x"))
+    rt = build_runtime(Settings(db=str(tmp_path / "h.db"), data_dir=tmp_path / "data"))
+    try:
+        with pytest.raises(InvalidRequestError, match="no such transport 'bogus'"):
+            celery_app.submit({"task": "Where is order A-1001?", "user_id": "alice"}, rt)
+        with pytest.raises(InvalidRequestError, match="no such transport 'bogus'"):
+            celery_app.enqueue("any-run")
+        assert rt.store.list_runs() == []
+    finally:
+        rt.close()
