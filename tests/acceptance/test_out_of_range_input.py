@@ -120,3 +120,16 @@ def test_cli_sweep_forever_refuses_an_interval_not_above_0_or_not_finite(tmp_pat
                           env={**os.environ, "HARNESS_DATA_DIR": str(tmp_path / "data")})
     assert done.returncode == 2, (done.returncode, done.stderr)
     assert "Traceback" not in done.stderr and "--interval" in done.stderr
+
+
+@pytest.mark.parametrize("seconds", ["inf", "nan", "0", "-5"])
+def test_cli_run_wait_timeout_not_above_0_or_not_finite_is_exit_2(tmp_path: Path, seconds: str) -> None:
+    """`harness run --wait --timeout nan` stopped waiting at once; now every such value is refused."""
+    refused(harness(tmp_path, "run", "hi", "--wait", "--timeout", seconds), "--timeout")
+    assert not (tmp_path / "cli.db").exists()  # refused while the options were read, before any Run
+
+
+@pytest.mark.parametrize("days", ["inf", "nan"])
+def test_cli_archive_older_than_days_not_finite_is_exit_2(tmp_path: Path, days: str) -> None:
+    """`harness archive --older-than-days inf` was taken as a period ("keep final Runs inf day(s)")."""
+    refused(harness(tmp_path, "archive", "--older-than-days", days, "--dry-run"), "--older-than-days")

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from harness.audit.places import DIR_ENV, checkpoint_dir
-from harness.cli.support import EXIT_CHECK_FAILED, DbOption, JsonOption, emit, fail, identifier, screen
+from harness.cli.support import EXIT_CHECK_FAILED, DbOption, JsonOption, emit, fail, finite, identifier, screen
 from harness.ports.segments import SegmentStoreError
 from harness.retention.storage import ENDPOINT_ENV, URL_ENV
 
@@ -39,7 +39,7 @@ def archive(
     s3_endpoint: EndpointOption = None,
     checkpoint_dir_: CheckpointDirOption = None,
     older_than_days: Annotated[float | None, typer.Option(
-        "--older-than-days", min=0,
+        "--older-than-days", min=0, callback=finite("--older-than-days"),
         help="Archive final Runs unchanged for this many days (default: HARNESS_RETENTION_DAYS; per-tenant "
              "HARNESS_RETENTION_TENANTS still apply).")] = None,
     limit: Annotated[int | None, typer.Option("--limit", min=1, help="At most this many Runs (one segment).")] = None,

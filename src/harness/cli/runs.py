@@ -100,7 +100,8 @@ def run(
     wait: Annotated[bool, typer.Option(
         "--wait", help="If the Run waits for approval, keep waiting for the decision.")] = False,
     timeout: Annotated[float, typer.Option(
-        "--timeout", help="With --wait: give up waiting after this many seconds.")] = 3600.0,
+        "--timeout", help="With --wait: give up waiting after this many seconds.",
+        callback=seconds_up_to(MAX_DURATION_S))] = 3600.0,
     start_by: Annotated[str | None, typer.Option(
         "--start-by", help="The latest moment the Run may start, ISO 8601 with its offset "
                            "(2026-12-05T10:00:00Z); later it is closed not_started instead of run.")] = None,

@@ -171,6 +171,18 @@ def fail(message: str, code: int = EXIT_BAD_INPUT) -> NoReturn:
     raise typer.Exit(code)
 
 
+def finite(flag: str) -> Callable[[float | None], float | None]:
+    """The check of a number option that has no upper bound of its own: infinity and NaN are bad usage."""
+    import math
+
+    def check(value: float | None) -> float | None:
+        if value is not None and not math.isfinite(value):
+            raise typer.BadParameter(f"{value:g} is not a finite number", param_hint=flag)
+        return value
+
+    return check
+
+
 def seconds_up_to(most: float) -> Callable[[float | None], float | None]:
     """The check of an option in seconds (its typer `callback`): a number above 0 and at most `most` passes
     unchanged; anything else, infinity and NaN included, is bad usage (exit 2) naming the option, not an
