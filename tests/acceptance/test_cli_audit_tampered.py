@@ -75,13 +75,14 @@ def test_verify_reports_a_checkpoint_field_of_the_wrong_type(db: str, cpdir: Pat
 def test_consistency_refuses_a_checkpoint_field_of_the_wrong_type(
     cpdir: Path, tmp_path: Path, change: dict[str, Any], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """harness-verify consistency names the malformed field of a checkpoint (exit 2), with no traceback."""
+    """harness-verify consistency names the malformed file and field of a checkpoint (exit 2), with no
+    traceback."""
     tampered = tmp_path / "tampered.json"
     tampered.write_text((cpdir / FIRST).read_text())
     rewrite(tampered, change)
     code, out, err = run_verify(["consistency", str(cpdir / FIRST), str(tampered), "--public-key",
                                  str(cpdir / "public-key.pem"), "--json"], capsys)
-    assert code == 2 and err.startswith("error: ") and out == ""
+    assert code == 2 and err.startswith(f"error: {tampered}: ") and out == ""
 
 
 @pytest.fixture

@@ -315,6 +315,11 @@ def _run(args: argparse.Namespace) -> VerifyResult:
         if len(args.checkpoints) < 2:
             raise FormatError("give at least two checkpoints, oldest first")
         docs = [_read_json(p, "checkpoint") for p in args.checkpoints]
+        for path, doc in zip(args.checkpoints, docs, strict=True):
+            try:
+                check_checkpoint(doc)
+            except FormatError as exc:  # which of the files is malformed, not only which field
+                raise FormatError(f"{path}: {exc}") from None
         keys = _public_keys(args.public_key, args.checkpoints[-1], notes)
         result = verify_sequence(docs, keys)
     result.notes[:0] = notes
