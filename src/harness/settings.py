@@ -40,7 +40,7 @@ from harness.paths import default_data_dir
 from harness.yamlfile import read_yaml
 
 #: the largest heartbeat ceiling factor: a heartbeating Run is forced on past this many times its threshold
-MAX_CEILING_FACTOR = 100.0
+MAX_CEILING_FACTOR = 1000.0
 
 
 class Settings(BaseModel):

@@ -116,7 +116,7 @@ def test_thresholds_come_from_the_environment_and_a_config_file(tmp_path: Path,
     monkeypatch.setenv("HARNESS_STATE_THRESHOLDS", "planning=120")
     assert Settings.from_env().thresholds().threshold(S.PLANNING) == 120
     for bad, named in (("PLANING=120", "PLANING"), ("PLANNING=soon", "soon"), ("SUCCEEDED=5", "SUCCEEDED"),
-                       ("EXECUTING=-1", "positive")):
+                       ("EXECUTING=-1", "above 0")):
         monkeypatch.setenv("HARNESS_STATE_THRESHOLDS", bad)
         with pytest.raises(InvalidRequestError, match=named):
             Settings.from_env()
