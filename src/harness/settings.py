@@ -18,6 +18,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from harness.domain.contracts import DEFAULT_CHAIN_DEPTH, DEFAULT_MAX_ROUNDS, MAX_CHAIN_DEPTH, MAX_ROUNDS
+from harness.domain.durations import Seconds, SecondsOrZero
 from harness.domain.errors import InvalidRequestError
 from harness.domain.limits import RequestLimits
 from harness.domain.outbound import (
@@ -31,7 +32,6 @@ from harness.domain.sandbox import PoolSettings
 from harness.examples.support import EXAMPLE_DIR
 from harness.kernel.thresholds import (
     DEFAULT_EXECUTION_LIMIT_S,
-    MAX_DURATION_S,
     SWEEP_INTERVAL_S,
     Thresholds,
     parse_overrides,
@@ -72,7 +72,7 @@ class Settings(BaseModel):
     llm_pricing: Path | None = None
     llm_stream: bool = False
     llm_plan_mode: Literal["json", "tool"] = "json"
-    llm_timeout_s: float = Field(default=60.0, gt=0, le=MAX_DURATION_S)
+    llm_timeout_s: Seconds = 60.0
     #: how the plan is asked for (None: json_schema for openai, json_object with a schema for local), whether
     #: the skills are described in the system prompt instead of sent as tools (None: only for local), and
     #: the most tokens an answer may take (None: 512 for local, else as the context budget allows)
@@ -87,7 +87,7 @@ class Settings(BaseModel):
     identities_file: Path = EXAMPLE_DIR / "identities.yaml"
     #: Runs' working directories and the bundled example's ledger (HARNESS_DATA_DIR)
     data_dir: Path = Field(default_factory=default_data_dir)
-    execution_limit_s: float = Field(default=DEFAULT_EXECUTION_LIMIT_S, gt=0, le=MAX_DURATION_S)
+    execution_limit_s: Seconds = DEFAULT_EXECUTION_LIMIT_S
     #: how many levels of child Runs (AgentInvoke) a Run may start when its caller gives no
     #: chain_remaining, and the most a caller may give
     chain_depth: int = Field(default=DEFAULT_CHAIN_DEPTH, ge=0, le=MAX_CHAIN_DEPTH)
@@ -108,7 +108,7 @@ class Settings(BaseModel):
     sandbox_host_cap: int = Field(default=32, ge=1, le=10_000)
     sandbox_tenant_cap: int = Field(default=16, ge=1, le=10_000)
     sandbox_ports: str = "41000-41255"
-    sandbox_lease_s: float = Field(default=300.0, gt=0, le=MAX_DURATION_S)
+    sandbox_lease_s: Seconds = 300.0
     #: what a sandboxed call leaves besides its output: the most bytes of its stdout, and of its stderr, its
     #: outcome keeps (the start and the end of a longer stream); the largest file it wrote that is kept, and
     #: how many files of one call are kept (the rest are listed as skipped, with the reason)
@@ -149,18 +149,18 @@ class Settings(BaseModel):
     #: leases (one driver per Run): how long a driver's lease lives without a heartbeat (it heartbeats
     #: every third of it; at most 366 days, like every duration here), and how many times a Run's lease may
     #: be taken over from a dead driver before the Run is failed as poison instead of resumed again
-    lease_ttl_s: float = Field(default=30.0, gt=0, le=MAX_DURATION_S)
+    lease_ttl_s: Seconds = 30.0
     max_stalls: int = Field(default=3, ge=1)
     #: the sweeper: how often it passes, per-state thresholds in seconds overriding the defaults (by state
     #: name; EXECUTING's default is execution_limit_s plus one sweep interval), the heartbeat ceiling as a
-    #: multiple of a state's threshold (1 to 100), and how long a decided approval may wait for its Run to
+    #: multiple of a state's threshold (1 to 1,000), and how long a decided approval may wait for its Run to
     #: move; every one of these durations is at most 366 days (MAX_DURATION_S)
-    sweep_interval_s: float = Field(default=SWEEP_INTERVAL_S, gt=0, le=MAX_DURATION_S)
+    sweep_interval_s: Seconds = SWEEP_INTERVAL_S
     state_thresholds: dict[str, float] = Field(default_factory=dict)
     heartbeat_ceiling_factor: float = Field(default=2.0, ge=1.0, le=MAX_CEILING_FACTOR)
-    decided_approval_s: float = Field(default=30.0, gt=0, le=MAX_DURATION_S)
+    decided_approval_s: Seconds = 30.0
     #: a Run nobody drives is picked up by the embedded worker once it has not moved for this long
-    redrive_grace_s: float = Field(default=2.0, ge=0, le=MAX_DURATION_S)
+    redrive_grace_s: SecondsOrZero = 2.0
     #: the queue of accepted Runs not yet started (CREATED): at `max_backlog` of them (counted in the
     #: database, every replica together) a new Run is refused, told to retry after `backlog_retry_after_s`;
     #: `queue_max_wait_s` is the start deadline of a Run whose request names no `start_by`, in seconds after
@@ -168,7 +168,7 @@ class Settings(BaseModel):
     #: for waiting)
     max_backlog: int = Field(default=10_000, ge=1)
     backlog_retry_after_s: int = Field(default=5, ge=1, le=3_600)
-    queue_max_wait_s: float | None = Field(default=None, gt=0, le=MAX_DURATION_S)
+    queue_max_wait_s: Seconds | None = None
     #: the threads of each kind of call that cannot wait without one, each kind its own lane so that
     #: none starves another: local (in-process) skills, sandboxed skills (each waits for its process),
     #: and model calls of a provider without asynchronous I/O (a local model, a custom provider); the
@@ -183,7 +183,7 @@ class Settings(BaseModel):
     drive_threads: int | None = Field(default=None, ge=1, le=64)
     #: a drive loop later than this (how late its timers fire) starts no new drive until it catches up:
     #: when the CPU is the limit, Runs wait queued in CREATED instead of all crawling at once
-    drive_max_lag_s: float = Field(default=0.5, gt=0, le=MAX_DURATION_S)
+    drive_max_lag_s: Seconds = 0.5
     local_skill_threads: int = Field(default=32, ge=1, le=4_096)
     sandbox_threads: int = Field(default=32, ge=1, le=4_096)
     llm_threads: int = Field(default=32, ge=1, le=4_096)
@@ -214,7 +214,7 @@ class Settings(BaseModel):
     #: signed checkpoints published without a person (SPEC A3b) by `harness serve` and the Celery beat:
     #: every `checkpoint_interval_s` (0: never), into `checkpoint_dir` (None: ./harness-checkpoints/<database
     #: id>), each also given to the witnesses (directories or http(s) URLs)
-    checkpoint_interval_s: float = Field(default=300.0, ge=0.0, le=MAX_DURATION_S)
+    checkpoint_interval_s: SecondsOrZero = 300.0
     checkpoint_dir: Path | None = None
     checkpoint_witnesses: tuple[str, ...] = ()
     #: the internal addresses a witness URL may reach (host names, addresses, networks, or "*" for any): like

@@ -8,8 +8,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from harness.domain.durations import Seconds, SecondsOrZero
 from harness.domain.errors import InvalidRequestError
-from harness.kernel.thresholds import MAX_DURATION_S
 
 _ENV = {
     "queue_limit": "HARNESS_QUEUE_LIMIT",
@@ -38,19 +38,19 @@ class ServiceSettings(BaseModel):
     #: waits for one in the event loop instead of queueing for a database connection with the drives
     http_threads: int = Field(default=16, ge=1, le=1_000)
     #: how often approval timeouts are applied and the trace outbox is drained
-    housekeeping_interval_s: float = Field(default=1.0, gt=0, le=MAX_DURATION_S)
+    housekeeping_interval_s: Seconds = 1.0
     #: how often a waiting request or event stream re-reads the database (Runs driven by other processes)
-    poll_interval_s: float = Field(default=0.5, gt=0, le=MAX_DURATION_S)
-    max_wait_s: float = Field(default=300.0, gt=0, le=MAX_DURATION_S)
+    poll_interval_s: Seconds = 0.5
+    max_wait_s: Seconds = 300.0
     #: an event stream ends after this long; browsers' EventSource reconnects with Last-Event-ID
-    stream_lifetime_s: float = Field(default=60.0, gt=0, le=MAX_DURATION_S)
+    stream_lifetime_s: Seconds = 60.0
     otel_exporter: Literal["none", "console", "otlp"] = "none"
     #: signs console session cookies; random per process unless configured (sessions then end on restart)
     session_secret: str = Field(default_factory=lambda: secrets.token_hex(32), min_length=16)
-    session_ttl_s: float = Field(default=12 * 3600.0, gt=0, le=MAX_DURATION_S)
+    session_ttl_s: Seconds = 12 * 3600.0
     cookie_secure: bool = False
     #: how often the embedded delivery loop sends due webhooks; 0 turns it off (Celery workers deliver)
-    webhook_interval_s: float = Field(default=1.0, ge=0, le=MAX_DURATION_S)
+    webhook_interval_s: SecondsOrZero = 1.0
 
     @classmethod
     def from_env(cls, **overrides: object) -> ServiceSettings:

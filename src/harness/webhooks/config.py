@@ -41,10 +41,10 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, 
 from standardwebhooks import Webhook
 
 from harness.domain.contracts import IDENT, check_callback_url
+from harness.domain.durations import Seconds
 from harness.domain.errors import BadInputError
 from harness.domain.outbound import OutboundGuard, OutboundRule, OutboundUnresolvedError
 from harness.domain.webhooks import DEFAULT_SECRET_ENV, MAX_SEND_TIMEOUT_S
-from harness.kernel.thresholds import MAX_DURATION_S
 from harness.yamlfile import load_yaml_model
 
 #: the environment variable whose secret signs callbacks when no webhooks file says otherwise
@@ -129,11 +129,11 @@ class Delivery(_Strict):
     MAX_DURATION_S (366 days)."""
 
     max_attempts: int = Field(default=8, ge=1, le=100)
-    backoff_s: float = Field(default=5.0, gt=0, le=MAX_DURATION_S)
-    max_backoff_s: float = Field(default=3600.0, gt=0, le=MAX_DURATION_S)
+    backoff_s: Seconds = 5.0
+    max_backoff_s: Seconds = 3600.0
     timeout_s: float = Field(default=10.0, gt=0, le=MAX_SEND_TIMEOUT_S)
     #: a claimed delivery is another process's again after this long (it must outlast one send)
-    lease_s: float | None = Field(default=None, gt=0, le=MAX_DURATION_S)
+    lease_s: Seconds | None = None
     batch: int = Field(default=50, ge=1, le=1000)
 
     @property
