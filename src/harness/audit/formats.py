@@ -72,6 +72,16 @@ def hex_proof(value: Any, what: str) -> list[bytes]:
     return [_hex32(p, f"{what}[{i}]") for i, p in enumerate(value)]
 
 
+def not_text(rec: dict[str, Any], *, run_id_may_be_none: bool) -> str | None:
+    """The first of a record's chained text fields (record_id, run_id, kind, prev_hash, payload) that is not a
+    string, or None; a record of no Run (an audit record in a segment) has run_id None."""
+    for name in ("record_id", "run_id", "kind", "prev_hash", "payload"):
+        value = rec[name]
+        if not isinstance(value, str) and not (name == "run_id" and value is None and run_id_may_be_none):
+            return name
+    return None
+
+
 def check_checkpoint(doc: Any) -> dict[str, Any]:
     """Validate a checkpoint document's shape (not its signature), every field by type; returns it."""
     if not isinstance(doc, dict):

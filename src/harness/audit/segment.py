@@ -43,6 +43,7 @@ from harness.audit.formats import (
     check_checkpoint,
     database_of,
     hex_proof,
+    not_text,
     signed_by_trusted,
 )
 from harness.domain.audit import ChainReport
@@ -118,11 +119,9 @@ def _leaf(rec: Any, where: str) -> tuple[int, bytes] | str:
                                       f"{where}: record seq {seq} redacted.leaf")[0]
         except FormatError as exc:
             return str(exc)
-    wrong = [f for f in ("record_id", "kind", "prev_hash", "payload") if not isinstance(rec[f], str)]
-    if rec["run_id"] is not None and not isinstance(rec["run_id"], str):
-        wrong.append("run_id")
+    wrong = not_text(rec, run_id_may_be_none=True)
     if wrong:
-        return f"{where}: record seq {seq}: {wrong[0]} must be a string"
+        return f"{where}: record seq {seq}: {wrong} must be a string"
     data = record_bytes(seq, rec["record_id"], rec["run_id"], rec["kind"], rec["prev_hash"], rec["payload"])
     if hashlib.sha256(data).hexdigest() != rec["hash"]:
         return f"{where}: record seq {seq} ({rec['record_id']}): content does not match its chain hash (edited)"

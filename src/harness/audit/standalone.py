@@ -33,6 +33,7 @@ from harness.audit.formats import (
     hex_proof,
     key_id_of,
     load_public_key,
+    not_text,
     signed_by_trusted,
     trusted_keys,
     walk_keys,
@@ -46,9 +47,9 @@ def _check_record(rec: Any, i: int, run_id: str, size: int, root: bytes) -> str 
     if not isinstance(rec, dict) or any(f not in rec for f in RECORD_FIELDS):
         return f"record #{i} lacks one of {', '.join(RECORD_FIELDS)}"
     seq = count_field(rec["seq"], f"records[{i}].seq")
-    for text in ("record_id", "run_id", "kind", "prev_hash", "payload"):
-        if not isinstance(rec[text], str):
-            raise FormatError(f"records[{i}].{text} must be a string")
+    wrong = not_text(rec, run_id_may_be_none=False)  # an exported record is its Run's
+    if wrong:
+        raise FormatError(f"records[{i}].{wrong} must be a string")
     name = f"record seq {seq} ({rec['record_id']})"
     if rec["run_id"] != run_id:
         return f"{name} belongs to run {rec['run_id']!r}, not {run_id!r}"
