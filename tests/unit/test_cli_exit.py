@@ -74,3 +74,31 @@ def test_a_program_calling_the_app_keeps_its_collector(tmp_path: Path) -> None:
     assert result.exit_code == 2, result.output
     assert gc.isenabled()
     assert gc.get_freeze_count() == frozen
+
+
+SERVE_START = textwrap.dedent("""
+    import gc, sys
+    import uvicorn
+    runs = []
+    gc.callbacks.append(lambda phase, info: phase == "start" and runs.append(1))
+    def answer(self, *args, **kwargs):  # the service built and about to listen: what the start did
+        print("collections", len(runs), "collector on", gc.isenabled(), "frozen", gc.get_freeze_count() > 0)
+    uvicorn.Server.run = answer
+    sys.argv = ["harness", "serve", "--port", "0"]
+    from harness.cli import main
+    main()
+""")
+
+
+def test_serve_builds_its_service_with_the_collector_paused(tmp_path: Path) -> None:
+    """`harness serve` checks its settings, makes the schema current and builds the service (~280 collections
+    with the collector on) with the collector paused, then freezes what it built and serves with it on."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HARNESS_")}
+    env |= {"HARNESS_DATABASE_URL": str(tmp_path / "harness.db"), "HARNESS_DATA_DIR": str(tmp_path / "data")}
+    for _ in range(2):  # a new database (migrated), then one whose schema is current
+        done = subprocess.run([sys.executable, "-c", SERVE_START], env=env, cwd=tmp_path, capture_output=True,
+                              text=True, timeout=120, check=False)
+        assert done.returncode == 0, done.stderr[-2000:]
+        collections, on = done.stdout.rstrip().splitlines()[-1].split(" collector on ")
+        assert on == "True frozen True"
+        assert int(collections.split()[1]) < 100, collections

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from harness.cli.runs import operations
+from harness.cli.startup import kept_until_exit
 from harness.cli.support import (
     AgentOption,
     DbOption,
@@ -93,7 +94,8 @@ def worker(
         os.environ["HARNESS_DRIVE_CONCURRENCY"] = str(concurrency)
     reference = agent_reference(agent)
     check_agent(reference)  # named now, not in the worker's first task
-    from harness.celery_app import check_broker, make_app
+    with kept_until_exit():  # Celery and the runtime's modules, with the collector paused (harness.cli.startup)
+        from harness.celery_app import check_broker, make_app
 
     check_broker(broker)  # a URL Celery cannot use is one line here, not a traceback as Celery starts
     if reference:
@@ -116,7 +118,8 @@ def worker(
     finally:
         root.removeHandler(lines)
         root.setLevel(level)
-    app = make_app(broker)
+    with kept_until_exit():
+        app = make_app(broker)
     # two task threads hand Runs over to the drive loop (one may wait for a place while the other takes the
     # next message); the Runs themselves are driven on the loop, not on these threads
     argv = ["worker", "--pool=threads", "--concurrency=2", "--loglevel=INFO", "--without-gossip",

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from harness.cli.startup import kept_until_exit
 from harness.cli.support import AgentOption, DbOption, agent_reference, check_agent, fail
+
+if TYPE_CHECKING:
+    from harness.service.settings import ServiceSettings
+    from harness.settings import Settings
 
 Host = Annotated[str, typer.Option("--host", help="Interface to listen on.")]
 Port = Annotated[int, typer.Option("--port", min=0, max=65535, help="TCP port (0 picks a free one).")]
@@ -39,28 +44,12 @@ def serve(
     ] = 1,
 ) -> None:
     """Serve the HTTP API (OpenAPI at /docs) and the web console (/ui) on the embedded default."""
-    # imported here so that every other `harness` command starts without loading the web stack
-    import uvicorn
-    from uvicorn.config import STARTUP_FAILURE
-
-    from harness.service import logs
-    from harness.service.settings import ServiceSettings
-    from harness.settings import Settings
-
-    if log_level.lower() not in ("debug", "info", "warning", "error"):
-        raise typer.BadParameter("must be debug, info, warning or error", param_hint="--log-level")
-    logs.configure(json_lines=log_json, level=log_level)
-    settings = ServiceSettings.from_env(concurrency=workers, otel_exporter=otel)
+    # the start (its imports, the settings, the schema, the service) runs with the collector paused, and what
+    # it built is frozen before the service answers (harness.cli.startup)
+    with kept_until_exit():
+        settings, runtime_settings = _checked(host, port, db, agent, workers=workers, otel=otel,
+                                              log_json=log_json, log_level=log_level)
     shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
-    # settings checked here, before any process starts: each process builds its own service from them
-    runtime_settings = Settings.from_env(db=db, agent=agent_reference(agent))
-    check_agent(runtime_settings.agent)
-    can_listen(host, port)
-    from harness.stores import prepare_schema
-
-    # the database reached and its schema made current before any process starts: an unreachable database or
-    # a newer harness-kernel's schema is one error, not a start failure of each replica
-    prepare_schema(runtime_settings.db)
     if processes > 1:
         from harness.service import processes as supervisor
 
@@ -73,10 +62,15 @@ def serve(
         if code:  # a setting, the database or the agent: what one process reports as bad input
             fail("the service could not start (the reason is above)")
         return
-    from harness.service.app import create_app
+    with kept_until_exit():
+        # imported here so that every other `harness` command starts without loading the web stack
+        import uvicorn
+        from uvicorn.config import STARTUP_FAILURE
 
-    # the service builds its runtime (and owns it), the context's vocabulary loaded before the first Run
-    app = create_app(settings=settings, runtime_settings=runtime_settings)
+        from harness.service.app import create_app
+
+        # the service builds its runtime (and owns it), the context's vocabulary loaded before the first Run
+        app = create_app(settings=settings, runtime_settings=runtime_settings)
     typer.echo(
         f"harness service on http://{shown}:{port}/  (console /ui, API docs /docs, metrics /metrics)",
         err=True,
@@ -96,6 +90,28 @@ def serve(
         if exc.code != STARTUP_FAILURE:
             raise
         fail("the service could not start (the reason is above)")
+
+
+def _checked(host: str, port: int, db: str | None, agent: str | None, *, workers: int | None, otel: str | None,
+             log_json: bool, log_level: str) -> tuple[ServiceSettings, Settings]:
+    """The service's and the runtime's settings, checked before any process starts (each process builds its
+    own service from them), the port free to listen on, and the database reached with its schema made
+    current: an unreachable database or a newer harness-kernel's schema is one error, not a start failure
+    of each replica."""
+    from harness.service import logs
+    from harness.service.settings import ServiceSettings
+    from harness.settings import Settings
+    from harness.stores import prepare_schema
+
+    if log_level.lower() not in ("debug", "info", "warning", "error"):
+        raise typer.BadParameter("must be debug, info, warning or error", param_hint="--log-level")
+    logs.configure(json_lines=log_json, level=log_level)
+    settings = ServiceSettings.from_env(concurrency=workers, otel_exporter=otel)
+    runtime_settings = Settings.from_env(db=db, agent=agent_reference(agent))
+    check_agent(runtime_settings.agent)
+    can_listen(host, port)
+    prepare_schema(runtime_settings.db)
+    return settings, runtime_settings
 
 
 def can_listen(host: str, port: int) -> None:

@@ -17,7 +17,8 @@ from contextlib import contextmanager
 
 
 class _Script:
-    """Whether this process is the `harness` script's (set once, by its entry point)."""
+    """Whether this process is the `harness` script's, or one it started for its work (set once, by its entry
+    point)."""
 
     own = False
 
@@ -26,6 +27,12 @@ def script_starts() -> None:
     """The `harness` script begins: pause the collector until the command runs (`command_runs`)."""
     _Script.own = True
     gc.disable()
+
+
+def process_is_own() -> None:
+    """This process was started to run a `harness` command's work (a service process of `serve --processes`),
+    not by a program that embeds harness: what it builds to keep may be built with the collector paused."""
+    _Script.own = True
 
 
 def command_runs() -> None:

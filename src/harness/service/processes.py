@@ -49,14 +49,17 @@ def child_app() -> FastAPI:
     _end_with(int(args["parent"]))
     import typer
 
+    from harness.cli.startup import kept_until_exit, process_is_own
     from harness.cli.support import cli_errors
     from harness.service import logs
 
     logs.configure(json_lines=bool(args["log_json"]), level=str(args["log_level"]))
+    process_is_own()  # started for the service alone: its start may pause the collector, as the script's does
     try:
         # a bad setting or database is reported as the command reports it (one line, no traceback), and the
         # process ends with uvicorn's start-failure code: the supervisor then stops instead of retrying
-        return cli_errors(_build)(args)
+        with kept_until_exit():  # built with the collector paused, then frozen (harness.cli.startup)
+            return cli_errors(_build)(args)
     except typer.Exit:
         raise SystemExit(START_FAILED) from None
     except Exception:
