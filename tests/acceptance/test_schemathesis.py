@@ -29,6 +29,10 @@ from harness.service.settings import ServiceSettings
 from harness.settings import Settings
 from tests.acceptance.api_helpers import key
 
+# schemathesis registers its pytest plugin in every pytest process (the xdist controller included: ~2 s of
+# imports); it is turned off in pyproject.toml and loaded here, where its parametrize is used
+pytest_plugins = ["schemathesis.pytest.plugin"]
+
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
 
 

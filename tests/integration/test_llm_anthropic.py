@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from harness.adapters.llm.anthropic import AnthropicProvider
 from harness.adapters.llm.pricing import ModelPrice, PricingTable
 from harness.adapters.llm.resilient import ProviderSettings
 from harness.clock import FakeClock
@@ -54,6 +53,10 @@ class Harness:
                                       "base_url": server.origin, "pricing": PRICES,
                                       "quota": RetryQuota(max_attempts=3, backoff_s=0.01)}
         options.update(overrides)
+        # imported here: the anthropic SDK takes ~1.5 s to import, which every pytest worker would pay while
+        # collecting this module
+        from harness.adapters.llm.anthropic import AnthropicProvider
+
         self.provider = AnthropicProvider(ProviderSettings(**options),  # type: ignore[arg-type]
                                           clock=self.clock, sleep=self.sleeps.append)
 

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
-import anthropic.types
 import pytest
 from openai.types.chat import ChatCompletionToolParam
 from pydantic import TypeAdapter
@@ -26,7 +26,15 @@ from harness.skills.manifests import SkillRegistry
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 OPENAI_TOOL: TypeAdapter[Any] = TypeAdapter(ChatCompletionToolParam)
-ANTHROPIC_TOOL: TypeAdapter[Any] = TypeAdapter(anthropic.types.ToolParam)
+
+
+@functools.cache
+def anthropic_tool() -> TypeAdapter[Any]:
+    """The anthropic SDK's ToolParam, imported on first use: the SDK takes ~1.5 s to import, which every
+    pytest worker would pay while collecting this module."""
+    import anthropic.types
+
+    return TypeAdapter(anthropic.types.ToolParam)
 
 
 def all_specs() -> list[ToolSpec]:
@@ -59,7 +67,7 @@ def test_every_skill_converts_to_a_valid_anthropic_tool() -> None:
     names = ToolNames(s.name for s in specs)
     for spec in specs:
         tool = to_anthropic(spec, names)
-        assert conforms(ANTHROPIC_TOOL, tool), spec.name
+        assert conforms(anthropic_tool(), tool), spec.name
         assert WIRE_NAME.match(tool["name"]) and tool["input_schema"]["type"] == "object"
 
 
@@ -70,7 +78,7 @@ def test_the_sdk_check_has_teeth() -> None:
         OPENAI_TOOL.validate_python({"type": "function"})
     misspelt = {"type": "function", "function": {**good["function"], "paramaters": {}}}
     assert not conforms(OPENAI_TOOL, misspelt)
-    assert not conforms(ANTHROPIC_TOOL, {"name": "x", "input_schema": {"type": "object"}, "inputs": {}})
+    assert not conforms(anthropic_tool(), {"name": "x", "input_schema": {"type": "object"}, "inputs": {}})
 
 
 def test_schema_metadata_is_dropped_and_non_object_schemas_refused() -> None:
