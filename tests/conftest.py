@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import compileall
+import gc
 import os
 import re
 import sys
@@ -33,6 +34,12 @@ def pytest_configure(config: pytest.Config) -> None:
         for folder in (ROOT / "src" / "harness", ROOT / "tests", ROOT / "benchmarks"):
             if folder.is_dir():
                 compileall.compile_dir(folder, quiet=2, rx=re.compile(r"[/\\]fixtures[/\\]"))
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """What collection loaded (every test module and what it imports: most of a worker's objects) is frozen:
+    the garbage collector's full collections during the tests then walk only what the tests allocate."""
+    gc.freeze()
 
 
 @pytest.fixture(autouse=True, scope="session")
