@@ -22,7 +22,8 @@ lead). Then each command on that database. Commands that decide about or act on 
 does not exist (`approve`, `reject`, `cancel`): they are refused with exit 2 after the command has built
 all it needs to decide, so the figure is its start without the decision's own work. `run --json` and
 `replay` are measured whole: a Run of the scripted model, start to end, and the replay of the demo's
-first Run.
+first Run. `serve` is measured from its start until it answers /livez (its CPU read from /proc, then it is
+stopped).
 """
 
 from __future__ import annotations
@@ -52,6 +53,35 @@ def cpu_of(args: list[str], cwd: Path, env: dict[str, str]) -> tuple[float, int]
     return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), done.returncode
 
 
+def serve_cpu(cwd: Path, env: dict[str, str]) -> tuple[float, int]:
+    """(user + system CPU seconds until it answers /livez, exit code) of one `harness serve`: started on a free
+    port, measured as soon as it answers (from /proc), then stopped. Exit code 0 when it answered in 60 s."""
+    import socket
+    import time
+    import urllib.request
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "harness.cli", "serve", "--port", str(port)], cwd=cwd, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/livez", timeout=1):
+                    break
+            except OSError:
+                time.sleep(0.01)
+        else:
+            return float("nan"), proc.poll() or 1
+        fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"), 0
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
 def commands_for(run_id: str) -> dict[str, list[str]]:
     """Each measured command line (its name in the table) and its arguments."""
     return {
@@ -70,6 +100,7 @@ def commands_for(run_id: str) -> dict[str, list[str]]:
         "harness kb list --json": ["kb", "list", "--json"],
         "harness sweep --json": ["sweep", "--json"],
         "harness replay RUN_ID --json": ["replay", run_id, "--json"],
+        "harness serve (until /livez answers)": ["serve"],
     }
 
 
@@ -110,7 +141,7 @@ def main() -> None:
             codes: dict[str, set[int]] = {t: set() for t in trees}
             for _ in range(options.rounds + 1):
                 for tree, tree_env in trees.items():
-                    cpu, code = cpu_of(args, cwd, tree_env)
+                    cpu, code = serve_cpu(cwd, tree_env) if args == ["serve"] else cpu_of(args, cwd, tree_env)
                     samples[tree].append(cpu)
                     codes[tree].add(code)
             results[name] = {t: summary(samples[t], codes[t]) for t in trees}

@@ -161,3 +161,14 @@ def test_the_cpu_share_tool_names_what_kept_the_cores_busy() -> None:
     assert lines[0] == "spun" and "cores busy" in lines[1]
     kind, cores = lines[2].split()[0], float(lines[2].split()[1])
     assert kind.startswith("python") and cores > 0.3, done.stdout
+
+
+def test_the_start_benchmark_measures_serve_until_it_answers() -> None:
+    """bench_cli_start.py measures `harness serve` from its start until /livez answers: a CPU figure of a
+    process that came up (exit code 0), not of one that failed to start."""
+    done = subprocess.run([sys.executable, str(BENCH.parent / "bench_cli_start.py"), "--rounds", "1", "--only",
+                           "serve", "--json"], capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    (name, result), = json.loads(done.stdout)["commands"].items()
+    assert name.startswith("harness serve")
+    assert result["this"]["exit_codes"] == [0] and 0.1 < result["this"]["median_cpu_s"] < 30, result
