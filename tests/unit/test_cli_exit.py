@@ -73,7 +73,9 @@ def test_a_program_calling_the_app_keeps_its_collector(tmp_path: Path) -> None:
                                 env={"HARNESS_DATA_DIR": str(tmp_path / "data")})
     assert result.exit_code == 2, result.output
     assert gc.isenabled()
-    assert gc.get_freeze_count() == frozen
+    # nothing newly frozen (a command's start would freeze ~100,000 objects); the count may drop, as objects
+    # frozen earlier (the test session freezes what its collection built) are freed meanwhile
+    assert gc.get_freeze_count() <= frozen
 
 
 SERVE_START = textwrap.dedent("""
