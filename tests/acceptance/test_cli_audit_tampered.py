@@ -11,23 +11,17 @@ import pytest
 
 from harness.adapters.sql.store import SqlStore
 from harness.audit import standalone
-from harness.domain.records import NewRun
 from harness.drive.state_machine import StateMachine
-from harness.kernel.states import RunState
 from tests.acceptance.test_cli_audit import audit, doc
+from tests.integration.bulk_runs import drive
 
-S = RunState
 FIRST = "checkpoint-00000001.json"
 
 
 @pytest.fixture
 def db(db_path: Path, store: SqlStore, machine: StateMachine) -> str:
     """A database with one succeeded Run, as a --db argument."""
-    run, _ = store.create_run(NewRun("acme", "ana", "s1", {"task": "t"}))
-    state = S.CREATED
-    for target in (S.PREPARING, S.PLANNING, S.POLICY_CHECK, S.EXECUTING, S.TRACING):
-        machine.transition(run.run_id, state, target, actor="test", reason="go")
-        state = target
+    drive(machine)
     store.drain_all()
     return str(db_path)
 

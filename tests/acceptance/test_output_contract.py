@@ -20,12 +20,10 @@ from typer.testing import CliRunner, Result
 from harness.adapters.sql.store import SqlStore
 from harness.cli import app
 from harness.clock import FakeClock
-from harness.domain.records import NewRun
 from harness.drive.state_machine import StateMachine
-from harness.kernel.states import RunState
 from harness.retention.policy import DAY_S
+from tests.integration.bulk_runs import drive
 
-S = RunState
 ISO_UTC = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?\+00:00$")
 TIME_KEY = re.compile(r"^(at|timestamp)$|_at$")
 
@@ -67,14 +65,10 @@ def archived(tmp_path: Path) -> tuple[str, str, Path]:
     db = str(folder / "h.db")
     store = SqlStore.open(db, FakeClock(start=time.time() - 40 * DAY_S))
     machine = StateMachine(store)
-    run, _ = store.create_run(NewRun("acme", "ana", "s1", {"task": "t"}))
-    state = S.CREATED
-    for target in (S.PREPARING, S.PLANNING, S.POLICY_CHECK, S.EXECUTING, S.TRACING):
-        machine.transition(run.run_id, state, target, actor="test", reason="go")
-        state = target
+    run_id = drive(machine)
     store.drain_all()
     store.close()
-    return db, run.run_id, folder
+    return db, run_id, folder
 
 
 def test_help_into_a_pipe_wraps_nowhere(tmp_path: Path) -> None:
