@@ -9,6 +9,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 SCRIPT = textwrap.dedent("""
     import atexit, gc, sys
     atexit.register(lambda: print("frozen", gc.get_freeze_count() > 0))  # registered first: runs last
@@ -78,28 +80,34 @@ def test_a_program_calling_the_app_keeps_its_collector(tmp_path: Path) -> None:
     assert gc.get_freeze_count() <= frozen
 
 
-SERVE_START = textwrap.dedent("""
-    import gc, sys
-    import uvicorn
+STARTED = textwrap.dedent("""
+    import gc, importlib, sys
+    module, owner, method = sys.argv[1].replace(":", ".").split(".")
     runs = []
     gc.callbacks.append(lambda phase, info: phase == "start" and runs.append(1))
-    def answer(self, *args, **kwargs):  # the service built and about to listen: what the start did
+    def answer(self, *args, **kwargs):  # built and about to serve or take tasks: what the start did
         print("collections", len(runs), "collector on", gc.isenabled(), "frozen", gc.get_freeze_count() > 0)
-    uvicorn.Server.run = answer
-    sys.argv = ["harness", "serve", "--port", "0"]
+    setattr(getattr(importlib.import_module(module), owner), method, answer)
+    sys.argv = ["harness", *sys.argv[2:]]
     from harness.cli import main
     main()
 """)
 
 
-def test_serve_builds_its_service_with_the_collector_paused(tmp_path: Path) -> None:
-    """`harness serve` checks its settings, makes the schema current and builds the service (~280 collections
-    with the collector on) with the collector paused, then freezes what it built and serves with it on."""
+@pytest.mark.parametrize(("entered", "argv"), [
+    ("uvicorn:Server.run", ["serve", "--port", "0"]),
+    ("celery:Celery.worker_main", ["worker", "--broker", "redis://127.0.0.1:6379/0"]),
+], ids=["serve", "worker"])
+def test_a_long_running_command_starts_with_the_collector_paused(tmp_path: Path, entered: str,
+                                                                 argv: list[str]) -> None:
+    """`harness serve` and `harness worker` check their settings, make the schema current and build the
+    service or Celery's app (~280 collections for serve with the collector on) with the collector paused,
+    then freeze what they built and serve with it on."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("HARNESS_")}
     env |= {"HARNESS_DATABASE_URL": str(tmp_path / "harness.db"), "HARNESS_DATA_DIR": str(tmp_path / "data")}
     for _ in range(2):  # a new database (migrated), then one whose schema is current
-        done = subprocess.run([sys.executable, "-c", SERVE_START], env=env, cwd=tmp_path, capture_output=True,
-                              text=True, timeout=120, check=False)
+        done = subprocess.run([sys.executable, "-c", STARTED, entered, *argv], env=env, cwd=tmp_path,
+                              capture_output=True, text=True, timeout=120, check=False)
         assert done.returncode == 0, done.stderr[-2000:]
         collections, on = done.stdout.rstrip().splitlines()[-1].split(" collector on ")
         assert on == "True frozen True"

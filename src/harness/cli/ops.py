@@ -21,6 +21,8 @@ from harness.cli.support import (
 from harness.kernel.thresholds import MAX_DURATION_S
 
 if TYPE_CHECKING:
+    from celery import Celery
+
     from harness.drive.sweeper import SweepReport
 
 
@@ -92,10 +94,27 @@ def worker(
         os.environ["HARNESS_BROKER_URL"] = broker
     if concurrency is not None:
         os.environ["HARNESS_DRIVE_CONCURRENCY"] = str(concurrency)
-    reference = agent_reference(agent)
+    # the start (the agent, the broker URL, the schema, Celery's app) runs with the collector paused, and what it
+    # built is frozen before Celery starts (harness.cli.startup)
+    with kept_until_exit():
+        app = _started(db, broker, agent_reference(agent))
+    # two task threads hand Runs over to the drive loop (one may wait for a place while the other takes the
+    # next message); the Runs themselves are driven on the loop, not on these threads
+    argv = ["worker", "--pool=threads", "--concurrency=2", "--loglevel=INFO", "--without-gossip",
+            "--without-mingle"]
+    if beat:
+        argv.append("--beat")
+    app.worker_main(argv)
+
+
+def _started(db: str | None, broker: str | None, reference: str | None) -> Celery:
+    """The worker's Celery app, once its agent, its broker URL and its database are checked."""
+    import logging
+    import os
+
     check_agent(reference)  # named now, not in the worker's first task
-    with kept_until_exit():  # Celery and the runtime's modules, with the collector paused (harness.cli.startup)
-        from harness.celery_app import check_broker, make_app
+    from harness.celery_app import check_broker, make_app
+    from harness.stores import prepare_schema
 
     check_broker(broker)  # a URL Celery cannot use is one line here, not a traceback as Celery starts
     if reference:
@@ -103,10 +122,6 @@ def worker(
     # as `harness serve`: the database reached and its schema made current before Celery starts (a bad
     # database is one error here, not a failure of the worker's first task). Celery sets up the log only as
     # it starts, so the migration's lines (`Running upgrade …`) go to stderr through a handler of their own
-    import logging
-
-    from harness.stores import prepare_schema
-
     root, lines = logging.getLogger(), logging.StreamHandler()
     lines.setFormatter(logging.Formatter("[%(asctime)s: %(levelname)s/MainProcess] %(message)s"))
     level = root.level
@@ -118,12 +133,4 @@ def worker(
     finally:
         root.removeHandler(lines)
         root.setLevel(level)
-    with kept_until_exit():
-        app = make_app(broker)
-    # two task threads hand Runs over to the drive loop (one may wait for a place while the other takes the
-    # next message); the Runs themselves are driven on the loop, not on these threads
-    argv = ["worker", "--pool=threads", "--concurrency=2", "--loglevel=INFO", "--without-gossip",
-            "--without-mingle"]
-    if beat:
-        argv.append("--beat")
-    app.worker_main(argv)
+    return make_app(broker)
